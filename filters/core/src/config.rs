@@ -1,0 +1,555 @@
+//! Plugin configuration: JSON in two steps. First serde reads it into DTOs
+//! that deny unknown fields (a typo must not silently fall back to a default);
+//! then validation turns each DTO into the typed config the filters run on,
+//! naming the field on every error. Empty configuration means all defaults.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use crate::duration::parse_duration;
+use crate::net::Cidr;
+use crate::record::GateTimings;
+
+/// A refused configuration: which field, and why. Displayed as one log line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Dotted path of the field (`paths.drained`, `allowed_sources[1]`);
+    /// empty when the error is about the document as a whole.
+    pub field: String,
+    pub reason: String,
+}
+
+impl ConfigError {
+    fn new(field: &str, reason: impl Into<String>) -> Self {
+        ConfigError { field: field.to_string(), reason: reason.into() }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            write!(f, "invalid configuration: {}", self.reason)
+        } else {
+            write!(f, "invalid configuration: field \"{}\": {}", self.field, self.reason)
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Step one: bytes to DTO. Empty or all-whitespace input gives the DTO's
+/// default (every field unset).
+fn read_dto<T: DeserializeOwned + Default>(bytes: &[u8]) -> Result<T, ConfigError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let dto: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." { String::new() } else { path };
+        ConfigError { field, reason: e.into_inner().to_string() }
+    })?;
+    de.end().map_err(|e| ConfigError::new("", e.to_string()))?;
+    Ok(dto)
+}
+
+/// A header name as Envoy stores it (lower case). Refuses empty names,
+/// pseudo-headers and characters outside the RFC 9110 token set.
+fn header_name(field: &str, name: &str) -> Result<String, ConfigError> {
+    if name.is_empty() {
+        return Err(ConfigError::new(field, "header name is empty"));
+    }
+    if name.len() > 256 {
+        return Err(ConfigError::new(field, "header name longer than 256 bytes"));
+    }
+    let is_tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if !name.bytes().all(is_tchar) {
+        return Err(ConfigError::new(
+            field,
+            format!("{name:?} is not a valid header name (letters, digits and !#$%&'*+-.^_`|~ only)"),
+        ));
+    }
+    Ok(name.to_ascii_lowercase())
+}
+
+fn duration(field: &str, text: Option<&str>, default: Duration) -> Result<Duration, ConfigError> {
+    match text {
+        None => Ok(default),
+        Some(t) => parse_duration(t).map_err(|e| ConfigError::new(field, e.to_string())),
+    }
+}
+
+fn cluster_name(field: &str, name: &str) -> Result<String, ConfigError> {
+    if name.is_empty() {
+        return Err(ConfigError::new(field, "cluster name is empty"));
+    }
+    if name.len() > 256 || name.chars().any(char::is_control) {
+        return Err(ConfigError::new(field, "not a usable Envoy cluster name"));
+    }
+    Ok(name.to_string())
+}
+
+fn url_path(field: &str, path: &str) -> Result<String, ConfigError> {
+    if !path.starts_with('/') {
+        return Err(ConfigError::new(field, format!("path {path:?} must start with '/'")));
+    }
+    if path.len() > 256 || path.bytes().any(|b| b <= b' ' || b >= 0x7f || b == b'?' || b == b'#') {
+        return Err(ConfigError::new(
+            field,
+            format!("path {path:?} must be printable ASCII without spaces, '?' or '#'"),
+        ));
+    }
+    Ok(path.to_string())
+}
+
+// ---------------------------------------------------------------------------
+// graceful_provider
+
+/// Defaults fixed by the public contract.
+pub const DEFAULT_CLOSING_HEADER: &str = "x-graceful-closing";
+pub const DEFAULT_INSTANCE_HEADER: &str = "x-graceful-instance";
+
+/// Validated configuration of `graceful_provider`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderConfig {
+    /// Lower-case header name set to `true` on responses while closing.
+    pub closing_header: String,
+    /// Lower-case header name carrying the instance id; None turns it off.
+    pub instance_header: Option<String>,
+    /// Fixed instance id; None derives one per Envoy process at VM start.
+    pub instance_id: Option<String>,
+    pub immediate_health_check_fail: bool,
+    pub reject_when_drained: bool,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ProviderDto {
+    closing_header: Option<String>,
+    instance_header: Option<String>,
+    instance_id: Option<String>,
+    immediate_health_check_fail: Option<bool>,
+    reject_when_drained: Option<bool>,
+}
+
+impl ProviderConfig {
+    /// Parses and validates the plugin configuration bytes.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
+        let dto: ProviderDto = read_dto(bytes)?;
+        let closing_header = header_name(
+            "closing_header",
+            dto.closing_header.as_deref().unwrap_or(DEFAULT_CLOSING_HEADER),
+        )?;
+        let instance_header = match dto.instance_header.as_deref() {
+            Some("") => None,
+            other => Some(header_name("instance_header", other.unwrap_or(DEFAULT_INSTANCE_HEADER))?),
+        };
+        if instance_header.as_deref() == Some(closing_header.as_str()) {
+            return Err(ConfigError::new(
+                "instance_header",
+                "must differ from closing_header",
+            ));
+        }
+        let instance_id = match dto.instance_id {
+            None => None,
+            Some(id) => Some(instance_id("instance_id", &id)?),
+        };
+        Ok(ProviderConfig {
+            closing_header,
+            instance_header,
+            instance_id,
+            immediate_health_check_fail: dto.immediate_health_check_fail.unwrap_or(false),
+            reject_when_drained: dto.reject_when_drained.unwrap_or(true),
+        })
+    }
+}
+
+/// Instance ids travel in a response header, so they must be a valid header
+/// value; they are compared byte for byte by consumers.
+fn instance_id(field: &str, id: &str) -> Result<String, ConfigError> {
+    if id.is_empty() {
+        return Err(ConfigError::new(field, "instance id is empty"));
+    }
+    if id.len() > 128 || !id.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+        return Err(ConfigError::new(
+            field,
+            "instance id must be 1 to 128 printable ASCII characters without spaces",
+        ));
+    }
+    Ok(id.to_string())
+}
+
+// ---------------------------------------------------------------------------
+// graceful_drain
+
+pub const DEFAULT_CONSUMER_UPDATE_WAIT: Duration = Duration::from_secs(3);
+pub const DEFAULT_QUIET_WINDOW: Duration = Duration::from_millis(500);
+pub const DEFAULT_STEP_TIMEOUT: Duration = Duration::from_secs(3);
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+pub const DEFAULT_ALLOWED_SOURCES: [&str; 2] = ["127.0.0.0/8", "::1/128"];
+pub const DEFAULT_MAX_WAITERS: u32 = 64;
+/// Upper bound for `max_waiters`: each waiter is a held downstream stream.
+pub const MAX_MAX_WAITERS: u64 = 10_000;
+pub const DEFAULT_ON_DRAINED_PATH: &str = "/shutdown";
+pub const DEFAULT_ON_DRAINED_TIMEOUT: Duration = Duration::from_secs(2);
+/// Upper bound for `on_drained.timeout`.
+pub const MAX_ON_DRAINED_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The endpoints' paths (`paths` field).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Paths {
+    pub closing: String,
+    pub ready: String,
+    pub status: String,
+    pub drained: String,
+    pub grpc_health: String,
+}
+
+impl Default for Paths {
+    fn default() -> Self {
+        Paths {
+            closing: "/graceful/closing".into(),
+            ready: "/graceful/ready".into(),
+            status: "/graceful/status".into(),
+            drained: "/graceful/drained".into(),
+            grpc_health: "/grpc.health.v1.Health/Check".into(),
+        }
+    }
+}
+
+/// `on_drained`: the app's shutdown hook, POSTed once when the gate passes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OnDrained {
+    pub cluster: String,
+    pub path: String,
+    pub timeout: Duration,
+}
+
+/// Validated configuration of `graceful_drain`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrainConfig {
+    pub gate: GateTimings,
+    pub allowed_sources: Vec<Cidr>,
+    pub admin_cluster: Option<String>,
+    pub on_drained: Option<OnDrained>,
+    pub max_waiters: u32,
+    pub paths: Paths,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct DrainDto {
+    consumer_update_wait: Option<String>,
+    quiet_window: Option<String>,
+    step_timeout: Option<String>,
+    timeout: Option<String>,
+    allowed_sources: Option<Vec<String>>,
+    admin_cluster: Option<String>,
+    on_drained: Option<OnDrainedDto>,
+    max_waiters: Option<u64>,
+    paths: Option<PathsDto>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OnDrainedDto {
+    cluster: String,
+    path: Option<String>,
+    timeout: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct PathsDto {
+    closing: Option<String>,
+    ready: Option<String>,
+    status: Option<String>,
+    drained: Option<String>,
+    grpc_health: Option<String>,
+}
+
+impl DrainConfig {
+    /// Parses and validates the plugin configuration bytes.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
+        let dto: DrainDto = read_dto(bytes)?;
+        let gate = GateTimings {
+            consumer_update_wait: duration(
+                "consumer_update_wait",
+                dto.consumer_update_wait.as_deref(),
+                DEFAULT_CONSUMER_UPDATE_WAIT,
+            )?,
+            quiet_window: duration("quiet_window", dto.quiet_window.as_deref(), DEFAULT_QUIET_WINDOW)?,
+            step_timeout: duration("step_timeout", dto.step_timeout.as_deref(), DEFAULT_STEP_TIMEOUT)?,
+            timeout: duration("timeout", dto.timeout.as_deref(), DEFAULT_TIMEOUT)?,
+        };
+        if gate.timeout < gate.consumer_update_wait {
+            return Err(ConfigError::new(
+                "timeout",
+                "must be at least consumer_update_wait: consumers need that long to learn of the closing",
+            ));
+        }
+        let allowed_sources = match dto.allowed_sources {
+            None => DEFAULT_ALLOWED_SOURCES.iter().filter_map(|s| s.parse().ok()).collect(),
+            Some(list) => list
+                .iter()
+                .enumerate()
+                .map(|(i, s)| {
+                    s.parse::<Cidr>()
+                        .map_err(|e| ConfigError::new(&format!("allowed_sources[{i}]"), e.to_string()))
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        let admin_cluster = match dto.admin_cluster {
+            None => None,
+            Some(name) => Some(cluster_name("admin_cluster", &name)?),
+        };
+        let on_drained = match dto.on_drained {
+            None => None,
+            Some(cb) => {
+                let timeout = duration("on_drained.timeout", cb.timeout.as_deref(), DEFAULT_ON_DRAINED_TIMEOUT)?;
+                if timeout.is_zero() || timeout > MAX_ON_DRAINED_TIMEOUT {
+                    return Err(ConfigError::new("on_drained.timeout", "must be above 0s and at most 60s"));
+                }
+                Some(OnDrained {
+                    cluster: cluster_name("on_drained.cluster", &cb.cluster)?,
+                    path: url_path("on_drained.path", cb.path.as_deref().unwrap_or(DEFAULT_ON_DRAINED_PATH))?,
+                    timeout,
+                })
+            }
+        };
+        let max_waiters = match dto.max_waiters {
+            None => DEFAULT_MAX_WAITERS,
+            Some(n) if n <= MAX_MAX_WAITERS => n as u32,
+            Some(n) => {
+                return Err(ConfigError::new(
+                    "max_waiters",
+                    format!("{n} is out of range 0..={MAX_MAX_WAITERS}"),
+                ))
+            }
+        };
+        Ok(DrainConfig {
+            gate,
+            allowed_sources,
+            admin_cluster,
+            on_drained,
+            max_waiters,
+            paths: paths(dto.paths.unwrap_or_default())?,
+        })
+    }
+}
+
+fn paths(dto: PathsDto) -> Result<Paths, ConfigError> {
+    let defaults = Paths::default();
+    let pick = |field: &str, value: Option<String>, default: String| match value {
+        None => Ok(default),
+        Some(p) => url_path(field, &p),
+    };
+    let paths = Paths {
+        closing: pick("paths.closing", dto.closing, defaults.closing)?,
+        ready: pick("paths.ready", dto.ready, defaults.ready)?,
+        status: pick("paths.status", dto.status, defaults.status)?,
+        drained: pick("paths.drained", dto.drained, defaults.drained)?,
+        grpc_health: pick("paths.grpc_health", dto.grpc_health, defaults.grpc_health)?,
+    };
+    let named = [
+        ("paths.closing", &paths.closing),
+        ("paths.ready", &paths.ready),
+        ("paths.status", &paths.status),
+        ("paths.drained", &paths.drained),
+        ("paths.grpc_health", &paths.grpc_health),
+    ];
+    for (i, (field, path)) in named.iter().enumerate() {
+        if let Some((other, _)) = named.iter().take(i).find(|(_, p)| p == path) {
+            return Err(ConfigError::new(field, format!("{path:?} is already used by {other}")));
+        }
+    }
+    Ok(paths)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn provider_err(json: &str) -> ConfigError {
+        ProviderConfig::from_json(json.as_bytes()).unwrap_err()
+    }
+
+    fn drain_err(json: &str) -> ConfigError {
+        DrainConfig::from_json(json.as_bytes()).unwrap_err()
+    }
+
+    #[test]
+    fn provider_defaults_when_configuration_is_empty() {
+        for empty in ["", "  \n", "{}"] {
+            let cfg = ProviderConfig::from_json(empty.as_bytes()).unwrap();
+            assert_eq!(cfg.closing_header, "x-graceful-closing");
+            assert_eq!(cfg.instance_header.as_deref(), Some("x-graceful-instance"));
+            assert_eq!(cfg.instance_id, None);
+            assert!(!cfg.immediate_health_check_fail);
+            assert!(cfg.reject_when_drained);
+        }
+    }
+
+    #[test]
+    fn provider_reads_every_field() {
+        let cfg = ProviderConfig::from_json(
+            br#"{"closing_header":"Closing","instance_header":"X-Pod","instance_id":"pod-7",
+                "immediate_health_check_fail":true,"reject_when_drained":false}"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.closing_header, "closing", "names are stored lower case");
+        assert_eq!(cfg.instance_header.as_deref(), Some("x-pod"));
+        assert_eq!(cfg.instance_id.as_deref(), Some("pod-7"));
+        assert!(cfg.immediate_health_check_fail);
+        assert!(!cfg.reject_when_drained);
+    }
+
+    #[test]
+    fn provider_instance_header_empty_turns_it_off() {
+        let cfg = ProviderConfig::from_json(br#"{"instance_header":""}"#).unwrap();
+        assert_eq!(cfg.instance_header, None);
+    }
+
+    #[test]
+    fn provider_config_errors_name_the_field() {
+        let cases = [
+            (r#"{"closing_header":""}"#, "closing_header", "empty"),
+            (r#"{"closing_header":"bad header"}"#, "closing_header", "not a valid header name"),
+            (r#"{"closing_header":":status"}"#, "closing_header", "not a valid header name"),
+            (r#"{"closing_header":7}"#, "closing_header", "invalid type"),
+            (r#"{"instance_header":"x\ny"}"#, "instance_header", "not a valid header name"),
+            (r#"{"instance_header":"X-Graceful-Closing"}"#, "instance_header", "differ"),
+            (r#"{"instance_id":""}"#, "instance_id", "empty"),
+            (r#"{"instance_id":"a b"}"#, "instance_id", "printable"),
+            (r#"{"immediate_health_check_fail":"yes"}"#, "immediate_health_check_fail", "invalid type"),
+            (r#"{"reject_when_drained":1}"#, "reject_when_drained", "invalid type"),
+        ];
+        for (json, field, reason) in cases {
+            let err = provider_err(json);
+            assert_eq!(err.field, field, "{json}: {err}");
+            assert!(err.reason.contains(reason), "{json}: {err}");
+            assert!(err.to_string().contains(&format!("\"{field}\"")), "{err}");
+        }
+    }
+
+    #[test]
+    fn provider_unknown_field_is_named() {
+        let err = provider_err(r#"{"closing_headr":"x"}"#);
+        assert_eq!(err.field, "closing_headr");
+        assert!(err.to_string().contains("unknown field `closing_headr`"), "{err}");
+    }
+
+    #[test]
+    fn malformed_documents_are_refused() {
+        for bad in ["{", "[]", "null", "\"x\"", "{} {}", "{\"closing_header\":\"a\",}", "\u{feff}{}"] {
+            assert!(ProviderConfig::from_json(bad.as_bytes()).is_err(), "{bad:?}");
+            assert!(DrainConfig::from_json(bad.as_bytes()).is_err(), "{bad:?}");
+        }
+        assert!(ProviderConfig::from_json(b"\xff\xfe").is_err());
+    }
+
+    #[test]
+    fn drain_defaults_match_the_contract() {
+        let cfg = DrainConfig::from_json(b"").unwrap();
+        assert_eq!(cfg.gate.consumer_update_wait, Duration::from_secs(3));
+        assert_eq!(cfg.gate.quiet_window, Duration::from_millis(500));
+        assert_eq!(cfg.gate.step_timeout, Duration::from_secs(3));
+        assert_eq!(cfg.gate.timeout, Duration::from_secs(60));
+        let sources: Vec<String> = cfg.allowed_sources.iter().map(ToString::to_string).collect();
+        assert_eq!(sources, ["127.0.0.0/8", "::1/128"]);
+        assert_eq!(cfg.admin_cluster, None);
+        assert_eq!(cfg.on_drained, None);
+        assert_eq!(cfg.max_waiters, 64);
+        assert_eq!(cfg.paths, Paths::default());
+        assert_eq!(cfg.paths.drained, "/graceful/drained");
+        assert_eq!(cfg.paths.grpc_health, "/grpc.health.v1.Health/Check");
+    }
+
+    #[test]
+    fn drain_reads_every_field() {
+        let cfg = DrainConfig::from_json(
+            br#"{"consumer_update_wait":"1s","quiet_window":"250ms","step_timeout":"2s","timeout":"10s",
+                "allowed_sources":["10.0.0.0/8"],"admin_cluster":"envoy_admin",
+                "on_drained":{"cluster":"app","path":"/bye","timeout":"1s"},"max_waiters":3,
+                "paths":{"closing":"/c","ready":"/r","status":"/s","drained":"/d","grpc_health":"/g"}}"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.gate.consumer_update_wait, Duration::from_secs(1));
+        assert_eq!(cfg.gate.quiet_window, Duration::from_millis(250));
+        assert_eq!(cfg.gate.step_timeout, Duration::from_secs(2));
+        assert_eq!(cfg.gate.timeout, Duration::from_secs(10));
+        assert_eq!(cfg.allowed_sources.len(), 1);
+        assert_eq!(cfg.admin_cluster.as_deref(), Some("envoy_admin"));
+        assert_eq!(
+            cfg.on_drained,
+            Some(OnDrained { cluster: "app".into(), path: "/bye".into(), timeout: Duration::from_secs(1) })
+        );
+        assert_eq!(cfg.max_waiters, 3);
+        assert_eq!(cfg.paths.closing, "/c");
+        assert_eq!(cfg.paths.grpc_health, "/g");
+    }
+
+    #[test]
+    fn drain_on_drained_defaults_path_and_timeout() {
+        let cfg = DrainConfig::from_json(br#"{"on_drained":{"cluster":"app"}}"#).unwrap();
+        let cb = cfg.on_drained.unwrap();
+        assert_eq!(cb.path, "/shutdown");
+        assert_eq!(cb.timeout, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn drain_allows_zero_where_zero_makes_sense() {
+        let cfg = DrainConfig::from_json(
+            br#"{"consumer_update_wait":"0s","quiet_window":"0s","step_timeout":"0s","timeout":"0s",
+                "allowed_sources":[],"max_waiters":0}"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.gate.timeout, Duration::ZERO);
+        assert!(cfg.allowed_sources.is_empty());
+        assert_eq!(cfg.max_waiters, 0);
+    }
+
+    #[test]
+    fn drain_config_errors_name_the_field() {
+        let cases = [
+            (r#"{"consumer_update_wait":"3"}"#, "consumer_update_wait", "missing unit"),
+            (r#"{"quiet_window":"-1s"}"#, "quiet_window", "invalid duration"),
+            (r#"{"step_timeout":"1d"}"#, "step_timeout", "unknown unit"),
+            (r#"{"timeout":"25h"}"#, "timeout", "longer than 24h"),
+            (r#"{"timeout":60}"#, "timeout", "invalid type"),
+            (r#"{"consumer_update_wait":"5s","timeout":"4s"}"#, "timeout", "at least consumer_update_wait"),
+            (r#"{"allowed_sources":["127.0.0.0/8","10.0.0.0/33"]}"#, "allowed_sources[1]", "prefix"),
+            (r#"{"allowed_sources":"127.0.0.1"}"#, "allowed_sources", "invalid type"),
+            (r#"{"allowed_sources":[1]}"#, "allowed_sources[0]", "invalid type"),
+            (r#"{"admin_cluster":""}"#, "admin_cluster", "empty"),
+            (r#"{"on_drained":{"path":"/x"}}"#, "on_drained", "missing field `cluster`"),
+            (r#"{"on_drained":{"cluster":"app","path":"x"}}"#, "on_drained.path", "start with '/'"),
+            (r#"{"on_drained":{"cluster":"app","timeout":"0s"}}"#, "on_drained.timeout", "above 0s"),
+            (r#"{"on_drained":{"cluster":"app","extra":1}}"#, "on_drained.extra", "unknown field `extra`"),
+            (r#"{"max_waiters":-1}"#, "max_waiters", "invalid value"),
+            (r#"{"max_waiters":10001}"#, "max_waiters", "out of range"),
+            (r#"{"max_waiters":1.5}"#, "max_waiters", "invalid type"),
+            (r#"{"paths":{"ready":"graceful/ready"}}"#, "paths.ready", "start with '/'"),
+            (r#"{"paths":{"status":"/s?x=1"}}"#, "paths.status", "'?'"),
+            (r#"{"paths":{"status":"/graceful/ready"}}"#, "paths.status", "already used by paths.ready"),
+            (r#"{"paths":{"closng":"/c"}}"#, "paths.closng", "unknown field `closng`"),
+        ];
+        for (json, field, reason) in cases {
+            let err = drain_err(json);
+            assert_eq!(err.field, field, "{json}: {err}");
+            assert!(err.reason.contains(reason), "{json}: {err}");
+        }
+    }
+
+    #[test]
+    fn errors_display_as_one_line_naming_the_field() {
+        let err = drain_err(r#"{"quiet_window":"fast"}"#);
+        let line = err.to_string();
+        assert!(!line.contains('\n'));
+        assert!(line.starts_with("invalid configuration: field \"quiet_window\": "), "{line}");
+        assert!(line.contains("\"fast\""), "{line}");
+    }
+}

@@ -1,0 +1,319 @@
+//! The drain filter's endpoints: which request is which, and what each one
+//! answers. The glue only reads `:method`/`:path`, calls [`route`], and sends
+//! the [`Reply`] it is handed.
+
+use std::time::Duration;
+
+use crate::config::Paths;
+use crate::duration::parse_duration;
+use crate::record::Phase;
+use crate::status::Status;
+
+/// The longest `?wait=` a long-poll may ask for.
+pub const MAX_WAIT: Duration = Duration::from_secs(3600);
+
+/// A request for one of the drain filter's endpoints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /graceful/closing`
+    Closing,
+    /// `GET /graceful/ready`
+    Ready,
+    /// `GET /graceful/status`
+    Status,
+    /// `GET /graceful/drained[?wait=…]`; `wait` is None or non-zero.
+    Drained { wait: Option<Duration> },
+    /// `POST /grpc.health.v1.Health/Check`
+    GrpcHealth,
+}
+
+/// What the filter does with a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// Not an endpoint: pass it on to the app.
+    Pass,
+    Endpoint(Endpoint),
+    /// An endpoint's path with the wrong method: 405 with this `allow`.
+    MethodNotAllowed(&'static str),
+    /// An endpoint's path with a bad query: 400 with this reason.
+    BadRequest(String),
+}
+
+/// Classifies a request by `:method` and `:path` (query included).
+pub fn route(paths: &Paths, method: &[u8], path: &[u8]) -> Route {
+    let (path, query) = match path.iter().position(|&b| b == b'?') {
+        Some(i) => (&path[..i], &path[i + 1..]),
+        None => (path, &b""[..]),
+    };
+    let is = |p: &String| p.as_bytes() == path;
+    let read_only = method == b"GET" || method == b"HEAD";
+    if is(&paths.grpc_health) {
+        // Any other method is the app's business, not a health check.
+        return if method == b"POST" { Route::Endpoint(Endpoint::GrpcHealth) } else { Route::Pass };
+    }
+    if is(&paths.closing) {
+        return if method == b"POST" { Route::Endpoint(Endpoint::Closing) } else { Route::MethodNotAllowed("POST") };
+    }
+    let endpoint = if is(&paths.ready) {
+        Endpoint::Ready
+    } else if is(&paths.status) {
+        Endpoint::Status
+    } else if is(&paths.drained) {
+        match wait_param(query) {
+            Ok(wait) => Endpoint::Drained { wait },
+            Err(reason) => return Route::BadRequest(reason),
+        }
+    } else {
+        return Route::Pass;
+    };
+    if read_only {
+        Route::Endpoint(endpoint)
+    } else {
+        Route::MethodNotAllowed("GET, HEAD")
+    }
+}
+
+/// Reads `wait=<duration>` from a query string; other parameters are
+/// ignored (probes add their own). `wait=0s` means no wait.
+fn wait_param(query: &[u8]) -> Result<Option<Duration>, String> {
+    let mut wait = None;
+    for pair in query.split(|&b| b == b'&') {
+        let Some(value) = pair.strip_prefix(b"wait=") else { continue };
+        let text = std::str::from_utf8(value).map_err(|_| "wait: not UTF-8".to_string())?;
+        let d = parse_duration(text).map_err(|e| format!("wait: {e}"))?;
+        if d > MAX_WAIT {
+            return Err("wait: longer than 1h".to_string());
+        }
+        wait = (!d.is_zero()).then_some(d);
+    }
+    Ok(wait)
+}
+
+/// A local reply for the glue to send.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reply {
+    pub status: u32,
+    /// For gRPC requests: the grpc-status Envoy puts in the trailers-only
+    /// reply (Envoy derives one from `status` when None).
+    pub grpc_status: Option<i32>,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: String,
+}
+
+impl Reply {
+    fn text(status: u32, body: &str) -> Reply {
+        Reply {
+            status,
+            grpc_status: None,
+            headers: vec![("content-type", "text/plain".into()), ("cache-control", "no-store".into())],
+            body: format!("{body}\n"),
+        }
+    }
+
+    fn json(status: u32, s: &Status) -> Reply {
+        Reply {
+            status,
+            grpc_status: None,
+            headers: vec![("content-type", "application/json".into()), ("cache-control", "no-store".into())],
+            body: format!("{}\n", s.to_json()),
+        }
+    }
+
+    /// `ready`: the readiness probe.
+    pub fn ready(phase: Phase) -> Reply {
+        match phase {
+            Phase::Serving => Reply::text(200, "SERVING"),
+            Phase::Closing | Phase::Drained => Reply::text(503, "NOT_SERVING"),
+        }
+    }
+
+    /// `status`: always 200.
+    pub fn status(s: &Status) -> Reply {
+        Reply::json(200, s)
+    }
+
+    /// `closing`: accepted (202) with the status after closing started.
+    pub fn closing(s: &Status) -> Reply {
+        Reply::json(202, s)
+    }
+
+    /// `drained`: 200 once the gate has passed, else 503.
+    pub fn drained(s: &Status) -> Reply {
+        Reply::json(if s.drained { 200 } else { 503 }, s)
+    }
+
+    /// `closing` from a source outside `allowed_sources`.
+    pub fn forbidden() -> Reply {
+        Reply::text(403, "forbidden: source address not in allowed_sources")
+    }
+
+    /// More long-polls than `max_waiters` at once.
+    pub fn too_many_waiters() -> Reply {
+        Reply::text(429, "too many drained?wait= requests held")
+    }
+
+    pub fn method_not_allowed(allow: &'static str) -> Reply {
+        let mut r = Reply::text(405, "method not allowed");
+        r.headers.push(("allow", allow.to_string()));
+        r
+    }
+
+    pub fn bad_request(reason: &str) -> Reply {
+        Reply::text(400, &format!("bad request: {reason}"))
+    }
+
+    /// The shared state could not be read or written: retry later.
+    pub fn unavailable(reason: &str) -> Reply {
+        Reply::text(503, &format!("unavailable: {reason}"))
+    }
+
+    /// gRPC health Check once closing. Envoy sends a filter's local reply to
+    /// a gRPC request as trailers-only, so only a status can be carried:
+    /// UNAVAILABLE (14) with `grpc-message: NOT_SERVING`.
+    pub fn grpc_not_serving() -> Reply {
+        Reply { status: 503, grpc_status: Some(14), headers: Vec::new(), body: "NOT_SERVING".to_string() }
+    }
+}
+
+/// The long-polls held by one VM copy: the stream's context id and when its
+/// wait runs out. Each copy resolves its own on its tick.
+#[derive(Debug, Default)]
+pub struct Waiters {
+    held: Vec<(u32, u64)>,
+}
+
+impl Waiters {
+    pub fn hold(&mut self, context_id: u32, deadline_us: u64) {
+        self.held.push((context_id, deadline_us));
+    }
+
+    /// Forgets a stream (it ended or was answered); true if it was held.
+    pub fn release(&mut self, context_id: u32) -> bool {
+        let before = self.held.len();
+        self.held.retain(|&(id, _)| id != context_id);
+        self.held.len() != before
+    }
+
+    /// Takes the streams to answer now: all of them once drained, else those
+    /// whose wait ran out.
+    pub fn take_due(&mut self, drained: bool, now_us: u64) -> Vec<u32> {
+        let (due, keep): (Vec<_>, Vec<_>) =
+            self.held.iter().partition(|&&(_, deadline)| drained || now_us >= deadline);
+        self.held = keep;
+        due.into_iter().map(|(id, _)| id).collect()
+    }
+
+    pub fn len(&self) -> usize {
+        self.held.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(method: &str, path: &str) -> Route {
+        route(&Paths::default(), method.as_bytes(), path.as_bytes())
+    }
+
+    #[test]
+    fn routes_each_endpoint() {
+        assert_eq!(r("POST", "/graceful/closing"), Route::Endpoint(Endpoint::Closing));
+        assert_eq!(r("GET", "/graceful/ready"), Route::Endpoint(Endpoint::Ready));
+        assert_eq!(r("HEAD", "/graceful/ready"), Route::Endpoint(Endpoint::Ready));
+        assert_eq!(r("GET", "/graceful/status"), Route::Endpoint(Endpoint::Status));
+        assert_eq!(r("GET", "/graceful/drained"), Route::Endpoint(Endpoint::Drained { wait: None }));
+        assert_eq!(r("POST", "/grpc.health.v1.Health/Check"), Route::Endpoint(Endpoint::GrpcHealth));
+    }
+
+    #[test]
+    fn passes_everything_else() {
+        for (m, p) in [
+            ("GET", "/"),
+            ("GET", "/graceful"),
+            ("GET", "/graceful/ready/"),
+            ("GET", "/GRACEFUL/READY"),
+            ("GET", "/graceful/readyz"),
+            ("GET", "/grpc.health.v1.Health/Check"),
+            ("POST", "/grpc.health.v1.Health/Watch"),
+        ] {
+            assert_eq!(r(m, p), Route::Pass, "{m} {p}");
+        }
+    }
+
+    #[test]
+    fn wrong_methods_get_405() {
+        assert_eq!(r("GET", "/graceful/closing"), Route::MethodNotAllowed("POST"));
+        assert_eq!(r("POST", "/graceful/ready"), Route::MethodNotAllowed("GET, HEAD"));
+        assert_eq!(r("DELETE", "/graceful/drained"), Route::MethodNotAllowed("GET, HEAD"));
+    }
+
+    #[test]
+    fn drained_reads_wait_and_ignores_other_parameters() {
+        let wait = |q: &str| r("GET", &format!("/graceful/drained?{q}"));
+        assert_eq!(wait("wait=10s"), Route::Endpoint(Endpoint::Drained { wait: Some(Duration::from_secs(10)) }));
+        assert_eq!(wait("x=1&wait=250ms"), Route::Endpoint(Endpoint::Drained { wait: Some(Duration::from_millis(250)) }));
+        assert_eq!(wait("wait=0s"), Route::Endpoint(Endpoint::Drained { wait: None }));
+        assert_eq!(wait(""), Route::Endpoint(Endpoint::Drained { wait: None }));
+        assert_eq!(wait("waiting=5s"), Route::Endpoint(Endpoint::Drained { wait: None }));
+        assert_eq!(r("GET", "/graceful/status?x=y"), Route::Endpoint(Endpoint::Status));
+    }
+
+    #[test]
+    fn bad_wait_is_a_400() {
+        for q in ["wait=10", "wait=", "wait=2h", "wait=-1s", "wait=%31s", "wait=\u{ff}s"] {
+            match r("GET", &format!("/graceful/drained?{q}")) {
+                Route::BadRequest(reason) => assert!(reason.starts_with("wait:"), "{q}: {reason}"),
+                other => panic!("{q}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            route(&Paths::default(), b"GET", b"/graceful/drained?wait=\xff"),
+            Route::BadRequest(_)
+        ));
+    }
+
+    #[test]
+    fn custom_paths_are_honoured() {
+        let paths = Paths { ready: "/healthz".into(), ..Paths::default() };
+        assert_eq!(route(&paths, b"GET", b"/healthz"), Route::Endpoint(Endpoint::Ready));
+        assert_eq!(route(&paths, b"GET", b"/graceful/ready"), Route::Pass);
+    }
+
+    #[test]
+    fn replies_carry_the_contract_codes_and_bodies() {
+        assert_eq!(Reply::ready(Phase::Serving).status, 200);
+        assert_eq!(Reply::ready(Phase::Serving).body, "SERVING\n");
+        assert_eq!(Reply::ready(Phase::Closing).status, 503);
+        assert_eq!(Reply::ready(Phase::Drained).body, "NOT_SERVING\n");
+        let serving = Status::new(&Default::default(), &Default::default(), 0);
+        assert_eq!(Reply::drained(&serving).status, 503);
+        assert_eq!(Reply::closing(&serving).status, 202);
+        assert_eq!(Reply::status(&serving).status, 200);
+        assert_eq!(Reply::status(&serving).body, format!("{}\n", serving.to_json()));
+        let g = Reply::grpc_not_serving();
+        assert_eq!((g.grpc_status, g.body.as_str()), (Some(14), "NOT_SERVING"));
+        let m = Reply::method_not_allowed("POST");
+        assert!(m.headers.contains(&("allow", "POST".to_string())));
+    }
+
+    #[test]
+    fn waiters_resolve_on_drain_or_deadline() {
+        let mut w = Waiters::default();
+        w.hold(1, 100);
+        w.hold(2, 200);
+        w.hold(3, 300);
+        assert_eq!(w.take_due(false, 99), Vec::<u32>::new());
+        assert_eq!(w.take_due(false, 200), vec![1, 2]);
+        assert_eq!(w.len(), 1);
+        w.hold(4, 900);
+        assert!(w.release(4));
+        assert!(!w.release(4));
+        assert_eq!(w.take_due(true, 0), vec![3]);
+        assert!(w.is_empty());
+    }
+}

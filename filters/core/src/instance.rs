@@ -1,0 +1,68 @@
+//! The instance id: what lets a consumer tell a restarted instance on the
+//! same address from the one that announced it was closing. One id per Envoy
+//! process, agreed by all of its VM copies through shared data.
+
+use crate::store::{SharedStore, StoreError};
+
+/// Shared-data key of the process's instance id.
+pub const INSTANCE_ID_KEY: &str = "graceful.v1.instance_id";
+
+/// A fresh id: 16 hex digits mixing the start time with entropy from the
+/// host (WASI `random_get`), so two processes started in the same
+/// microsecond still differ.
+pub fn generate(now_us: u64, entropy: u64) -> String {
+    // Multiplying by an odd constant spreads the time over all bits before
+    // mixing; either input alone already makes ids distinct.
+    format!("{:016x}", now_us.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ entropy)
+}
+
+/// True for ids that can travel in a header value unchanged.
+pub fn is_valid(id: &[u8]) -> bool {
+    !id.is_empty() && id.len() <= 128 && id.iter().all(|b| (0x21..0x7f).contains(b))
+}
+
+/// The process's instance id: the stored one if any VM copy already chose
+/// it, else `candidate`, stored for the others. Run at configure time (the
+/// main thread's VM configures before workers serve, so copies agree).
+pub fn agree(store: &dyn SharedStore, candidate: &str) -> Result<String, StoreError> {
+    if let Some((bytes, _)) = store.get(INSTANCE_ID_KEY)? {
+        if is_valid(&bytes) {
+            return Ok(String::from_utf8_lossy(&bytes).into_owned());
+        }
+    }
+    store.set(INSTANCE_ID_KEY, candidate.as_bytes(), 0)?;
+    Ok(candidate.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::MemStore;
+
+    #[test]
+    fn generated_ids_are_valid_and_distinct() {
+        let a = generate(1_700_000_000_000_000, 1);
+        let b = generate(1_700_000_000_000_000, 2);
+        let c = generate(1_700_000_000_000_001, 1);
+        assert_eq!(a.len(), 16);
+        assert!(is_valid(a.as_bytes()));
+        assert_ne!(a, b);
+        assert_ne!(a, c);
+    }
+
+    #[test]
+    fn copies_agree_on_the_first_id() {
+        let store = MemStore::new();
+        assert_eq!(agree(&store, "first").unwrap(), "first");
+        assert_eq!(agree(&store, "second").unwrap(), "first");
+    }
+
+    #[test]
+    fn a_malformed_stored_id_is_replaced() {
+        let store = MemStore::new();
+        store.set(INSTANCE_ID_KEY, b"bad id\n", 0).unwrap();
+        assert_eq!(agree(&store, "fresh").unwrap(), "fresh");
+        store.set(INSTANCE_ID_KEY, b"", 0).unwrap();
+        assert_eq!(agree(&store, "again").unwrap(), "again");
+    }
+}

@@ -1,0 +1,165 @@
+//! Source-address checks for the drain filter's closing endpoint: CIDR ranges,
+//! and the `ip:port` strings Envoy gives for `source.address`.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::str::FromStr;
+
+/// An address range such as `10.0.0.0/8` or `::1/128`. A bare address means
+/// that one address. Host bits past the prefix are cleared, as Go's
+/// `net.ParseCIDR` does, so `10.1.2.3/8` is `10.0.0.0/8`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    network: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// True when `ip` lies in this range. IPv4-mapped IPv6 addresses
+    /// (`::ffff:127.0.0.1`, what a dual-stack listener reports for IPv4
+    /// peers) are compared as the IPv4 address they carry.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.network, ip.to_canonical()) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                mask_v4(ip, self.prefix) == net
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => mask_v6(ip, self.prefix) == net,
+            _ => false,
+        }
+    }
+}
+
+fn mask_v4(ip: Ipv4Addr, prefix: u8) -> Ipv4Addr {
+    let bits = u32::from(ip);
+    let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+    Ipv4Addr::from(bits & mask)
+}
+
+fn mask_v6(ip: Ipv6Addr, prefix: u8) -> Ipv6Addr {
+    let bits = u128::from(ip);
+    let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+    Ipv6Addr::from(bits & mask)
+}
+
+/// Why a CIDR string was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CidrError(String);
+
+impl fmt::Display for CidrError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl FromStr for Cidr {
+    type Err = CidrError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let err = |why: &str| CidrError(format!("invalid address range {text:?}: {why}"));
+        let (addr, prefix) = match text.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (text, None),
+        };
+        let addr: IpAddr = addr.parse().map_err(|_| err("not an IP address"))?;
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => max,
+            Some(p) if !p.is_empty() && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit()) => {
+                p.parse::<u8>().map_err(|_| err("bad prefix length"))?
+            }
+            Some(_) => return Err(err("bad prefix length")),
+        };
+        if prefix > max {
+            return Err(err(&format!("prefix length above {max}")));
+        }
+        let network = match addr {
+            IpAddr::V4(ip) => IpAddr::V4(mask_v4(ip, prefix)),
+            IpAddr::V6(ip) => IpAddr::V6(mask_v6(ip, prefix)),
+        };
+        Ok(Cidr { network, prefix })
+    }
+}
+
+impl fmt::Display for Cidr {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.network, self.prefix)
+    }
+}
+
+/// The IP of an Envoy address attribute: `127.0.0.1:5000` or `[::1]:5000`.
+/// None for anything else (a Unix socket path, garbage), which callers treat
+/// as "not an allowed source": the check fails closed.
+pub fn parse_peer_ip(address: &[u8]) -> Option<IpAddr> {
+    let text = std::str::from_utf8(address).ok()?;
+    if let Ok(sock) = SocketAddr::from_str(text) {
+        return Some(sock.ip());
+    }
+    // Envoy prints IPv6 peers bracketed; accept a bare address too.
+    IpAddr::from_str(text).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cidr(s: &str) -> Cidr {
+        s.parse().unwrap()
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn contains_matches_inside_and_not_outside() {
+        let lo = cidr("127.0.0.0/8");
+        assert!(lo.contains(ip("127.0.0.1")));
+        assert!(lo.contains(ip("127.255.255.254")));
+        assert!(!lo.contains(ip("128.0.0.1")));
+        assert!(!lo.contains(ip("::1")));
+        let v6 = cidr("::1/128");
+        assert!(v6.contains(ip("::1")));
+        assert!(!v6.contains(ip("::2")));
+        assert!(!v6.contains(ip("127.0.0.1")));
+    }
+
+    #[test]
+    fn contains_treats_mapped_ipv6_as_ipv4() {
+        assert!(cidr("127.0.0.0/8").contains(ip("::ffff:127.0.0.1")));
+        assert!(!cidr("10.0.0.0/8").contains(ip("::ffff:127.0.0.1")));
+    }
+
+    #[test]
+    fn zero_prefix_matches_the_whole_family() {
+        assert!(cidr("0.0.0.0/0").contains(ip("8.8.8.8")));
+        assert!(cidr("::/0").contains(ip("2001:db8::1")));
+        assert!(!cidr("::/0").contains(ip("8.8.8.8")));
+    }
+
+    #[test]
+    fn parse_clears_host_bits_and_accepts_bare_addresses() {
+        assert_eq!(cidr("10.1.2.3/8").to_string(), "10.0.0.0/8");
+        assert_eq!(cidr("10.1.2.3").to_string(), "10.1.2.3/32");
+        assert_eq!(cidr("2001:db8::1/32").to_string(), "2001:db8::/32");
+        assert!(cidr("10.1.2.3").contains(ip("10.1.2.3")));
+        assert!(!cidr("10.1.2.3").contains(ip("10.1.2.4")));
+    }
+
+    #[test]
+    fn parse_refuses_malformed_ranges() {
+        for bad in ["", "/8", "10.0.0.0/", "10.0.0.0/33", "::/129", "10.0.0.0/-1",
+                    "10.0.0.0/+8", "10.0.0/8", "localhost", "10.0.0.0/8/8", "10.0.0.0/0008"] {
+            assert!(bad.parse::<Cidr>().is_err(), "{bad:?} parsed");
+        }
+    }
+
+    #[test]
+    fn parse_peer_ip_reads_envoy_address_forms() {
+        assert_eq!(parse_peer_ip(b"127.0.0.1:4242"), Some(ip("127.0.0.1")));
+        assert_eq!(parse_peer_ip(b"[::1]:4242"), Some(ip("::1")));
+        assert_eq!(parse_peer_ip(b"::1"), Some(ip("::1")));
+        assert_eq!(parse_peer_ip(b"/tmp/envoy.sock"), None);
+        assert_eq!(parse_peer_ip(b"\xff\xfe"), None);
+        assert_eq!(parse_peer_ip(b""), None);
+    }
+}
