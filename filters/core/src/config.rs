@@ -24,7 +24,10 @@ pub struct ConfigError {
 
 impl ConfigError {
     fn new(field: &str, reason: impl Into<String>) -> Self {
-        ConfigError { field: field.to_string(), reason: reason.into() }
+        ConfigError {
+            field: field.to_string(),
+            reason: reason.into(),
+        }
     }
 }
 
@@ -33,7 +36,11 @@ impl fmt::Display for ConfigError {
         if self.field.is_empty() {
             write!(f, "invalid configuration: {}", self.reason)
         } else {
-            write!(f, "invalid configuration: field \"{}\": {}", self.field, self.reason)
+            write!(
+                f,
+                "invalid configuration: field \"{}\": {}",
+                self.field, self.reason
+            )
         }
     }
 }
@@ -50,7 +57,10 @@ fn read_dto<T: DeserializeOwned + Default>(bytes: &[u8]) -> Result<T, ConfigErro
     let dto: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let field = if path == "." { String::new() } else { path };
-        ConfigError { field, reason: e.into_inner().to_string() }
+        ConfigError {
+            field,
+            reason: e.into_inner().to_string(),
+        }
     })?;
     de.end().map_err(|e| ConfigError::new("", e.to_string()))?;
     Ok(dto)
@@ -69,7 +79,9 @@ fn header_name(field: &str, name: &str) -> Result<String, ConfigError> {
     if !name.bytes().all(is_tchar) {
         return Err(ConfigError::new(
             field,
-            format!("{name:?} is not a valid header name (letters, digits and !#$%&'*+-.^_`|~ only)"),
+            format!(
+                "{name:?} is not a valid header name (letters, digits and !#$%&'*+-.^_`|~ only)"
+            ),
         ));
     }
     Ok(name.to_ascii_lowercase())
@@ -94,9 +106,16 @@ fn cluster_name(field: &str, name: &str) -> Result<String, ConfigError> {
 
 fn url_path(field: &str, path: &str) -> Result<String, ConfigError> {
     if !path.starts_with('/') {
-        return Err(ConfigError::new(field, format!("path {path:?} must start with '/'")));
+        return Err(ConfigError::new(
+            field,
+            format!("path {path:?} must start with '/'"),
+        ));
     }
-    if path.len() > 256 || path.bytes().any(|b| b <= b' ' || b >= 0x7f || b == b'?' || b == b'#') {
+    if path.len() > 256
+        || path
+            .bytes()
+            .any(|b| b <= b' ' || b >= 0x7f || b == b'?' || b == b'#')
+    {
         return Err(ConfigError::new(
             field,
             format!("path {path:?} must be printable ASCII without spaces, '?' or '#'"),
@@ -141,11 +160,16 @@ impl ProviderConfig {
         let dto: ProviderDto = read_dto(bytes)?;
         let closing_header = header_name(
             "closing_header",
-            dto.closing_header.as_deref().unwrap_or(DEFAULT_CLOSING_HEADER),
+            dto.closing_header
+                .as_deref()
+                .unwrap_or(DEFAULT_CLOSING_HEADER),
         )?;
         let instance_header = match dto.instance_header.as_deref() {
             Some("") => None,
-            other => Some(header_name("instance_header", other.unwrap_or(DEFAULT_INSTANCE_HEADER))?),
+            other => Some(header_name(
+                "instance_header",
+                other.unwrap_or(DEFAULT_INSTANCE_HEADER),
+            )?),
         };
         if instance_header.as_deref() == Some(closing_header.as_str()) {
             return Err(ConfigError::new(
@@ -281,8 +305,16 @@ impl DrainConfig {
                 dto.consumer_update_wait.as_deref(),
                 DEFAULT_CONSUMER_UPDATE_WAIT,
             )?,
-            quiet_window: duration("quiet_window", dto.quiet_window.as_deref(), DEFAULT_QUIET_WINDOW)?,
-            step_timeout: duration("step_timeout", dto.step_timeout.as_deref(), DEFAULT_STEP_TIMEOUT)?,
+            quiet_window: duration(
+                "quiet_window",
+                dto.quiet_window.as_deref(),
+                DEFAULT_QUIET_WINDOW,
+            )?,
+            step_timeout: duration(
+                "step_timeout",
+                dto.step_timeout.as_deref(),
+                DEFAULT_STEP_TIMEOUT,
+            )?,
             timeout: duration("timeout", dto.timeout.as_deref(), DEFAULT_TIMEOUT)?,
         };
         if gate.timeout < gate.consumer_update_wait {
@@ -292,13 +324,17 @@ impl DrainConfig {
             ));
         }
         let allowed_sources = match dto.allowed_sources {
-            None => DEFAULT_ALLOWED_SOURCES.iter().filter_map(|s| s.parse().ok()).collect(),
+            None => DEFAULT_ALLOWED_SOURCES
+                .iter()
+                .filter_map(|s| s.parse().ok())
+                .collect(),
             Some(list) => list
                 .iter()
                 .enumerate()
                 .map(|(i, s)| {
-                    s.parse::<Cidr>()
-                        .map_err(|e| ConfigError::new(&format!("allowed_sources[{i}]"), e.to_string()))
+                    s.parse::<Cidr>().map_err(|e| {
+                        ConfigError::new(&format!("allowed_sources[{i}]"), e.to_string())
+                    })
                 })
                 .collect::<Result<_, _>>()?,
         };
@@ -309,13 +345,23 @@ impl DrainConfig {
         let on_drained = match dto.on_drained {
             None => None,
             Some(cb) => {
-                let timeout = duration("on_drained.timeout", cb.timeout.as_deref(), DEFAULT_ON_DRAINED_TIMEOUT)?;
+                let timeout = duration(
+                    "on_drained.timeout",
+                    cb.timeout.as_deref(),
+                    DEFAULT_ON_DRAINED_TIMEOUT,
+                )?;
                 if timeout.is_zero() || timeout > MAX_ON_DRAINED_TIMEOUT {
-                    return Err(ConfigError::new("on_drained.timeout", "must be above 0s and at most 60s"));
+                    return Err(ConfigError::new(
+                        "on_drained.timeout",
+                        "must be above 0s and at most 60s",
+                    ));
                 }
                 Some(OnDrained {
                     cluster: cluster_name("on_drained.cluster", &cb.cluster)?,
-                    path: url_path("on_drained.path", cb.path.as_deref().unwrap_or(DEFAULT_ON_DRAINED_PATH))?,
+                    path: url_path(
+                        "on_drained.path",
+                        cb.path.as_deref().unwrap_or(DEFAULT_ON_DRAINED_PATH),
+                    )?,
                     timeout,
                 })
             }
@@ -363,7 +409,10 @@ fn paths(dto: PathsDto) -> Result<Paths, ConfigError> {
     ];
     for (i, (field, path)) in named.iter().enumerate() {
         if let Some((other, _)) = named.iter().take(i).find(|(_, p)| p == path) {
-            return Err(ConfigError::new(field, format!("{path:?} is already used by {other}")));
+            return Err(ConfigError::new(
+                field,
+                format!("{path:?} is already used by {other}"),
+            ));
         }
     }
     Ok(paths)
@@ -417,15 +466,39 @@ mod tests {
     fn provider_config_errors_name_the_field() {
         let cases = [
             (r#"{"closing_header":""}"#, "closing_header", "empty"),
-            (r#"{"closing_header":"bad header"}"#, "closing_header", "not a valid header name"),
-            (r#"{"closing_header":":status"}"#, "closing_header", "not a valid header name"),
+            (
+                r#"{"closing_header":"bad header"}"#,
+                "closing_header",
+                "not a valid header name",
+            ),
+            (
+                r#"{"closing_header":":status"}"#,
+                "closing_header",
+                "not a valid header name",
+            ),
             (r#"{"closing_header":7}"#, "closing_header", "invalid type"),
-            (r#"{"instance_header":"x\ny"}"#, "instance_header", "not a valid header name"),
-            (r#"{"instance_header":"X-Graceful-Closing"}"#, "instance_header", "differ"),
+            (
+                r#"{"instance_header":"x\ny"}"#,
+                "instance_header",
+                "not a valid header name",
+            ),
+            (
+                r#"{"instance_header":"X-Graceful-Closing"}"#,
+                "instance_header",
+                "differ",
+            ),
             (r#"{"instance_id":""}"#, "instance_id", "empty"),
             (r#"{"instance_id":"a b"}"#, "instance_id", "printable"),
-            (r#"{"immediate_health_check_fail":"yes"}"#, "immediate_health_check_fail", "invalid type"),
-            (r#"{"reject_when_drained":1}"#, "reject_when_drained", "invalid type"),
+            (
+                r#"{"immediate_health_check_fail":"yes"}"#,
+                "immediate_health_check_fail",
+                "invalid type",
+            ),
+            (
+                r#"{"reject_when_drained":1}"#,
+                "reject_when_drained",
+                "invalid type",
+            ),
         ];
         for (json, field, reason) in cases {
             let err = provider_err(json);
@@ -439,13 +512,27 @@ mod tests {
     fn provider_unknown_field_is_named() {
         let err = provider_err(r#"{"closing_headr":"x"}"#);
         assert_eq!(err.field, "closing_headr");
-        assert!(err.to_string().contains("unknown field `closing_headr`"), "{err}");
+        assert!(
+            err.to_string().contains("unknown field `closing_headr`"),
+            "{err}"
+        );
     }
 
     #[test]
     fn malformed_documents_are_refused() {
-        for bad in ["{", "[]", "null", "\"x\"", "{} {}", "{\"closing_header\":\"a\",}", "\u{feff}{}"] {
-            assert!(ProviderConfig::from_json(bad.as_bytes()).is_err(), "{bad:?}");
+        for bad in [
+            "{",
+            "[]",
+            "null",
+            "\"x\"",
+            "{} {}",
+            "{\"closing_header\":\"a\",}",
+            "\u{feff}{}",
+        ] {
+            assert!(
+                ProviderConfig::from_json(bad.as_bytes()).is_err(),
+                "{bad:?}"
+            );
             assert!(DrainConfig::from_json(bad.as_bytes()).is_err(), "{bad:?}");
         }
         assert!(ProviderConfig::from_json(b"\xff\xfe").is_err());
@@ -458,7 +545,11 @@ mod tests {
         assert_eq!(cfg.gate.quiet_window, Duration::from_millis(500));
         assert_eq!(cfg.gate.step_timeout, Duration::from_secs(3));
         assert_eq!(cfg.gate.timeout, Duration::from_secs(60));
-        let sources: Vec<String> = cfg.allowed_sources.iter().map(ToString::to_string).collect();
+        let sources: Vec<String> = cfg
+            .allowed_sources
+            .iter()
+            .map(ToString::to_string)
+            .collect();
         assert_eq!(sources, ["127.0.0.0/8", "::1/128"]);
         assert_eq!(cfg.admin_cluster, None);
         assert_eq!(cfg.on_drained, None);
@@ -485,7 +576,11 @@ mod tests {
         assert_eq!(cfg.admin_cluster.as_deref(), Some("envoy_admin"));
         assert_eq!(
             cfg.on_drained,
-            Some(OnDrained { cluster: "app".into(), path: "/bye".into(), timeout: Duration::from_secs(1) })
+            Some(OnDrained {
+                cluster: "app".into(),
+                path: "/bye".into(),
+                timeout: Duration::from_secs(1)
+            })
         );
         assert_eq!(cfg.max_waiters, 3);
         assert_eq!(cfg.paths.closing, "/c");
@@ -515,27 +610,79 @@ mod tests {
     #[test]
     fn drain_config_errors_name_the_field() {
         let cases = [
-            (r#"{"consumer_update_wait":"3"}"#, "consumer_update_wait", "missing unit"),
-            (r#"{"quiet_window":"-1s"}"#, "quiet_window", "invalid duration"),
+            (
+                r#"{"consumer_update_wait":"3"}"#,
+                "consumer_update_wait",
+                "missing unit",
+            ),
+            (
+                r#"{"quiet_window":"-1s"}"#,
+                "quiet_window",
+                "invalid duration",
+            ),
             (r#"{"step_timeout":"1d"}"#, "step_timeout", "unknown unit"),
             (r#"{"timeout":"25h"}"#, "timeout", "longer than 24h"),
             (r#"{"timeout":60}"#, "timeout", "invalid type"),
-            (r#"{"consumer_update_wait":"5s","timeout":"4s"}"#, "timeout", "at least consumer_update_wait"),
-            (r#"{"allowed_sources":["127.0.0.0/8","10.0.0.0/33"]}"#, "allowed_sources[1]", "prefix"),
-            (r#"{"allowed_sources":"127.0.0.1"}"#, "allowed_sources", "invalid type"),
-            (r#"{"allowed_sources":[1]}"#, "allowed_sources[0]", "invalid type"),
+            (
+                r#"{"consumer_update_wait":"5s","timeout":"4s"}"#,
+                "timeout",
+                "at least consumer_update_wait",
+            ),
+            (
+                r#"{"allowed_sources":["127.0.0.0/8","10.0.0.0/33"]}"#,
+                "allowed_sources[1]",
+                "prefix",
+            ),
+            (
+                r#"{"allowed_sources":"127.0.0.1"}"#,
+                "allowed_sources",
+                "invalid type",
+            ),
+            (
+                r#"{"allowed_sources":[1]}"#,
+                "allowed_sources[0]",
+                "invalid type",
+            ),
             (r#"{"admin_cluster":""}"#, "admin_cluster", "empty"),
-            (r#"{"on_drained":{"path":"/x"}}"#, "on_drained", "missing field `cluster`"),
-            (r#"{"on_drained":{"cluster":"app","path":"x"}}"#, "on_drained.path", "start with '/'"),
-            (r#"{"on_drained":{"cluster":"app","timeout":"0s"}}"#, "on_drained.timeout", "above 0s"),
-            (r#"{"on_drained":{"cluster":"app","extra":1}}"#, "on_drained.extra", "unknown field `extra`"),
+            (
+                r#"{"on_drained":{"path":"/x"}}"#,
+                "on_drained",
+                "missing field `cluster`",
+            ),
+            (
+                r#"{"on_drained":{"cluster":"app","path":"x"}}"#,
+                "on_drained.path",
+                "start with '/'",
+            ),
+            (
+                r#"{"on_drained":{"cluster":"app","timeout":"0s"}}"#,
+                "on_drained.timeout",
+                "above 0s",
+            ),
+            (
+                r#"{"on_drained":{"cluster":"app","extra":1}}"#,
+                "on_drained.extra",
+                "unknown field `extra`",
+            ),
             (r#"{"max_waiters":-1}"#, "max_waiters", "invalid value"),
             (r#"{"max_waiters":10001}"#, "max_waiters", "out of range"),
             (r#"{"max_waiters":1.5}"#, "max_waiters", "invalid type"),
-            (r#"{"paths":{"ready":"graceful/ready"}}"#, "paths.ready", "start with '/'"),
+            (
+                r#"{"paths":{"ready":"graceful/ready"}}"#,
+                "paths.ready",
+                "start with '/'",
+            ),
             (r#"{"paths":{"status":"/s?x=1"}}"#, "paths.status", "'?'"),
-            (r#"{"paths":{"status":"/graceful/ready"}}"#, "paths.status", "already used by paths.ready"),
-            (r#"{"paths":{"closng":"/c"}}"#, "paths.closng", "unknown field `closng`"),
+            (
+                r#"{"paths":{"status":"/graceful/ready"}}"#,
+                "paths.status",
+                "already used by paths.ready",
+            ),
+            (
+                r#"{"paths":{"closng":"/c"}}"#,
+                "paths.closng",
+                "unknown field `closng`",
+            ),
         ];
         for (json, field, reason) in cases {
             let err = drain_err(json);
@@ -549,7 +696,10 @@ mod tests {
         let err = drain_err(r#"{"quiet_window":"fast"}"#);
         let line = err.to_string();
         assert!(!line.contains('\n'));
-        assert!(line.starts_with("invalid configuration: field \"quiet_window\": "), "{line}");
+        assert!(
+            line.starts_with("invalid configuration: field \"quiet_window\": "),
+            "{line}"
+        );
         assert!(line.contains("\"fast\""), "{line}");
     }
 }

@@ -131,13 +131,34 @@ mod tests {
     #[test]
     fn parse_refuses_malformed_input() {
         for bad in [
-            "", "5", "s", "-1s", "+1s", "1 s", " 1s", "1s ", "1.s", ".5s", "1..5s", "1d",
-            "1sec", "ms", "1S", "1e3ms", "25h", "99999999999999999999s", "1µs", "1.2.3s",
+            "",
+            "5",
+            "s",
+            "-1s",
+            "+1s",
+            "1 s",
+            " 1s",
+            "1s ",
+            "1.s",
+            ".5s",
+            "1..5s",
+            "1d",
+            "1sec",
+            "ms",
+            "1S",
+            "1e3ms",
+            "25h",
+            "99999999999999999999s",
+            "1µs",
+            "1.2.3s",
         ] {
             let got = parse_duration(bad);
             assert!(got.is_err(), "{bad:?} parsed as {got:?}");
             let msg = got.unwrap_err().to_string();
-            assert!(msg.contains(&format!("{bad:?}")), "message {msg:?} should quote the input");
+            assert!(
+                msg.contains(&format!("{bad:?}")),
+                "message {msg:?} should quote the input"
+            );
         }
     }
 

@@ -49,10 +49,18 @@ pub fn route(paths: &Paths, method: &[u8], path: &[u8]) -> Route {
     let read_only = method == b"GET" || method == b"HEAD";
     if is(&paths.grpc_health) {
         // Any other method is the app's business, not a health check.
-        return if method == b"POST" { Route::Endpoint(Endpoint::GrpcHealth) } else { Route::Pass };
+        return if method == b"POST" {
+            Route::Endpoint(Endpoint::GrpcHealth)
+        } else {
+            Route::Pass
+        };
     }
     if is(&paths.closing) {
-        return if method == b"POST" { Route::Endpoint(Endpoint::Closing) } else { Route::MethodNotAllowed("POST") };
+        return if method == b"POST" {
+            Route::Endpoint(Endpoint::Closing)
+        } else {
+            Route::MethodNotAllowed("POST")
+        };
     }
     let endpoint = if is(&paths.ready) {
         Endpoint::Ready
@@ -78,7 +86,9 @@ pub fn route(paths: &Paths, method: &[u8], path: &[u8]) -> Route {
 fn wait_param(query: &[u8]) -> Result<Option<Duration>, String> {
     let mut wait = None;
     for pair in query.split(|&b| b == b'&') {
-        let Some(value) = pair.strip_prefix(b"wait=") else { continue };
+        let Some(value) = pair.strip_prefix(b"wait=") else {
+            continue;
+        };
         let text = std::str::from_utf8(value).map_err(|_| "wait: not UTF-8".to_string())?;
         let d = parse_duration(text).map_err(|e| format!("wait: {e}"))?;
         if d > MAX_WAIT {
@@ -105,7 +115,10 @@ impl Reply {
         Reply {
             status,
             grpc_status: None,
-            headers: vec![("content-type", "text/plain".into()), ("cache-control", "no-store".into())],
+            headers: vec![
+                ("content-type", "text/plain".into()),
+                ("cache-control", "no-store".into()),
+            ],
             body: format!("{body}\n"),
         }
     }
@@ -114,7 +127,10 @@ impl Reply {
         Reply {
             status,
             grpc_status: None,
-            headers: vec![("content-type", "application/json".into()), ("cache-control", "no-store".into())],
+            headers: vec![
+                ("content-type", "application/json".into()),
+                ("cache-control", "no-store".into()),
+            ],
             body: format!("{}\n", s.to_json()),
         }
     }
@@ -171,7 +187,12 @@ impl Reply {
     /// a gRPC request as trailers-only, so only a status can be carried:
     /// UNAVAILABLE (14) with `grpc-message: NOT_SERVING`.
     pub fn grpc_not_serving() -> Reply {
-        Reply { status: 503, grpc_status: Some(14), headers: Vec::new(), body: "NOT_SERVING".to_string() }
+        Reply {
+            status: 503,
+            grpc_status: Some(14),
+            headers: Vec::new(),
+            body: "NOT_SERVING".to_string(),
+        }
     }
 }
 
@@ -197,8 +218,10 @@ impl Waiters {
     /// Takes the streams to answer now: all of them once drained, else those
     /// whose wait ran out.
     pub fn take_due(&mut self, drained: bool, now_us: u64) -> Vec<u32> {
-        let (due, keep): (Vec<_>, Vec<_>) =
-            self.held.iter().partition(|&&(_, deadline)| drained || now_us >= deadline);
+        let (due, keep): (Vec<_>, Vec<_>) = self
+            .held
+            .iter()
+            .partition(|&&(_, deadline)| drained || now_us >= deadline);
         self.held = keep;
         due.into_iter().map(|(id, _)| id).collect()
     }
@@ -222,12 +245,30 @@ mod tests {
 
     #[test]
     fn routes_each_endpoint() {
-        assert_eq!(r("POST", "/graceful/closing"), Route::Endpoint(Endpoint::Closing));
-        assert_eq!(r("GET", "/graceful/ready"), Route::Endpoint(Endpoint::Ready));
-        assert_eq!(r("HEAD", "/graceful/ready"), Route::Endpoint(Endpoint::Ready));
-        assert_eq!(r("GET", "/graceful/status"), Route::Endpoint(Endpoint::Status));
-        assert_eq!(r("GET", "/graceful/drained"), Route::Endpoint(Endpoint::Drained { wait: None }));
-        assert_eq!(r("POST", "/grpc.health.v1.Health/Check"), Route::Endpoint(Endpoint::GrpcHealth));
+        assert_eq!(
+            r("POST", "/graceful/closing"),
+            Route::Endpoint(Endpoint::Closing)
+        );
+        assert_eq!(
+            r("GET", "/graceful/ready"),
+            Route::Endpoint(Endpoint::Ready)
+        );
+        assert_eq!(
+            r("HEAD", "/graceful/ready"),
+            Route::Endpoint(Endpoint::Ready)
+        );
+        assert_eq!(
+            r("GET", "/graceful/status"),
+            Route::Endpoint(Endpoint::Status)
+        );
+        assert_eq!(
+            r("GET", "/graceful/drained"),
+            Route::Endpoint(Endpoint::Drained { wait: None })
+        );
+        assert_eq!(
+            r("POST", "/grpc.health.v1.Health/Check"),
+            Route::Endpoint(Endpoint::GrpcHealth)
+        );
     }
 
     #[test]
@@ -247,25 +288,60 @@ mod tests {
 
     #[test]
     fn wrong_methods_get_405() {
-        assert_eq!(r("GET", "/graceful/closing"), Route::MethodNotAllowed("POST"));
-        assert_eq!(r("POST", "/graceful/ready"), Route::MethodNotAllowed("GET, HEAD"));
-        assert_eq!(r("DELETE", "/graceful/drained"), Route::MethodNotAllowed("GET, HEAD"));
+        assert_eq!(
+            r("GET", "/graceful/closing"),
+            Route::MethodNotAllowed("POST")
+        );
+        assert_eq!(
+            r("POST", "/graceful/ready"),
+            Route::MethodNotAllowed("GET, HEAD")
+        );
+        assert_eq!(
+            r("DELETE", "/graceful/drained"),
+            Route::MethodNotAllowed("GET, HEAD")
+        );
     }
 
     #[test]
     fn drained_reads_wait_and_ignores_other_parameters() {
         let wait = |q: &str| r("GET", &format!("/graceful/drained?{q}"));
-        assert_eq!(wait("wait=10s"), Route::Endpoint(Endpoint::Drained { wait: Some(Duration::from_secs(10)) }));
-        assert_eq!(wait("x=1&wait=250ms"), Route::Endpoint(Endpoint::Drained { wait: Some(Duration::from_millis(250)) }));
-        assert_eq!(wait("wait=0s"), Route::Endpoint(Endpoint::Drained { wait: None }));
+        assert_eq!(
+            wait("wait=10s"),
+            Route::Endpoint(Endpoint::Drained {
+                wait: Some(Duration::from_secs(10))
+            })
+        );
+        assert_eq!(
+            wait("x=1&wait=250ms"),
+            Route::Endpoint(Endpoint::Drained {
+                wait: Some(Duration::from_millis(250))
+            })
+        );
+        assert_eq!(
+            wait("wait=0s"),
+            Route::Endpoint(Endpoint::Drained { wait: None })
+        );
         assert_eq!(wait(""), Route::Endpoint(Endpoint::Drained { wait: None }));
-        assert_eq!(wait("waiting=5s"), Route::Endpoint(Endpoint::Drained { wait: None }));
-        assert_eq!(r("GET", "/graceful/status?x=y"), Route::Endpoint(Endpoint::Status));
+        assert_eq!(
+            wait("waiting=5s"),
+            Route::Endpoint(Endpoint::Drained { wait: None })
+        );
+        assert_eq!(
+            r("GET", "/graceful/status?x=y"),
+            Route::Endpoint(Endpoint::Status)
+        );
     }
 
     #[test]
     fn bad_wait_is_a_400() {
-        for q in ["wait=10", "wait=", "wait=2h", "wait=-1s", "wait=%31s", "wait=\u{ff}s"] {
+        for q in [
+            "wait=10",
+            "wait=",
+            "wait=2h",
+            "wait=-1s",
+            "wait=%31s",
+            "wait=\u{ff}s",
+        ] {
             match r("GET", &format!("/graceful/drained?{q}")) {
                 Route::BadRequest(reason) => assert!(reason.starts_with("wait:"), "{q}: {reason}"),
                 other => panic!("{q}: {other:?}"),
@@ -279,8 +355,14 @@ mod tests {
 
     #[test]
     fn custom_paths_are_honoured() {
-        let paths = Paths { ready: "/healthz".into(), ..Paths::default() };
-        assert_eq!(route(&paths, b"GET", b"/healthz"), Route::Endpoint(Endpoint::Ready));
+        let paths = Paths {
+            ready: "/healthz".into(),
+            ..Paths::default()
+        };
+        assert_eq!(
+            route(&paths, b"GET", b"/healthz"),
+            Route::Endpoint(Endpoint::Ready)
+        );
         assert_eq!(route(&paths, b"GET", b"/graceful/ready"), Route::Pass);
     }
 
@@ -294,7 +376,10 @@ mod tests {
         assert_eq!(Reply::drained(&serving).status, 503);
         assert_eq!(Reply::closing(&serving).status, 202);
         assert_eq!(Reply::status(&serving).status, 200);
-        assert_eq!(Reply::status(&serving).body, format!("{}\n", serving.to_json()));
+        assert_eq!(
+            Reply::status(&serving).body,
+            format!("{}\n", serving.to_json())
+        );
         let g = Reply::grpc_not_serving();
         assert_eq!((g.grpc_status, g.body.as_str()), (Some(14), "NOT_SERVING"));
         let m = Reply::method_not_allowed("POST");

@@ -13,7 +13,10 @@ pub const INSTANCE_ID_KEY: &str = "graceful.v1.instance_id";
 pub fn generate(now_us: u64, entropy: u64) -> String {
     // Multiplying by an odd constant spreads the time over all bits before
     // mixing; either input alone already makes ids distinct.
-    format!("{:016x}", now_us.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ entropy)
+    format!(
+        "{:016x}",
+        now_us.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ entropy
+    )
 }
 
 /// True for ids that can travel in a header value unchanged.

@@ -20,9 +20,7 @@ impl Cidr {
     /// peers) are compared as the IPv4 address they carry.
     pub fn contains(&self, ip: IpAddr) -> bool {
         match (self.network, ip.to_canonical()) {
-            (IpAddr::V4(net), IpAddr::V4(ip)) => {
-                mask_v4(ip, self.prefix) == net
-            }
+            (IpAddr::V4(net), IpAddr::V4(ip)) => mask_v4(ip, self.prefix) == net,
             (IpAddr::V6(net), IpAddr::V6(ip)) => mask_v6(ip, self.prefix) == net,
             _ => false,
         }
@@ -86,16 +84,33 @@ impl fmt::Display for Cidr {
     }
 }
 
-/// The IP of an Envoy address attribute: `127.0.0.1:5000` or `[::1]:5000`.
-/// None for anything else (a Unix socket path, garbage), which callers treat
-/// as "not an allowed source": the check fails closed.
-pub fn parse_peer_ip(address: &[u8]) -> Option<IpAddr> {
-    let text = std::str::from_utf8(address).ok()?;
-    if let Ok(sock) = SocketAddr::from_str(text) {
-        return Some(sock.ip());
+/// The IP a request's connection really came from, or None when that cannot
+/// be known; callers treat None as "not an allowed source" (fail closed).
+///
+/// `source_address` is Envoy's `source.address` attribute: the downstream
+/// remote address. With the HCM's default `use_remote_address: false`, Envoy
+/// replaces it with the last `x-forwarded-for` entry, which any client can
+/// write. An address taken from a header has no port (`10.0.0.1:0`), while a
+/// real peer always has one, so port 0 is refused; so is an address equal to
+/// the last `x-forwarded-for` entry written as `ip:port`, in case a parser
+/// ever keeps a port from the header. With `use_remote_address: true` Envoy
+/// appends the real peer's bare IP to the header, which never equals
+/// `ip:port`, so real peers pass in both modes.
+pub fn trusted_peer_ip(source_address: &[u8], xff: Option<&[u8]>) -> Option<IpAddr> {
+    let text = std::str::from_utf8(source_address).ok()?;
+    let peer = SocketAddr::from_str(text).ok()?;
+    if peer.port() == 0 {
+        return None;
     }
-    // Envoy prints IPv6 peers bracketed; accept a bare address too.
-    IpAddr::from_str(text).ok()
+    let last_forwarded = xff
+        .and_then(|x| x.rsplit(|&b| b == b',').next())
+        .map(|e| e.trim_ascii());
+    if last_forwarded.is_some_and(|entry| {
+        SocketAddr::from_str(std::str::from_utf8(entry).unwrap_or("")).ok() == Some(peer)
+    }) {
+        return None;
+    }
+    Some(peer.ip())
 }
 
 #[cfg(test)]
@@ -147,19 +162,64 @@ mod tests {
 
     #[test]
     fn parse_refuses_malformed_ranges() {
-        for bad in ["", "/8", "10.0.0.0/", "10.0.0.0/33", "::/129", "10.0.0.0/-1",
-                    "10.0.0.0/+8", "10.0.0/8", "localhost", "10.0.0.0/8/8", "10.0.0.0/0008"] {
+        for bad in [
+            "",
+            "/8",
+            "10.0.0.0/",
+            "10.0.0.0/33",
+            "::/129",
+            "10.0.0.0/-1",
+            "10.0.0.0/+8",
+            "10.0.0/8",
+            "localhost",
+            "10.0.0.0/8/8",
+            "10.0.0.0/0008",
+        ] {
             assert!(bad.parse::<Cidr>().is_err(), "{bad:?} parsed");
         }
     }
 
     #[test]
-    fn parse_peer_ip_reads_envoy_address_forms() {
-        assert_eq!(parse_peer_ip(b"127.0.0.1:4242"), Some(ip("127.0.0.1")));
-        assert_eq!(parse_peer_ip(b"[::1]:4242"), Some(ip("::1")));
-        assert_eq!(parse_peer_ip(b"::1"), Some(ip("::1")));
-        assert_eq!(parse_peer_ip(b"/tmp/envoy.sock"), None);
-        assert_eq!(parse_peer_ip(b"\xff\xfe"), None);
-        assert_eq!(parse_peer_ip(b""), None);
+    fn trusted_peer_reads_envoy_address_forms() {
+        assert_eq!(
+            trusted_peer_ip(b"127.0.0.1:4242", None),
+            Some(ip("127.0.0.1"))
+        );
+        assert_eq!(trusted_peer_ip(b"[::1]:4242", None), Some(ip("::1")));
+        for bad in [
+            &b"::1"[..],
+            b"127.0.0.1",
+            b"/tmp/envoy.sock",
+            b"\xff\xfe",
+            b"",
+        ] {
+            assert_eq!(trusted_peer_ip(bad, None), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn trusted_peer_refuses_addresses_taken_from_forwarded_for() {
+        // use_remote_address: false, client sent x-forwarded-for: 127.0.0.1
+        assert_eq!(trusted_peer_ip(b"127.0.0.1:0", Some(b"127.0.0.1")), None);
+        assert_eq!(trusted_peer_ip(b"[::1]:0", Some(b"::1")), None);
+        // a forwarded entry with a port, should a parser keep it
+        assert_eq!(
+            trusted_peer_ip(b"127.0.0.1:5555", Some(b"10.0.0.9, 127.0.0.1:5555")),
+            None
+        );
+    }
+
+    #[test]
+    fn trusted_peer_accepts_real_peers_whatever_the_header_says() {
+        // use_remote_address: true: Envoy appended the peer's bare IP.
+        assert_eq!(
+            trusted_peer_ip(b"127.0.0.1:40000", Some(b"10.9.9.9, 127.0.0.1")),
+            Some(ip("127.0.0.1"))
+        );
+        // use_remote_address: false and an unparsable header: the peer stands.
+        assert_eq!(
+            trusted_peer_ip(b"127.0.0.1:40000", Some(b"not-an-ip")),
+            Some(ip("127.0.0.1"))
+        );
     }
 }

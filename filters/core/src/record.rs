@@ -143,18 +143,31 @@ impl InstanceRecord {
         if self.phase == Phase::Drained && reject_when_drained {
             return (self, Admission::Rejected);
         }
-        (InstanceRecord { inbound: self.inbound.started(now_us), ..self }, Admission::Admitted)
+        (
+            InstanceRecord {
+                inbound: self.inbound.started(now_us),
+                ..self
+            },
+            Admission::Admitted,
+        )
     }
 
     /// A counted request ended.
     pub fn finish(self) -> InstanceRecord {
-        InstanceRecord { inbound: self.inbound.ended(), ..self }
+        InstanceRecord {
+            inbound: self.inbound.ended(),
+            ..self
+        }
     }
 
     /// Starts closing at `now_us`; idempotent once closing.
     pub fn start_closing(self, now_us: u64) -> InstanceRecord {
         match self.phase {
-            Phase::Serving => InstanceRecord { phase: Phase::Closing, closing_since_us: now_us, ..self },
+            Phase::Serving => InstanceRecord {
+                phase: Phase::Closing,
+                closing_since_us: now_us,
+                ..self
+            },
             Phase::Closing | Phase::Drained => self,
         }
     }
@@ -169,7 +182,12 @@ impl InstanceRecord {
 
     /// Evaluates the drain gate at `now_us`. Returns the record after the
     /// evaluation and, if the gate passed just now, why.
-    pub fn evaluate(self, gate: &GateTimings, outbound: &Traffic, now_us: u64) -> (InstanceRecord, Option<GatePass>) {
+    pub fn evaluate(
+        self,
+        gate: &GateTimings,
+        outbound: &Traffic,
+        now_us: u64,
+    ) -> (InstanceRecord, Option<GatePass>) {
         if self.phase != Phase::Closing {
             return (self, None);
         }
@@ -179,7 +197,9 @@ impl InstanceRecord {
             Some(GatePass::Quiet)
         } else if elapsed >= micros(gate.timeout) {
             Some(GatePass::Timeout)
-        } else if elapsed >= micros(gate.consumer_update_wait).saturating_add(micros(gate.step_timeout)) {
+        } else if elapsed
+            >= micros(gate.consumer_update_wait).saturating_add(micros(gate.step_timeout))
+        {
             Some(GatePass::StepTimeout)
         } else {
             None
@@ -187,7 +207,12 @@ impl InstanceRecord {
         match pass {
             None => (self, None),
             Some(why) => (
-                InstanceRecord { phase: Phase::Drained, forced: why.forced(), drained_at_us: now_us, ..self },
+                InstanceRecord {
+                    phase: Phase::Drained,
+                    forced: why.forced(),
+                    drained_at_us: now_us,
+                    ..self
+                },
                 Some(why),
             ),
         }
@@ -247,12 +272,19 @@ fn modify<T>(
     update(store, RECORD_KEY, |bytes| {
         let current = bytes.and_then(InstanceRecord::decode).unwrap_or_default();
         let (next, out) = f(current);
-        (next.filter(|n| *n != current).map(|n| n.encode().to_vec()), out)
+        (
+            next.filter(|n| *n != current).map(|n| n.encode().to_vec()),
+            out,
+        )
     })
 }
 
 /// Admits or rejects a request starting at `now_us` (see the table).
-pub fn admit(store: &dyn SharedStore, now_us: u64, reject_when_drained: bool) -> Result<(Admission, InstanceRecord), UpdateError> {
+pub fn admit(
+    store: &dyn SharedStore,
+    now_us: u64,
+    reject_when_drained: bool,
+) -> Result<(Admission, InstanceRecord), UpdateError> {
     modify(store, |r| {
         let (next, admission) = r.admit(now_us, reject_when_drained);
         (Some(next), (admission, next))
@@ -268,7 +300,10 @@ pub fn finish(store: &dyn SharedStore) -> Result<InstanceRecord, UpdateError> {
 }
 
 /// Starts closing. Returns the record and whether this call started it.
-pub fn start_closing(store: &dyn SharedStore, now_us: u64) -> Result<(InstanceRecord, bool), UpdateError> {
+pub fn start_closing(
+    store: &dyn SharedStore,
+    now_us: u64,
+) -> Result<(InstanceRecord, bool), UpdateError> {
     modify(store, |r| {
         let next = r.start_closing(now_us);
         (Some(next), (next, r.phase == Phase::Serving))
@@ -311,20 +346,36 @@ mod tests {
         InstanceRecord::default().start_closing(t)
     }
 
-    const NO_OUTBOUND: Traffic = Traffic { inflight: 0, last_start_us: 0 };
+    const NO_OUTBOUND: Traffic = Traffic {
+        inflight: 0,
+        last_start_us: 0,
+    };
 
     #[test]
     fn admit_counts_in_every_phase_but_drained() {
         let (r, a) = InstanceRecord::default().admit(10, true);
         assert_eq!(a, Admission::Admitted);
-        assert_eq!(r.inbound, Traffic { inflight: 1, last_start_us: 10 });
+        assert_eq!(
+            r.inbound,
+            Traffic {
+                inflight: 1,
+                last_start_us: 10
+            }
+        );
         let (r, a) = closing_at(0).admit(20, true);
         assert_eq!(a, Admission::Admitted);
         assert_eq!(r.inbound.inflight, 1);
-        let drained = InstanceRecord { phase: Phase::Drained, ..Default::default() };
+        let drained = InstanceRecord {
+            phase: Phase::Drained,
+            ..Default::default()
+        };
         assert_eq!(drained.admit(30, true), (drained, Admission::Rejected));
         let (r, a) = drained.admit(30, false);
-        assert_eq!(a, Admission::Admitted, "reject_when_drained: false keeps serving");
+        assert_eq!(
+            a,
+            Admission::Admitted,
+            "reject_when_drained: false keeps serving"
+        );
         assert_eq!(r.inbound.inflight, 1);
     }
 
@@ -339,7 +390,11 @@ mod tests {
         assert_eq!((r.phase, r.closing_since_us), (Phase::Closing, 5 * S));
         let again = r.start_closing(9 * S);
         assert_eq!(again, r);
-        let drained = InstanceRecord { phase: Phase::Drained, closing_since_us: 1, ..Default::default() };
+        let drained = InstanceRecord {
+            phase: Phase::Drained,
+            closing_since_us: 1,
+            ..Default::default()
+        };
         assert_eq!(drained.start_closing(9 * S), drained);
     }
 
@@ -349,7 +404,10 @@ mod tests {
         assert_eq!((r.phase, pass), (Phase::Serving, None));
         let (drained, pass) = closing_at(0).evaluate(&gate(), &NO_OUTBOUND, 3 * S);
         assert_eq!(pass, Some(GatePass::Quiet));
-        assert_eq!(drained.evaluate(&gate(), &NO_OUTBOUND, 4 * S), (drained, None));
+        assert_eq!(
+            drained.evaluate(&gate(), &NO_OUTBOUND, 4 * S),
+            (drained, None)
+        );
     }
 
     #[test]
@@ -359,7 +417,10 @@ mod tests {
         assert_eq!(r.evaluate(&gate(), &NO_OUTBOUND, 13 * S - 1).1, None);
         let (d, pass) = r.evaluate(&gate(), &NO_OUTBOUND, 13 * S);
         assert_eq!(pass, Some(GatePass::Quiet));
-        assert_eq!((d.phase, d.forced, d.drained_at_us), (Phase::Drained, false, 13 * S));
+        assert_eq!(
+            (d.phase, d.forced, d.drained_at_us),
+            (Phase::Drained, false, 13 * S)
+        );
     }
 
     #[test]
@@ -369,7 +430,10 @@ mod tests {
         let r = r.finish();
         assert_eq!(r.evaluate(&gate(), &NO_OUTBOUND, 3 * S).1, None);
         assert_eq!(r.evaluate(&gate(), &NO_OUTBOUND, 3_300 * MS - 1).1, None);
-        assert_eq!(r.evaluate(&gate(), &NO_OUTBOUND, 3_300 * MS).1, Some(GatePass::Quiet));
+        assert_eq!(
+            r.evaluate(&gate(), &NO_OUTBOUND, 3_300 * MS).1,
+            Some(GatePass::Quiet)
+        );
     }
 
     #[test]
@@ -377,24 +441,43 @@ mod tests {
         let (r, _) = closing_at(0).admit(3_200 * MS, true);
         let r = r.finish();
         assert_eq!(r.evaluate(&gate(), &NO_OUTBOUND, 3_600 * MS).1, None);
-        assert_eq!(r.evaluate(&gate(), &NO_OUTBOUND, 3_700 * MS).1, Some(GatePass::Quiet));
+        assert_eq!(
+            r.evaluate(&gate(), &NO_OUTBOUND, 3_700 * MS).1,
+            Some(GatePass::Quiet)
+        );
     }
 
     #[test]
     fn gate_holds_while_inbound_requests_are_in_flight() {
         let (r, _) = closing_at(0).admit(100 * MS, true);
         assert_eq!(r.evaluate(&gate(), &NO_OUTBOUND, 5 * S).1, None);
-        assert_eq!(r.finish().evaluate(&gate(), &NO_OUTBOUND, 5 * S).1, Some(GatePass::Quiet));
+        assert_eq!(
+            r.finish().evaluate(&gate(), &NO_OUTBOUND, 5 * S).1,
+            Some(GatePass::Quiet)
+        );
     }
 
     #[test]
     fn gate_holds_while_outbound_requests_are_in_flight() {
         let r = closing_at(0);
-        let busy = Traffic { inflight: 1, last_start_us: 100 * MS };
+        let busy = Traffic {
+            inflight: 1,
+            last_start_us: 100 * MS,
+        };
         assert_eq!(r.evaluate(&gate(), &busy, 5 * S).1, None);
-        let recent = Traffic { inflight: 0, last_start_us: 4_800 * MS };
-        assert_eq!(r.evaluate(&gate(), &recent, 5 * S).1, None, "outbound starts count for the window");
-        assert_eq!(r.evaluate(&gate(), &recent, 5_300 * MS).1, Some(GatePass::Quiet));
+        let recent = Traffic {
+            inflight: 0,
+            last_start_us: 4_800 * MS,
+        };
+        assert_eq!(
+            r.evaluate(&gate(), &recent, 5 * S).1,
+            None,
+            "outbound starts count for the window"
+        );
+        assert_eq!(
+            r.evaluate(&gate(), &recent, 5_300 * MS).1,
+            Some(GatePass::Quiet)
+        );
     }
 
     #[test]
@@ -409,7 +492,10 @@ mod tests {
 
     #[test]
     fn overall_timeout_forces_the_gate_before_the_step_timeout() {
-        let gate = GateTimings { timeout: Duration::from_secs(4), ..gate() };
+        let gate = GateTimings {
+            timeout: Duration::from_secs(4),
+            ..gate()
+        };
         let (r, _) = closing_at(0).admit(S, true);
         assert_eq!(r.evaluate(&gate, &NO_OUTBOUND, 4 * S - 1).1, None);
         let (d, pass) = r.evaluate(&gate, &NO_OUTBOUND, 4 * S);
@@ -419,8 +505,14 @@ mod tests {
 
     #[test]
     fn timeout_equal_to_wait_passes_quiet_when_quiet() {
-        let gate = GateTimings { timeout: Duration::from_secs(3), ..gate() };
-        assert_eq!(closing_at(0).evaluate(&gate, &NO_OUTBOUND, 3 * S).1, Some(GatePass::Quiet));
+        let gate = GateTimings {
+            timeout: Duration::from_secs(3),
+            ..gate()
+        };
+        assert_eq!(
+            closing_at(0).evaluate(&gate, &NO_OUTBOUND, 3 * S).1,
+            Some(GatePass::Quiet)
+        );
     }
 
     #[test]
@@ -431,9 +523,15 @@ mod tests {
             step_timeout: Duration::ZERO,
             timeout: Duration::ZERO,
         };
-        assert_eq!(closing_at(7).evaluate(&zero, &NO_OUTBOUND, 7).1, Some(GatePass::Quiet));
+        assert_eq!(
+            closing_at(7).evaluate(&zero, &NO_OUTBOUND, 7).1,
+            Some(GatePass::Quiet)
+        );
         let (busy, _) = closing_at(7).admit(7, true);
-        assert_eq!(busy.evaluate(&zero, &NO_OUTBOUND, 7).1, Some(GatePass::Timeout));
+        assert_eq!(
+            busy.evaluate(&zero, &NO_OUTBOUND, 7).1,
+            Some(GatePass::Timeout)
+        );
     }
 
     #[test]
@@ -450,7 +548,10 @@ mod tests {
                 forced: phase == Phase::Drained,
                 closing_since_us: 1,
                 drained_at_us: u64::MAX,
-                inbound: Traffic { inflight: 3, last_start_us: 4 },
+                inbound: Traffic {
+                    inflight: 3,
+                    last_start_us: 4,
+                },
             };
             assert_eq!(InstanceRecord::decode(&r.encode()), Some(r));
         }
@@ -484,14 +585,25 @@ mod tests {
         let (r, started) = start_closing(&store, 2 * S).unwrap();
         assert!(started);
         assert_eq!(r.phase, Phase::Closing);
-        assert!(!start_closing(&store, 3 * S).unwrap().1, "second call does not start it again");
-        assert_eq!(advance(&store, &gate(), &NO_OUTBOUND, 6 * S).unwrap().1, None, "one in flight");
+        assert!(
+            !start_closing(&store, 3 * S).unwrap().1,
+            "second call does not start it again"
+        );
+        assert_eq!(
+            advance(&store, &gate(), &NO_OUTBOUND, 6 * S).unwrap().1,
+            None,
+            "one in flight"
+        );
         finish(&store).unwrap();
         let (r, pass) = advance(&store, &gate(), &NO_OUTBOUND, 6 * S).unwrap();
         assert_eq!((r.phase, pass), (Phase::Drained, Some(GatePass::Quiet)));
         assert_eq!(read(&store).unwrap(), r);
         assert_eq!(admit(&store, 7 * S, true).unwrap().0, Admission::Rejected);
-        assert_eq!(read(&store).unwrap().inbound.inflight, 0, "a rejected request is not counted");
+        assert_eq!(
+            read(&store).unwrap().inbound.inflight,
+            0,
+            "a rejected request is not counted"
+        );
     }
 
     #[test]
@@ -526,7 +638,10 @@ mod tests {
     fn interleaved<'a>(other_worker: impl FnOnce(&MemStore) + 'a) -> Interleaved<'a> {
         let store = MemStore::new();
         ensure(&store).unwrap();
-        Interleaved { store, on_first_get: Cell::new(Some(Box::new(other_worker))) }
+        Interleaved {
+            store,
+            on_first_get: Cell::new(Some(Box::new(other_worker))),
+        }
     }
 
     #[test]
@@ -545,9 +660,12 @@ mod tests {
         let store = MemStore::new();
         ensure(&store).unwrap();
         admit(&store, 1, true).unwrap();
-        let racing = Interleaved { store, on_first_get: Cell::new(Some(Box::new(|s: &MemStore| {
-            admit(s, 2, true).unwrap();
-        }))) };
+        let racing = Interleaved {
+            store,
+            on_first_get: Cell::new(Some(Box::new(|s: &MemStore| {
+                admit(s, 2, true).unwrap();
+            }))),
+        };
         finish(&racing).unwrap();
         assert_eq!(read(&racing.store).unwrap().inbound.inflight, 1);
     }
@@ -566,7 +684,11 @@ mod tests {
         };
         let (r, mine) = advance(&racing, &gate(), &NO_OUTBOUND, 4 * S).unwrap();
         assert_eq!(r.phase, Phase::Drained);
-        assert_eq!(other_pass.get(), Some(GatePass::Quiet), "the worker that wrote first reports it");
+        assert_eq!(
+            other_pass.get(),
+            Some(GatePass::Quiet),
+            "the worker that wrote first reports it"
+        );
         assert_eq!(mine, None, "the loser re-reads and sees it drained");
     }
 

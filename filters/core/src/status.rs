@@ -71,20 +71,34 @@ mod tests {
             forced: true,
             closing_since_us: 1_000_000,
             drained_at_us: 4_000_000,
-            inbound: Traffic { inflight: 2, last_start_us: 3_000_000 },
+            inbound: Traffic {
+                inflight: 2,
+                last_start_us: 3_000_000,
+            },
         };
-        let outbound = Traffic { inflight: 1, last_start_us: 3_500_000 };
+        let outbound = Traffic {
+            inflight: 1,
+            last_start_us: 3_500_000,
+        };
         let s = Status::new(&record, &outbound, 5_000_000);
         assert_eq!(s.phase, "drained");
         assert_eq!(s.closing_for_ms, Some(4_000));
         assert_eq!((s.inflight_inbound, s.inflight_outbound), (2, 1));
-        assert_eq!(s.last_request_ms_ago, Some(1_500), "the latest of inbound and outbound");
+        assert_eq!(
+            s.last_request_ms_ago,
+            Some(1_500),
+            "the latest of inbound and outbound"
+        );
         assert!(s.drained && s.forced);
     }
 
     #[test]
     fn json_round_trips() {
-        let record = InstanceRecord { phase: Phase::Closing, closing_since_us: 1, ..Default::default() };
+        let record = InstanceRecord {
+            phase: Phase::Closing,
+            closing_since_us: 1,
+            ..Default::default()
+        };
         let s = Status::new(&record, &Traffic::default(), 2_000_001);
         let back: Status = serde_json::from_str(&s.to_json()).unwrap();
         assert_eq!(back, s);

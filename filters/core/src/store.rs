@@ -52,7 +52,11 @@ impl MemStore {
 
     /// Total bytes of keys and values held.
     pub fn byte_size(&self) -> usize {
-        self.entries.borrow().iter().map(|(k, (v, _))| k.len() + v.len()).sum()
+        self.entries
+            .borrow()
+            .iter()
+            .map(|(k, (v, _))| k.len() + v.len())
+            .sum()
     }
 }
 
@@ -133,7 +137,12 @@ pub fn ensure(store: &dyn SharedStore, key: &str, initial: &[u8]) -> Result<(), 
 /// Adds `delta` to the little-endian u64 counter at `key`, unless the result
 /// would exceed `max`: then nothing is written and None comes back. The
 /// counter never goes below zero. A missing or malformed value counts as 0.
-pub fn add_bounded(store: &dyn SharedStore, key: &str, delta: i64, max: u64) -> Result<Option<u64>, UpdateError> {
+pub fn add_bounded(
+    store: &dyn SharedStore,
+    key: &str,
+    delta: i64,
+    max: u64,
+) -> Result<Option<u64>, UpdateError> {
     update(store, key, |bytes| {
         let current = bytes.and_then(read_u64).unwrap_or(0);
         let next = current.saturating_add_signed(delta);
@@ -148,13 +157,21 @@ pub fn add_bounded(store: &dyn SharedStore, key: &str, delta: i64, max: u64) -> 
 /// A lease for work that one VM copy of the process should do at a time
 /// (ticks fire in every worker's VM and on the main thread). The caller that
 /// finds the lease due moves its due time `interval` ahead and gets true.
-pub fn take_lease(store: &dyn SharedStore, key: &str, now_us: u64, interval_us: u64) -> Result<bool, UpdateError> {
+pub fn take_lease(
+    store: &dyn SharedStore,
+    key: &str,
+    now_us: u64,
+    interval_us: u64,
+) -> Result<bool, UpdateError> {
     update(store, key, |bytes| {
         let due = bytes.and_then(read_u64).unwrap_or(0);
         if now_us < due {
             (None, false)
         } else {
-            (Some(now_us.saturating_add(interval_us).to_le_bytes().to_vec()), true)
+            (
+                Some(now_us.saturating_add(interval_us).to_le_bytes().to_vec()),
+                true,
+            )
         }
     })
 }
@@ -252,14 +269,22 @@ mod tests {
         assert_eq!(add_bounded(&store, "n", 1, 2), Ok(Some(2)));
         assert_eq!(add_bounded(&store, "n", 1, 2), Ok(None));
         assert_eq!(add_bounded(&store, "n", -1, 2), Ok(Some(1)));
-        assert_eq!(add_bounded(&store, "n", -5, 2), Ok(Some(0)), "never below zero");
+        assert_eq!(
+            add_bounded(&store, "n", -5, 2),
+            Ok(Some(0)),
+            "never below zero"
+        );
     }
 
     #[test]
     fn lease_goes_to_one_caller_per_interval() {
         let store = MemStore::new();
         assert_eq!(take_lease(&store, "l", 1_000, 500), Ok(true));
-        assert_eq!(take_lease(&store, "l", 1_000, 500), Ok(false), "a second copy at the same time");
+        assert_eq!(
+            take_lease(&store, "l", 1_000, 500),
+            Ok(false),
+            "a second copy at the same time"
+        );
         assert_eq!(take_lease(&store, "l", 1_499, 500), Ok(false));
         assert_eq!(take_lease(&store, "l", 1_500, 500), Ok(true));
     }

@@ -32,7 +32,10 @@ impl Traffic {
 
     /// Counts a request that ended. Saturates at zero rather than wrap.
     pub fn ended(self) -> Traffic {
-        Traffic { inflight: self.inflight.saturating_sub(1), ..self }
+        Traffic {
+            inflight: self.inflight.saturating_sub(1),
+            ..self
+        }
     }
 
     /// Fixed little-endian layout: inflight u64, last_start_us u64.
@@ -69,7 +72,11 @@ pub fn read(store: &dyn SharedStore, key: &str) -> Result<Traffic, StoreError> {
 }
 
 /// Counts a request start at `key`; returns the new totals.
-pub fn record_start(store: &dyn SharedStore, key: &str, now_us: u64) -> Result<Traffic, UpdateError> {
+pub fn record_start(
+    store: &dyn SharedStore,
+    key: &str,
+    now_us: u64,
+) -> Result<Traffic, UpdateError> {
     modify(store, key, |t| t.started(now_us))
 }
 
@@ -78,7 +85,11 @@ pub fn record_end(store: &dyn SharedStore, key: &str) -> Result<Traffic, UpdateE
     modify(store, key, Traffic::ended)
 }
 
-fn modify(store: &dyn SharedStore, key: &str, f: impl Fn(Traffic) -> Traffic) -> Result<Traffic, UpdateError> {
+fn modify(
+    store: &dyn SharedStore,
+    key: &str,
+    f: impl Fn(Traffic) -> Traffic,
+) -> Result<Traffic, UpdateError> {
     update(store, key, |bytes| {
         // A malformed value (written by something else under our vm_id)
         // restarts from zero rather than wedge every later update.
@@ -94,7 +105,10 @@ mod tests {
 
     #[test]
     fn encoding_round_trips_and_is_little_endian() {
-        let t = Traffic { inflight: 0x0102, last_start_us: 7 };
+        let t = Traffic {
+            inflight: 0x0102,
+            last_start_us: 7,
+        };
         let bytes = t.encode();
         assert_eq!(&bytes[..2], &[0x02, 0x01]);
         assert_eq!(Traffic::decode(&bytes), Some(t));
@@ -113,7 +127,13 @@ mod tests {
         record_start(&store, OUTBOUND_KEY, 100).unwrap();
         record_start(&store, OUTBOUND_KEY, 90).unwrap();
         let t = read(&store, OUTBOUND_KEY).unwrap();
-        assert_eq!(t, Traffic { inflight: 2, last_start_us: 100 });
+        assert_eq!(
+            t,
+            Traffic {
+                inflight: 2,
+                last_start_us: 100
+            }
+        );
         record_end(&store, OUTBOUND_KEY).unwrap();
         record_end(&store, OUTBOUND_KEY).unwrap();
         let t = record_end(&store, OUTBOUND_KEY).unwrap();
@@ -126,14 +146,34 @@ mod tests {
         store.set(OUTBOUND_KEY, b"garbage", 0).unwrap();
         assert_eq!(read(&store, OUTBOUND_KEY).unwrap(), Traffic::default());
         let t = record_start(&store, OUTBOUND_KEY, 5).unwrap();
-        assert_eq!(t, Traffic { inflight: 1, last_start_us: 5 });
+        assert_eq!(
+            t,
+            Traffic {
+                inflight: 1,
+                last_start_us: 5
+            }
+        );
         assert_eq!(read(&store, OUTBOUND_KEY).unwrap(), t);
     }
 
     #[test]
     fn idle_is_none_before_any_request() {
         assert_eq!(Traffic::default().idle_us(10), None);
-        assert_eq!(Traffic { inflight: 0, last_start_us: 4 }.idle_us(10), Some(6));
-        assert_eq!(Traffic { inflight: 0, last_start_us: 14 }.idle_us(10), Some(0));
+        assert_eq!(
+            Traffic {
+                inflight: 0,
+                last_start_us: 4
+            }
+            .idle_us(10),
+            Some(6)
+        );
+        assert_eq!(
+            Traffic {
+                inflight: 0,
+                last_start_us: 14
+            }
+            .idle_us(10),
+            Some(0)
+        );
     }
 }

