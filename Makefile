@@ -50,9 +50,13 @@ lint: ## rustfmt check and clippy (native and wasm) with warnings as errors
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS))) -- -D warnings
 
+.PHONY: try
+try: build envoy ## start Envoy with the filters, walk through one shutdown, print each answer
+	$(CARGO) run --quiet -p graceful-host-tests --bin walkthrough
+
 .PHONY: test
-test: build envoy ## everything CI runs: unit tests, real-Envoy tests, config validation
-	$(CARGO) test -p graceful-core -p graceful-host-tests --lib --bins
+test: build envoy lint ## everything CI runs: lint, unit tests, real-Envoy tests, config validation
+	$(CARGO) test -p graceful-core -p graceful-host -p graceful-host-tests --lib --bins
 	$(MAKE) --no-print-directory validate-envoy
 	GRACEFUL_ENVOY=$(CURDIR)/$(ENVOY) GRACEFUL_DIST=$(CURDIR)/dist $(CARGO) test -p graceful-host-tests --tests -- --test-threads 2
 

@@ -24,7 +24,7 @@ use proxy_wasm::types::{Action, ContextType, LogLevel, MapType};
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> {
-        Box::new(DrainRoot { shared: None, admin_call: None, callback_call: None })
+        Box::new(DrainRoot { shared: None, admin_call: None, callback_call: None, admin_warned: false })
     });
 }}
 
@@ -102,6 +102,8 @@ struct DrainRoot {
     admin_call: Option<u32>,
     /// Token of the `on_drained` call in flight, if any.
     callback_call: Option<u32>,
+    /// A failed admin poll was logged already.
+    admin_warned: bool,
 }
 
 impl Context for DrainRoot {
@@ -205,7 +207,13 @@ impl DrainRoot {
         ];
         match self.dispatch_http_call(cluster, headers, None, vec![], ADMIN_POLL_TIMEOUT) {
             Ok(token) => self.admin_call = Some(token),
-            Err(status) => log::warn!("admin poll to cluster {cluster:?} not sent: {status:?}"),
+            Err(status) => {
+                // Once per VM copy: a missing cluster would otherwise log
+                // every second for the life of the process.
+                if !std::mem::replace(&mut self.admin_warned, true) {
+                    log::warn!("admin poll to cluster {cluster:?} not sent ({status:?}): is the cluster defined?");
+                }
+            }
         }
     }
 }
