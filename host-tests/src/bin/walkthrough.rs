@@ -12,18 +12,28 @@ use graceful_host_tests::client::{self, Response};
 use graceful_host_tests::envoy::{free_port, EnvoySpec};
 use graceful_host_tests::upstream::Upstream;
 
-const DRAIN_CONFIG: &str = r#"{"consumer_update_wait":"1s","quiet_window":"500ms","admin_cluster":"envoy_admin"}"#;
+const DRAIN_CONFIG: &str =
+    r#"{"consumer_update_wait":"1s","quiet_window":"500ms","admin_cluster":"envoy_admin"}"#;
 const PROVIDER_CONFIG: &str = r#"{"instance_id":"demo-1"}"#;
 
 fn marks(r: &Response) -> String {
-    let closing = r.header("x-graceful-closing").map_or("no closing mark".into(), |v| format!("x-graceful-closing: {v}"));
-    let instance = r.header("x-graceful-instance").unwrap_or_else(|| "-".into());
+    let closing = r
+        .header("x-graceful-closing")
+        .map_or("no closing mark".into(), |v| {
+            format!("x-graceful-closing: {v}")
+        });
+    let instance = r
+        .header("x-graceful-instance")
+        .unwrap_or_else(|| "-".into());
     format!("{}, x-graceful-instance: {instance}, {closing}", r.status)
 }
 
 fn phase(r: &Response) -> String {
     match serde_json::from_slice::<Status>(&r.body) {
-        Ok(s) => format!("{} phase={} drained={} forced={}", r.status, s.phase, s.drained, s.forced),
+        Ok(s) => format!(
+            "{} phase={} drained={} forced={}",
+            r.status, s.phase, s.drained, s.forced
+        ),
         Err(_) => format!("{} {}", r.status, r.text().trim()),
     }
 }
@@ -50,13 +60,33 @@ async fn main() -> ExitCode {
     let run = async {
         step(1, "GET /", marks(&client::get(at, "/").await?));
         let r = client::get(at, "/graceful/ready").await?;
-        step(2, "GET /graceful/ready", format!("{} {}", r.status, r.text().trim()));
-        step(3, "POST /graceful/closing", phase(&client::post(at, "/graceful/closing").await?));
+        step(
+            2,
+            "GET /graceful/ready",
+            format!("{} {}", r.status, r.text().trim()),
+        );
+        step(
+            3,
+            "POST /graceful/closing",
+            phase(&client::post(at, "/graceful/closing").await?),
+        );
         let r = client::get(at, "/graceful/ready").await?;
-        step(4, "GET /graceful/ready", format!("{} {}", r.status, r.text().trim()));
+        step(
+            4,
+            "GET /graceful/ready",
+            format!("{} {}", r.status, r.text().trim()),
+        );
         step(5, "GET /", marks(&client::get(at, "/").await?));
-        step(6, "GET /graceful/drained", phase(&client::get(at, "/graceful/drained").await?));
-        step(7, "GET /graceful/drained?wait=10s", phase(&client::get(at, "/graceful/drained?wait=10s").await?));
+        step(
+            6,
+            "GET /graceful/drained",
+            phase(&client::get(at, "/graceful/drained").await?),
+        );
+        step(
+            7,
+            "GET /graceful/drained?wait=10s",
+            phase(&client::get(at, "/graceful/drained?wait=10s").await?),
+        );
         step(8, "GET /", marks(&client::get(at, "/").await?));
         tokio::time::sleep(Duration::from_millis(100)).await;
         let mut stats = Vec::new();
@@ -67,7 +97,10 @@ async fn main() -> ExitCode {
             "graceful_drain_phase",
             "graceful_drain_forced",
         ] {
-            let v = envoy.stat(&format!("wasmcustom.{name}")).await.map_or("?".into(), |v| v.to_string());
+            let v = envoy
+                .stat(&format!("wasmcustom.{name}"))
+                .await
+                .map_or("?".into(), |v| v.to_string());
             stats.push(format!("{name}={v}"));
         }
         step(9, "admin /stats", stats.join(" "));
