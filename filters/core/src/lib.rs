@@ -14,5 +14,7 @@ pub mod instance;
 pub mod net;
 pub mod record;
 pub mod status;
+pub mod steering;
 pub mod store;
+pub mod tombstone;
 pub mod traffic;
