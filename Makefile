@@ -4,11 +4,11 @@ SHELL := bash
 .DEFAULT_GOAL := help
 
 WASM_TARGET := wasm32-wasip1
-FILTERS := graceful_provider graceful_drain
+FILTERS := graceful_provider graceful_drain graceful_consumer
 ENVOY_VERSION := 1.40.0
 VENV := .venv
 ENVOY := $(VENV)/envoy
-TEMPLATES := $(wildcard envoy/*.yaml)
+TEMPLATES := $(wildcard envoy/*-sidecar.yaml)
 RENDERED := $(patsubst envoy/%.yaml,target/envoy/%.yaml,$(TEMPLATES))
 CARGO ?= cargo
 

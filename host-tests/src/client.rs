@@ -193,3 +193,31 @@ pub fn grpc_frame(message: &[u8]) -> Bytes {
     out.extend_from_slice(message);
     Bytes::from(out)
 }
+
+/// Runs `per_conn` sequential GETs of `path` on each of `conns` keep-alive
+/// HTTP/1.1 connections at once; returns every response. Panics on a
+/// transport error (a test wants to know).
+pub async fn load(
+    addr: SocketAddr,
+    conns: usize,
+    per_conn: usize,
+    path: &'static str,
+) -> Vec<Response> {
+    let tasks: Vec<_> = (0..conns)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut conn = Conn::http1(addr).await.unwrap_or_else(|e| panic!("{e}"));
+                let mut out = Vec::with_capacity(per_conn);
+                for _ in 0..per_conn {
+                    out.push(conn.get(path).await.unwrap_or_else(|e| panic!("{e}")));
+                }
+                out
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap_or_else(|e| panic!("load task: {e}")));
+    }
+    all
+}

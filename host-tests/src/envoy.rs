@@ -268,3 +268,34 @@ where
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// Writes a file-based EDS answer for `cluster` listing `endpoints`,
+/// atomically (write, then rename), as Envoy's file watcher expects.
+pub fn write_eds(path: &Path, cluster: &str, endpoints: &[SocketAddr]) {
+    let mut yaml = format!(
+        "version_info: \"{}\"\nresources:\n- \"@type\": type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment\n  cluster_name: {cluster}\n  endpoints:\n  - lb_endpoints:\n",
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+    );
+    if endpoints.is_empty() {
+        yaml.push_str("    []\n");
+    }
+    for e in endpoints {
+        yaml.push_str(&format!(
+            "    - endpoint: {{address: {{socket_address: {{address: \"{}\", port_value: {}}}}}}}\n",
+            e.ip(),
+            e.port()
+        ));
+    }
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, yaml).unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
+    fs::rename(&tmp, path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
+
+/// A scratch file path for a test (under `target/e2e/`), unique per run,
+/// ending in `.{ext}` (Envoy picks the parser by extension).
+pub fn scratch_path(name: &str, ext: &str) -> PathBuf {
+    let dir = repo_root().join("target/e2e");
+    let _ = fs::create_dir_all(&dir);
+    let seq = RUN_SEQ.fetch_add(1, Ordering::SeqCst);
+    dir.join(format!("{name}-{}-{seq}.{ext}", std::process::id()))
+}

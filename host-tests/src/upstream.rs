@@ -7,11 +7,16 @@
 //! | `/grpc/no-trailers`              | gRPC content type, one message, no trailers         |
 //! | `/grpc.health.v1.Health/Check`   | gRPC health: SERVING                                |
 //! | `POST /shutdown`                 | 200; counted in `shutdown_calls` (on_drained hook)  |
+//! | `/graceful/ready`                | what graceful_drain answers a consumer's probe: 200 (503 while closing) with the instance id and `x-graceful-address` |
 //! | anything else                    | 200 `ok`                                            |
+//!
+//! It can also stand in for a provider sidecar: [`Upstream::set_instance`]
+//! stamps every answer with `x-graceful-instance`, [`Upstream::set_closing`]
+//! with `x-graceful-closing: true`.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,6 +38,12 @@ use crate::client::grpc_frame;
 pub struct Counters {
     /// Requests received, whatever the path.
     pub requests: AtomicU64,
+    /// Requests received outside `/graceful/` (what an app would serve).
+    pub app_requests: AtomicU64,
+    /// Answer with `x-graceful-closing: true`.
+    pub closing: AtomicBool,
+    /// Instance id stamped on answers (none when empty).
+    pub instance: Mutex<String>,
     /// `POST /shutdown` calls and the last body.
     pub shutdown_calls: AtomicU64,
     pub last_shutdown_body: Mutex<String>,
@@ -68,7 +79,7 @@ impl Upstream {
             while let Ok((stream, _)) = listener.accept().await {
                 let counters = shared.clone();
                 tokio::spawn(async move {
-                    let service = service_fn(move |req| handle(req, counters.clone()));
+                    let service = service_fn(move |req| handle(req, counters.clone(), addr));
                     let _ = auto::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(stream), service)
                         .await;
@@ -84,6 +95,21 @@ impl Upstream {
 
     pub fn requests(&self) -> u64 {
         self.counters.requests.load(Ordering::SeqCst)
+    }
+
+    /// Requests an app would serve (not `/graceful/` probes).
+    pub fn app_requests(&self) -> u64 {
+        self.counters.app_requests.load(Ordering::SeqCst)
+    }
+
+    pub fn set_closing(&self, closing: bool) {
+        self.counters.closing.store(closing, Ordering::SeqCst);
+    }
+
+    pub fn set_instance(&self, id: &str) {
+        if let Ok(mut i) = self.counters.instance.lock() {
+            *i = id.to_string();
+        }
     }
 }
 
@@ -120,9 +146,44 @@ fn grpc(message: &[u8], with_trailers: bool) -> Response<Body> {
 async fn handle(
     req: Request<Incoming>,
     counters: Arc<Counters>,
+    addr: SocketAddr,
 ) -> Result<Response<Body>, Infallible> {
+    let mut res = route(req, &counters, addr).await;
+    let instance = counters
+        .instance
+        .lock()
+        .map(|i| i.clone())
+        .unwrap_or_default();
+    if !instance.is_empty() {
+        if let Ok(v) = HeaderValue::from_str(&instance) {
+            res.headers_mut().insert("x-graceful-instance", v);
+        }
+    }
+    if counters.closing.load(Ordering::SeqCst) {
+        res.headers_mut()
+            .insert("x-graceful-closing", HeaderValue::from_static("true"));
+    }
+    Ok(res)
+}
+
+async fn route(req: Request<Incoming>, counters: &Counters, addr: SocketAddr) -> Response<Body> {
     counters.requests.fetch_add(1, Ordering::SeqCst);
     let path = req.uri().path().to_string();
+    if path == "/graceful/ready" {
+        let closing = counters.closing.load(Ordering::SeqCst);
+        let mut res = if closing {
+            text(503, "NOT_SERVING\n")
+        } else {
+            text(200, "SERVING\n")
+        };
+        if let Ok(v) = HeaderValue::from_str(&addr.to_string()) {
+            res.headers_mut().insert("x-graceful-address", v);
+        }
+        return res;
+    }
+    if !path.starts_with("/graceful/") {
+        counters.app_requests.fetch_add(1, Ordering::SeqCst);
+    }
     let method = req.method().clone();
     let body = req
         .into_body()
@@ -135,9 +196,9 @@ async fn handle(
         .and_then(|ms| ms.parse::<u64>().ok())
     {
         tokio::time::sleep(Duration::from_millis(ms)).await;
-        return Ok(text(200, "ok\n"));
+        return text(200, "ok\n");
     }
-    Ok(match (method.as_str(), path.as_str()) {
+    match (method.as_str(), path.as_str()) {
         (_, "/grpc/trailers") => grpc(b"hello", true),
         (_, "/grpc/no-trailers") => grpc(b"hello", false),
         // HealthCheckResponse { status: SERVING (1) }
@@ -150,5 +211,5 @@ async fn handle(
             text(200, "bye\n")
         }
         _ => text(200, "ok\n"),
-    })
+    }
 }

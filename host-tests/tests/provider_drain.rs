@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use graceful_core::status::Status;
-use graceful_host_tests::client::{self, abort_after, Conn, Response};
+use graceful_host_tests::client::{self, abort_after, load, Conn, Response};
 use graceful_host_tests::envoy::{eventually, free_port, Envoy, EnvoySpec};
 use graceful_host_tests::upstream::{Counters, Upstream};
 use std::sync::atomic::Ordering::SeqCst;
@@ -59,33 +59,6 @@ fn status_of(r: &Response) -> Status {
 
 async fn status(s: &Sidecar) -> Status {
     status_of(&client::get(s.inbound, "/graceful/status").await.unwrap())
-}
-
-/// Runs `per_conn` sequential GETs of `path` on each of `conns` keep-alive
-/// connections at once; returns every response.
-async fn load(
-    addr: SocketAddr,
-    conns: usize,
-    per_conn: usize,
-    path: &'static str,
-) -> Vec<Response> {
-    let tasks: Vec<_> = (0..conns)
-        .map(|_| {
-            tokio::spawn(async move {
-                let mut conn = Conn::http1(addr).await.unwrap();
-                let mut out = Vec::with_capacity(per_conn);
-                for _ in 0..per_conn {
-                    out.push(conn.get(path).await.unwrap());
-                }
-                out
-            })
-        })
-        .collect();
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.unwrap());
-    }
-    all
 }
 
 async fn inflight_gauge_is_zero(envoy: &Envoy) {

@@ -37,6 +37,25 @@ pub fn agree(store: &dyn SharedStore, candidate: &str) -> Result<String, StoreEr
     Ok(candidate.to_string())
 }
 
+/// Shared-data key where the provider publishes the header name and id it
+/// stamps on responses, so graceful_drain can stamp its own answers too
+/// (consumers' probes read the instance id from graceful_drain's readiness
+/// answer).
+pub const IDENTITY_KEY: &str = "graceful.v1.identity";
+
+/// The identity value: `<header name>\n<instance id>`.
+pub fn encode_identity(header: &str, id: &str) -> Vec<u8> {
+    format!("{header}\n{id}").into_bytes()
+}
+
+/// The header name and id, if the value is well formed.
+pub fn decode_identity(bytes: &[u8]) -> Option<(String, String)> {
+    let text = std::str::from_utf8(bytes).ok()?;
+    let (header, id) = text.split_once('\n')?;
+    let header_ok = !header.is_empty() && header.bytes().all(|b| b.is_ascii_graphic() && b != b':');
+    (header_ok && is_valid(id.as_bytes())).then(|| (header.to_string(), id.to_string()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -58,6 +77,26 @@ mod tests {
         let store = MemStore::new();
         assert_eq!(agree(&store, "first").unwrap(), "first");
         assert_eq!(agree(&store, "second").unwrap(), "first");
+    }
+
+    #[test]
+    fn identity_round_trips_and_refuses_garbage() {
+        let bytes = encode_identity("x-graceful-instance", "abc");
+        assert_eq!(
+            decode_identity(&bytes),
+            Some(("x-graceful-instance".into(), "abc".into()))
+        );
+        for bad in [
+            &b""[..],
+            b"x-h",
+            b"\nabc",
+            b"x-h\n",
+            b"x h\nabc",
+            b"x-h\na b",
+            b"\xff\nabc",
+        ] {
+            assert_eq!(decode_identity(bad), None, "{bad:?}");
+        }
     }
 
     #[test]

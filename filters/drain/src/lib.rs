@@ -11,9 +11,12 @@ use std::time::Duration;
 
 use graceful_core::config::DrainConfig;
 use graceful_core::endpoints::{route, Endpoint, Reply, Route, Waiters};
+use graceful_core::instance;
 use graceful_core::net::trusted_peer_ip;
 use graceful_core::record::{self, GatePass, InstanceRecord, Phase};
 use graceful_core::status::Status;
+use graceful_core::steering::ADDRESS_HEADER;
+use graceful_core::store::SharedStore;
 use graceful_core::store::{add_bounded, take_lease, UpdateError};
 use graceful_core::traffic::{self, Traffic, OUTBOUND_KEY};
 use graceful_host::{header, now_us, property, send_reply, HostStore, Metric};
@@ -82,12 +85,27 @@ impl Shared {
     }
 }
 
+/// Sends one of the filter's answers, stamped with the instance id the
+/// provider published and the address this request reached: a consumer's
+/// probe uses both to tell a restarted instance from the closing one.
 fn send(reply: &Reply) -> bool {
-    let headers: Vec<(&str, &str)> = reply
+    let identity = HostStore
+        .get(instance::IDENTITY_KEY)
+        .ok()
+        .flatten()
+        .and_then(|(bytes, _)| instance::decode_identity(&bytes));
+    let address = property(&["destination", "address"]).and_then(|a| String::from_utf8(a).ok());
+    let mut headers: Vec<(&str, &str)> = reply
         .headers
         .iter()
         .map(|(k, v)| (*k, v.as_str()))
         .collect();
+    if let Some((name, id)) = &identity {
+        headers.push((name, id));
+    }
+    if let Some(address) = &address {
+        headers.push((ADDRESS_HEADER, address));
+    }
     send_reply(
         reply.status,
         &headers,

@@ -23,6 +23,7 @@ extern "C" {
         value_data: *const u8,
         value_size: usize,
     ) -> u32;
+    fn proxy_remove_header_map_value(map_type: u32, key_data: *const u8, key_size: usize) -> u32;
     fn proxy_send_local_response(
         status_code: u32,
         status_code_details_data: *const u8,
@@ -66,6 +67,12 @@ pub fn replace_header(map: MapType, name: &str, value: &str) -> bool {
             value.len(),
         ) == OK
     }
+}
+
+/// Removes every value of a header; false if refused.
+pub fn remove_header(map: MapType, name: &str) -> bool {
+    // SAFETY: as in `add_header`.
+    unsafe { proxy_remove_header_map_value(map as u32, name.as_ptr(), name.len()) == OK }
 }
 
 /// Sends a local reply on the current (or effective) stream. `grpc_status`

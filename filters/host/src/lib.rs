@@ -11,7 +11,7 @@ use graceful_core::store::{SharedStore, StoreError, Versioned};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{MapType, MetricType, Status};
 
-pub use abi::{add_header, replace_header, send_reply};
+pub use abi::{add_header, remove_header, replace_header, send_reply};
 
 /// Shared data of this VM id, through hostcalls.
 pub struct HostStore;
@@ -114,6 +114,16 @@ pub fn plugin_configuration() -> Vec<u8> {
     .ok()
     .flatten()
     .unwrap_or_default()
+}
+
+/// A property holding a little-endian u64 (e.g. `response.flags`).
+pub fn property_u64(path: &[&str]) -> Option<u64> {
+    graceful_core::store::read_u64(&property(path)?)
+}
+
+/// A header as text, if present and valid UTF-8.
+pub fn header_text(map: MapType, name: &str) -> Option<String> {
+    String::from_utf8(header(map, name)?).ok()
 }
 
 /// Sets the tick period; logs if the host refuses.

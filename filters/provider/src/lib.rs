@@ -11,6 +11,7 @@ use std::rc::Rc;
 use graceful_core::config::ProviderConfig;
 use graceful_core::instance;
 use graceful_core::record::{self, Admission};
+use graceful_core::store::SharedStore;
 use graceful_host::{header, now_us, replace_header, send_reply, HostStore, Metric};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MapType};
@@ -67,6 +68,15 @@ impl RootContext for ProviderRoot {
                 }
             }
         };
+        // Published for graceful_drain, which stamps its own answers with it
+        // (every copy writes the same value, so racing writes agree).
+        if let Some(h) = &config.instance_header {
+            let _ = HostStore.set(
+                instance::IDENTITY_KEY,
+                &instance::encode_identity(h, &instance_id),
+                0,
+            );
+        }
         self.shared = Some(Rc::new(Shared {
             config,
             instance_id,

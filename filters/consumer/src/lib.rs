@@ -1,0 +1,569 @@
+//! `graceful_consumer`: the consumer's outbound sidecar filter.
+//!
+//! Per stream: drop any override header the client sent, count the request
+//! in the outbound in-flight counter, and, while the target cluster has live
+//! tombstones, name the acceptable hosts in the override header that
+//! Envoy's `override_host` policy reads. On the response: a closing mark
+//! (headers or trailers) or a connect failure tombstones the host that
+//! answered; an answer from a new instance at a tombstoned address readmits
+//! it. Tombstones are one shared-data value, so every worker steers by them.
+//!
+//! One VM copy per `membership_refresh` (a lease) refreshes the membership
+//! of clusters with tombstones from Envoy's admin and probes tombstoned
+//! hosts for a new instance.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use graceful_core::config::ConsumerConfig;
+use graceful_core::steering::{
+    admin_clusters_path, probe_observation, probe_targets, steer, Member, Membership, Observed,
+    Steering, ADDRESS_HEADER, MEMBERS_KEY, REFRESH_LEASE_KEY,
+};
+use graceful_core::store::{self, add_bounded, take_lease, update, SharedStore};
+use graceful_core::tombstone::{
+    Change, Observation, Tombstones, Ttls, TOMBSTONES_GEN_KEY, TOMBSTONES_KEY,
+};
+use graceful_core::traffic::{self, OUTBOUND_KEY};
+use graceful_host::{
+    header, now_us, property, property_u64, remove_header, replace_header, HostStore, Metric,
+};
+use proxy_wasm::hostcalls;
+use proxy_wasm::traits::{Context, HttpContext, RootContext};
+use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType};
+
+proxy_wasm::main! {{
+    proxy_wasm::set_log_level(LogLevel::Info);
+    proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> {
+        Box::new(ConsumerRoot { shared: None, admin_call: None, probes: HashMap::new() })
+    });
+}}
+
+/// Legacy response-flag bits (Envoy `stream_info.h`): upstream connection
+/// failure and upstream connection termination.
+const FLAG_UF: u64 = 0x20;
+const FLAG_UC: u64 = 0x40;
+const MEMBERS_GEN_KEY: &str = "graceful.v1.consumer.members.gen";
+const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+/// A repeated closing mark extends a tombstone only when that adds at
+/// least this much life: otherwise every marked response would be a write.
+const EXTEND_GRANULARITY_US: u64 = 1_000_000;
+/// Most admin `/clusters` bytes read.
+const MAX_ADMIN_BODY: usize = 4 << 20;
+
+/// A shared-data value decoded once per change, found by a generation
+/// counter so a request reads 8 bytes when nothing changed.
+struct Cached<T> {
+    gen: Option<u64>,
+    value: T,
+}
+
+impl<T: Default> Cached<T> {
+    fn new() -> Self {
+        Cached {
+            gen: None,
+            value: T::default(),
+        }
+    }
+
+    fn refresh(&mut self, gen_key: &str, key: &str, decode: fn(&[u8]) -> Option<T>) -> &T {
+        let gen = HostStore
+            .get(gen_key)
+            .ok()
+            .flatten()
+            .and_then(|(b, _)| store::read_u64(&b))
+            .unwrap_or(0);
+        if self.gen != Some(gen) {
+            self.value = HostStore
+                .get(key)
+                .ok()
+                .flatten()
+                .and_then(|(b, _)| decode(&b))
+                .unwrap_or_default();
+            self.gen = Some(gen);
+        }
+        &self.value
+    }
+}
+
+struct Metrics {
+    tombstones: Metric,
+    evictions: Metric,
+    steered: Metric,
+    readmitted: Metric,
+    inflight: Metric,
+}
+
+struct Shared {
+    config: ConsumerConfig,
+    ttls: Ttls,
+    metrics: Metrics,
+    tombstones: RefCell<Cached<Tombstones>>,
+    members: RefCell<Cached<Membership>>,
+    /// Addresses that answered, this VM copy's view (used without admin).
+    observed: RefCell<Observed>,
+    rotation: RefCell<usize>,
+}
+
+impl Shared {
+    /// Applies an observation to the shared tombstones. Reads the cached
+    /// list first so the common cases (an answer from a host that is not
+    /// tombstoned, a closing mark already recorded) cost no write.
+    fn apply(&self, obs: &Observation) {
+        let now = now_us();
+        let max = self.config.max_tombstones as usize;
+        {
+            let mut cache = self.tombstones.borrow_mut();
+            let current = cache.refresh(TOMBSTONES_GEN_KEY, TOMBSTONES_KEY, Tombstones::decode);
+            if !worth_writing(current, obs, &self.ttls, now) {
+                return;
+            }
+        }
+        let result = update(&HostStore, TOMBSTONES_KEY, |bytes| {
+            let mut list = bytes.and_then(Tombstones::decode).unwrap_or_default();
+            let change = list.observe(obs, &self.ttls, now, max);
+            let live = list.live_count(now);
+            let value = (change != Change::Unchanged).then(|| list.encode());
+            (value, (change, live))
+        });
+        let (change, live) = match result {
+            Ok(r) => r,
+            Err(e) => {
+                log::warn!("tombstones not updated: {e:?}");
+                return;
+            }
+        };
+        if change == Change::Unchanged {
+            return;
+        }
+        let _ = add_bounded(&HostStore, TOMBSTONES_GEN_KEY, 1, u64::MAX);
+        self.metrics.tombstones.set(live as u64);
+        match (change, obs) {
+            (
+                Change::Evicted,
+                Observation::Closing {
+                    address, instance, ..
+                },
+            ) => {
+                self.metrics.evictions.add(1);
+                log::info!(
+                    "tombstoned {address} (instance {}) for {:?}: closing mark",
+                    instance.unwrap_or("unknown"),
+                    self.ttls.closing
+                );
+            }
+            (Change::Evicted, Observation::ConnectFailure { address, .. }) => {
+                self.metrics.evictions.add(1);
+                log::info!(
+                    "tombstoned {address} for {:?}: connect failure",
+                    self.ttls.failure
+                );
+            }
+            (Change::Readmitted, Observation::Answered { address, instance }) => {
+                self.metrics.readmitted.add(1);
+                log::info!(
+                    "readmitted {address}: new instance {}",
+                    instance.unwrap_or("unknown")
+                );
+            }
+            _ => {}
+        }
+    }
+
+    /// Members of `cluster` to steer among: the admin's view when known,
+    /// else the addresses this copy saw answer.
+    fn members(&self, cluster: &str, now: u64) -> Vec<Member> {
+        if self.config.admin_cluster.is_some() {
+            let mut cache = self.members.borrow_mut();
+            if let Some(m) = cache
+                .refresh(MEMBERS_GEN_KEY, MEMBERS_KEY, Membership::decode)
+                .cluster(cluster)
+            {
+                return m.to_vec();
+            }
+        }
+        self.observed.borrow().members(cluster, now)
+    }
+}
+
+/// False when applying `obs` to `current` could not change anything.
+fn worth_writing(current: &Tombstones, obs: &Observation, ttls: &Ttls, now: u64) -> bool {
+    match obs {
+        Observation::Answered { address, instance } => current
+            .get_live(address, now)
+            .is_some_and(|t| instance.is_some_and(|i| t.instance.is_empty() || t.instance != i)),
+        Observation::Closing {
+            address, instance, ..
+        } => current.get_live(address, now).is_none_or(|t| {
+            let new_instance = instance.is_some_and(|i| t.instance != i);
+            let ttl = u64::try_from(ttls.closing.as_micros()).unwrap_or(u64::MAX);
+            new_instance
+                || now.saturating_add(ttl) > t.expires_us.saturating_add(EXTEND_GRANULARITY_US)
+        }),
+        Observation::ConnectFailure { address, .. } => {
+            current.get_live(address, now).is_none_or(|t| {
+                let ttl = u64::try_from(ttls.failure.as_micros()).unwrap_or(u64::MAX);
+                now.saturating_add(ttl) > t.expires_us.saturating_add(EXTEND_GRANULARITY_US)
+            })
+        }
+    }
+}
+
+fn is_true(value: &[u8]) -> bool {
+    // Duplicate headers may arrive joined with commas.
+    value
+        .split(|&b| b == b',')
+        .any(|v| v.trim_ascii().eq_ignore_ascii_case(b"true"))
+}
+
+fn instance_of(map: MapType, name: Option<&str>) -> Option<String> {
+    let id = header(map, name?)?;
+    graceful_core::instance::is_valid(&id).then(|| String::from_utf8_lossy(&id).into_owned())
+}
+
+struct ConsumerRoot {
+    shared: Option<Rc<Shared>>,
+    admin_call: Option<u32>,
+    /// Probe calls in flight: token → probed address.
+    probes: HashMap<u32, String>,
+}
+
+impl ConsumerRoot {
+    fn refresh(&mut self, shared: &Shared, now: u64) {
+        let tombstones = {
+            let mut cache = shared.tombstones.borrow_mut();
+            cache
+                .refresh(TOMBSTONES_GEN_KEY, TOMBSTONES_KEY, Tombstones::decode)
+                .clone()
+        };
+        let live = tombstones.live_count(now);
+        shared.metrics.tombstones.set(live as u64);
+        if live == 0 {
+            return;
+        }
+        if let Some(admin) = &shared.config.admin_cluster {
+            if self.admin_call.is_none() {
+                let mut clusters: Vec<&str> =
+                    tombstones.live(now).map(|t| t.cluster.as_str()).collect();
+                clusters.sort_unstable();
+                clusters.dedup();
+                let path = admin_clusters_path(&clusters);
+                let headers = vec![
+                    (":method", "GET"),
+                    (":path", path.as_str()),
+                    (":authority", "envoy-admin"),
+                ];
+                match self.dispatch_http_call(admin, headers, None, vec![], CALL_TIMEOUT) {
+                    Ok(token) => self.admin_call = Some(token),
+                    Err(status) => {
+                        log::warn!("membership refresh from {admin:?} not sent: {status:?}")
+                    }
+                }
+            }
+        }
+        let Some(probe_path) = &shared.config.probe_path else {
+            return;
+        };
+        let membership = shared.members.borrow().value.clone();
+        for t in probe_targets(&tombstones, &membership, now) {
+            if self.probes.values().any(|a| a == &t.address) {
+                continue;
+            }
+            let headers = vec![
+                (":method", "GET"),
+                (":path", probe_path.as_str()),
+                (":authority", t.cluster.as_str()),
+                (
+                    shared.config.override_host_header.as_str(),
+                    t.address.as_str(),
+                ),
+            ];
+            match self.dispatch_http_call(&t.cluster, headers, None, vec![], CALL_TIMEOUT) {
+                Ok(token) => {
+                    self.probes.insert(token, t.address.clone());
+                }
+                Err(status) => log::debug!("probe of {} not sent: {status:?}", t.address),
+            }
+        }
+    }
+}
+
+impl Context for ConsumerRoot {
+    fn on_http_call_response(
+        &mut self,
+        token: u32,
+        _headers: usize,
+        body_size: usize,
+        _trailers: usize,
+    ) {
+        let Some(shared) = self.shared.clone() else {
+            return;
+        };
+        let status = header(MapType::HttpCallResponseHeaders, ":status");
+        if self.admin_call == Some(token) {
+            self.admin_call = None;
+            if status.as_deref() != Some(b"200") {
+                log::warn!(
+                    "membership refresh failed: status {:?}",
+                    status.map(|s| String::from_utf8_lossy(&s).into_owned())
+                );
+                return;
+            }
+            let body = hostcalls::get_buffer(
+                BufferType::HttpCallResponseBody,
+                0,
+                body_size.min(MAX_ADMIN_BODY),
+            )
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+            let now = now_us();
+            let wanted: Vec<String> = {
+                let cache = shared.tombstones.borrow();
+                cache.value.live(now).map(|t| t.cluster.clone()).collect()
+            };
+            let wanted: Vec<&str> = wanted.iter().map(String::as_str).collect();
+            match Membership::from_admin_json(&body, &wanted) {
+                Ok(m) => {
+                    if HostStore.set(MEMBERS_KEY, &m.encode(), 0).is_ok() {
+                        let _ = add_bounded(&HostStore, MEMBERS_GEN_KEY, 1, u64::MAX);
+                    }
+                }
+                Err(e) => log::warn!("membership refresh: unreadable /clusters answer: {e}"),
+            }
+        } else if let Some(address) = self.probes.remove(&token) {
+            let answered_at = header(MapType::HttpCallResponseHeaders, ADDRESS_HEADER);
+            let instance = instance_of(
+                MapType::HttpCallResponseHeaders,
+                shared.config.instance_header.as_deref(),
+            );
+            if let Some(obs) = probe_observation(
+                &address,
+                status.as_deref(),
+                answered_at.as_deref(),
+                instance.as_deref(),
+            ) {
+                shared.apply(&obs);
+            }
+        }
+    }
+}
+
+impl RootContext for ConsumerRoot {
+    fn on_configure(&mut self, _size: usize) -> bool {
+        let config = match ConsumerConfig::from_json(&graceful_host::plugin_configuration()) {
+            Ok(c) => c,
+            Err(e) => {
+                log::error!("graceful_consumer: {e}");
+                return false;
+            }
+        };
+        // Created before any stream counts (see graceful_core::store::ensure).
+        if let Err(e) = store::ensure(
+            &HostStore,
+            OUTBOUND_KEY,
+            &traffic::Traffic::default().encode(),
+        ) {
+            log::error!("graceful_consumer: cannot initialise shared data: {e:?}");
+            return false;
+        }
+        graceful_host::set_tick_period(config.membership_refresh);
+        self.shared = Some(Rc::new(Shared {
+            ttls: Ttls {
+                closing: config.tombstone_ttl,
+                failure: config.failure_tombstone_ttl,
+            },
+            config,
+            metrics: Metrics {
+                tombstones: Metric::gauge("graceful_consumer_tombstones"),
+                evictions: Metric::counter("graceful_consumer_evictions"),
+                steered: Metric::counter("graceful_consumer_steered"),
+                readmitted: Metric::counter("graceful_consumer_readmitted"),
+                inflight: Metric::gauge("graceful_consumer_inflight"),
+            },
+            tombstones: RefCell::new(Cached::new()),
+            members: RefCell::new(Cached::new()),
+            observed: RefCell::new(Observed::default()),
+            rotation: RefCell::new(0),
+        }));
+        true
+    }
+
+    fn on_tick(&mut self) {
+        let Some(shared) = self.shared.clone() else {
+            return;
+        };
+        let now = now_us();
+        let interval =
+            u64::try_from(shared.config.membership_refresh.as_micros()).unwrap_or(u64::MAX);
+        if take_lease(&HostStore, REFRESH_LEASE_KEY, now, interval).unwrap_or(false) {
+            self.refresh(&shared, now);
+        }
+    }
+
+    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        Some(Box::new(ConsumerStream {
+            shared: self.shared.clone(),
+            counted: false,
+            cluster: String::new(),
+        }))
+    }
+
+    fn get_type(&self) -> Option<ContextType> {
+        Some(ContextType::HttpContext)
+    }
+}
+
+struct ConsumerStream {
+    shared: Option<Rc<Shared>>,
+    /// In the outbound in-flight count; leaves it in `on_log`.
+    counted: bool,
+    /// The route's cluster (read in the request phase: request-derived
+    /// attributes are gone in the response phase).
+    cluster: String,
+}
+
+impl ConsumerStream {
+    fn steer(&self, shared: &Shared) {
+        let now = now_us();
+        let any_live = {
+            let mut cache = shared.tombstones.borrow_mut();
+            let live = cache
+                .refresh(TOMBSTONES_GEN_KEY, TOMBSTONES_KEY, Tombstones::decode)
+                .live_count(now);
+            live > 0
+        };
+        if !any_live {
+            return;
+        }
+        let members = shared.members(&self.cluster, now);
+        let rotation = {
+            let mut r = shared.rotation.borrow_mut();
+            *r = r.wrapping_add(1);
+            *r
+        };
+        let decision = steer(
+            &members,
+            &shared.tombstones.borrow().value,
+            &self.cluster,
+            now,
+            rotation,
+        );
+        match decision {
+            Steering::Steer(list) => {
+                if replace_header(
+                    MapType::HttpRequestHeaders,
+                    &shared.config.override_host_header,
+                    &list,
+                ) {
+                    shared.metrics.steered.add(1);
+                }
+            }
+            Steering::NoneLeft => {
+                log::debug!("cluster {}: every known member is tombstoned", self.cluster)
+            }
+            Steering::LeaveAlone => {}
+        }
+    }
+
+    fn observe_response(&self, shared: &Shared, map: MapType) {
+        let Some(address) =
+            property(&["upstream", "address"]).and_then(|a| String::from_utf8(a).ok())
+        else {
+            return;
+        };
+        let closing = shared
+            .config
+            .closing_headers
+            .iter()
+            .any(|h| header(map, h).is_some_and(|v| is_true(&v)));
+        let instance = instance_of(map, shared.config.instance_header.as_deref());
+        let cluster = self.cluster.as_str();
+        if closing {
+            shared.apply(&Observation::Closing {
+                cluster,
+                address: &address,
+                instance: instance.as_deref(),
+            });
+            return;
+        }
+        if map != MapType::HttpResponseHeaders {
+            return;
+        }
+        let failed = shared.config.evict_on_connect_failure
+            && header(map, ":status").as_deref() == Some(b"503")
+            && property_u64(&["response", "flags"]).is_some_and(|f| f & (FLAG_UF | FLAG_UC) != 0);
+        if failed {
+            shared.apply(&Observation::ConnectFailure {
+                cluster,
+                address: &address,
+            });
+            return;
+        }
+        shared
+            .observed
+            .borrow_mut()
+            .record(cluster, &address, now_us());
+        shared.apply(&Observation::Answered {
+            address: &address,
+            instance: instance.as_deref(),
+        });
+    }
+}
+
+impl Context for ConsumerStream {}
+
+impl HttpContext for ConsumerStream {
+    fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+        let Some(shared) = self.shared.clone() else {
+            return Action::Continue;
+        };
+        // No client may steer hosts: whatever it sent in the override
+        // header is dropped before anything else.
+        remove_header(
+            MapType::HttpRequestHeaders,
+            &shared.config.override_host_header,
+        );
+        match traffic::record_start(&HostStore, OUTBOUND_KEY, now_us()) {
+            Ok(_) => {
+                self.counted = true;
+                shared.metrics.inflight.add(1);
+            }
+            Err(e) => log::warn!("outbound request not counted: {e:?}"),
+        }
+        self.cluster = property(&["xds", "cluster_name"])
+            .and_then(|c| String::from_utf8(c).ok())
+            .unwrap_or_default();
+        self.steer(&shared);
+        Action::Continue
+    }
+
+    fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+        if let Some(shared) = self.shared.clone() {
+            self.observe_response(&shared, MapType::HttpResponseHeaders);
+        }
+        Action::Continue
+    }
+
+    fn on_http_response_trailers(&mut self, _trailers: usize) -> Action {
+        if let Some(shared) = self.shared.clone() {
+            self.observe_response(&shared, MapType::HttpResponseTrailers);
+        }
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        if !std::mem::take(&mut self.counted) {
+            return;
+        }
+        let Some(shared) = self.shared.clone() else {
+            return;
+        };
+        shared.metrics.inflight.add(-1);
+        if let Err(e) = traffic::record_end(&HostStore, OUTBOUND_KEY) {
+            log::error!("outbound in-flight count not decremented: {e:?}");
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! Real Envoy (`--concurrency 2`) running `envoy/consumer-sidecar.yaml`:
+//! graceful_consumer in front of a `providers` cluster fed by file-based EDS,
+//! with test upstreams standing in for provider sidecars.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use graceful_host_tests::client::{self, load, Conn};
+use graceful_host_tests::envoy::{
+    eventually, free_port, scratch_path, write_eds, Envoy, EnvoySpec,
+};
+use graceful_host_tests::upstream::Upstream;
+
+const CLOSING: &str = "x-graceful-closing";
+const OVERRIDE: &str = "x-graceful-override-host";
+
+struct Mesh {
+    envoy: Envoy,
+    outbound: SocketAddr,
+    eds: PathBuf,
+    ups: Vec<Upstream>,
+}
+
+impl Mesh {
+    async fn start(name: &str, config: &str, retries: u32) -> Mesh {
+        let mut ups = Vec::new();
+        for id in ["a1", "b1", "c1"] {
+            let u = Upstream::start().await;
+            u.set_instance(id);
+            ups.push(u);
+        }
+        let addrs: Vec<SocketAddr> = ups.iter().map(|u| u.addr).collect();
+        Mesh::with_endpoints(name, config, retries, ups, &addrs).await
+    }
+
+    async fn with_endpoints(
+        name: &str,
+        config: &str,
+        retries: u32,
+        ups: Vec<Upstream>,
+        endpoints: &[SocketAddr],
+    ) -> Mesh {
+        let eds = scratch_path(&format!("{name}-eds"), "yaml");
+        write_eds(&eds, "providers", endpoints);
+        let port = free_port();
+        let envoy = EnvoySpec::new(name, "consumer-sidecar.yaml")
+            .set("OUTBOUND_PORT", port)
+            .set("EDS_PATH", eds.display())
+            .set("CONSUMER_CONFIG", config)
+            .set("RETRIES", retries)
+            .start()
+            .await;
+        let mesh = Mesh {
+            envoy,
+            outbound: SocketAddr::from(([127, 0, 0, 1], port)),
+            eds,
+            ups,
+        };
+        mesh.wait_members(endpoints.len() as u64).await;
+        mesh
+    }
+
+    async fn wait_members(&self, n: u64) {
+        eventually(
+            &format!("{n} members in cluster providers"),
+            Duration::from_secs(10),
+            || async {
+                (self.envoy.stat("cluster.providers.membership_total").await == Some(n))
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+
+    fn counts(&self) -> Vec<u64> {
+        self.ups.iter().map(Upstream::app_requests).collect()
+    }
+
+    async fn stat(&self, name: &str) -> u64 {
+        self.envoy
+            .stat(&format!("wasmcustom.{name}"))
+            .await
+            .unwrap_or(0)
+    }
+
+    /// Sends single requests until one comes back with the closing mark.
+    async fn until_marked(&self) -> Instant {
+        let mut conn = Conn::http1(self.outbound).await.unwrap();
+        for _ in 0..200 {
+            let r = conn.get("/").await.unwrap();
+            assert_eq!(r.status, 200);
+            if r.header(CLOSING).as_deref() == Some("true") {
+                return Instant::now();
+            }
+        }
+        panic!(
+            "no closing-marked response in 200 requests: {:?}",
+            self.counts()
+        );
+    }
+
+    async fn worker_connections(&self) -> Vec<u64> {
+        let prefix = format!("listener.127.0.0.1_{}", self.outbound.port());
+        let mut out = Vec::new();
+        for w in 0..2 {
+            out.push(
+                self.envoy
+                    .stat(&format!("{prefix}.worker_{w}.downstream_cx_total"))
+                    .await
+                    .unwrap_or(0),
+            );
+        }
+        out
+    }
+}
+
+/// Requests on `conns` connections until `stop` says so or `deadline`;
+/// returns (responses, failures).
+async fn load_until(
+    addr: SocketAddr,
+    conns: usize,
+    deadline: Duration,
+    stop: impl Fn() -> bool + Send + Sync + 'static,
+) -> (u64, u64) {
+    let stop = std::sync::Arc::new(stop);
+    let end = Instant::now() + deadline;
+    let tasks: Vec<_> = (0..conns)
+        .map(|_| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut conn = Conn::http1(addr).await.unwrap();
+                let (mut ok, mut failed) = (0, 0);
+                while Instant::now() < end && !stop() {
+                    match conn.get("/").await {
+                        Ok(r) if r.status == 200 => ok += 1,
+                        Ok(_) => failed += 1,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                (ok, failed)
+            })
+        })
+        .collect();
+    let mut total = (0, 0);
+    for t in tasks {
+        let (ok, failed) = t.await.unwrap();
+        total = (total.0 + ok, total.1 + failed);
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn it_steers_both_workers_away_from_a_closing_host_for_the_ttl() {
+    let ttl = Duration::from_secs(3);
+    let cfg = r#"{"admin_cluster":"envoy_admin","tombstone_ttl":"3s","membership_refresh":"200ms","probe_path":""}"#;
+    let m = Mesh::start("steer", cfg, 2).await;
+    let warm = load(m.outbound, 6, 10, "/").await;
+    assert!(warm.iter().all(|r| r.status == 200));
+    assert!(
+        m.counts().iter().all(|&c| c > 5),
+        "round robin reached all three: {:?}",
+        m.counts()
+    );
+
+    m.ups[0].set_closing(true);
+    let marked_at = m.until_marked().await;
+    let at_mark = m.counts();
+    let cx_before = m.worker_connections().await;
+
+    // Continuous load from 8 connections (both workers) until the first new
+    // request reaches the closing host.
+    let a = m.ups[0].counters.clone();
+    let a_at_mark = at_mark[0];
+    let (ok, failed) = load_until(m.outbound, 8, ttl + Duration::from_secs(5), move || {
+        a.app_requests.load(std::sync::atomic::Ordering::SeqCst) > a_at_mark
+    })
+    .await;
+    let back_after = marked_at.elapsed();
+    let after = m.counts();
+    assert_eq!(failed, 0);
+    assert!(
+        after[0] > a_at_mark,
+        "traffic returns after the TTL: {after:?}"
+    );
+    assert!(
+        back_after >= ttl - Duration::from_millis(200),
+        "closing host got a request {back_after:?} after the mark, TTL {ttl:?}"
+    );
+    assert!(
+        back_after < ttl + Duration::from_secs(3),
+        "tombstone outlived its TTL: {back_after:?}"
+    );
+    assert!(
+        after[1] - at_mark[1] > 50 && after[2] - at_mark[2] > 50,
+        "the others shared the load: {at_mark:?} -> {after:?}"
+    );
+    assert!(ok > 100);
+    let cx_after = m.worker_connections().await;
+    assert!(
+        cx_after[0] > cx_before[0] && cx_after[1] > cx_before[1],
+        "both workers served the steered load: {cx_before:?} -> {cx_after:?}"
+    );
+    // Once for the mark, once more when traffic came back and met the mark.
+    assert_eq!(m.stat("graceful_consumer_evictions").await, 2);
+    // Every request while the tombstone lived was steered; the few sent
+    // after it expired (until one reached the host) were not.
+    let steered = m.stat("graceful_consumer_steered").await;
+    assert!(
+        steered + 50 >= ok && steered > 100,
+        "steered {steered} of {ok}"
+    );
+    eprintln!(
+        "steered {ok} requests, closing host back after {back_after:?}: {at_mark:?} -> {after:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn it_readmits_a_new_instance_at_the_same_address_at_once() {
+    let cfg =
+        r#"{"admin_cluster":"envoy_admin","tombstone_ttl":"60s","membership_refresh":"200ms"}"#;
+    let m = Mesh::start("readmit", cfg, 2).await;
+    load(m.outbound, 4, 10, "/").await;
+    m.ups[0].set_closing(true);
+    m.until_marked().await;
+    let at_mark = m.counts()[0];
+    // Still the old instance, still closing: probes keep it out.
+    let (_, failed) = load_until(m.outbound, 4, Duration::from_secs(1), || false).await;
+    assert_eq!(failed, 0);
+    assert_eq!(m.counts()[0], at_mark, "no request to the tombstoned host");
+    // It restarts: same address, new instance id.
+    m.ups[0].set_closing(false);
+    m.ups[0].set_instance("a2");
+    let restarted = Instant::now();
+    let a = m.ups[0].counters.clone();
+    load_until(m.outbound, 4, Duration::from_secs(10), move || {
+        a.app_requests.load(std::sync::atomic::Ordering::SeqCst) > at_mark
+    })
+    .await;
+    let took = restarted.elapsed();
+    assert!(m.counts()[0] > at_mark, "readmitted");
+    assert!(
+        took < Duration::from_secs(5),
+        "readmission took {took:?} with a 60s TTL"
+    );
+    assert_eq!(m.stat("graceful_consumer_readmitted").await, 1);
+    eventually(
+        "tombstones gauge back to 0",
+        Duration::from_secs(5),
+        || async { (m.stat("graceful_consumer_tombstones").await == 0).then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn it_keeps_a_tombstoned_host_out_when_the_registry_re_adds_it() {
+    let cfg =
+        r#"{"admin_cluster":"envoy_admin","tombstone_ttl":"5s","membership_refresh":"200ms"}"#;
+    let m = Mesh::start("late-eds", cfg, 2).await;
+    load(m.outbound, 4, 10, "/").await;
+    m.ups[0].set_closing(true);
+    let marked_at = m.until_marked().await;
+    let at_mark = m.counts()[0];
+    // The instance stops marking (drained, not restarted: same id).
+    m.ups[0].set_closing(false);
+    let all: Vec<SocketAddr> = m.ups.iter().map(|u| u.addr).collect();
+    write_eds(&m.eds, "providers", &all[1..]);
+    m.wait_members(2).await;
+    // A late registry update brings it back.
+    write_eds(&m.eds, "providers", &all);
+    m.wait_members(3).await;
+    let until =
+        Duration::from_secs(5).saturating_sub(marked_at.elapsed() + Duration::from_millis(300));
+    let (ok, failed) = load_until(m.outbound, 6, until, || false).await;
+    assert_eq!(failed, 0);
+    assert!(ok > 50);
+    assert_eq!(
+        m.counts()[0],
+        at_mark,
+        "re-added host got traffic within its tombstone's life"
+    );
+    // After the TTL it is back.
+    let a = m.ups[0].counters.clone();
+    load_until(m.outbound, 4, Duration::from_secs(8), move || {
+        a.app_requests.load(std::sync::atomic::Ordering::SeqCst) > at_mark
+    })
+    .await;
+    assert!(m.counts()[0] > at_mark, "traffic returns after the TTL");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn it_evicts_a_host_that_refuses_connections_for_the_failure_ttl() {
+    // No retries, so a connect failure reaches the filter as a local reply
+    // (with retries Envoy carries the request elsewhere and the filter sees
+    // only the final answer).
+    let cfg = r#"{"admin_cluster":"envoy_admin","failure_tombstone_ttl":"2s","membership_refresh":"200ms"}"#;
+    let mut ups = Vec::new();
+    for id in ["b1", "c1"] {
+        let u = Upstream::start().await;
+        u.set_instance(id);
+        ups.push(u);
+    }
+    let dead = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let endpoints = [dead, ups[0].addr, ups[1].addr];
+    let m = Mesh::with_endpoints("refused", cfg, 0, ups, &endpoints).await;
+    let conns = 4;
+    let started = Instant::now();
+    let (ok, failed) = load_until(m.outbound, conns, Duration::from_secs(5), || false).await;
+    let secs = started.elapsed().as_secs_f64();
+    // Without eviction a third of the requests would fail; with it, at most
+    // the requests in flight when each 2 s tombstone runs out.
+    let windows = (secs / 2.0).ceil() as u64 + 1;
+    assert!(ok > 200, "load ran: {ok} ok");
+    assert!(failed >= 1, "the dead host was tried");
+    assert!(
+        failed <= conns as u64 * windows,
+        "{failed} failures in {secs:.1}s ({ok} ok)"
+    );
+    assert!(
+        m.stat("graceful_consumer_evictions").await >= 2,
+        "evicted again after the failure TTL"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn it_ignores_override_headers_sent_by_clients() {
+    let cfg = r#"{"admin_cluster":"envoy_admin","tombstone_ttl":"60s","membership_refresh":"200ms","probe_path":""}"#;
+    let m = Mesh::start("forged-override", cfg, 2).await;
+    let a = m.ups[0].addr.to_string();
+    let mut conn = Conn::http1(m.outbound).await.unwrap();
+    for _ in 0..60 {
+        let r = conn
+            .send("GET", "/", &[(OVERRIDE, a.as_str())], Default::default())
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200);
+    }
+    let c = m.counts();
+    assert!(
+        c[0] < 40 && c[1] > 10 && c[2] > 10,
+        "a client picked the host: {c:?}"
+    );
+    // With the host tombstoned, a client naming it still cannot reach it.
+    m.ups[0].set_closing(true);
+    m.until_marked().await;
+    let at_mark = m.counts()[0];
+    for _ in 0..60 {
+        let r = conn
+            .send("GET", "/", &[(OVERRIDE, a.as_str())], Default::default())
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200);
+    }
+    assert_eq!(m.counts()[0], at_mark);
+    let r = client::request(m.outbound, "GET", "/", &[(CLOSING, "true")])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "a closing header in a request means nothing");
+    assert_eq!(m.stat("graceful_consumer_evictions").await, 1);
+}
