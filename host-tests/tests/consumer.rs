@@ -358,3 +358,36 @@ async fn it_ignores_override_headers_sent_by_clients() {
     assert_eq!(r.status, 200, "a closing header in a request means nothing");
     assert_eq!(m.stat("graceful_consumer_evictions").await, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn it_keeps_tombstone_memory_bounded_while_10000_hosts_churn() {
+    // 10,000 endpoints that refuse connections (loopback, nothing listening),
+    // no retries: every request evicts a host the consumer has not seen.
+    let port = free_port();
+    let endpoints: Vec<SocketAddr> = (0..10_000u32)
+        .map(|i| SocketAddr::from(([127, 1, (i / 250) as u8, (i % 250 + 1) as u8], port)))
+        .collect();
+    let cfg = r#"{"failure_tombstone_ttl":"60s","max_tombstones":64,"probe_path":""}"#;
+    let m = Mesh::with_endpoints("churn", cfg, 0, Vec::new(), &endpoints).await;
+    let mut samples = Vec::new();
+    for round in 0..5 {
+        let rs = load(m.outbound, 8, 250, "/").await;
+        assert!(rs.iter().all(|r| r.status == 503), "every host refuses");
+        let evictions = m.stat("graceful_consumer_evictions").await;
+        let live = m.stat("graceful_consumer_tombstones").await;
+        let bytes = m.stat("graceful_consumer_tombstone_bytes").await;
+        samples.push((evictions, live, bytes));
+        assert!(live <= 64, "round {round}: {live} tombstones kept");
+        assert!(
+            bytes <= 64 * 64,
+            "round {round}: tombstone value {bytes} bytes"
+        );
+    }
+    let (evictions, _, bytes) = samples[samples.len() - 1];
+    assert!(
+        evictions >= 9_900,
+        "10,000 distinct hosts evicted: {evictions}"
+    );
+    eprintln!("(evictions, live tombstones, tombstone bytes) per 2,000 requests: {samples:?}");
+    assert!(bytes > 0);
+}

@@ -90,6 +90,8 @@ impl<T: Default> Cached<T> {
 
 struct Metrics {
     tombstones: Metric,
+    /// Size of the shared tombstone value: shows it stays bounded.
+    tombstone_bytes: Metric,
     evictions: Metric,
     steered: Metric,
     readmitted: Metric,
@@ -126,9 +128,10 @@ impl Shared {
             let change = list.observe(obs, &self.ttls, now, max);
             let live = list.live_count(now);
             let value = (change != Change::Unchanged).then(|| list.encode());
-            (value, (change, live))
+            let size = value.as_ref().map_or(0, Vec::len);
+            (value, (change, live, size))
         });
-        let (change, live) = match result {
+        let (change, live, size) = match result {
             Ok(r) => r,
             Err(e) => {
                 log::warn!("tombstones not updated: {e:?}");
@@ -140,6 +143,7 @@ impl Shared {
         }
         let _ = add_bounded(&HostStore, TOMBSTONES_GEN_KEY, 1, u64::MAX);
         self.metrics.tombstones.set(live as u64);
+        self.metrics.tombstone_bytes.set(size as u64);
         match (change, obs) {
             (
                 Change::Evicted,
@@ -378,6 +382,7 @@ impl RootContext for ConsumerRoot {
             config,
             metrics: Metrics {
                 tombstones: Metric::gauge("graceful_consumer_tombstones"),
+                tombstone_bytes: Metric::gauge("graceful_consumer_tombstone_bytes"),
                 evictions: Metric::counter("graceful_consumer_evictions"),
                 steered: Metric::counter("graceful_consumer_steered"),
                 readmitted: Metric::counter("graceful_consumer_readmitted"),
