@@ -43,7 +43,11 @@ pub fn envoy_binary() -> PathBuf {
 pub fn wasm_dir() -> PathBuf {
     let dir =
         std::env::var_os("GRACEFUL_DIST").map_or_else(|| repo_root().join("dist"), PathBuf::from);
-    for name in ["graceful_provider.wasm", "graceful_drain.wasm", "graceful_consumer.wasm"] {
+    for name in [
+        "graceful_provider.wasm",
+        "graceful_drain.wasm",
+        "graceful_consumer.wasm",
+    ] {
         assert!(
             dir.join(name).exists(),
             "{} missing: run `make build` first",
