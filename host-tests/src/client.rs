@@ -14,6 +14,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
+pub use demo_app::grpc_frame;
+
 /// A whole response: status, headers, body and trailers.
 #[derive(Debug, Clone)]
 pub struct Response {
@@ -183,15 +185,6 @@ pub async fn abort_after(addr: SocketAddr, path: &str, after: Duration) -> Resul
     tokio::time::sleep(after).await;
     drop(stream);
     Ok(())
-}
-
-/// gRPC length-prefixed framing: flag byte 0, u32 big-endian length, bytes.
-pub fn grpc_frame(message: &[u8]) -> Bytes {
-    let mut out = Vec::with_capacity(5 + message.len());
-    out.push(0);
-    out.extend_from_slice(&(message.len() as u32).to_be_bytes());
-    out.extend_from_slice(message);
-    Bytes::from(out)
 }
 
 /// Runs `per_conn` sequential GETs of `path` on each of `conns` keep-alive
