@@ -3,6 +3,7 @@
 //! `make envoy` installs) in front of [`upstream::Upstream`].
 
 pub mod client;
+pub mod emu;
 pub mod envoy;
 pub mod render;
 pub mod upstream;
