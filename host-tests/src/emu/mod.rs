@@ -579,7 +579,10 @@ impl Host {
             let Some((due, next)) = next.filter(|(t, _)| *t <= target) else {
                 break;
             };
-            self.world.borrow_mut().now_ns = self.world.borrow().now_ns.max(due);
+            {
+                let mut w = self.world.borrow_mut();
+                w.now_ns = w.now_ns.max(due);
+            }
             match next {
                 Next::Timeout(id) => {
                     self.world
