@@ -10,7 +10,15 @@ VENV := .venv
 ENVOY := $(VENV)/envoy
 TEMPLATES := $(wildcard envoy/*-sidecar.yaml)
 RENDERED := $(patsubst envoy/%.yaml,target/envoy/%.yaml,$(TEMPLATES))
+COMPOSE_CONFIGS := envoy/compose/provider-1.yaml envoy/compose/provider-2.yaml envoy/compose/provider-3.yaml envoy/compose/consumer.yaml
 CARGO ?= cargo
+# make demo PROTOCOL=http2 RATE=800 RESTARTS=3 DEMO_FLAGS=--no-baseline
+PROTOCOL ?= http1
+RATE ?= 500
+RESTARTS ?= 3
+DEMO_FLAGS ?=
+ENVOY_IMAGE ?= envoyproxy/envoy:v1.40.0
+E2E_ENV = GRACEFUL_ENVOY=$(CURDIR)/$(ENVOY) GRACEFUL_DIST=$(CURDIR)/dist
 
 .PHONY: help
 help: ## list the targets
@@ -42,7 +50,24 @@ target/envoy/%.yaml: envoy/%.yaml host-tests/src/render.rs
 
 .PHONY: validate-envoy
 validate-envoy: build envoy render ## envoy --mode validate on every shipped config (runs the filters' on_configure)
-	@for f in $(RENDERED); do echo "validate $$f"; $(ENVOY) --mode validate -c $$f --log-level warn >/dev/null || exit 1; done
+	@for f in $(RENDERED) $(COMPOSE_CONFIGS); do echo "validate $$f"; $(ENVOY) --mode validate -c $$f --log-level warn >/dev/null || exit 1; done
+
+.PHONY: compose
+compose: ## regenerate the docker harness (envoy/docker-compose.yaml, envoy/compose/) from the templates
+	$(CARGO) run --quiet -p graceful-host-tests --bin compose
+
+.PHONY: up
+up: build ## start the docker harness (needs a Docker engine); ENVOY_IMAGE picks the Envoy image
+	ENVOY_IMAGE=$(ENVOY_IMAGE) docker compose -f envoy/docker-compose.yaml up -d --build
+
+.PHONY: down
+down: ## stop the docker harness
+	docker compose -f envoy/docker-compose.yaml down
+
+.PHONY: demo
+demo: build envoy ## the main job: rolling shutdown of 3 providers under load, with and without the filters
+	$(CARGO) build --release -p demo-app -p graceful-host-tests --bin demo
+	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/release/demo-app target/release/demo --protocol $(PROTOCOL) --rate $(RATE) --restarts $(RESTARTS) $(DEMO_FLAGS)
 
 .PHONY: lint
 lint: ## rustfmt check and clippy (native and wasm) with warnings as errors
@@ -58,7 +83,8 @@ try: build envoy ## start Envoy with the filters, walk through one shutdown, pri
 test: build envoy lint ## everything CI runs: lint, unit tests, real-Envoy tests, config validation
 	$(CARGO) test -p graceful-core -p graceful-host -p graceful-host-tests --lib --bins
 	$(MAKE) --no-print-directory validate-envoy
-	GRACEFUL_ENVOY=$(CURDIR)/$(ENVOY) GRACEFUL_DIST=$(CURDIR)/dist $(CARGO) test -p graceful-host-tests --tests -- --test-threads 2
+	$(CARGO) build -p demo-app
+	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/debug/demo-app $(CARGO) test -p graceful-host-tests --tests -- --test-threads 2
 
 .PHONY: clean
 clean: ## remove build outputs (keeps .venv)

@@ -173,6 +173,8 @@ impl EnvoySpec {
                 "[%Y-%m-%d %T.%e][%t][%l][%n] %v",
             ])
             .args(["--component-log-level", "wasm:debug"])
+            .args(["--file-flush-interval-msec", "100"])
+            .env("TZ", "UTC")
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err)
@@ -228,6 +230,17 @@ impl Envoy {
             let (k, v) = line.split_once(": ")?;
             (k == name).then(|| v.trim().parse().ok()).flatten()
         })
+    }
+
+    /// Sends SIGTERM (what an orchestrator does after the preStop hook) and
+    /// waits up to `grace` for Envoy to exit, then kills it.
+    pub async fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
+        terminate(&mut self.child, grace).await;
+        self.try_exit()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub async fn admin_post(&self, path: &str) -> client::Response {
@@ -302,4 +315,23 @@ pub fn scratch_path(name: &str, ext: &str) -> PathBuf {
     let _ = fs::create_dir_all(&dir);
     let seq = RUN_SEQ.fetch_add(1, Ordering::SeqCst);
     dir.join(format!("{name}-{}-{seq}.{ext}", std::process::id()))
+}
+
+/// SIGTERM, then SIGKILL if the process has not exited after `grace`.
+pub async fn terminate(child: &mut Child, grace: Duration) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
 }

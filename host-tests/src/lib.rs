@@ -3,6 +3,8 @@
 //! `make envoy` installs) in front of [`upstream::Upstream`].
 
 pub mod client;
+pub mod compose;
+pub mod demo;
 pub mod emu;
 pub mod envoy;
 pub mod render;

@@ -267,11 +267,26 @@ impl ConsumerRoot {
                 }
             }
         }
+        if shared.config.admin_cluster.is_none() {
+            self.probe(shared, &tombstones, &Membership::default(), now);
+        }
+        // With an admin cluster, probes follow its answer, so they see the
+        // membership as it is now (a restarted host is probed as soon as
+        // the registry has it back).
+    }
+
+    /// Probes each live tombstone still in its cluster for a new instance.
+    fn probe(
+        &mut self,
+        shared: &Shared,
+        tombstones: &Tombstones,
+        membership: &Membership,
+        now: u64,
+    ) {
         let Some(probe_path) = &shared.config.probe_path else {
             return;
         };
-        let membership = shared.members.borrow().value.clone();
-        for t in probe_targets(&tombstones, &membership, now) {
+        for t in probe_targets(tombstones, membership, now) {
             if self.probes.values().any(|a| a == &t.address) {
                 continue;
             }
@@ -308,11 +323,15 @@ impl Context for ConsumerRoot {
         let status = header(MapType::HttpCallResponseHeaders, ":status");
         if self.admin_call == Some(token) {
             self.admin_call = None;
+            let now = now_us();
+            let tombstones = shared.tombstones.borrow().value.clone();
             if status.as_deref() != Some(b"200") {
                 log::warn!(
                     "membership refresh failed: status {:?}",
                     status.map(|s| String::from_utf8_lossy(&s).into_owned())
                 );
+                let last_known = shared.members.borrow().value.clone();
+                self.probe(&shared, &tombstones, &last_known, now);
                 return;
             }
             let body = hostcalls::get_buffer(
@@ -323,20 +342,20 @@ impl Context for ConsumerRoot {
             .ok()
             .flatten()
             .unwrap_or_default();
-            let now = now_us();
-            let wanted: Vec<String> = {
-                let cache = shared.tombstones.borrow();
-                cache.value.live(now).map(|t| t.cluster.clone()).collect()
-            };
-            let wanted: Vec<&str> = wanted.iter().map(String::as_str).collect();
-            match Membership::from_admin_json(&body, &wanted) {
+            let wanted: Vec<&str> = tombstones.live(now).map(|t| t.cluster.as_str()).collect();
+            let membership = match Membership::from_admin_json(&body, &wanted) {
                 Ok(m) => {
                     if HostStore.set(MEMBERS_KEY, &m.encode(), 0).is_ok() {
                         let _ = add_bounded(&HostStore, MEMBERS_GEN_KEY, 1, u64::MAX);
                     }
+                    m
                 }
-                Err(e) => log::warn!("membership refresh: unreadable /clusters answer: {e}"),
-            }
+                Err(e) => {
+                    log::warn!("membership refresh: unreadable /clusters answer: {e}");
+                    shared.members.borrow().value.clone()
+                }
+            };
+            self.probe(&shared, &tombstones, &membership, now);
         } else if let Some(address) = self.probes.remove(&token) {
             let answered_at = header(MapType::HttpCallResponseHeaders, ADDRESS_HEADER);
             let instance = instance_of(

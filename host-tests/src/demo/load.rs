@@ -1,0 +1,194 @@
+//! An open-loop load generator: requests are scheduled at a fixed rate
+//! whatever the answers do, spread over a fixed set of connections, and
+//! every one is recorded (when it was due, how long it took, whether it
+//! succeeded, which app served it, whether it carried the closing mark).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::{mpsc, Mutex};
+use tokio::task::JoinHandle;
+
+use crate::client::Conn;
+
+/// The protocol the load speaks to the consumer sidecar.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    Http1,
+    Http2,
+    Grpc,
+}
+
+impl std::str::FromStr for Protocol {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "http1" => Ok(Protocol::Http1),
+            "http2" => Ok(Protocol::Http2),
+            "grpc" => Ok(Protocol::Grpc),
+            _ => Err(format!("unknown protocol {s:?} (http1, http2, grpc)")),
+        }
+    }
+}
+
+/// One request as the client saw it.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    /// When it was due, in ms since the run started.
+    pub due_ms: u64,
+    /// From due time to the end of the answer (includes queueing, so a
+    /// stall shows; no coordinated omission).
+    pub latency_us: u64,
+    pub ok: bool,
+    /// 1-based index of the app that served it (`x-served-by: pN`), 0 if none.
+    pub served_by: u8,
+    /// The answer carried `x-graceful-closing: true`.
+    pub marked: bool,
+}
+
+/// Per-request bound: a request unanswered by then counts as failed.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A running load; [`Load::stop`] ends it and returns the samples.
+pub struct Load {
+    stop: mpsc::Sender<()>,
+    dispatcher: JoinHandle<()>,
+    workers: Vec<JoinHandle<Vec<Sample>>>,
+}
+
+impl Load {
+    /// Starts `rate` requests per second over `conns` connections.
+    pub fn start(
+        addr: SocketAddr,
+        protocol: Protocol,
+        rate: u32,
+        conns: usize,
+        epoch: Instant,
+    ) -> Load {
+        let (jobs_tx, jobs_rx) = mpsc::channel::<Instant>(conns * 64);
+        let jobs_rx = Arc::new(Mutex::new(jobs_rx));
+        let (stop, mut stopped) = mpsc::channel::<()>(1);
+        let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
+        let dispatcher = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(period);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            loop {
+                tokio::select! {
+                    at = tick.tick() => {
+                        if jobs_tx.send(at.into_std()).await.is_err() {
+                            break;
+                        }
+                    }
+                    _ = stopped.recv() => break,
+                }
+            }
+        });
+        let workers = (0..conns)
+            .map(|_| {
+                let jobs = jobs_rx.clone();
+                tokio::spawn(async move { worker(addr, protocol, jobs, epoch).await })
+            })
+            .collect();
+        Load {
+            stop,
+            dispatcher,
+            workers,
+        }
+    }
+
+    /// Stops scheduling, waits for requests in flight, returns all samples
+    /// ordered by due time.
+    pub async fn stop(self) -> Vec<Sample> {
+        let _ = self.stop.send(()).await;
+        let _ = self.dispatcher.await;
+        let mut all = Vec::new();
+        for w in self.workers {
+            if let Ok(samples) = w.await {
+                all.extend(samples);
+            }
+        }
+        all.sort_by_key(|s| s.due_ms);
+        all
+    }
+}
+
+async fn connect(addr: SocketAddr, protocol: Protocol) -> Option<Conn> {
+    match protocol {
+        Protocol::Http1 => Conn::http1(addr).await.ok(),
+        Protocol::Http2 | Protocol::Grpc => Conn::http2(addr).await.ok(),
+    }
+}
+
+async fn worker(
+    addr: SocketAddr,
+    protocol: Protocol,
+    jobs: Arc<Mutex<mpsc::Receiver<Instant>>>,
+    epoch: Instant,
+) -> Vec<Sample> {
+    let mut samples = Vec::new();
+    let mut conn: Option<Conn> = None;
+    loop {
+        let due = {
+            let mut rx = jobs.lock().await;
+            match rx.recv().await {
+                Some(due) => due,
+                None => break,
+            }
+        };
+        if conn.is_none() {
+            conn = connect(addr, protocol).await;
+        }
+        let answer = match conn.as_mut() {
+            None => None,
+            Some(c) => {
+                let call = async {
+                    match protocol {
+                        Protocol::Grpc => c.grpc("/echo.Echo/Say", b"ping").await,
+                        _ => c.send("GET", "/", &[], Bytes::new()).await,
+                    }
+                };
+                tokio::time::timeout(REQUEST_TIMEOUT, call)
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            }
+        };
+        let latency_us = u64::try_from(due.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let due_ms = u64::try_from(due.saturating_duration_since(epoch).as_millis()).unwrap_or(0);
+        let sample = match answer {
+            None => {
+                conn = None; // the connection is suspect: start a new one
+                Sample {
+                    due_ms,
+                    latency_us,
+                    ok: false,
+                    served_by: 0,
+                    marked: false,
+                }
+            }
+            Some(r) => {
+                let ok = match protocol {
+                    Protocol::Grpc => r.status == 200 && r.grpc_status().as_deref() == Some("0"),
+                    _ => r.status == 200,
+                };
+                let served_by = r
+                    .header("x-served-by")
+                    .and_then(|n| n.strip_prefix('p').and_then(|i| i.parse::<u8>().ok()))
+                    .unwrap_or(0);
+                let marked = r.header("x-graceful-closing").as_deref() == Some("true");
+                Sample {
+                    due_ms,
+                    latency_us,
+                    ok,
+                    served_by,
+                    marked,
+                }
+            }
+        };
+        samples.push(sample);
+    }
+    samples
+}

@@ -1,0 +1,532 @@
+//! The main job: a rolling shutdown of three providers under load, on real
+//! Envoy, with and without the filters.
+//!
+//! Topology, all on this machine: the load generator → a consumer sidecar
+//! (127.0.0.1) → three provider sidecars (127.0.0.11, .12, .13) → three
+//! demo apps (`examples/demo-app`, one per provider address). The consumer
+//! learns the providers from file-based EDS, written by a stand-in registry
+//! that applies every change `registry_lag` after the readiness probe saw it
+//! (the registry is always behind, as Kubernetes endpoints and EDS are).
+//!
+//! One provider at a time goes down the way Kubernetes takes a pod down, and
+//! comes back with a new instance id on the same address:
+//!
+//! | step | graceful run | baseline run (plain Envoy) |
+//! |---|---|---|
+//! | preStop starts | `POST /graceful/closing` | `POST /healthcheck/fail` on the admin |
+//! | readiness | `/graceful/ready` 503 → registry drops it after the lag | `/healthz` 503 → same |
+//! | preStop waits | `GET /graceful/drained?wait=60s` | a fixed sleep |
+//! | then | SIGTERM to Envoy and the app | same |
+//! | back | new processes; readiness 200 → registry re-adds it after the lag | same |
+
+pub mod load;
+pub mod report;
+
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::client;
+use crate::envoy::{free_port, repo_root, terminate, write_eds, Envoy, EnvoySpec};
+use load::{Load, Protocol, Sample};
+use report::{ProviderEvents, RunReport};
+
+/// Which sidecars run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// graceful_consumer, graceful_provider and graceful_drain.
+    Graceful,
+    /// Plain Envoy: the same routes, retries and load, no filters.
+    Baseline,
+}
+
+/// What one run does. [`DemoConfig::default`] is `make demo`'s.
+#[derive(Debug, Clone)]
+pub struct DemoConfig {
+    pub protocol: Protocol,
+    /// Requests per second, open loop.
+    pub rate: u32,
+    /// Client connections the load uses.
+    pub connections: usize,
+    /// How many providers go down and come back, in turn (1 to 3).
+    pub restarts: usize,
+    pub registry_lag: Duration,
+    /// Load before the first shutdown.
+    pub warmup: Duration,
+    /// Load between a provider coming back and the next shutdown.
+    pub settle: Duration,
+    /// Load after the last provider came back.
+    pub tail: Duration,
+    /// The apps' answer latency.
+    pub app_latency: Duration,
+    /// graceful_drain's configuration on the providers.
+    pub drain_config: String,
+    /// graceful_consumer's configuration.
+    pub consumer_config: String,
+    /// The baseline's preStop sleep between `/healthcheck/fail` and SIGTERM.
+    pub baseline_sleep: Duration,
+    /// Where logs, EDS and access logs go.
+    pub work_dir: PathBuf,
+}
+
+impl Default for DemoConfig {
+    fn default() -> Self {
+        DemoConfig {
+            protocol: Protocol::Http1,
+            rate: 500,
+            connections: 16,
+            restarts: 3,
+            registry_lag: Duration::from_secs(2),
+            warmup: Duration::from_secs(3),
+            settle: Duration::from_secs(4),
+            tail: Duration::from_secs(3),
+            app_latency: Duration::from_millis(5),
+            drain_config: r#"{"admin_cluster":"envoy_admin"}"#.into(),
+            consumer_config: r#"{"admin_cluster":"envoy_admin"}"#.into(),
+            baseline_sleep: Duration::from_secs(3),
+            work_dir: repo_root().join("target/demo"),
+        }
+    }
+}
+
+/// The demo app binary: `$DEMO_APP`, else the workspace's debug, else release build.
+pub fn demo_app_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("DEMO_APP") {
+        return PathBuf::from(p);
+    }
+    let debug = repo_root().join("target/debug/demo-app");
+    if debug.exists() {
+        return debug;
+    }
+    repo_root().join("target/release/demo-app")
+}
+
+/// A port free on all three provider addresses.
+fn port_free_on(ips: &[Ipv4Addr]) -> u16 {
+    for _ in 0..50 {
+        let port = free_port();
+        if ips.iter().all(|ip| TcpListener::bind((*ip, port)).is_ok()) {
+            return port;
+        }
+    }
+    panic!("no port free on {ips:?}");
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0))
+}
+
+/// The registry stand-in: writes the EDS file the consumer watches, each
+/// change `lag` after it was asked for.
+#[derive(Clone)]
+struct Registry {
+    eds: PathBuf,
+    members: Arc<Mutex<Vec<SocketAddr>>>,
+    lag: Duration,
+}
+
+impl Registry {
+    fn new(eds: PathBuf, members: Vec<SocketAddr>, lag: Duration) -> Registry {
+        write_eds(&eds, "providers", &members);
+        Registry {
+            eds,
+            members: Arc::new(Mutex::new(members)),
+            lag,
+        }
+    }
+
+    fn later(&self, addr: SocketAddr, present: bool) {
+        let me = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(me.lag).await;
+            let snapshot = {
+                let Ok(mut m) = me.members.lock() else { return };
+                m.retain(|a| *a != addr);
+                if present {
+                    m.push(addr);
+                    m.sort();
+                }
+                m.clone()
+            };
+            write_eds(&me.eds, "providers", &snapshot);
+        });
+    }
+}
+
+struct Provider {
+    index: usize,
+    inbound: SocketAddr,
+    app_addr: SocketAddr,
+    envoy: Option<Envoy>,
+    app: Option<Child>,
+    generation: u32,
+    /// Access log of each generation (instance) of this provider.
+    access_logs: Vec<PathBuf>,
+}
+
+struct Run<'a> {
+    config: &'a DemoConfig,
+    mode: Mode,
+    dir: PathBuf,
+    epoch: Instant,
+    epoch_unix_ms: u64,
+}
+
+impl Run<'_> {
+    fn ms(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(0)
+    }
+
+    fn start_app(&self, p: &Provider) -> Child {
+        let log = std::fs::File::create(
+            self.dir
+                .join(format!("app-p{}-{}.log", p.index, p.generation)),
+        )
+        .unwrap_or_else(|e| panic!("app log: {e}"));
+        let err = log.try_clone().unwrap_or_else(|e| panic!("{e}"));
+        let bin = demo_app_binary();
+        Command::new(&bin)
+            .args([
+                "--listen",
+                &p.app_addr.to_string(),
+                "--name",
+                &format!("p{}", p.index),
+            ])
+            .args([
+                "--latency-ms",
+                &self.config.app_latency.as_millis().to_string(),
+            ])
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run {} ({e}): build it with `cargo build -p demo-app`",
+                    bin.display()
+                )
+            })
+    }
+
+    async fn start_provider_envoy(&self, p: &mut Provider) -> Envoy {
+        let template = match self.mode {
+            Mode::Graceful => "provider-sidecar.yaml",
+            Mode::Baseline => "baseline-provider-sidecar.yaml",
+        };
+        let access_log = self
+            .dir
+            .join(format!("access-p{}-{}.log", p.index, p.generation));
+        p.access_logs.push(access_log.clone());
+        let mut spec = EnvoySpec::new(
+            &format!("{}-p{}-{}", self.name(), p.index, p.generation),
+            template,
+        )
+        .set("LISTEN_ADDRESS", p.inbound.ip())
+        .set("INBOUND_PORT", p.inbound.port())
+        .set("APP_ADDRESS", p.app_addr.ip())
+        .set("APP_PORT", p.app_addr.port())
+        .set("DRAIN_CONFIG", &self.config.drain_config)
+        .set("PROVIDER_CONFIG", "{}")
+        .set("ACCESS_LOG", access_log.display());
+        spec.concurrency = 1;
+        spec.start().await
+    }
+
+    fn name(&self) -> &'static str {
+        match self.mode {
+            Mode::Graceful => "graceful",
+            Mode::Baseline => "baseline",
+        }
+    }
+
+    fn ready_path(&self) -> &'static str {
+        match self.mode {
+            Mode::Graceful => "/graceful/ready",
+            Mode::Baseline => "/healthz",
+        }
+    }
+
+    /// The readiness probe: polls until it answers `want`, then has the
+    /// registry follow (after its lag).
+    fn kubelet(&self, p: &Provider, want: u16, registry: &Registry) {
+        let (addr, path, registry) = (p.inbound, self.ready_path(), registry.clone());
+        tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while Instant::now() < deadline {
+                if client::get(addr, path)
+                    .await
+                    .is_ok_and(|r| r.status == want)
+                {
+                    registry.later(addr, want == 200);
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+    }
+
+    async fn shutdown_and_return(&self, p: &mut Provider, registry: &Registry) -> ProviderEvents {
+        let mut ev = ProviderEvents {
+            provider: p.index,
+            ..Default::default()
+        };
+        ev.closing_ms = self.ms();
+        match self.mode {
+            Mode::Graceful => {
+                let r = client::post(p.inbound, "/graceful/closing")
+                    .await
+                    .unwrap_or_else(|e| panic!("closing p{}: {e}", p.index));
+                assert_eq!(r.status, 202, "closing p{}: {}", p.index, r.text());
+                self.kubelet(p, 503, registry);
+                let r = client::get(p.inbound, "/graceful/drained?wait=60s")
+                    .await
+                    .unwrap_or_else(|e| panic!("drained p{}: {e}", p.index));
+                assert_eq!(r.status, 200, "drained p{}: {}", p.index, r.text());
+            }
+            Mode::Baseline => {
+                if let Some(envoy) = &p.envoy {
+                    assert_eq!(envoy.admin_post("/healthcheck/fail").await.status, 200);
+                }
+                self.kubelet(p, 503, registry);
+                tokio::time::sleep(self.config.baseline_sleep).await;
+            }
+        }
+        ev.drained_ms = self.ms();
+        // Kubernetes sends SIGTERM to every container of the pod at once.
+        let grace = Duration::from_secs(10);
+        let (envoy, app) = (p.envoy.take(), p.app.take());
+        let stop_envoy = async {
+            if let Some(mut e) = envoy {
+                e.terminate(grace).await;
+            }
+        };
+        let stop_app = async {
+            if let Some(mut a) = app {
+                terminate(&mut a, grace).await;
+            }
+        };
+        tokio::join!(stop_envoy, stop_app);
+        ev.down_ms = self.ms();
+        p.generation += 1;
+        p.app = Some(self.start_app(p));
+        let envoy = self.start_provider_envoy(p).await;
+        p.envoy = Some(envoy);
+        crate::envoy::eventually("new instance ready", Duration::from_secs(30), || async {
+            client::get(p.inbound, self.ready_path())
+                .await
+                .ok()
+                .filter(|r| r.status == 200)
+                .map(|_| ())
+        })
+        .await;
+        ev.up_ms = self.ms();
+        self.kubelet(p, 200, registry);
+        ev
+    }
+
+    /// The consumer saw provider `p` closing: its first tombstone for the
+    /// provider's address at or after `closing_ms`, from the consumer's log.
+    fn seen_ms(&self, consumer_log: &str, p: &Provider, closing_ms: u64) -> Option<u64> {
+        let needle = format!("tombstoned {} ", p.inbound);
+        consumer_log
+            .lines()
+            .filter(|l| l.contains(&needle))
+            .filter_map(|l| log_time_ms(l).map(|t| t.saturating_sub(self.epoch_unix_ms)))
+            .find(|&t| t + 5 >= closing_ms)
+    }
+}
+
+/// Unix ms of an Envoy log line `[YYYY-MM-DD HH:MM:SS.mmm]...` (UTC).
+fn log_time_ms(line: &str) -> Option<u64> {
+    let ts = line.strip_prefix('[')?.get(..23)?;
+    let num = |r: std::ops::Range<usize>| ts.get(r)?.parse::<i64>().ok();
+    let (y, mo, d) = (num(0..4)?, num(5..7)?, num(8..10)?);
+    let (h, mi, s, ms) = (num(11..13)?, num(14..16)?, num(17..19)?, num(20..23)?);
+    // Days from civil (Howard Hinnant's algorithm).
+    let y = if mo <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * (mo + if mo > 2 { -3 } else { 9 }) + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    u64::try_from(((days * 24 + h) * 60 + mi) * 60 + s)
+        .ok()
+        .map(|secs| secs * 1000 + u64::try_from(ms).unwrap_or(0))
+}
+
+/// App requests in an access log that started at or after `since_unix_ms`
+/// (the filters' own endpoints and health checks excluded).
+fn arrivals_since(access_log: &Path, since_unix_ms: u64) -> u64 {
+    let text = std::fs::read_to_string(access_log).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| {
+            let mut parts = l.split_whitespace();
+            let start: f64 = parts.next()?.parse().ok()?;
+            let path = parts.nth(2)?;
+            let app = !path.starts_with("/graceful/") && path != "/healthz";
+            (app && (start * 1000.0) as u64 >= since_unix_ms).then_some(())
+        })
+        .count() as u64
+}
+
+/// Runs the scenario once and reports it, with the samples for the chart.
+pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
+    let name = match mode {
+        Mode::Graceful => "graceful",
+        Mode::Baseline => "baseline",
+    };
+    let dir = config
+        .work_dir
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mut r = Run {
+        config,
+        mode,
+        dir: dir.clone(),
+        epoch: Instant::now(),
+        epoch_unix_ms: unix_ms(),
+    };
+
+    let ips: Vec<Ipv4Addr> = (11..14).map(|i| Ipv4Addr::new(127, 0, 0, i)).collect();
+    let inbound_port = port_free_on(&ips);
+    let app_port = port_free_on(&ips);
+    let mut providers: Vec<Provider> = ips
+        .iter()
+        .enumerate()
+        .map(|(i, ip)| Provider {
+            index: i + 1,
+            inbound: SocketAddr::from((*ip, inbound_port)),
+            app_addr: SocketAddr::from((*ip, app_port)),
+            envoy: None,
+            app: None,
+            generation: 0,
+            access_logs: Vec::new(),
+        })
+        .collect();
+    for p in &mut providers {
+        p.app = Some(r.start_app(p));
+        let envoy = r.start_provider_envoy(p).await;
+        p.envoy = Some(envoy);
+    }
+    let registry = Registry::new(
+        dir.join("providers-eds.yaml"),
+        providers.iter().map(|p| p.inbound).collect(),
+        config.registry_lag,
+    );
+    let outbound_port = free_port();
+    let consumer_template = match mode {
+        Mode::Graceful => "consumer-sidecar.yaml",
+        Mode::Baseline => "baseline-consumer-sidecar.yaml",
+    };
+    let consumer = EnvoySpec::new(&format!("{name}-consumer"), consumer_template)
+        .set("OUTBOUND_PORT", outbound_port)
+        .set("EDS_PATH", registry.eds.display())
+        .set("CONSUMER_CONFIG", &config.consumer_config)
+        .start()
+        .await;
+    crate::envoy::eventually(
+        "consumer sees 3 providers",
+        Duration::from_secs(20),
+        || async {
+            (consumer.stat("cluster.providers.membership_healthy").await == Some(3)).then_some(())
+        },
+    )
+    .await;
+
+    // Time zero is when the load starts: the chart and the events count from it.
+    r.epoch = Instant::now();
+    r.epoch_unix_ms = unix_ms();
+    let load = Load::start(
+        SocketAddr::from(([127, 0, 0, 1], outbound_port)),
+        config.protocol,
+        config.rate,
+        config.connections,
+        r.epoch,
+    );
+    tokio::time::sleep(config.warmup).await;
+    let mut events = Vec::new();
+    for i in 0..config.restarts.min(providers.len()) {
+        let ev = r.shutdown_and_return(&mut providers[i], &registry).await;
+        events.push(ev);
+        // Wait for the registry to carry the new instance, then let it settle.
+        tokio::time::sleep(config.registry_lag + config.settle).await;
+    }
+    tokio::time::sleep(config.tail).await;
+    let samples = load.stop().await;
+    let duration_ms = r.ms();
+    let csv: String = std::iter::once("due_ms,latency_us,ok,served_by,marked\n".to_string())
+        .chain(samples.iter().map(|s| {
+            format!(
+                "{},{},{},{},{}\n",
+                s.due_ms,
+                s.latency_us,
+                u8::from(s.ok),
+                s.served_by,
+                u8::from(s.marked)
+            )
+        }))
+        .collect();
+    let _ = std::fs::write(dir.join("samples.csv"), csv);
+
+    let retries = consumer
+        .stat("cluster.providers.upstream_rq_retry")
+        .await
+        .unwrap_or(0);
+    let consumer_log = consumer.log();
+    for ev in &mut events {
+        let p = &providers[ev.provider - 1];
+        ev.seen_ms = match mode {
+            Mode::Graceful => r
+                .seen_ms(&consumer_log, p, ev.closing_ms)
+                .unwrap_or(ev.closing_ms),
+            Mode::Baseline => ev.closing_ms,
+        };
+        // The instance that was closing is the generation before the one running now.
+        let closing_generation = p.access_logs.len().saturating_sub(2);
+        if let Some(log) = p.access_logs.get(closing_generation) {
+            ev.after_closing = arrivals_since(log, r.epoch_unix_ms + ev.seen_ms);
+        }
+    }
+    drop(consumer);
+    for p in &mut providers {
+        drop(p.envoy.take());
+        if let Some(mut app) = p.app.take() {
+            let _ = app.kill();
+            let _ = app.wait();
+        }
+    }
+    (
+        RunReport::new(
+            &samples,
+            events,
+            retries,
+            config.protocol,
+            config.rate,
+            duration_ms,
+        ),
+        samples,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_time_reads_envoy_timestamps_as_utc() {
+        assert_eq!(
+            log_time_ms("[1970-01-01 00:00:01.250][1][info] x"),
+            Some(1250)
+        );
+        assert_eq!(
+            log_time_ms("[2026-11-30 03:24:13.996][29419][warning]"),
+            Some(1_795_965_853_996)
+        );
+        assert_eq!(log_time_ms("garbage"), None);
+    }
+}
