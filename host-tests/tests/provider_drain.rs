@@ -489,3 +489,29 @@ async fn it_keeps_request_bodies_and_methods_intact() {
     );
     assert_eq!(upstream.requests.load(SeqCst), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn it_drains_through_the_kubernetes_prestop_hook_of_the_examples() {
+    // examples/kubernetes runs `demo-app prestop` as the app's preStop hook:
+    // it must start closing and return only once the gate has passed.
+    let cfg = r#"{"consumer_update_wait":"1s","quiet_window":"200ms"}"#;
+    let (s, _) = sidecar("prestop", cfg, "{}").await;
+    let bin = graceful_host_tests::demo::demo_app_binary();
+    let started = Instant::now();
+    let out = tokio::process::Command::new(&bin)
+        .args(["prestop", &format!("http://{}", s.inbound), "10s"])
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e} (build it: cargo build -p demo-app)", bin.display()));
+    assert!(
+        out.status.success(),
+        "prestop failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "returned before consumer_update_wait"
+    );
+    let st = status(&s).await;
+    assert!(st.drained && !st.forced, "{st:?}");
+}

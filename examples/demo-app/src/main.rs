@@ -2,6 +2,10 @@
 //!
 //! Serves until SIGTERM or SIGINT, then stops accepting, lets in-flight
 //! requests finish (at most 10 s) and exits 0, as a well-behaved app does.
+//!
+//! `demo-app prestop http://127.0.0.1:15006 [WAIT]` is a Kubernetes preStop
+//! hook for images without curl: `POST /graceful/closing` on the sidecar,
+//! then `GET /graceful/drained?wait=WAIT` (default 25s); exits 0 once drained.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -11,11 +15,65 @@ use demo_app::{App, AppConfig};
 
 fn usage() -> ExitCode {
     eprintln!("usage: demo-app --listen ADDR:PORT [--name NAME] [--latency-ms MS]");
+    eprintln!("       demo-app prestop http://SIDECAR:PORT [WAIT]");
     ExitCode::from(2)
+}
+
+/// One HTTP/1.1 request on a fresh connection; returns the status code.
+async fn http(method: &str, base: &str, path: &str) -> Result<u16, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let authority = base
+        .strip_prefix("http://")
+        .ok_or("the URL must start with http://")?;
+    let authority = authority.trim_end_matches('/');
+    let mut stream = tokio::net::TcpStream::connect(authority)
+        .await
+        .map_err(|e| format!("{authority}: {e}"))?;
+    let request = format!("{method} {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .await
+        .map_err(|e| e.to_string())?;
+    let head = String::from_utf8_lossy(&answer);
+    head.split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("no status in {head:?}"))
+}
+
+async fn prestop(base: &str, wait: &str) -> ExitCode {
+    match http("POST", base, "/graceful/closing").await {
+        Ok(202) => {}
+        Ok(status) => eprintln!("prestop: closing answered {status}"),
+        Err(e) => eprintln!("prestop: closing: {e}"),
+    }
+    match http("GET", base, &format!("/graceful/drained?wait={wait}")).await {
+        Ok(200) => ExitCode::SUCCESS,
+        Ok(status) => {
+            eprintln!("prestop: drained answered {status}");
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!("prestop: drained: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("prestop") {
+        let Some(base) = args.get(2) else {
+            return usage();
+        };
+        return prestop(base, args.get(3).map_or("25s", String::as_str)).await;
+    }
     let mut config = AppConfig::default();
     let mut listen: Option<SocketAddr> = None;
     let mut args = std::env::args().skip(1);
