@@ -12,10 +12,11 @@ TEMPLATES := $(wildcard envoy/*-sidecar.yaml)
 RENDERED := $(patsubst envoy/%.yaml,target/envoy/%.yaml,$(TEMPLATES))
 COMPOSE_CONFIGS := envoy/compose/provider-1.yaml envoy/compose/provider-2.yaml envoy/compose/provider-3.yaml envoy/compose/consumer.yaml
 CARGO ?= cargo
-# make demo PROTOCOL=http2 RATE=800 RESTARTS=3 DEMO_FLAGS=--no-baseline
+# make demo PROTOCOL=http2 RATE=800 RESTARTS=3 DURATION=60 DEMO_FLAGS=--no-baseline
 PROTOCOL ?= http1
 RATE ?= 500
 RESTARTS ?= 3
+DURATION ?= 0
 DEMO_FLAGS ?=
 ENVOY_IMAGE ?= envoyproxy/envoy:v1.40.0
 E2E_ENV = GRACEFUL_ENVOY=$(CURDIR)/$(ENVOY) GRACEFUL_DIST=$(CURDIR)/dist
@@ -67,7 +68,7 @@ down: ## stop the docker harness
 .PHONY: demo
 demo: build envoy ## the main job: rolling shutdown of 3 providers under load, with and without the filters
 	$(CARGO) build --release -p demo-app -p graceful-host-tests --bin demo
-	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/release/demo-app target/release/demo --protocol $(PROTOCOL) --rate $(RATE) --restarts $(RESTARTS) $(DEMO_FLAGS)
+	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/release/demo-app target/release/demo --protocol $(PROTOCOL) --rate $(RATE) --restarts $(RESTARTS) --duration $(DURATION) $(DEMO_FLAGS)
 
 .PHONY: lint
 lint: ## rustfmt check and clippy (native and wasm) with warnings as errors

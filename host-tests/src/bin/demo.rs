@@ -5,6 +5,7 @@
 //!
 //! Flags: `--protocol http1|http2|grpc` (http1), `--rate N` requests/s (500),
 //! `--restarts N` (3), `--warmup S`, `--settle S` seconds (3, 4),
+//! `--duration S` (the load runs at least S seconds),
 //! `--registry-lag S` (2), `--baseline-sleep S` (3), `--no-baseline`.
 
 use std::process::ExitCode;
@@ -40,6 +41,7 @@ fn parse(config: &mut DemoConfig, baseline: &mut bool) -> Result<(), String> {
             }
             "--warmup" => config.warmup = secs(args.next())?,
             "--settle" => config.settle = secs(args.next())?,
+            "--duration" => config.min_duration = secs(args.next())?,
             "--registry-lag" => config.registry_lag = secs(args.next())?,
             "--baseline-sleep" => config.baseline_sleep = secs(args.next())?,
             "--no-baseline" => *baseline = false,

@@ -59,6 +59,8 @@ pub struct DemoConfig {
     pub settle: Duration,
     /// Load after the last provider came back.
     pub tail: Duration,
+    /// The load runs at least this long (the tail is stretched to reach it).
+    pub min_duration: Duration,
     /// The apps' answer latency.
     pub app_latency: Duration,
     /// graceful_drain's configuration on the providers.
@@ -82,6 +84,7 @@ impl Default for DemoConfig {
             warmup: Duration::from_secs(3),
             settle: Duration::from_secs(4),
             tail: Duration::from_secs(3),
+            min_duration: Duration::ZERO,
             app_latency: Duration::from_millis(5),
             drain_config: r#"{"admin_cluster":"envoy_admin"}"#.into(),
             consumer_config: r#"{"admin_cluster":"envoy_admin"}"#.into(),
@@ -456,7 +459,8 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
         // Wait for the registry to carry the new instance, then let it settle.
         tokio::time::sleep(config.registry_lag + config.settle).await;
     }
-    tokio::time::sleep(config.tail).await;
+    let remaining = config.min_duration.saturating_sub(r.epoch.elapsed());
+    tokio::time::sleep(config.tail.max(remaining)).await;
     let samples = load.stop().await;
     let duration_ms = r.ms();
     let csv: String = std::iter::once("due_ms,latency_us,ok,served_by,marked\n".to_string())
