@@ -276,9 +276,8 @@ impl Host {
         filter: Filter,
         config: impl AsRef<[u8]>,
     ) -> Result<Vm, StartError> {
-        let module = module::module(filter);
+        let pre = module::prepared(filter);
         let engine = module::engine();
-        let linker = abi::linker(engine, &module).map_err(|e| StartError::Load(e.to_string()))?;
         let index = self.vms.len();
         let name = {
             let mut w = self.world.borrow_mut();
@@ -320,8 +319,8 @@ impl Host {
             },
         );
         let load = |e: String| StartError::Load(e);
-        let instance = linker
-            .instantiate(&mut store, &module)
+        let instance = pre
+            .instantiate(&mut store)
             .map_err(|e| load(format!("instantiate: {e:?}")))?;
         if instance
             .get_func(&mut store, "proxy_abi_version_0_2_1")

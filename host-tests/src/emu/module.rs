@@ -3,7 +3,9 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use wasmtime::{Config, Engine, Module, OptLevel, Strategy};
+use wasmtime::{Config, Engine, InstancePre, Module, OptLevel, Strategy};
+
+use super::abi::VmData;
 
 /// One of the three filters, as built by `make build` into `dist/`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -57,14 +59,16 @@ pub(crate) fn engine() -> &'static Engine {
     })
 }
 
-/// The compiled module of `filter`, compiled on first use in this process.
-/// Not test state: a module is immutable code; each test instantiates its
-/// own copies. Each filter has its own cell, so two tests needing different
-/// filters compile them in parallel.
-pub(crate) fn module(filter: Filter) -> Module {
-    static PROVIDER: OnceLock<Module> = OnceLock::new();
-    static DRAIN: OnceLock<Module> = OnceLock::new();
-    static CONSUMER: OnceLock<Module> = OnceLock::new();
+/// The compiled module of `filter`, with its imports resolved against the
+/// test host's hostcalls, ready to instantiate. Built on first use in this
+/// process. Not test state: compiled code and host-function definitions are
+/// immutable; every VM copy gets its own instance and store. Each filter
+/// has its own cell, so tests needing different filters build them in
+/// parallel.
+pub(crate) fn prepared(filter: Filter) -> InstancePre<VmData> {
+    static PROVIDER: OnceLock<InstancePre<VmData>> = OnceLock::new();
+    static DRAIN: OnceLock<InstancePre<VmData>> = OnceLock::new();
+    static CONSUMER: OnceLock<InstancePre<VmData>> = OnceLock::new();
     let cell = match filter {
         Filter::Provider => &PROVIDER,
         Filter::Drain => &DRAIN,
@@ -78,8 +82,13 @@ pub(crate) fn module(filter: Filter) -> Module {
                 path.display()
             )
         });
-        Module::new(engine(), &bytes)
-            .unwrap_or_else(|e| panic!("cannot compile {}: {e:?}", path.display()))
+        let module = Module::new(engine(), &bytes)
+            .unwrap_or_else(|e| panic!("cannot compile {}: {e:?}", path.display()));
+        let linker = super::abi::linker(engine(), &module)
+            .unwrap_or_else(|e| panic!("cannot link {}: {e:?}", path.display()));
+        linker
+            .instantiate_pre(&module)
+            .unwrap_or_else(|e| panic!("cannot link {}: {e:?}", path.display()))
     })
     .clone()
 }
