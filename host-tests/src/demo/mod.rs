@@ -529,7 +529,7 @@ mod tests {
         );
         assert_eq!(
             log_time_ms("[2026-11-30 03:24:13.996][29419][warning]"),
-            Some(1_795_965_853_996)
+            Some(1_796_009_053_996)
         );
         assert_eq!(log_time_ms("garbage"), None);
     }
