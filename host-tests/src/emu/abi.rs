@@ -517,7 +517,7 @@ fn proxy_get_property(c: &mut C, path_ptr: i32, path_len: i32, ptr_ptr: i32, siz
     let key = property_key(&read(c, path_ptr, path_len)?);
     let value = with_world(c, |w, vm| {
         let plugin = match key.as_str() {
-            "plugin_name" | "plugin_root_id" => Some(w.vms[vm].filter.name().as_bytes().to_vec()),
+            "plugin_name" | "plugin_root_id" => Some(w.vms[vm].plugin.as_bytes().to_vec()),
             "plugin_vm_id" => Some(b"graceful".to_vec()),
             _ => None,
         };

@@ -66,7 +66,7 @@ use std::rc::Rc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use graceful_core::store::{MemStore, SharedStore};
-use wasmtime::{Instance, Store, TypedFunc, WasmParams, WasmResults};
+use wasmtime::{Instance, InstancePre, Store, TypedFunc, WasmParams, WasmResults};
 
 use abi::VmData;
 pub use module::Filter;
@@ -277,16 +277,39 @@ impl Host {
         config: impl AsRef<[u8]>,
     ) -> Result<Vm, StartError> {
         let pre = module::prepared(filter);
+        self.start_prepared(filter.short(), filter.name(), pre, config.as_ref())
+    }
+
+    /// Starts a VM copy of any proxy-wasm 0.2.1 module (compiled now, not
+    /// cached), e.g. a hand-made one that calls particular hostcalls.
+    pub fn try_start_module(
+        &mut self,
+        name: &str,
+        wasm: &[u8],
+        config: impl AsRef<[u8]>,
+    ) -> Result<Vm, StartError> {
+        let pre = module::prepare(wasm).map_err(StartError::Load)?;
+        self.start_prepared(name, name, pre, config.as_ref())
+    }
+
+    fn start_prepared(
+        &mut self,
+        short: &str,
+        plugin: &str,
+        pre: InstancePre<VmData>,
+        config: &[u8],
+    ) -> Result<Vm, StartError> {
         let engine = module::engine();
         let index = self.vms.len();
         let name = {
             let mut w = self.world.borrow_mut();
-            let n = w.vms.iter().filter(|v| v.filter == filter).count();
-            let name = format!("{}#{n}", filter.short());
+            let n = w.vms.iter().filter(|v| v.short == short).count();
+            let name = format!("{short}#{n}");
             w.vms.push(VmState {
                 name: name.clone(),
-                filter,
-                plugin_config: config.as_ref().to_vec(),
+                short: short.to_string(),
+                plugin: plugin.to_string(),
+                plugin_config: config.to_vec(),
                 vm_config: Vec::new(),
                 contexts: Default::default(),
                 next_context_id: ROOT + 1,
@@ -300,11 +323,7 @@ impl Host {
             });
             w.note(
                 &name,
-                format!(
-                    "start {} ({} config bytes)",
-                    filter.name(),
-                    config.as_ref().len()
-                ),
+                format!("start {plugin} ({} config bytes)", config.len()),
             );
             name
         };
@@ -443,7 +462,7 @@ impl Host {
         if ok == Some(0) {
             return Err(refused(self, "proxy_on_vm_start"));
         }
-        let size = config.as_ref().len() as i32;
+        let size = config.len() as i32;
         let ok = self
             .call(
                 index,

@@ -82,13 +82,17 @@ pub(crate) fn prepared(filter: Filter) -> InstancePre<VmData> {
                 path.display()
             )
         });
-        let module = Module::new(engine(), &bytes)
-            .unwrap_or_else(|e| panic!("cannot compile {}: {e:?}", path.display()));
-        let linker = super::abi::linker(engine(), &module)
-            .unwrap_or_else(|e| panic!("cannot link {}: {e:?}", path.display()));
-        linker
-            .instantiate_pre(&module)
-            .unwrap_or_else(|e| panic!("cannot link {}: {e:?}", path.display()))
+        prepare(&bytes).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
     })
     .clone()
+}
+
+/// Compiles `wasm` and links it against the test host's hostcalls.
+pub(crate) fn prepare(wasm: &[u8]) -> Result<InstancePre<VmData>, String> {
+    let module = Module::new(engine(), wasm).map_err(|e| format!("cannot compile: {e:?}"))?;
+    let linker =
+        super::abi::linker(engine(), &module).map_err(|e| format!("cannot link: {e:?}"))?;
+    linker
+        .instantiate_pre(&module)
+        .map_err(|e| format!("cannot link: {e:?}"))
 }

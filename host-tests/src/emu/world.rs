@@ -10,7 +10,6 @@ use std::time::Duration;
 use graceful_core::store::MemStore;
 
 use super::pairs::HeaderMap;
-use super::Filter;
 
 /// A proxy-wasm log level.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -246,7 +245,10 @@ pub(crate) enum Ctx {
 
 pub(crate) struct VmState {
     pub name: String,
-    pub filter: Filter,
+    /// Name prefix of this module's copies (`drain`).
+    pub short: String,
+    /// The plugin name (`graceful_drain`).
+    pub plugin: String,
     pub plugin_config: Vec<u8>,
     pub vm_config: Vec<u8>,
     /// Live contexts (created and not yet deleted).
