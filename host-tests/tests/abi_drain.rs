@@ -574,3 +574,38 @@ fn it_answers_readiness_status_and_bad_requests() {
     // None of these reached the app or the provider's count.
     assert_eq!(record(&p.host).inbound, Default::default());
 }
+
+#[test]
+fn it_copes_with_clusters_that_do_not_exist() {
+    // Envoy refuses calls to unknown clusters (BadArgument): the admin poll
+    // warns once per VM copy, the on_drained callback counts as failed, and
+    // the gate is not held up by either.
+    let mut p = process(
+        r#"{"consumer_update_wait":"1s","quiet_window":"500ms","step_timeout":"3s","timeout":"60s",
+            "admin_cluster":"missing_admin","on_drained":{"cluster":"missing_app"}}"#,
+    );
+    p.host.advance_to(ms(3000));
+    let warned = p
+        .host
+        .logs_containing("admin poll to cluster \"missing_admin\" not sent");
+    // Three polls (1 per second); the main copy ticks first and takes the
+    // lease each time, and warns only the first time.
+    assert_eq!(warned.len(), 1, "{warned:?}");
+    let refused = p
+        .host
+        .trace()
+        .matches("proxy_http_call(\"missing_admin\"")
+        .count();
+    assert_eq!(refused, 3, "one poll per second");
+    assert!(p.host.http_calls().is_empty());
+    closing_at(&mut p, ms(3100));
+    p.host.advance_to(ms(4100));
+    assert_eq!(record(&p.host).phase, Phase::Drained);
+    assert_eq!(p.host.metric("graceful_drain_callback_failed"), 1);
+    assert_eq!(
+        p.host
+            .logs_containing("on_drained callback to cluster \"missing_app\" not sent")
+            .len(),
+        1
+    );
+}

@@ -46,7 +46,11 @@
 //! are shared by name; properties are per stream, values raw bytes as the
 //! test sets them (e.g. `response.flags` as 8 little-endian bytes).
 //!
-//! Deliberate differences: one shared-data namespace per host; no network
+//! Deliberate differences: the router and the upstream are the test's to
+//! play (it calls `response_headers` for the upstream's answer and for the
+//! router's own 503s, and sets `upstream.address` and `response.flags` when
+//! Envoy would know them); a stream ends only when the test calls `log` or
+//! `reset`; one shared-data namespace per host; no network
 //! data, gRPC calls, shared queues, foreign functions, `continue_stream`
 //! or `close_stream` (they trap with "hostcall X is not implemented by the
 //! test host", as does any unknown import); a second local reply on a
@@ -55,6 +59,22 @@
 //! negative value instead of wrapping; WASI `random_get` is a seeded
 //! generator, so runs repeat exactly; a trap fails the test at once (Envoy
 //! would reload or fail the worker's VM).
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use graceful_host_tests::emu::{Filter, Host};
+//!
+//! let mut host = Host::new();
+//! let config = r#"{"consumer_update_wait":"1s"}"#;
+//! host.start_vm(Filter::Drain, config); // the main thread's copy
+//! let w0 = host.start_vm(Filter::Drain, config);
+//! let s = host.stream(w0);
+//! host.request_headers(s, &[(":method", "POST"), (":path", "/graceful/closing")], true);
+//! assert_eq!(host.local_reply(s).unwrap().status, 202);
+//! host.log(s);
+//! host.advance(Duration::from_millis(1050)); // ticks every 50 ms in both copies
+//! assert_eq!(host.metric("graceful_drain_phase"), 2);
+//! ```
 
 mod abi;
 mod module;
@@ -107,11 +127,11 @@ pub enum StartError {
     Trapped(String),
 }
 
-/// The exports a VM copy is driven through (None if not exported: cpp-host
-/// then skips the callback).
 /// (context, token, headers, body size, trailers).
 type CallResponseArgs = (i32, i32, i32, i32, i32);
 
+/// The exports a VM copy is driven through (None if not exported: cpp-host
+/// then skips the callback).
 struct Exports {
     context_create: Option<TypedFunc<(i32, i32), ()>>,
     vm_start: Option<TypedFunc<(i32, i32), i32>>,
