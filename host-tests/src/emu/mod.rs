@@ -1623,6 +1623,17 @@ impl Host {
         self.world.borrow().logs.clone()
     }
 
+    /// Messages logged at exactly `level`.
+    pub fn logs_at(&self, level: Level) -> Vec<String> {
+        self.world
+            .borrow()
+            .logs
+            .iter()
+            .filter(|l| l.level == level)
+            .map(|l| l.message.clone())
+            .collect()
+    }
+
     /// Messages logged at `level` or above.
     pub fn logs_at_least(&self, level: Level) -> Vec<String> {
         self.world
