@@ -47,11 +47,37 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// For optional DTO fields: absent means default, but an explicit `null` is
+/// a wrong type like any other (nothing is silently ignored).
+fn present<'de, D: serde::Deserializer<'de>, T: Deserialize<'de>>(
+    d: D,
+) -> Result<Option<T>, D::Error> {
+    T::deserialize(d).map(Some)
+}
+
 /// Step one: bytes to DTO. Empty or all-whitespace input gives the DTO's
-/// default (every field unset).
-fn read_dto<T: DeserializeOwned + Default>(bytes: &[u8]) -> Result<T, ConfigError> {
+/// default (every field unset). `objects` names the fields that hold
+/// nested sections: serde would also read a struct from a JSON array, so
+/// the document and those sections are checked to be objects first.
+fn read_dto<T: DeserializeOwned + Default>(
+    bytes: &[u8],
+    objects: &[&str],
+) -> Result<T, ConfigError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
+    }
+    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(bytes) {
+        let Some(map) = value.as_object() else {
+            return Err(ConfigError::new(
+                "",
+                "the configuration must be a JSON object",
+            ));
+        };
+        for field in objects {
+            if map.get(*field).is_some_and(|v| !v.is_object()) {
+                return Err(ConfigError::new(field, "must be a JSON object"));
+            }
+        }
     }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let dto: T = serde_path_to_error::deserialize(&mut de).map_err(|e| {
@@ -147,17 +173,22 @@ pub struct ProviderConfig {
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct ProviderDto {
+    #[serde(default, deserialize_with = "present")]
     closing_header: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     instance_header: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     instance_id: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     immediate_health_check_fail: Option<bool>,
+    #[serde(default, deserialize_with = "present")]
     reject_when_drained: Option<bool>,
 }
 
 impl ProviderConfig {
     /// Parses and validates the plugin configuration bytes.
     pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
-        let dto: ProviderDto = read_dto(bytes)?;
+        let dto: ProviderDto = read_dto(bytes, &[])?;
         let closing_header = header_name(
             "closing_header",
             dto.closing_header
@@ -266,14 +297,23 @@ pub struct DrainConfig {
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct DrainDto {
+    #[serde(default, deserialize_with = "present")]
     consumer_update_wait: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     quiet_window: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     step_timeout: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     timeout: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     allowed_sources: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "present")]
     admin_cluster: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     on_drained: Option<OnDrainedDto>,
+    #[serde(default, deserialize_with = "present")]
     max_waiters: Option<u64>,
+    #[serde(default, deserialize_with = "present")]
     paths: Option<PathsDto>,
 }
 
@@ -281,24 +321,31 @@ struct DrainDto {
 #[serde(deny_unknown_fields)]
 struct OnDrainedDto {
     cluster: String,
+    #[serde(default, deserialize_with = "present")]
     path: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     timeout: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct PathsDto {
+    #[serde(default, deserialize_with = "present")]
     closing: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     ready: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     status: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     drained: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     grpc_health: Option<String>,
 }
 
 impl DrainConfig {
     /// Parses and validates the plugin configuration bytes.
     pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
-        let dto: DrainDto = read_dto(bytes)?;
+        let dto: DrainDto = read_dto(bytes, &["paths", "on_drained"])?;
         let gate = GateTimings {
             consumer_update_wait: duration(
                 "consumer_update_wait",
@@ -456,15 +503,25 @@ pub struct ConsumerConfig {
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct ConsumerDto {
+    #[serde(default, deserialize_with = "present")]
     closing_headers: Option<Vec<String>>,
+    #[serde(default, deserialize_with = "present")]
     instance_header: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     tombstone_ttl: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     evict_on_connect_failure: Option<bool>,
+    #[serde(default, deserialize_with = "present")]
     failure_tombstone_ttl: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     override_host_header: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     admin_cluster: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     membership_refresh: Option<String>,
+    #[serde(default, deserialize_with = "present")]
     max_tombstones: Option<u64>,
+    #[serde(default, deserialize_with = "present")]
     probe_path: Option<String>,
 }
 
@@ -478,7 +535,7 @@ fn positive(field: &str, d: Duration) -> Result<Duration, ConfigError> {
 impl ConsumerConfig {
     /// Parses and validates the plugin configuration bytes.
     pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
-        let dto: ConsumerDto = read_dto(bytes)?;
+        let dto: ConsumerDto = read_dto(bytes, &[])?;
         let mut closing_headers: Vec<String> = Vec::new();
         match dto.closing_headers {
             None => closing_headers.extend(DEFAULT_CLOSING_HEADERS.iter().map(|s| s.to_string())),
@@ -662,6 +719,29 @@ mod tests {
             assert!(err.reason.contains(reason), "{json}: {err}");
             assert!(err.to_string().contains(&format!("\"{field}\"")), "{err}");
         }
+    }
+
+    #[test]
+    fn sections_must_be_objects() {
+        for (json, field) in [
+            (r#"{"paths":[]}"#, "paths"),
+            (r#"{"on_drained":["app"]}"#, "on_drained"),
+        ] {
+            let err = drain_err(json);
+            assert_eq!(err.field, field, "{json}: {err}");
+            assert!(err.reason.contains("JSON object"), "{err}");
+        }
+    }
+
+    #[test]
+    fn explicit_null_is_a_wrong_type_not_a_default() {
+        let err = provider_err(r#"{"closing_header":null}"#);
+        assert_eq!(err.field, "closing_header");
+        assert!(err.reason.contains("invalid type: null"), "{err}");
+        let err = DrainConfig::from_json(br#"{"paths":{"ready":null}}"#).unwrap_err();
+        assert_eq!(err.field, "paths.ready");
+        let err = ConsumerConfig::from_json(br#"{"max_tombstones":null}"#).unwrap_err();
+        assert_eq!(err.field, "max_tombstones");
     }
 
     #[test]
