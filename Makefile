@@ -1,4 +1,6 @@
 # graceful-wasm. `make help` lists the targets.
+# Non-release tools run with `--profile test` so they reuse the test build's
+# dependencies (wasmtime and hyper are compiled once, not once per profile).
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
@@ -47,7 +49,7 @@ render: $(RENDERED) ## render the Envoy config templates with their defaults int
 
 target/envoy/%.yaml: envoy/%.yaml host-tests/src/render.rs
 	@mkdir -p target/envoy
-	$(CARGO) run --quiet -p graceful-host-tests --bin render -- $< > $@
+	$(CARGO) run --quiet --profile test -p graceful-host-tests --bin render -- $< > $@
 
 .PHONY: validate-envoy
 validate-envoy: build envoy render ## envoy --mode validate on every shipped config (runs the filters' on_configure)
@@ -55,7 +57,7 @@ validate-envoy: build envoy render ## envoy --mode validate on every shipped con
 
 .PHONY: compose
 compose: ## regenerate the docker harness (envoy/docker-compose.yaml, envoy/compose/) from the templates
-	$(CARGO) run --quiet -p graceful-host-tests --bin compose
+	$(CARGO) run --quiet --profile test -p graceful-host-tests --bin compose
 
 .PHONY: up
 up: build ## start the docker harness (needs a Docker engine); ENVOY_IMAGE picks the Envoy image
@@ -78,13 +80,13 @@ lint: ## rustfmt check and clippy (native and wasm) with warnings as errors
 
 .PHONY: try
 try: build envoy ## start Envoy with the filters, walk through one shutdown, print each answer
-	$(CARGO) run --quiet -p graceful-host-tests --bin walkthrough
+	$(CARGO) run --quiet --profile test -p graceful-host-tests --bin walkthrough
 
 .PHONY: test
 test: build envoy lint ## everything CI runs: lint, unit tests, real-Envoy tests, config validation
 	$(CARGO) test -p graceful-core -p graceful-host -p graceful-host-tests --lib --bins
 	$(MAKE) --no-print-directory validate-envoy
-	$(CARGO) build -p demo-app
+	$(CARGO) build --profile test -p demo-app
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/debug/demo-app $(CARGO) test -p graceful-host-tests --tests -- --test-threads 2
 
 .PHONY: clean
