@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use graceful_core::config::ConsumerConfig;
 use graceful_core::steering::{
-    admin_clusters_path, probe_observation, probe_targets, steer, Member, Membership, Observed,
-    Steering, ADDRESS_HEADER, MEMBERS_KEY, REFRESH_LEASE_KEY,
+    admin_clusters_path, probe_observation, probe_targets, steer, ClusterSet, Member, Membership,
+    Observed, Steering, ADDRESS_HEADER, CLUSTERS_KEY, MEMBERS_KEY, OBSERVED_KEY, REFRESH_LEASE_KEY,
 };
 use graceful_core::store::{self, add_bounded, take_lease, update, SharedStore};
 use graceful_core::tombstone::{
@@ -37,7 +37,7 @@ use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType};
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> {
-        Box::new(ConsumerRoot { shared: None, admin_call: None, probes: HashMap::new() })
+        Box::new(ConsumerRoot { shared: None, admin_call: None, admin_wanted: Vec::new(), probes: HashMap::new() })
     });
 }}
 
@@ -46,6 +46,7 @@ proxy_wasm::main! {{
 const FLAG_UF: u64 = 0x20;
 const FLAG_UC: u64 = 0x40;
 const MEMBERS_GEN_KEY: &str = "graceful.v1.consumer.members.gen";
+const OBSERVED_GEN_KEY: &str = "graceful.v1.consumer.observed.gen";
 const CALL_TIMEOUT: Duration = Duration::from_secs(1);
 /// A repeated closing mark extends a tombstone only when that adds at
 /// least this much life: otherwise every marked response would be a write.
@@ -104,8 +105,12 @@ struct Shared {
     metrics: Metrics,
     tombstones: RefCell<Cached<Tombstones>>,
     members: RefCell<Cached<Membership>>,
-    /// Addresses that answered, this VM copy's view (used without admin).
+    /// Addresses that answered, as every copy saw them (without admin).
+    shared_observed: RefCell<Cached<Membership>>,
+    /// Addresses this copy saw answer (and told the others about).
     observed: RefCell<Observed>,
+    /// Clusters this VM copy has already added to the shared cluster set.
+    registered: RefCell<Vec<String>>,
     rotation: RefCell<usize>,
 }
 
@@ -177,7 +182,8 @@ impl Shared {
     }
 
     /// Members of `cluster` to steer among: the admin's view when known,
-    /// else the addresses this copy saw answer.
+    /// else the addresses that answered on any copy (a copy that has served
+    /// nothing yet still steers from the first tombstone).
     fn members(&self, cluster: &str, now: u64) -> Vec<Member> {
         if self.config.admin_cluster.is_some() {
             let mut cache = self.members.borrow_mut();
@@ -188,7 +194,30 @@ impl Shared {
                 return m.to_vec();
             }
         }
-        self.observed.borrow().members(cluster, now)
+        let mut cache = self.shared_observed.borrow_mut();
+        match cache
+            .refresh(OBSERVED_GEN_KEY, OBSERVED_KEY, Membership::decode)
+            .cluster(cluster)
+        {
+            Some(m) => m.to_vec(),
+            None => self.observed.borrow().members(cluster, now),
+        }
+    }
+
+    /// Notes that `address` answered; tells the other copies the first time
+    /// this copy sees it (writes are as rare as new hosts).
+    fn answered(&self, cluster: &str, address: &str, now: u64) {
+        if !self.observed.borrow_mut().record(cluster, address, now) {
+            return;
+        }
+        let added = update(&HostStore, OBSERVED_KEY, |bytes| {
+            let mut m = bytes.and_then(Membership::decode).unwrap_or_default();
+            let new = m.add_member(cluster, address);
+            (new.then(|| m.encode()), new)
+        });
+        if added == Ok(true) {
+            let _ = add_bounded(&HostStore, OBSERVED_GEN_KEY, 1, u64::MAX);
+        }
     }
 }
 
@@ -230,6 +259,8 @@ fn instance_of(map: MapType, name: Option<&str>) -> Option<String> {
 struct ConsumerRoot {
     shared: Option<Rc<Shared>>,
     admin_call: Option<u32>,
+    /// The clusters asked of the admin in the call in flight.
+    admin_wanted: Vec<String>,
     /// Probe calls in flight: token → probed address.
     probes: HashMap<u32, String>,
 }
@@ -242,25 +273,35 @@ impl ConsumerRoot {
                 .refresh(TOMBSTONES_GEN_KEY, TOMBSTONES_KEY, Tombstones::decode)
                 .clone()
         };
-        let live = tombstones.live_count(now);
-        shared.metrics.tombstones.set(live as u64);
-        if live == 0 {
-            return;
-        }
+        shared
+            .metrics
+            .tombstones
+            .set(tombstones.live_count(now) as u64);
         if let Some(admin) = &shared.config.admin_cluster {
-            if self.admin_call.is_none() {
-                let mut clusters: Vec<&str> =
-                    tombstones.live(now).map(|t| t.cluster.as_str()).collect();
-                clusters.sort_unstable();
-                clusters.dedup();
-                let path = admin_clusters_path(&clusters);
+            // Membership of every cluster routed to, not only those with
+            // tombstones: a new tombstone then steers from its first moment.
+            let mut clusters = HostStore
+                .get(CLUSTERS_KEY)
+                .ok()
+                .flatten()
+                .and_then(|(b, _)| ClusterSet::decode(&b))
+                .unwrap_or_default();
+            for t in tombstones.live(now) {
+                clusters.insert(&t.cluster);
+            }
+            let names: Vec<&str> = clusters.names().collect();
+            if self.admin_call.is_none() && !names.is_empty() {
+                let path = admin_clusters_path(&names);
                 let headers = vec![
                     (":method", "GET"),
                     (":path", path.as_str()),
                     (":authority", "envoy-admin"),
                 ];
                 match self.dispatch_http_call(admin, headers, None, vec![], CALL_TIMEOUT) {
-                    Ok(token) => self.admin_call = Some(token),
+                    Ok(token) => {
+                        self.admin_call = Some(token);
+                        self.admin_wanted = names.iter().map(|n| n.to_string()).collect();
+                    }
                     Err(status) => {
                         log::warn!("membership refresh from {admin:?} not sent: {status:?}")
                     }
@@ -342,10 +383,17 @@ impl Context for ConsumerRoot {
             .ok()
             .flatten()
             .unwrap_or_default();
-            let wanted: Vec<&str> = tombstones.live(now).map(|t| t.cluster.as_str()).collect();
+            let wanted: Vec<&str> = self.admin_wanted.iter().map(String::as_str).collect();
             let membership = match Membership::from_admin_json(&body, &wanted) {
                 Ok(m) => {
-                    if HostStore.set(MEMBERS_KEY, &m.encode(), 0).is_ok() {
+                    // Written only when it changed: every change makes each
+                    // worker decode it again.
+                    let changed = shared.members.borrow_mut().refresh(
+                        MEMBERS_GEN_KEY,
+                        MEMBERS_KEY,
+                        Membership::decode,
+                    ) != &m;
+                    if changed && HostStore.set(MEMBERS_KEY, &m.encode(), 0).is_ok() {
                         let _ = add_bounded(&HostStore, MEMBERS_GEN_KEY, 1, u64::MAX);
                     }
                     m
@@ -409,7 +457,9 @@ impl RootContext for ConsumerRoot {
             },
             tombstones: RefCell::new(Cached::new()),
             members: RefCell::new(Cached::new()),
+            shared_observed: RefCell::new(Cached::new()),
             observed: RefCell::new(Observed::default()),
+            registered: RefCell::new(Vec::new()),
             rotation: RefCell::new(0),
         }));
         true
@@ -450,6 +500,25 @@ struct ConsumerStream {
 }
 
 impl ConsumerStream {
+    /// Adds the route's cluster to the shared set the membership refresh
+    /// reads, once per VM copy and cluster.
+    fn register_cluster(&self, shared: &Shared) {
+        if shared.config.admin_cluster.is_none() || self.cluster.is_empty() {
+            return;
+        }
+        if shared.registered.borrow().contains(&self.cluster) {
+            return;
+        }
+        let added = update(&HostStore, CLUSTERS_KEY, |bytes| {
+            let mut set = bytes.and_then(ClusterSet::decode).unwrap_or_default();
+            let new = set.insert(&self.cluster);
+            (new.then(|| set.encode()), ())
+        });
+        if added.is_ok() {
+            shared.registered.borrow_mut().push(self.cluster.clone());
+        }
+    }
+
     fn steer(&self, shared: &Shared) {
         let now = now_us();
         let any_live = {
@@ -485,10 +554,8 @@ impl ConsumerStream {
                     shared.metrics.steered.add(1);
                 }
             }
-            Steering::NoneLeft => {
-                log::debug!("cluster {}: every known member is tombstoned", self.cluster)
-            }
-            Steering::LeaveAlone => {}
+            // Every known member is tombstoned: nothing better to offer.
+            Steering::NoneLeft | Steering::LeaveAlone => {}
         }
     }
 
@@ -526,10 +593,7 @@ impl ConsumerStream {
             });
             return;
         }
-        shared
-            .observed
-            .borrow_mut()
-            .record(cluster, &address, now_us());
+        shared.answered(cluster, &address, now_us());
         shared.apply(&Observation::Answered {
             address: &address,
             instance: instance.as_deref(),
@@ -560,6 +624,7 @@ impl HttpContext for ConsumerStream {
         self.cluster = property(&["xds", "cluster_name"])
             .and_then(|c| String::from_utf8(c).ok())
             .unwrap_or_default();
+        self.register_cluster(&shared);
         self.steer(&shared);
         Action::Continue
     }

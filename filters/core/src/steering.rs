@@ -22,8 +22,11 @@ use serde::Deserialize;
 
 use crate::tombstone::{Observation, Tombstone, Tombstones};
 
-/// Shared-data key of the admin membership of clusters with tombstones.
+/// Shared-data key of the admin membership of the clusters routed to.
 pub const MEMBERS_KEY: &str = "graceful.v1.consumer.members";
+/// Shared-data key of the addresses that answered, per cluster, as all VM
+/// copies saw them (the membership used without an admin cluster).
+pub const OBSERVED_KEY: &str = "graceful.v1.consumer.observed";
 /// Lease: one VM copy per interval refreshes membership and sends probes.
 pub const REFRESH_LEASE_KEY: &str = "graceful.v1.consumer.refresh_lease";
 /// Response header in which graceful_drain echoes the address (`ip:port`)
@@ -130,6 +133,37 @@ impl Membership {
             .map(|(_, m)| m.as_slice())
     }
 
+    /// Adds `address` to `cluster` as a usable member; false if it was
+    /// there. Bounded: past [`MAX_CLUSTERS`] new clusters are not kept, and
+    /// past [`MAX_MEMBERS`] a cluster forgets its oldest member.
+    pub fn add_member(&mut self, cluster: &str, address: &str) -> bool {
+        if cluster.len() > 255 || address.len() > 255 {
+            return false;
+        }
+        let index = match self.clusters.iter().position(|(n, _)| n == cluster) {
+            Some(i) => i,
+            None if self.clusters.len() < MAX_CLUSTERS => {
+                self.clusters.push((cluster.to_string(), Vec::new()));
+                self.clusters.len() - 1
+            }
+            None => return false,
+        };
+        let Some((_, members)) = self.clusters.get_mut(index) else {
+            return false;
+        };
+        if members.iter().any(|m| m.address == address) {
+            return false;
+        }
+        if members.len() >= MAX_MEMBERS {
+            members.remove(0);
+        }
+        members.push(Member {
+            address: address.to_string(),
+            usable: true,
+        });
+        true
+    }
+
     /// Reads Envoy's `/clusters?format=json`, keeping the clusters in
     /// `wanted` (at most [`MAX_CLUSTERS`], [`MAX_MEMBERS`] hosts each).
     /// Hosts without an IP socket address are skipped.
@@ -225,6 +259,69 @@ impl Membership {
     }
 }
 
+/// Shared-data key of the clusters the consumer has routed to, so the
+/// membership refresh knows them before any of their hosts is tombstoned
+/// (a tombstone then steers from its first moment, with health known).
+pub const CLUSTERS_KEY: &str = "graceful.v1.consumer.clusters";
+
+/// The clusters routed to (at most [`MAX_CLUSTERS`], names of at most 255
+/// bytes; past the bound new ones are not tracked and fall back to the
+/// addresses that answered).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ClusterSet {
+    names: Vec<String>,
+}
+
+impl ClusterSet {
+    pub fn contains(&self, name: &str) -> bool {
+        self.names.iter().any(|n| n == name)
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.names.iter().map(String::as_str)
+    }
+
+    /// Adds `name`; false if it was there, too long, or the set is full.
+    pub fn insert(&mut self, name: &str) -> bool {
+        if name.is_empty()
+            || name.len() > 255
+            || self.names.len() >= MAX_CLUSTERS
+            || self.contains(name)
+        {
+            return false;
+        }
+        self.names.push(name.to_string());
+        true
+    }
+
+    /// Layout: version u8, then per name: u8 length + bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![VERSION];
+        for n in &self.names {
+            out.push(n.len() as u8);
+            out.extend_from_slice(n.as_bytes());
+        }
+        out
+    }
+
+    /// None for anything [`ClusterSet::encode`] did not write.
+    pub fn decode(bytes: &[u8]) -> Option<ClusterSet> {
+        let (&version, mut rest) = bytes.split_first()?;
+        if version != VERSION {
+            return None;
+        }
+        let mut set = ClusterSet::default();
+        while let Some((&len, tail)) = rest.split_first() {
+            let name = std::str::from_utf8(tail.get(..usize::from(len))?).ok()?;
+            if !set.insert(name) {
+                return None;
+            }
+            rest = tail.get(usize::from(len)..)?;
+        }
+        Some(set)
+    }
+}
+
 /// The admin path that lists just `clusters` (Envoy's `filter` is a regex
 /// on the cluster name; names are escaped, the query percent-encoded).
 pub fn admin_clusters_path(clusters: &[&str]) -> String {
@@ -260,8 +357,10 @@ pub struct Observed {
 }
 
 impl Observed {
-    /// Notes that `address` in `cluster` answered at `now_us`.
-    pub fn record(&mut self, cluster: &str, address: &str, now_us: u64) {
+    /// Notes that `address` in `cluster` answered at `now_us`; true if this
+    /// copy had not seen it answer within the window (worth telling the
+    /// others).
+    pub fn record(&mut self, cluster: &str, address: &str, now_us: u64) -> bool {
         if !self.clusters.contains_key(cluster) {
             if self.clusters.len() >= MAX_CLUSTERS {
                 // Forget the cluster that answered least recently.
@@ -277,11 +376,12 @@ impl Observed {
             self.clusters.insert(cluster.to_string(), Vec::new());
         }
         let Some(hosts) = self.clusters.get_mut(cluster) else {
-            return;
+            return false;
         };
         if let Some(h) = hosts.iter_mut().find(|h| h.0 == address) {
+            let stale = now_us.saturating_sub(h.1) >= OBSERVED_WINDOW_US;
             h.1 = now_us;
-            return;
+            return stale;
         }
         hosts.retain(|h| now_us.saturating_sub(h.1) < OBSERVED_WINDOW_US);
         if hosts.len() >= MAX_MEMBERS {
@@ -296,6 +396,7 @@ impl Observed {
         }
         hosts.push((address.to_string(), now_us));
         hosts.sort();
+        true
     }
 
     /// Addresses of `cluster` that answered within the window, sorted.
@@ -575,6 +676,28 @@ mod tests {
     }
 
     #[test]
+    fn cluster_set_is_bounded_and_round_trips() {
+        let mut set = ClusterSet::default();
+        assert!(set.insert("svc"));
+        assert!(!set.insert("svc"), "once");
+        assert!(!set.insert(""), "no empty name");
+        assert!(!set.insert(&"x".repeat(256)), "no overlong name");
+        for i in 0..100 {
+            set.insert(&format!("c{i}"));
+        }
+        assert_eq!(set.names().count(), MAX_CLUSTERS);
+        assert_eq!(ClusterSet::decode(&set.encode()), Some(set.clone()));
+        let bytes = set.encode();
+        assert_eq!(ClusterSet::decode(&bytes[..bytes.len() - 1]), None);
+        assert_eq!(ClusterSet::decode(&[2]), None);
+        assert_eq!(
+            ClusterSet::decode(&[1, 1, b'a', 1, b'a']),
+            None,
+            "duplicates are foreign"
+        );
+    }
+
+    #[test]
     fn admin_path_escapes_names() {
         assert_eq!(
             admin_clusters_path(&["svc"]),
@@ -587,11 +710,35 @@ mod tests {
     }
 
     #[test]
+    fn shared_observed_membership_is_bounded() {
+        let mut m = Membership::default();
+        assert!(m.add_member("svc", "a:1"));
+        assert!(!m.add_member("svc", "a:1"));
+        for i in 0..2000 {
+            m.add_member("svc", &format!("h{i}:1"));
+        }
+        let svc = m.cluster("svc").unwrap();
+        assert_eq!(svc.len(), MAX_MEMBERS);
+        assert_eq!(
+            svc.last().unwrap().address,
+            "h1999:1",
+            "the oldest members went first"
+        );
+        for c in 0..100 {
+            m.add_member(&format!("c{c}"), "x:1");
+        }
+        assert_eq!(Membership::decode(&m.encode()), Some(m));
+    }
+
+    #[test]
     fn observed_members_expire_and_stay_bounded() {
         let mut o = Observed::default();
-        o.record("svc", "b:1", 0);
-        o.record("svc", "a:1", 10);
-        o.record("svc", "a:1", 20);
+        assert!(o.record("svc", "b:1", 0));
+        assert!(o.record("svc", "a:1", 10));
+        assert!(
+            !o.record("svc", "a:1", 20),
+            "seen within the window: nothing new to tell"
+        );
         let addrs: Vec<String> = o
             .members("svc", 30)
             .into_iter()
