@@ -70,6 +70,16 @@ impl FromStr for Cidr {
         if prefix > max {
             return Err(err(&format!("prefix length above {max}")));
         }
+        // A range written in IPv4-mapped form (`::ffff:10.0.0.0/104`) is the
+        // IPv4 range it carries: `contains` compares mapped peers as IPv4,
+        // so kept as IPv6 it would match nothing.
+        let (addr, prefix) = match addr {
+            IpAddr::V6(v6) if prefix >= 96 => match v6.to_ipv4_mapped() {
+                Some(v4) => (IpAddr::V4(v4), prefix - 96),
+                None => (addr, prefix),
+            },
+            _ => (addr, prefix),
+        };
         let network = match addr {
             IpAddr::V4(ip) => IpAddr::V4(mask_v4(ip, prefix)),
             IpAddr::V6(ip) => IpAddr::V6(mask_v6(ip, prefix)),
@@ -142,6 +152,17 @@ mod tests {
     fn contains_treats_mapped_ipv6_as_ipv4() {
         assert!(cidr("127.0.0.0/8").contains(ip("::ffff:127.0.0.1")));
         assert!(!cidr("10.0.0.0/8").contains(ip("::ffff:127.0.0.1")));
+    }
+
+    #[test]
+    fn mapped_ranges_are_the_ipv4_ranges_they_carry() {
+        let c = cidr("::ffff:10.1.2.3/104");
+        assert_eq!(c.to_string(), "10.0.0.0/8");
+        assert!(c.contains(ip("10.9.9.9")));
+        assert!(c.contains(ip("::ffff:10.9.9.9")));
+        assert!(!c.contains(ip("11.0.0.1")));
+        assert!(cidr("::ffff:127.0.0.1").contains(ip("127.0.0.1")));
+        assert_eq!(cidr("::ffff:0:0/95").to_string(), "::fffe:0:0/95");
     }
 
     #[test]
