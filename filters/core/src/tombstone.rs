@@ -91,7 +91,8 @@ pub enum Change {
     Unchanged,
     /// A new tombstone (a host newly evicted).
     Evicted,
-    /// An existing tombstone now lasts longer.
+    /// An existing tombstone now lasts longer, or learned the closing
+    /// instance (a connect-failure tombstone that then answered closing).
     Extended,
     /// A tombstone was removed because a new instance answered.
     Readmitted,
@@ -194,11 +195,19 @@ impl Tombstones {
                         Change::Evicted
                     }
                     Observation::Closing { instance, .. } => {
+                        // Learning the instance or that the host is closing
+                        // (not just unreachable) is a change worth storing
+                        // even when the expiry stays.
+                        let mut learned = t.cause != Cause::Closing;
                         if t.instance.is_empty() {
                             t.instance = bounded(instance.unwrap_or(""), MAX_INSTANCE);
+                            learned |= !t.instance.is_empty();
                         }
                         t.cause = Cause::Closing;
-                        extend(t, now_us.saturating_add(micros(ttls.closing)))
+                        match extend(t, now_us.saturating_add(micros(ttls.closing))) {
+                            Change::Unchanged if learned => Change::Extended,
+                            change => change,
+                        }
                     }
                     Observation::ConnectFailure { .. } => {
                         extend(t, now_us.saturating_add(micros(ttls.failure)))
@@ -401,6 +410,32 @@ mod tests {
         assert_eq!(
             (ts.cause, ts.instance.as_str(), ts.expires_us),
             (Cause::Closing, "a", 31 * S)
+        );
+    }
+
+    #[test]
+    fn a_closing_mark_on_a_longer_failure_tombstone_is_recorded() {
+        // failure TTL above the closing TTL: the expiry stays, but what the
+        // tombstone says changes, so the change must be stored.
+        let ttls = Ttls {
+            closing: Duration::from_secs(5),
+            failure: Duration::from_secs(30),
+        };
+        let mut t = Tombstones::default();
+        t.observe(&failure("h:1"), &ttls, 0, 8);
+        assert_eq!(
+            t.observe(&closing("h:1", Some("a")), &ttls, S, 8),
+            Change::Extended
+        );
+        let ts = t.get_live("h:1", S).unwrap();
+        assert_eq!(
+            (ts.cause, ts.instance.as_str(), ts.expires_us),
+            (Cause::Closing, "a", 30 * S)
+        );
+        assert_eq!(
+            t.observe(&closing("h:1", Some("a")), &ttls, 2 * S, 8),
+            Change::Unchanged,
+            "nothing new the second time"
         );
     }
 

@@ -4,6 +4,10 @@
 //! configuration written as JSON parses back to itself; and a bad value in
 //! any single field is reported under that field's name.
 
+// Test code: a panic is how a property fails (clippy's in-test allowances
+// do not reach the strategy helpers outside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::time::Duration;
 
 use graceful_core::config::{
@@ -17,9 +21,13 @@ use proptest::prelude::*;
 use proptest::test_runner::Config;
 use serde_json::{json, Map, Value};
 
+/// `cases` per property; `PROPTEST_CASES=n` runs n instead (deeper runs).
 fn config(cases: u32) -> Config {
     Config {
-        cases,
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(cases),
         failure_persistence: None,
         ..Config::default()
     }

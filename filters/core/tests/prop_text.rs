@@ -3,6 +3,10 @@
 //! status JSON. Each parser must never panic on arbitrary input, and each
 //! formatter's output must parse back to what was formatted.
 
+// Test code: a panic is how a property fails (clippy's in-test allowances
+// do not reach the strategy helpers outside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
@@ -18,9 +22,13 @@ use proptest::test_runner::Config;
 
 const MAX_MS: u64 = 24 * 3600 * 1000;
 
+/// `cases` per property; `PROPTEST_CASES=n` runs n instead (deeper runs).
 fn config(cases: u32) -> Config {
     Config {
-        cases,
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(cases),
         failure_persistence: None,
         ..Config::default()
     }

@@ -1,0 +1,811 @@
+//! Property tests of the core's state machines: the instance record (the
+//! drain gate and admission), with and without other workers writing
+//! between a read and its compare-and-swap; the tombstone list; steering;
+//! the long-poll bookkeeping; and the shared-data helpers.
+
+// Test code: a panic is how a property fails (clippy's in-test allowances
+// do not reach the strategy helpers outside #[test] functions).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use graceful_core::endpoints::Waiters;
+use graceful_core::record::{
+    self, Admission, GatePass, GateTimings, InstanceRecord, Phase, RECORD_KEY,
+};
+use graceful_core::steering::{
+    probe_observation, probe_targets, steer, Member, Membership, Steering, MAX_OVERRIDE_HOSTS,
+    MAX_PROBES,
+};
+use graceful_core::store::{
+    add_bounded, take_lease, update, MemStore, SharedStore, StoreError, Versioned,
+};
+use graceful_core::tombstone::{Change, Observation, Tombstones, Ttls};
+use graceful_core::traffic::{self, Traffic};
+use proptest::prelude::*;
+use proptest::test_runner::Config;
+
+/// `cases` per property; `PROPTEST_CASES=n` runs n instead (deeper runs).
+fn config(cases: u32) -> Config {
+    Config {
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(cases),
+        failure_persistence: None,
+        ..Config::default()
+    }
+}
+
+const S: u64 = 1_000_000;
+
+// ---- the instance record ----------------------------------------------
+
+#[derive(Debug, Clone)]
+enum Op {
+    Admit {
+        reject: bool,
+    },
+    Finish,
+    StartClosing,
+    /// Evaluate the gate with this many outbound requests in flight.
+    Advance {
+        outbound: u64,
+    },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => any::<bool>().prop_map(|reject| Op::Admit { reject }),
+        4 => Just(Op::Finish),
+        1 => Just(Op::StartClosing),
+        4 => prop_oneof![4 => Just(0u64), 1 => 1u64..3].prop_map(|outbound| Op::Advance { outbound }),
+    ]
+}
+
+fn gate() -> impl Strategy<Value = GateTimings> {
+    (0..6 * S, 0..2 * S, 0..6 * S, 0..20 * S).prop_map(|(w, q, s, t)| GateTimings {
+        consumer_update_wait: Duration::from_micros(w),
+        quiet_window: Duration::from_micros(q),
+        step_timeout: Duration::from_micros(s),
+        // Validated configs have timeout >= consumer_update_wait.
+        timeout: Duration::from_micros(w.max(t)),
+    })
+}
+
+fn us(d: Duration) -> u64 {
+    d.as_micros() as u64
+}
+
+fn outbound_traffic(inflight: u64) -> Traffic {
+    Traffic {
+        inflight,
+        last_start_us: 0,
+    }
+}
+
+/// What an op returns, whichever way it was applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Outcome {
+    Admission(Admission),
+    Finished,
+    Started(bool),
+    Pass(Option<GatePass>),
+}
+
+/// The pure transition.
+fn apply(r: InstanceRecord, op: &Op, gate: &GateTimings, now: u64) -> (InstanceRecord, Outcome) {
+    match op {
+        Op::Admit { reject } => {
+            let (n, a) = r.admit(now, *reject);
+            (n, Outcome::Admission(a))
+        }
+        Op::Finish => (r.finish(), Outcome::Finished),
+        Op::StartClosing => (
+            r.start_closing(now),
+            Outcome::Started(r.phase == Phase::Serving),
+        ),
+        Op::Advance { outbound } => {
+            let (n, p) = r.evaluate(gate, &outbound_traffic(*outbound), now);
+            (n, Outcome::Pass(p))
+        }
+    }
+}
+
+/// The same op through the shared store.
+fn apply_stored(store: &dyn SharedStore, op: &Op, gate: &GateTimings, now: u64) -> Outcome {
+    match op {
+        Op::Admit { reject } => Outcome::Admission(record::admit(store, now, *reject).unwrap().0),
+        Op::Finish => {
+            record::finish(store).unwrap();
+            Outcome::Finished
+        }
+        Op::StartClosing => Outcome::Started(record::start_closing(store, now).unwrap().1),
+        Op::Advance { outbound } => Outcome::Pass(
+            record::advance(store, gate, &outbound_traffic(*outbound), now)
+                .unwrap()
+                .1,
+        ),
+    }
+}
+
+/// Every rule of the transition table that one step must keep.
+fn check_step(
+    before: &InstanceRecord,
+    op: &Op,
+    after: &InstanceRecord,
+    outcome: &Outcome,
+    gate: &GateTimings,
+    now: u64,
+) -> Result<(), TestCaseError> {
+    prop_assert!(
+        after.phase.gauge() >= before.phase.gauge(),
+        "phase went back"
+    );
+    if before.phase != Phase::Serving {
+        prop_assert_eq!(after.closing_since_us, before.closing_since_us);
+    }
+    if before.phase == Phase::Drained {
+        prop_assert_eq!(
+            (after.forced, after.drained_at_us),
+            (before.forced, before.drained_at_us)
+        );
+    }
+    match (op, outcome) {
+        (Op::Admit { reject }, Outcome::Admission(a)) => {
+            if before.phase == Phase::Drained && *reject {
+                prop_assert_eq!(*a, Admission::Rejected);
+                prop_assert_eq!(after, before, "a rejected request changes nothing");
+            } else {
+                prop_assert_eq!(*a, Admission::Admitted);
+                prop_assert_eq!(after.inbound.inflight, before.inbound.inflight + 1);
+                prop_assert_eq!(
+                    after.inbound.last_start_us,
+                    before.inbound.last_start_us.max(now)
+                );
+                prop_assert_eq!(after.phase, before.phase);
+            }
+        }
+        (Op::Finish, _) => {
+            prop_assert_eq!(
+                after.inbound.inflight,
+                before.inbound.inflight.saturating_sub(1)
+            );
+            prop_assert_eq!(after.phase, before.phase);
+        }
+        (Op::StartClosing, Outcome::Started(started)) => {
+            prop_assert_eq!(*started, before.phase == Phase::Serving);
+            if *started {
+                prop_assert_eq!((after.phase, after.closing_since_us), (Phase::Closing, now));
+            } else {
+                prop_assert_eq!(after, before, "closing again is idempotent");
+            }
+        }
+        (Op::Advance { outbound }, Outcome::Pass(pass)) => {
+            prop_assert_eq!(after.inbound, before.inbound);
+            let elapsed = now.saturating_sub(before.closing_since_us);
+            let inflight = before.inbound.inflight + outbound;
+            let quiet = inflight == 0
+                && now.saturating_sub(before.inbound.last_start_us) >= us(gate.quiet_window);
+            match pass {
+                Some(why) => {
+                    prop_assert_eq!(before.phase, Phase::Closing);
+                    prop_assert_eq!(
+                        (after.phase, after.forced, after.drained_at_us),
+                        (Phase::Drained, why.forced(), now)
+                    );
+                    prop_assert!(
+                        elapsed >= us(gate.consumer_update_wait),
+                        "passed before consumer_update_wait"
+                    );
+                    if inflight > 0 {
+                        prop_assert!(why.forced(), "unforced pass with {inflight} in flight");
+                    }
+                    if why.forced() {
+                        prop_assert!(
+                            elapsed
+                                >= us(gate.timeout)
+                                    .min(us(gate.consumer_update_wait + gate.step_timeout)),
+                            "forced before any timeout"
+                        );
+                    } else {
+                        prop_assert!(quiet, "unforced pass that was not quiet");
+                    }
+                }
+                None => {
+                    prop_assert_eq!(after, before);
+                    if before.phase == Phase::Closing {
+                        prop_assert!(
+                            elapsed < us(gate.timeout),
+                            "no pass after the overall timeout"
+                        );
+                        prop_assert!(
+                            !(elapsed >= us(gate.consumer_update_wait) && quiet),
+                            "no pass although waited and quiet"
+                        );
+                        prop_assert!(
+                            elapsed < us(gate.consumer_update_wait + gate.step_timeout),
+                            "no pass after the step timeout"
+                        );
+                    }
+                }
+            }
+        }
+        other => prop_assert!(false, "mismatched op and outcome {other:?}"),
+    }
+    prop_assert_eq!(InstanceRecord::decode(&after.encode()), Some(*after));
+    Ok(())
+}
+
+/// A store where another worker's ops land between a read and the write
+/// that follows it, so that writes mismatch and retry. Each op popped is
+/// applied to the store and to `model` in the order it took effect.
+struct Racing<'a> {
+    inner: MemStore,
+    pending: RefCell<VecDeque<Op>>,
+    model: RefCell<InstanceRecord>,
+    gate: &'a GateTimings,
+    now: Cell<u64>,
+    interfered: Cell<u32>,
+    failure: RefCell<Option<TestCaseError>>,
+    /// Successful writes through this store (my ops; theirs go to `inner`).
+    my_writes: Cell<u32>,
+    /// Whether the latest read was followed by one of their ops, and the
+    /// model before that op: an op of mine that read and then wrote nothing
+    /// took effect at that read.
+    last_read_interfered: Cell<bool>,
+    before_last: Cell<InstanceRecord>,
+}
+
+impl SharedStore for Racing<'_> {
+    fn get(&self, key: &str) -> Result<Option<Versioned>, StoreError> {
+        let read = self.inner.get(key);
+        if key == RECORD_KEY {
+            let popped = self.pending.borrow_mut().pop_front();
+            self.last_read_interfered.set(popped.is_some());
+            if let Some(op) = popped {
+                self.interfered.set(self.interfered.get() + 1);
+                let now = self.now.get();
+                let before = *self.model.borrow();
+                self.before_last.set(before);
+                let (after, expected) = apply(before, &op, self.gate, now);
+                let got = apply_stored(&self.inner, &op, self.gate, now);
+                *self.model.borrow_mut() = after;
+                let mut failure = self.failure.borrow_mut();
+                if failure.is_none() {
+                    if got != expected {
+                        *failure = Some(TestCaseError::fail(format!(
+                            "other worker's {op:?}: {got:?}, model {expected:?}"
+                        )));
+                    } else if let Err(e) = check_step(&before, &op, &after, &got, self.gate, now) {
+                        *failure = Some(e);
+                    }
+                }
+            }
+        }
+        read
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
+        let r = self.inner.set(key, value, cas);
+        if r.is_ok() {
+            self.my_writes.set(self.my_writes.get() + 1);
+        }
+        r
+    }
+}
+
+// ---- tombstones -------------------------------------------------------
+
+#[derive(Debug, Clone)]
+enum Obs {
+    Closing(usize, Option<usize>),
+    Failure(usize),
+    Answered(usize, Option<usize>),
+}
+
+const ADDRESSES: [&str; 6] = [
+    "10.0.0.1:80",
+    "10.0.0.2:80",
+    "10.0.0.3:80",
+    "[::1]:80",
+    "10.0.0.5:80",
+    "10.0.0.6:80",
+];
+const INSTANCES: [&str; 3] = ["a", "b", "c"];
+
+fn obs() -> impl Strategy<Value = Obs> {
+    let addr = 0..ADDRESSES.len();
+    let inst = prop::option::of(0..INSTANCES.len());
+    prop_oneof![
+        (addr.clone(), inst.clone()).prop_map(|(a, i)| Obs::Closing(a, i)),
+        addr.clone().prop_map(Obs::Failure),
+        (addr, inst).prop_map(|(a, i)| Obs::Answered(a, i)),
+    ]
+}
+
+fn observation(o: &Obs) -> Observation<'static> {
+    let inst = |i: &Option<usize>| i.map(|i| INSTANCES[i]);
+    match o {
+        Obs::Closing(a, i) => Observation::Closing {
+            cluster: "svc",
+            address: ADDRESSES[*a],
+            instance: inst(i),
+        },
+        Obs::Failure(a) => Observation::ConnectFailure {
+            cluster: "svc",
+            address: ADDRESSES[*a],
+        },
+        Obs::Answered(a, i) => Observation::Answered {
+            address: ADDRESSES[*a],
+            instance: inst(i),
+        },
+    }
+}
+
+fn address_of(o: &Obs) -> &'static str {
+    match o {
+        Obs::Closing(a, _) | Obs::Failure(a) | Obs::Answered(a, _) => ADDRESSES[*a],
+    }
+}
+
+fn ttls() -> impl Strategy<Value = Ttls> {
+    (1..60 * S, 1..60 * S).prop_map(|(c, f)| Ttls {
+        closing: Duration::from_micros(c),
+        failure: Duration::from_micros(f),
+    })
+}
+
+fn members() -> impl Strategy<Value = Vec<Member>> {
+    prop::collection::vec((0..ADDRESSES.len(), prop::bool::weighted(0.8)), 0..8).prop_map(|v| {
+        v.into_iter()
+            .map(|(a, usable)| Member {
+                address: ADDRESSES[a].to_string(),
+                usable,
+            })
+            .collect()
+    })
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    #[test]
+    fn record_transitions_keep_every_rule_of_the_table(
+        gate in gate(),
+        steps in prop::collection::vec((0..2 * S, op()), 1..60),
+        start in 0..u64::MAX / 2,
+    ) {
+        let mut r = InstanceRecord::default();
+        let mut now = start;
+        let mut passes = 0;
+        let mut outstanding: u64 = 0;
+        for (dt, op) in &steps {
+            now += dt;
+            let (next, outcome) = apply(r, op, &gate, now);
+            check_step(&r, op, &next, &outcome, &gate, now)?;
+            match (op, &outcome) {
+                (Op::Admit { .. }, Outcome::Admission(Admission::Admitted)) => outstanding += 1,
+                (Op::Finish, _) => outstanding = outstanding.saturating_sub(1),
+                (_, Outcome::Pass(Some(_))) => passes += 1,
+                _ => {}
+            }
+            prop_assert_eq!(next.inbound.inflight, outstanding, "counts exact");
+            r = next;
+        }
+        prop_assert!(passes <= 1, "the gate passed {passes} times");
+    }
+
+    #[test]
+    fn record_ops_through_the_store_equal_the_pure_transitions(
+        gate in gate(),
+        steps in prop::collection::vec((0..2 * S, op()), 1..40),
+    ) {
+        let store = MemStore::new();
+        record::ensure(&store).unwrap();
+        let mut model = InstanceRecord::default();
+        let mut now = S;
+        for (dt, op) in &steps {
+            now += dt;
+            let (next, expected) = apply(model, op, &gate, now);
+            let got = apply_stored(&store, op, &gate, now);
+            prop_assert_eq!(got, expected);
+            model = next;
+            prop_assert_eq!(record::read(&store).unwrap(), model);
+        }
+    }
+
+    #[test]
+    fn record_updates_are_never_lost_when_other_workers_write_in_between(
+        gate in gate(),
+        steps in prop::collection::vec(
+            (0..S, op(), prop::collection::vec(op(), 0..4)),
+            1..30,
+        ),
+    ) {
+        let store = Racing {
+            inner: MemStore::new(),
+            pending: RefCell::new(VecDeque::new()),
+            model: RefCell::new(InstanceRecord::default()),
+            gate: &gate,
+            now: Cell::new(S),
+            interfered: Cell::new(0),
+            failure: RefCell::new(None),
+            my_writes: Cell::new(0),
+            last_read_interfered: Cell::new(false),
+            before_last: Cell::new(InstanceRecord::default()),
+        };
+        record::ensure(&store.inner).unwrap();
+        let mut now = S;
+        let mut theirs_total = 0;
+        for (dt, mine, theirs) in &steps {
+            now += dt;
+            store.now.set(now);
+            theirs_total += theirs.len();
+            store.pending.borrow_mut().extend(theirs.iter().cloned());
+            store.my_writes.set(0);
+            let got = apply_stored(&store, mine, &gate, now);
+            if let Some(e) = store.failure.borrow_mut().take() {
+                return Err(e);
+            }
+            // Theirs took effect during my reads. Mine took effect after
+            // them if it wrote; if it wrote nothing, at its last read.
+            let wrote = store.my_writes.get() > 0;
+            let before = if !wrote && store.last_read_interfered.get() {
+                store.before_last.get()
+            } else {
+                *store.model.borrow()
+            };
+            let (after, expected) = apply(before, mine, &gate, now);
+            prop_assert_eq!(&got, &expected, "my {:?}", mine);
+            check_step(&before, mine, &after, &got, &gate, now)?;
+            if wrote {
+                *store.model.borrow_mut() = after;
+            } else {
+                prop_assert_eq!(after, before, "{:?} changed the record without writing", mine);
+            }
+            let model = *store.model.borrow();
+            prop_assert_eq!(record::read(&store.inner).unwrap(), model, "a write was lost");
+        }
+        // Ops still pending (a step that read nothing) are not applied.
+        let pending = store.pending.borrow().len();
+        prop_assert_eq!(store.interfered.get() as usize, theirs_total - pending);
+    }
+
+    // ---- tombstones -----------------------------------------------------
+
+    #[test]
+    fn tombstones_keep_their_rules_under_any_observations(
+        ttls in ttls(),
+        max in 1usize..5,
+        steps in prop::collection::vec((0..10 * S, obs()), 1..50),
+    ) {
+        let mut list = Tombstones::default();
+        let mut now = 0;
+        for (dt, o) in &steps {
+            now += dt;
+            let before = list.clone();
+            let address = address_of(o);
+            let live_before = before.get_live(address, now).cloned();
+            let change = list.observe(&observation(o), &ttls, now, max);
+            let after = list.get_live(address, now);
+            prop_assert!(list.entries().len() <= max.max(before.entries().len()));
+            if change != Change::Unchanged {
+                prop_assert!(list.entries().len() <= max);
+                prop_assert!(list.entries().iter().all(|t| t.expires_us > now), "expired entry kept");
+            }
+            for (i, t) in list.entries().iter().enumerate() {
+                prop_assert!(
+                    !list.entries()[..i].iter().any(|u| u.address == t.address),
+                    "two entries for {}", t.address
+                );
+            }
+            match change {
+                Change::Unchanged => prop_assert_eq!(&list, &before, "{:?} said Unchanged but changed the list", o),
+                Change::Readmitted => {
+                    prop_assert!(matches!(o, Obs::Answered(_, Some(_))));
+                    prop_assert!(live_before.is_some() && after.is_none());
+                }
+                Change::Extended => {
+                    let (old, new) = (live_before.clone().unwrap(), after.unwrap());
+                    let learned = (old.instance.is_empty() && !new.instance.is_empty())
+                        || (old.cause != new.cause);
+                    prop_assert!(
+                        new.expires_us > old.expires_us || (new.expires_us == old.expires_us && learned),
+                        "extended without a later expiry or anything learned"
+                    );
+                }
+                Change::Evicted => {
+                    prop_assert!(!matches!(o, Obs::Answered(..)));
+                    match after {
+                        Some(t) => {
+                            let ttl = if matches!(o, Obs::Failure(_)) { ttls.failure } else { ttls.closing };
+                            prop_assert_eq!(t.expires_us, now + us(ttl));
+                        }
+                        // Evicted but not kept: the list was full of entries
+                        // expiring no earlier.
+                        None => prop_assert_eq!(list.entries().len(), max),
+                    }
+                }
+            }
+            if let (Obs::Answered(_, None), Some(t)) = (o, &live_before) {
+                prop_assert!(
+                    !t.instance.is_empty() || after.is_some(),
+                    "an answer without an instance id readmitted a host"
+                );
+            }
+            prop_assert_eq!(Tombstones::decode(&list.encode()), Some(list.clone()));
+        }
+    }
+
+    #[test]
+    fn a_closing_host_stays_evicted_until_its_ttl_unless_a_new_instance_answers(
+        ttls in ttls(),
+        instance in 0..INSTANCES.len(),
+        later in prop::collection::vec((0..5 * S, obs()), 0..20),
+    ) {
+        let mut list = Tombstones::default();
+        let addr = 0;
+        list.observe(&observation(&Obs::Closing(addr, Some(instance))), &ttls, 0, 16);
+        let mut now = 0;
+        for (dt, o) in &later {
+            now += dt;
+            list.observe(&observation(o), &ttls, now, 16);
+            let readmitted_by_new = matches!(o, Obs::Answered(a, Some(i)) if *a == addr && *i != instance)
+                || matches!(o, Obs::Closing(a, Some(i)) if *a == addr && *i != instance);
+            if readmitted_by_new {
+                return Ok(());
+            }
+            if now < us(ttls.closing) {
+                prop_assert!(list.get_live(ADDRESSES[addr], now).is_some(), "readmitted early by {o:?}");
+            }
+        }
+    }
+
+    // ---- steering ---------------------------------------------------------
+
+    #[test]
+    fn steering_names_only_usable_live_members_rotating_over_all_of_them(
+        members in members(),
+        tomb in prop::collection::vec((0..ADDRESSES.len(), prop::bool::ANY), 0..4),
+        ask_other_cluster in any::<bool>(),
+        now in 0..40 * S,
+        rotation in any::<usize>(),
+    ) {
+        let mut list = Tombstones::default();
+        for (a, closing) in &tomb {
+            let o = if *closing {
+                Observation::Closing { cluster: "svc", address: ADDRESSES[*a], instance: Some("i") }
+            } else {
+                Observation::ConnectFailure { cluster: "svc", address: ADDRESSES[*a] }
+            };
+            list.observe(&o, &Ttls { closing: Duration::from_secs(30), failure: Duration::from_secs(5) }, 0, 64);
+        }
+        let cluster = if ask_other_cluster { "other" } else { "svc" };
+        let live: Vec<&str> = list.live(now).map(|t| t.address.as_str()).collect();
+        let concerned = (!live.is_empty() && cluster == "svc")
+            || members.iter().any(|m| live.contains(&m.address.as_str()));
+        let mut acceptable: Vec<&str> = Vec::new();
+        for m in &members {
+            if m.usable && !live.contains(&m.address.as_str()) && !acceptable.contains(&m.address.as_str()) {
+                acceptable.push(&m.address);
+            }
+        }
+        match steer(&members, &list, cluster, now, rotation) {
+            Steering::LeaveAlone => prop_assert!(!concerned),
+            Steering::NoneLeft => prop_assert!(concerned && acceptable.is_empty()),
+            Steering::Steer(header) => {
+                prop_assert!(concerned);
+                let named: Vec<&str> = header.split(',').collect();
+                prop_assert_eq!(named.len(), acceptable.len().min(MAX_OVERRIDE_HOSTS));
+                prop_assert_eq!(named[0], acceptable[rotation % acceptable.len()]);
+                for (i, n) in named.iter().enumerate() {
+                    prop_assert!(acceptable.contains(n), "{n} named");
+                    prop_assert!(!named[..i].contains(n), "{n} twice");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn probe_answers_count_only_from_the_probed_address_with_an_instance(
+        probed in prop::sample::select(ADDRESSES.to_vec()),
+        status in prop::option::of(prop_oneof![
+            Just(b"200".to_vec()),
+            Just(b"503".to_vec()),
+            prop::collection::vec(any::<u8>(), 0..4),
+        ]),
+        answered_at in prop::option::of(prop_oneof![
+            prop::sample::select(ADDRESSES.to_vec()).prop_map(|a| a.as_bytes().to_vec()),
+            prop::collection::vec(any::<u8>(), 0..12),
+        ]),
+        instance in prop::option::of("[ -~]{0,8}"),
+    ) {
+        let got = probe_observation(probed, status.as_deref(), answered_at.as_deref(), instance.as_deref());
+        let from_probed = answered_at.as_deref() == Some(probed.as_bytes());
+        match got {
+            None => prop_assert!(
+                !from_probed || instance.is_none() || !matches!(status.as_deref(), Some(b"200" | b"503"))
+            ),
+            Some(Observation::Answered { address, instance: i }) => {
+                prop_assert!(from_probed && status.as_deref() == Some(b"200"));
+                prop_assert_eq!((address, i), (probed, instance.as_deref()));
+            }
+            Some(Observation::Closing { address, instance: i, .. }) => {
+                prop_assert!(from_probed && status.as_deref() == Some(b"503"));
+                prop_assert_eq!((address, i), (probed, instance.as_deref()));
+            }
+            Some(other) => prop_assert!(false, "{other:?}"),
+        }
+    }
+
+    #[test]
+    fn probe_targets_are_live_member_tombstones_and_bounded(
+        tomb in prop::collection::vec((0..ADDRESSES.len(), 0u64..3), 0..ADDRESSES.len()),
+        known in prop::option::of(prop::collection::vec(0..ADDRESSES.len(), 0..6)),
+        now in 0..40 * S,
+    ) {
+        let mut list = Tombstones::default();
+        for (a, c) in &tomb {
+            let cluster = ["svc", "", "other"][*c as usize];
+            list.observe(
+                &Observation::Closing { cluster, address: ADDRESSES[*a], instance: Some("i") },
+                &Ttls { closing: Duration::from_secs(30), failure: Duration::from_secs(5) },
+                0,
+                64,
+            );
+        }
+        let mut membership = Membership::default();
+        if let Some(known) = &known {
+            membership.add_member("svc", "placeholder:1");
+            for a in known {
+                membership.add_member("svc", ADDRESSES[*a]);
+            }
+        }
+        let targets = probe_targets(&list, &membership, now);
+        prop_assert!(targets.len() <= MAX_PROBES);
+        for t in &targets {
+            prop_assert!(t.expires_us > now && !t.cluster.is_empty());
+            if let (Some(known), "svc") = (&known, t.cluster.as_str()) {
+                prop_assert!(known.iter().any(|a| ADDRESSES[*a] == t.address));
+            }
+        }
+        let expected = list
+            .live(now)
+            .filter(|t| !t.cluster.is_empty())
+            .filter(|t| t.cluster != "svc" || known.as_ref().is_none_or(|k| k.iter().any(|a| ADDRESSES[*a] == t.address)))
+            .count();
+        prop_assert_eq!(targets.len(), expected.min(MAX_PROBES));
+    }
+
+    // ---- long-polls -----------------------------------------------------------
+
+    #[test]
+    fn waiters_answer_each_held_stream_exactly_once(
+        ops in prop::collection::vec(
+            prop_oneof![
+                (0u32..8, 0u64..100).prop_map(|(id, d)| (0u8, id, d)),
+                (0u32..8).prop_map(|id| (1u8, id, 0)),
+                (any::<bool>(), 0u64..100).prop_map(|(drained, now)| (2u8, u32::from(drained), now)),
+            ],
+            0..40,
+        ),
+    ) {
+        let mut w = Waiters::default();
+        let mut model: Vec<(u32, u64)> = Vec::new();
+        for (kind, a, b) in ops {
+            match kind {
+                0 => {
+                    w.hold(a, b);
+                    model.push((a, b));
+                }
+                1 => {
+                    let was = model.iter().any(|&(id, _)| id == a);
+                    model.retain(|&(id, _)| id != a);
+                    prop_assert_eq!(w.release(a), was);
+                }
+                _ => {
+                    let drained = a == 1;
+                    let mut due = w.take_due(drained, b);
+                    let mut expected: Vec<u32> = model
+                        .iter()
+                        .filter(|&&(_, d)| drained || b >= d)
+                        .map(|&(id, _)| id)
+                        .collect();
+                    model.retain(|&(_, d)| !(drained || b >= d));
+                    due.sort_unstable();
+                    expected.sort_unstable();
+                    prop_assert_eq!(due, expected);
+                }
+            }
+            prop_assert_eq!(w.len(), model.len());
+        }
+    }
+
+    // ---- shared-data helpers ------------------------------------------------
+
+    #[test]
+    fn add_bounded_never_passes_the_bound_nor_goes_below_zero(
+        max in 0u64..10,
+        deltas in prop::collection::vec(-3i64..4, 0..40),
+    ) {
+        let store = MemStore::new();
+        let mut model: u64 = 0;
+        for d in deltas {
+            let before = store.get("n").unwrap();
+            let got = add_bounded(&store, "n", d, max).unwrap();
+            let next = model.saturating_add_signed(d);
+            if d > 0 && next > max {
+                prop_assert_eq!(got, None);
+                prop_assert_eq!(store.get("n").unwrap(), before, "a refused add wrote");
+            } else {
+                prop_assert_eq!(got, Some(next));
+                model = next;
+            }
+            prop_assert!(model <= max);
+        }
+    }
+
+    #[test]
+    fn a_lease_goes_to_one_caller_per_interval(
+        calls in prop::collection::vec((0u64..300, 1u64..500), 1..60),
+    ) {
+        let store = MemStore::new();
+        let mut now = 1;
+        let mut due = 0;
+        for (dt, interval) in calls {
+            now += dt;
+            let got = take_lease(&store, "lease", now, interval).unwrap();
+            prop_assert_eq!(got, now >= due, "at {} (due {})", now, due);
+            if got {
+                due = now + interval;
+            }
+        }
+    }
+
+    #[test]
+    fn garbage_in_any_key_reads_as_default_and_the_next_update_repairs_it(
+        garbage in prop::collection::vec(any::<u8>(), 0..64),
+        now in 1u64..u64::MAX / 2,
+    ) {
+        let store = MemStore::new();
+        store.set(RECORD_KEY, &garbage, 0).unwrap();
+        store.set(traffic::OUTBOUND_KEY, &garbage, 0).unwrap();
+        let rec = record::read(&store).unwrap();
+        prop_assert_eq!(Some(rec), InstanceRecord::decode(&garbage).or(Some(InstanceRecord::default())));
+        let (a, after) = record::admit(&store, now, true).unwrap();
+        prop_assert_eq!(InstanceRecord::decode(&store.get(RECORD_KEY).unwrap().unwrap().0), Some(after));
+        if a == Admission::Admitted {
+            prop_assert_eq!(after.inbound.inflight, rec.inbound.inflight.saturating_add(1));
+        }
+        let t = traffic::record_start(&store, traffic::OUTBOUND_KEY, now).unwrap();
+        prop_assert_eq!(traffic::read(&store, traffic::OUTBOUND_KEY).unwrap(), t);
+    }
+
+    #[test]
+    fn memstore_checks_cas_only_on_existing_keys(
+        writes in prop::collection::vec((0u8..3, any::<bool>(), any::<u32>()), 1..30),
+    ) {
+        let store = MemStore::new();
+        let mut cas_of: [Option<u32>; 3] = [None; 3];
+        for (key, fresh, junk_cas) in writes {
+            let k = ["a", "b", "c"][usize::from(key)];
+            let stored = cas_of[usize::from(key)];
+            let cas = if fresh { stored.unwrap_or(junk_cas) } else { junk_cas };
+            let got = store.set(k, &[key], cas);
+            let should_pass = stored.is_none() || cas == 0 || Some(cas) == stored;
+            prop_assert_eq!(got.is_ok(), should_pass);
+            if should_pass {
+                let (_, new_cas) = store.get(k).unwrap().unwrap();
+                prop_assert_ne!(new_cas, 0);
+                prop_assert_ne!(Some(new_cas), stored);
+                cas_of[usize::from(key)] = Some(new_cas);
+            }
+        }
+        // update() always lands on an uncontended store.
+        update(&store, "a", |_| (Some(vec![9]), ())).unwrap();
+        prop_assert_eq!(store.get("a").unwrap().unwrap().0, vec![9]);
+    }
+}
