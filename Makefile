@@ -10,7 +10,7 @@ FILTERS := graceful_provider graceful_drain graceful_consumer
 ENVOY_VERSION := 1.40.0
 VENV := .venv
 ENVOY := $(VENV)/envoy
-TEMPLATES := $(wildcard envoy/*-sidecar.yaml)
+TEMPLATES := $(wildcard envoy/*-sidecar.yaml envoy/bench-*.yaml)
 RENDERED := $(patsubst envoy/%.yaml,target/envoy/%.yaml,$(TEMPLATES))
 COMPOSE_CONFIGS := envoy/compose/provider-1.yaml envoy/compose/provider-2.yaml envoy/compose/provider-3.yaml envoy/compose/consumer.yaml
 CARGO ?= cargo
@@ -19,6 +19,8 @@ PROTOCOL ?= http1
 RATE ?= 500
 RESTARTS ?= 3
 DURATION ?= 0
+# make bench BENCH_FLAGS="--rounds 3 --duration 10" (or --quick: cost only)
+BENCH_FLAGS ?=
 DEMO_FLAGS ?=
 ENVOY_IMAGE ?= envoyproxy/envoy:v1.40.0
 E2E_ENV = GRACEFUL_ENVOY=$(CURDIR)/$(ENVOY) GRACEFUL_DIST=$(CURDIR)/dist
@@ -66,6 +68,12 @@ up: build ## start the docker harness (needs a Docker engine); ENVOY_IMAGE picks
 .PHONY: down
 down: ## stop the docker harness
 	docker compose -f envoy/docker-compose.yaml down
+
+.PHONY: bench
+bench: build envoy ## what the filters cost against plain Envoy (wrk), memory, and shutdown quality: bench/results/
+	@command -v wrk >/dev/null || apt-get install -y wrk
+	$(CARGO) build --release -p demo-app -p graceful-host-tests --bin bench
+	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/release/demo-app target/release/bench $(BENCH_FLAGS)
 
 .PHONY: demo
 demo: build envoy ## the main job: rolling shutdown of 3 providers under load, with and without the filters

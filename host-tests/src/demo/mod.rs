@@ -40,6 +40,19 @@ pub enum Mode {
     Graceful,
     /// Plain Envoy: the same routes, retries and load, no filters.
     Baseline,
+    /// Plain Envoy and no preStop at all: the registry drops the provider
+    /// (after its lag) while Envoy and the app get SIGTERM at once.
+    RegistryOnly,
+}
+
+impl Mode {
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Graceful => "graceful",
+            Mode::Baseline => "baseline",
+            Mode::RegistryOnly => "registry_only",
+        }
+    }
 }
 
 /// What one run does. [`DemoConfig::default`] is `make demo`'s.
@@ -218,7 +231,7 @@ impl Run<'_> {
     async fn start_provider_envoy(&self, p: &mut Provider) -> Envoy {
         let template = match self.mode {
             Mode::Graceful => "provider-sidecar.yaml",
-            Mode::Baseline => "baseline-provider-sidecar.yaml",
+            Mode::Baseline | Mode::RegistryOnly => "baseline-provider-sidecar.yaml",
         };
         let access_log = self
             .dir
@@ -240,16 +253,13 @@ impl Run<'_> {
     }
 
     fn name(&self) -> &'static str {
-        match self.mode {
-            Mode::Graceful => "graceful",
-            Mode::Baseline => "baseline",
-        }
+        self.mode.name()
     }
 
     fn ready_path(&self) -> &'static str {
         match self.mode {
             Mode::Graceful => "/graceful/ready",
-            Mode::Baseline => "/healthz",
+            Mode::Baseline | Mode::RegistryOnly => "/healthz",
         }
     }
 
@@ -297,6 +307,7 @@ impl Run<'_> {
                 self.kubelet(p, 503, registry);
                 tokio::time::sleep(self.config.baseline_sleep).await;
             }
+            Mode::RegistryOnly => registry.later(p.inbound, false),
         }
         ev.drained_ms = self.ms();
         // Kubernetes sends SIGTERM to every container of the pod at once.
@@ -378,10 +389,7 @@ fn arrivals_since(access_log: &Path, since_unix_ms: u64) -> u64 {
 
 /// Runs the scenario once and reports it, with the samples for the chart.
 pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
-    let name = match mode {
-        Mode::Graceful => "graceful",
-        Mode::Baseline => "baseline",
-    };
+    let name = mode.name();
     let dir = config
         .work_dir
         .join(format!("{name}-{}", std::process::id()));
@@ -424,7 +432,7 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
     let outbound_port = free_port();
     let consumer_template = match mode {
         Mode::Graceful => "consumer-sidecar.yaml",
-        Mode::Baseline => "baseline-consumer-sidecar.yaml",
+        Mode::Baseline | Mode::RegistryOnly => "baseline-consumer-sidecar.yaml",
     };
     let consumer = EnvoySpec::new(&format!("{name}-consumer"), consumer_template)
         .set("OUTBOUND_PORT", outbound_port)
@@ -488,7 +496,7 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
             Mode::Graceful => r
                 .seen_ms(&consumer_log, p, ev.closing_ms)
                 .unwrap_or(ev.closing_ms),
-            Mode::Baseline => ev.closing_ms,
+            Mode::Baseline | Mode::RegistryOnly => ev.closing_ms,
         };
         // The instance that was closing is the generation before the one running now.
         let closing_generation = p.access_logs.len().saturating_sub(2);

@@ -1,0 +1,369 @@
+//! `make bench`: what the filters cost, measured side by side with plain
+//! Envoy in one run so that machine noise cancels.
+//!
+//! The Envoy under test (`envoy/bench-proxy.yaml`, `--concurrency 1`) runs
+//! one filter set at a time in front of an upstream that costs almost
+//! nothing (`envoy/bench-upstream.yaml`: Envoy's own `direct_response` on four
+//! listeners). `wrk` (HTTP/1.1 keep-alive, 16 connections, one thread)
+//! drives it. Every set is measured in each round, rounds interleaved, and
+//! each set's numbers are the mean over rounds; ratios are against the
+//! no-filter set of the same run.
+
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::client;
+use crate::envoy::{eventually, free_port, wasm_dir, Envoy, EnvoySpec};
+
+/// A filter chain to measure.
+#[derive(Debug, Clone)]
+pub struct FilterSet {
+    pub name: &'static str,
+    pub filters: Vec<Value>,
+    /// Start closing before measuring (every response marked).
+    pub closing: bool,
+    /// Tombstones to create before measuring (every request steered).
+    pub tombstones: usize,
+}
+
+fn wasm(name: &str, config: &str) -> Value {
+    let code = wasm_dir().join(format!("{name}.wasm"));
+    json!({
+        "name": name,
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": name,
+                "root_id": name,
+                "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": config},
+                "vm_config": {"vm_id": "graceful", "runtime": "envoy.wasm.runtime.v8", "code": {"local": {"filename": code.display().to_string()}}}
+            }
+        }
+    })
+}
+
+fn router() -> Value {
+    json!({"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}})
+}
+
+/// What a user might write instead: a Lua filter that only adds a header.
+fn lua_header() -> Value {
+    json!({
+        "name": "envoy.filters.http.lua",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua",
+            "default_source_code": {"inline_string": "function envoy_on_response(h) h:headers():add('x-lua', 'true') end"}
+        }
+    })
+}
+
+/// The gate must not pass while a set is measured (the provider would start
+/// rejecting): closing waits an hour.
+const DRAIN_CONFIG: &str =
+    r#"{"consumer_update_wait":"1h","timeout":"2h","admin_cluster":"envoy_admin"}"#;
+const CONSUMER_CONFIG: &str =
+    r#"{"admin_cluster":"envoy_admin","failure_tombstone_ttl":"1h","tombstone_ttl":"1h"}"#;
+
+/// The sets `make bench` measures, in order.
+pub fn filter_sets() -> Vec<FilterSet> {
+    let drain = || wasm("graceful_drain", DRAIN_CONFIG);
+    let provider = || wasm("graceful_provider", "{}");
+    let consumer = || wasm("graceful_consumer", CONSUMER_CONFIG);
+    let set = |name, filters: Vec<Value>| FilterSet {
+        name,
+        filters,
+        closing: false,
+        tombstones: 0,
+    };
+    vec![
+        set("none", vec![router()]),
+        set("provider_drain", vec![drain(), provider(), router()]),
+        set("consumer", vec![consumer(), router()]),
+        set("all", vec![drain(), provider(), consumer(), router()]),
+        set("lua_header", vec![lua_header(), router()]),
+        FilterSet {
+            closing: true,
+            ..set(
+                "all_closing",
+                vec![drain(), provider(), consumer(), router()],
+            )
+        },
+        FilterSet {
+            tombstones: 100,
+            ..set(
+                "all_100_tombstones",
+                vec![drain(), provider(), consumer(), router()],
+            )
+        },
+    ]
+}
+
+/// One wrk run's numbers.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct WrkResult {
+    pub rps: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub requests: u64,
+    pub non_2xx: u64,
+}
+
+fn micros(text: &str) -> Option<f64> {
+    let (num, unit) = text.split_at(text.find(|c: char| c.is_ascii_alphabetic())?);
+    let v: f64 = num.parse().ok()?;
+    Some(match unit {
+        "us" => v,
+        "ms" => v * 1000.0,
+        "s" => v * 1_000_000.0,
+        _ => return None,
+    })
+}
+
+/// Reads wrk's `--latency` report.
+pub fn parse_wrk(out: &str) -> Option<WrkResult> {
+    let mut r = WrkResult::default();
+    for line in out.lines() {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        match words.as_slice() {
+            ["50%", v] => r.p50_us = micros(v)?,
+            ["99%", v] => r.p99_us = micros(v)?,
+            ["Requests/sec:", v] => r.rps = v.parse().ok()?,
+            [n, "requests", "in", ..] => r.requests = n.parse().ok()?,
+            ["Non-2xx", "or", "3xx", "responses:", n] => r.non_2xx = n.parse().ok()?,
+            _ => {}
+        }
+    }
+    (r.rps > 0.0).then_some(r)
+}
+
+/// Runs wrk against `addr` for `duration`.
+pub fn wrk(addr: SocketAddr, connections: u32, duration: Duration) -> Result<WrkResult, String> {
+    let out = Command::new("wrk")
+        .args([
+            "-t1",
+            &format!("-c{connections}"),
+            &format!("-d{}s", duration.as_secs()),
+            "--latency",
+        ])
+        .arg(format!("http://{addr}/"))
+        .output()
+        .map_err(|e| format!("wrk: {e} (make bench installs it: apt-get install wrk)"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    parse_wrk(&text).ok_or_else(|| {
+        format!(
+            "unreadable wrk output:\n{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// Resident set size of a process, in KiB.
+pub fn rss_kb(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+/// The upstream Envoy and its four listener addresses.
+pub async fn start_upstream() -> (Envoy, Vec<SocketAddr>) {
+    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
+    let mut spec = EnvoySpec::new("bench-upstream", "bench-upstream.yaml");
+    for (i, p) in ports.iter().enumerate() {
+        spec = spec.set(&format!("PORT_{}", i + 1), p);
+    }
+    spec.concurrency = 1;
+    (
+        spec.start().await,
+        ports
+            .into_iter()
+            .map(|p| SocketAddr::from(([127, 0, 0, 1], p)))
+            .collect(),
+    )
+}
+
+fn endpoints(addrs: &[SocketAddr]) -> String {
+    let list: Vec<Value> = addrs
+        .iter()
+        .map(|a| json!({"endpoint": {"address": {"socket_address": {"address": a.ip().to_string(), "port_value": a.port()}}}}))
+        .collect();
+    Value::Array(list).to_string()
+}
+
+/// Addresses nothing listens on: connections to them are refused at once.
+pub fn dead_hosts(n: usize, port: u16) -> Vec<SocketAddr> {
+    (0..n)
+        .map(|i| SocketAddr::from(([127, 0, 2 + (i / 250) as u8, (i % 250 + 1) as u8], port)))
+        .collect()
+}
+
+/// A proxy Envoy running `set` in front of `upstream` (plus `extra` hosts
+/// in its cluster), ready and prepared (closing started, tombstones made).
+pub async fn start_proxy(
+    set: &FilterSet,
+    upstream: &[SocketAddr],
+    extra: &[SocketAddr],
+) -> (Envoy, SocketAddr) {
+    let port = free_port();
+    let hosts: Vec<SocketAddr> = upstream.iter().chain(extra).copied().collect();
+    let mut spec = EnvoySpec::new(&format!("bench-{}", set.name), "bench-proxy.yaml")
+        .set("LISTEN_PORT", port)
+        .set("HTTP_FILTERS", Value::Array(set.filters.clone()))
+        .set("ENDPOINTS", endpoints(&hosts));
+    spec.concurrency = 1;
+    let envoy = spec.start().await;
+    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    if set.closing {
+        let r = client::post(addr, "/graceful/closing")
+            .await
+            .unwrap_or_else(|e| panic!("closing: {e}"));
+        assert_eq!(r.status, 202, "{}", r.text());
+    }
+    if set.tombstones > 0 {
+        // Round robin walks the dead hosts; each refused connection
+        // tombstones one (no retries in the bench route).
+        let want = set.tombstones as u64;
+        let mut conn = client::Conn::http1(addr)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while envoy
+            .stat("wasmcustom.graceful_consumer_tombstones")
+            .await
+            .unwrap_or(0)
+            < want
+        {
+            for _ in 0..50 {
+                let _ = conn.get("/").await;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "could not make {want} tombstones"
+            );
+        }
+    }
+    // Every VM copy compiled and warm before measuring.
+    eventually("proxy answers", Duration::from_secs(10), || async {
+        (client::get(addr, "/").await.ok()?.status == 200).then_some(())
+    })
+    .await;
+    (envoy, addr)
+}
+
+/// One set's numbers over the rounds.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SetResult {
+    pub rps: f64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    /// Resident size of the proxy Envoy after the run, KiB.
+    pub rss_kb: u64,
+    pub non_2xx: u64,
+    pub rounds: Vec<WrkResult>,
+    /// rps / the no-filter set's rps.
+    pub throughput_ratio: f64,
+    /// p99 minus the no-filter set's p99, µs.
+    pub p99_added_us: f64,
+}
+
+impl SetResult {
+    pub fn from_rounds(rounds: Vec<WrkResult>, rss_kb: u64) -> SetResult {
+        let n = rounds.len().max(1) as f64;
+        SetResult {
+            rps: rounds.iter().map(|r| r.rps).sum::<f64>() / n,
+            p50_us: rounds.iter().map(|r| r.p50_us).sum::<f64>() / n,
+            p99_us: rounds.iter().map(|r| r.p99_us).sum::<f64>() / n,
+            non_2xx: rounds.iter().map(|r| r.non_2xx).sum(),
+            rss_kb,
+            rounds,
+            throughput_ratio: 0.0,
+            p99_added_us: 0.0,
+        }
+    }
+}
+
+/// A horizontal bar chart of throughput ratios and added p99 per set.
+pub fn chart(sets: &[(&str, &SetResult)]) -> String {
+    let (w, row, left) = (900.0, 26.0, 170.0);
+    let h = 60.0 + row * sets.len() as f64;
+    let half = (w - left - 40.0) / 2.0;
+    let max_added = sets
+        .iter()
+        .map(|(_, r)| r.p99_added_us.abs())
+        .fold(50.0f64, f64::max);
+    let mut svg = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"20\" font-weight=\"bold\">throughput vs no filters</text>\n<text x=\"{}\" y=\"20\" font-weight=\"bold\">p99 added (µs)</text>\n",
+        left + half + 20.0
+    );
+    for (i, (name, r)) in sets.iter().enumerate() {
+        let y = 40.0 + row * i as f64;
+        let tw = half * r.throughput_ratio.clamp(0.0, 1.2) / 1.2;
+        let pw = (half - 20.0) * r.p99_added_us.max(0.0) / max_added;
+        svg.push_str(&format!(
+            "<text x=\"5\" y=\"{:.1}\">{name}</text>\n<rect x=\"{left}\" y=\"{y:.1}\" width=\"{tw:.1}\" height=\"16\" fill=\"#1f77b4\"/>\n<text x=\"{:.1}\" y=\"{:.1}\">{:.0}%</text>\n<rect x=\"{:.1}\" y=\"{y:.1}\" width=\"{pw:.1}\" height=\"16\" fill=\"#ff7f0e\"/>\n<text x=\"{:.1}\" y=\"{:.1}\">{:+.0}</text>\n",
+            y + 12.0,
+            left + tw + 4.0,
+            y + 12.0,
+            r.throughput_ratio * 100.0,
+            left + half + 20.0,
+            left + half + 24.0 + pw,
+            y + 12.0,
+            r.p99_added_us
+        ));
+    }
+    let x90 = left + half * 0.9 / 1.2;
+    svg.push_str(&format!(
+        "<line x1=\"{x90:.1}\" y1=\"30\" x2=\"{x90:.1}\" y2=\"{h}\" stroke=\"#d62728\" stroke-dasharray=\"4 3\"/>\n<text x=\"{:.1}\" y=\"{}\" fill=\"#d62728\" font-size=\"10\">90% target</text>\n</svg>\n",
+        x90 + 2.0,
+        h - 4.0
+    ));
+    svg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WRK: &str = "Running 10s test @ http://127.0.0.1:1/
+  1 threads and 16 connections
+  Thread Stats   Avg      Stdev     Max   +/- Stdev
+    Latency   402.27us  100.00us   3.00ms   90.00%
+    Req/Sec    39.71k     1.23k   41.00k    80.00%
+  Latency Distribution
+     50%  380.00us
+     75%  420.00us
+     90%  500.00us
+     99%    1.20ms
+  397123 requests in 10.00s, 30.30MB read
+  Non-2xx or 3xx responses: 7
+Requests/sec:  39712.30
+Transfer/sec:      3.03MB
+";
+
+    #[test]
+    fn reads_wrk_reports() {
+        let r = parse_wrk(WRK).unwrap();
+        assert_eq!(
+            (r.p50_us, r.p99_us, r.requests, r.non_2xx),
+            (380.0, 1200.0, 397_123, 7)
+        );
+        assert!((r.rps - 39712.3).abs() < 0.01);
+        assert!(parse_wrk("garbage").is_none());
+    }
+
+    #[test]
+    fn filter_sets_end_in_the_router() {
+        for set in filter_sets() {
+            let last = set.filters.last().unwrap();
+            assert_eq!(last["name"], "envoy.filters.http.router", "{}", set.name);
+        }
+    }
+}

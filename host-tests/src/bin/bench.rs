@@ -1,0 +1,223 @@
+//! `make bench`: the filters' cost against plain Envoy, and what they buy in
+//! a rolling shutdown. Writes `bench/results/latest.json` and
+//! `bench/results/chart.svg`.
+//!
+//! Flags: `--duration S` per wrk run (10), `--rounds N` (2), `--quick`
+//! (cost only: no churn, no shutdown runs).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use graceful_host_tests::bench::{
+    chart, dead_hosts, filter_sets, rss_kb, start_proxy, start_upstream, wrk, SetResult, WrkResult,
+};
+use graceful_host_tests::demo::report::RunReport;
+use graceful_host_tests::demo::{run, DemoConfig, Mode};
+use graceful_host_tests::envoy::free_port;
+use serde::Serialize;
+
+const CONNECTIONS: u32 = 16;
+
+#[derive(Serialize)]
+struct Churn {
+    hosts: usize,
+    max_tombstones: u64,
+    /// (evictions, live tombstones, tombstone value bytes, Envoy RSS KiB) per step.
+    samples: Vec<(u64, u64, u64, u64)>,
+}
+
+#[derive(Serialize)]
+struct Results {
+    envoy: &'static str,
+    load: String,
+    rounds: usize,
+    duration_s: u64,
+    sets: Vec<(String, SetResult)>,
+    /// Per set: throughput / no-filter throughput.
+    throughput_ratio: serde_json::Map<String, serde_json::Value>,
+    /// Per set: p99 latency added over the no-filter run, µs.
+    p99_added_us: serde_json::Map<String, serde_json::Value>,
+    churn: Option<Churn>,
+    shutdown: Vec<(String, RunReport)>,
+}
+
+async fn churn() -> Churn {
+    // A cluster of 10,000 hosts that refuse connections: every request
+    // tombstones one the consumer has not seen (no retries, no live member
+    // to steer to, so round robin walks them all).
+    let set = filter_sets()
+        .into_iter()
+        .find(|s| s.name == "consumer")
+        .unwrap_or_else(|| panic!("consumer set"));
+    let hosts = dead_hosts(10_000, free_port());
+    let (envoy, addr) = start_proxy(&set, &hosts[..1], &hosts[1..]).await;
+    let mut samples = Vec::new();
+    let stat = |name: &'static str| {
+        let envoy = &envoy;
+        async move { envoy.stat(&format!("wasmcustom.{name}")).await.unwrap_or(0) }
+    };
+    for _ in 0..5 {
+        let mut conns = Vec::new();
+        for _ in 0..8 {
+            conns.push(tokio::spawn(async move {
+                let mut c = graceful_host_tests::client::Conn::http1(addr)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                for _ in 0..250 {
+                    let _ = c.get("/").await;
+                }
+            }));
+        }
+        for c in conns {
+            let _ = c.await;
+        }
+        samples.push((
+            stat("graceful_consumer_evictions").await,
+            stat("graceful_consumer_tombstones").await,
+            stat("graceful_consumer_tombstone_bytes").await,
+            rss_kb(envoy.pid()),
+        ));
+    }
+    Churn {
+        hosts: hosts.len(),
+        max_tombstones: 1024,
+        samples,
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    let mut duration = Duration::from_secs(10);
+    let mut rounds = 2;
+    let mut quick = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        if flag == "--quick" {
+            quick = true;
+            continue;
+        }
+        match (
+            flag.as_str(),
+            args.next().and_then(|v| v.parse::<u64>().ok()),
+        ) {
+            ("--duration", Some(s)) => duration = Duration::from_secs(s),
+            ("--rounds", Some(n)) => rounds = n as usize,
+            _ => {
+                eprintln!("usage: bench [--duration S] [--rounds N] [--quick]");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let (upstream, upstream_addrs) = start_upstream().await;
+    let sets = filter_sets();
+    let mut rounds_by_set: Vec<Vec<WrkResult>> = vec![Vec::new(); sets.len()];
+    let mut rss: Vec<u64> = vec![0; sets.len()];
+    for round in 0..rounds {
+        for (i, set) in sets.iter().enumerate() {
+            // Tombstoned hosts must be members of the cluster for steering to
+            // be needed: add that many hosts that refuse connections.
+            let dead = dead_hosts(set.tombstones, free_port());
+            let (proxy, addr) = start_proxy(set, &upstream_addrs, &dead).await;
+            // Warm the connections, the JIT and the caches; not measured.
+            if let Err(e) = wrk(addr, CONNECTIONS, Duration::from_secs(2)) {
+                eprintln!("bench: {e}");
+                return ExitCode::FAILURE;
+            }
+            match wrk(addr, CONNECTIONS, duration) {
+                Ok(r) => {
+                    println!(
+                        "round {} {:<20} {:>9.0} req/s  p50 {:>6.0} us  p99 {:>6.0} us",
+                        round + 1,
+                        set.name,
+                        r.rps,
+                        r.p50_us,
+                        r.p99_us
+                    );
+                    rounds_by_set[i].push(r);
+                }
+                Err(e) => {
+                    eprintln!("bench: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+            rss[i] = rss[i].max(rss_kb(proxy.pid()));
+        }
+    }
+    drop(upstream);
+    let mut results: Vec<(String, SetResult)> = sets
+        .iter()
+        .zip(rounds_by_set)
+        .zip(&rss)
+        .map(|((set, rounds), rss)| (set.name.to_string(), SetResult::from_rounds(rounds, *rss)))
+        .collect();
+    let (base_rps, base_p99) = (results[0].1.rps, results[0].1.p99_us);
+    let mut ratio = serde_json::Map::new();
+    let mut added = serde_json::Map::new();
+    for (name, r) in &mut results {
+        r.throughput_ratio = r.rps / base_rps;
+        r.p99_added_us = r.p99_us - base_p99;
+        ratio.insert(
+            name.clone(),
+            serde_json::json!((r.throughput_ratio * 1000.0).round() / 1000.0),
+        );
+        added.insert(name.clone(), serde_json::json!(r.p99_added_us.round()));
+    }
+    println!(
+        "\n{:<20} {:>10} {:>8} {:>10} {:>12} {:>10}",
+        "set", "req/s", "ratio", "p99 us", "p99 added", "RSS KiB"
+    );
+    for (name, r) in &results {
+        println!(
+            "{:<20} {:>10.0} {:>8.3} {:>10.0} {:>12.0} {:>10}",
+            name, r.rps, r.throughput_ratio, r.p99_us, r.p99_added_us, r.rss_kb
+        );
+    }
+    let churn = if quick { None } else { Some(churn().await) };
+    if let Some(c) = &churn {
+        println!(
+            "\nchurn of {} hosts: (evictions, live tombstones, tombstone bytes, RSS KiB) {:?}",
+            c.hosts, c.samples
+        );
+    }
+    let mut shutdown = Vec::new();
+    if !quick {
+        let config = DemoConfig {
+            work_dir: graceful_host_tests::envoy::repo_root().join("target/bench"),
+            ..DemoConfig::default()
+        };
+        for mode in [Mode::Graceful, Mode::Baseline, Mode::RegistryOnly] {
+            let (report, _) = run(&config, mode).await;
+            println!("{}", report.line(mode.name()));
+            shutdown.push((mode.name().to_string(), report));
+        }
+    }
+    let chart_rows: Vec<(&str, &SetResult)> =
+        results.iter().map(|(n, r)| (n.as_str(), r)).collect();
+    let svg = chart(&chart_rows);
+    let out = Results {
+        envoy: "1.40.0",
+        load: format!("wrk -t1 -c{CONNECTIONS}, HTTP/1.1 keep-alive, Envoy --concurrency 1, direct_response upstream"),
+        rounds,
+        duration_s: duration.as_secs(),
+        sets: results,
+        throughput_ratio: ratio,
+        p99_added_us: added,
+        churn,
+        shutdown,
+    };
+    let dir = graceful_host_tests::envoy::repo_root().join("bench/results");
+    let written = std::fs::create_dir_all(&dir)
+        .and_then(|()| {
+            std::fs::write(
+                dir.join("latest.json"),
+                serde_json::to_string_pretty(&out).unwrap_or_default(),
+            )
+        })
+        .and_then(|()| std::fs::write(dir.join("chart.svg"), svg));
+    if let Err(e) = written {
+        eprintln!("bench: cannot write results: {e}");
+        return ExitCode::FAILURE;
+    }
+    println!("\nresults: bench/results/latest.json  chart: bench/results/chart.svg");
+    ExitCode::SUCCESS
+}
