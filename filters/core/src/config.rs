@@ -33,16 +33,28 @@ impl ConfigError {
 
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.field.is_empty() {
-            write!(f, "invalid configuration: {}", self.reason)
+        // Reasons can quote the input (serde names an unknown key as
+        // written), so control characters are escaped: one line, always.
+        let (field, reason) = (one_line(&self.field), one_line(&self.reason));
+        if field.is_empty() {
+            write!(f, "invalid configuration: {reason}")
         } else {
-            write!(
-                f,
-                "invalid configuration: field \"{}\": {}",
-                self.field, self.reason
-            )
+            write!(f, "invalid configuration: field \"{field}\": {reason}")
         }
     }
+}
+
+fn one_line(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            let escaped: Vec<char> = if c.is_control() {
+                c.escape_default().collect()
+            } else {
+                vec![c]
+            };
+            escaped
+        })
+        .collect()
 }
 
 impl std::error::Error for ConfigError {}
@@ -498,6 +510,10 @@ pub struct ConsumerConfig {
     /// answers at its address (graceful_drain's readiness endpoint); None
     /// turns probing off.
     pub probe_path: Option<String>,
+    /// The filter runs as an upstream HTTP filter of the cluster (one
+    /// instance per attempt): it only observes each attempt's answer, or its
+    /// failure to connect, so retries hide nothing from it.
+    pub upstream_filter: bool,
 }
 
 #[derive(Deserialize, Default)]
@@ -523,6 +539,8 @@ struct ConsumerDto {
     max_tombstones: Option<u64>,
     #[serde(default, deserialize_with = "present")]
     probe_path: Option<String>,
+    #[serde(default, deserialize_with = "present")]
+    upstream_filter: Option<bool>,
 }
 
 fn positive(field: &str, d: Duration) -> Result<Duration, ConfigError> {
@@ -627,6 +645,7 @@ impl ConsumerConfig {
             membership_refresh,
             max_tombstones,
             probe_path,
+            upstream_filter: dto.upstream_filter.unwrap_or(false),
         })
     }
 }
@@ -634,6 +653,17 @@ impl ConsumerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_stay_one_line_whatever_the_input_holds() {
+        // Found by fuzzing: serde quotes an unknown key as written.
+        let err = DrainConfig::from_json(b"\t{\"hdg\\ne=e{\"hdg\\ne=ee_e_he").unwrap_err();
+        assert!(!err.to_string().contains('\n'), "{err}");
+        let err = ProviderConfig::from_json(br#"{"a\nb\u0007": 1}"#).unwrap_err();
+        let text = err.to_string();
+        assert!(!text.chars().any(char::is_control), "{text}");
+        assert!(text.contains(r"a\nb\u{7}"), "{text}");
+    }
 
     fn provider_err(json: &str) -> ConfigError {
         ProviderConfig::from_json(json.as_bytes()).unwrap_err()
@@ -952,6 +982,11 @@ mod tests {
         assert_eq!(cfg.membership_refresh, Duration::from_secs(1));
         assert_eq!(cfg.max_tombstones, 1024);
         assert_eq!(cfg.probe_path.as_deref(), Some("/graceful/ready"));
+        assert!(!cfg.upstream_filter);
+        let up = ConsumerConfig::from_json(br#"{"upstream_filter":true}"#).unwrap();
+        assert!(up.upstream_filter);
+        let err = ConsumerConfig::from_json(br#"{"upstream_filter":"yes"}"#).unwrap_err();
+        assert_eq!(err.field, "upstream_filter");
     }
 
     #[test]
