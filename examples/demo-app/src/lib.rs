@@ -4,6 +4,7 @@
 //! | path                             | answer                                                      |
 //! |----------------------------------|-------------------------------------------------------------|
 //! | `/delay/<ms>`                    | 200 `ok` after `<ms>` milliseconds                          |
+//! | `/reset-after/<ms>`              | 200, one body chunk, then the stream is reset after `<ms>`  |
 //! | `/echo.Echo/Say`                 | gRPC unary echo: the request message back, `grpc-status: 0` |
 //! | `/grpc/trailers`                 | gRPC: one message, trailers `grpc-status: 0`                |
 //! | `/grpc/no-trailers`              | gRPC content type, one message, no trailers                 |
@@ -18,6 +19,7 @@
 //! `x-graceful-instance`, [`App::set_closing`] with `x-graceful-closing: true`.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -167,10 +169,44 @@ impl Drop for App {
     }
 }
 
-type Body = BoxBody<Bytes, Infallible>;
+type Body = BoxBody<Bytes, std::io::Error>;
+
+/// A body that sends one chunk, then fails after a delay: hyper then resets
+/// the stream (HTTP/2) or closes the connection (HTTP/1.1) mid-body.
+struct ResetBody {
+    sent: bool,
+    delay: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl hyper::body::Body for ResetBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
+        if !self.sent {
+            self.sent = true;
+            return std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from_static(
+                b"partial",
+            )))));
+        }
+        match self.delay.as_mut().poll(cx) {
+            std::task::Poll::Pending => std::task::Poll::Pending,
+            std::task::Poll::Ready(()) => {
+                std::task::Poll::Ready(Some(Err(std::io::Error::other("reset mid-body"))))
+            }
+        }
+    }
+}
 
 fn text(status: u16, body: &'static str) -> Response<Body> {
-    let mut res = Response::new(Full::new(Bytes::from_static(body.as_bytes())).boxed());
+    let mut res = Response::new(
+        Full::new(Bytes::from_static(body.as_bytes()))
+            .map_err(|e| match e {})
+            .boxed(),
+    );
     *res.status_mut() = hyper::StatusCode::from_u16(status).unwrap_or(hyper::StatusCode::OK);
     res
 }
@@ -181,9 +217,10 @@ fn grpc(message: &[u8], with_trailers: bool) -> Response<Body> {
         let mut trailers = HeaderMap::new();
         trailers.insert("grpc-status", HeaderValue::from_static("0"));
         body.with_trailers(async move { Some(Ok(trailers)) })
+            .map_err(|e| match e {})
             .boxed()
     } else {
-        body.boxed()
+        body.map_err(|e| match e {}).boxed()
     };
     let mut res = Response::new(body);
     res.headers_mut()
@@ -250,6 +287,13 @@ async fn route(
         .await
         .map(|b| b.to_bytes())
         .unwrap_or_default();
+    if let Some(ms) = path
+        .strip_prefix("/reset-after/")
+        .and_then(|ms| ms.parse::<u64>().ok())
+    {
+        let delay = Box::pin(tokio::time::sleep(Duration::from_millis(ms)));
+        return Response::new(BodyExt::boxed(ResetBody { sent: false, delay }));
+    }
     if let Some(ms) = path
         .strip_prefix("/delay/")
         .and_then(|ms| ms.parse::<u64>().ok())

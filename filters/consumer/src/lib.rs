@@ -37,7 +37,7 @@ use proxy_wasm::types::{Action, BufferType, ContextType, LogLevel, MapType};
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> {
-        Box::new(ConsumerRoot { shared: None, admin_call: None, admin_wanted: Vec::new(), probes: HashMap::new() })
+        Box::new(ConsumerRoot { shared: None, upstream: false, admin_call: None, admin_wanted: Vec::new(), probes: HashMap::new() })
     });
 }}
 
@@ -101,6 +101,9 @@ struct Metrics {
 
 struct Shared {
     config: ConsumerConfig,
+    /// Runs as an upstream HTTP filter of the cluster (one stream per
+    /// attempt), chosen by the VM configuration `upstream`.
+    upstream: bool,
     ttls: Ttls,
     metrics: Metrics,
     tombstones: RefCell<Cached<Tombstones>>,
@@ -258,6 +261,8 @@ fn instance_of(map: MapType, name: Option<&str>) -> Option<String> {
 
 struct ConsumerRoot {
     shared: Option<Rc<Shared>>,
+    /// `vm_config.configuration` was `upstream`.
+    upstream: bool,
     admin_call: Option<u32>,
     /// The clusters asked of the admin in the call in flight.
     admin_wanted: Vec<String>,
@@ -423,6 +428,31 @@ impl Context for ConsumerRoot {
 }
 
 impl RootContext for ConsumerRoot {
+    /// The VM configuration says where the filter sits: empty for the
+    /// listener's filter chain, `upstream` for the cluster's upstream filters
+    /// (one stream per attempt: it only observes, so retries hide nothing).
+    /// A separate VM configuration also gives the upstream instance a VM of
+    /// its own, which it needs: the downstream instance's probes go through
+    /// the cluster, and a VM entered again from its own root callback traps.
+    fn on_vm_start(&mut self, size: usize) -> bool {
+        let vm_config = hostcalls::get_buffer(BufferType::VmConfiguration, 0, size)
+            .ok()
+            .flatten()
+            .unwrap_or_default();
+        match vm_config.trim_ascii() {
+            b"" => self.upstream = false,
+            b"upstream" => self.upstream = true,
+            other => {
+                log::error!(
+                    "graceful_consumer: invalid vm_config.configuration {:?}: empty, or \"upstream\" for an upstream filter",
+                    String::from_utf8_lossy(other)
+                );
+                return false;
+            }
+        }
+        true
+    }
+
     fn on_configure(&mut self, _size: usize) -> bool {
         let config = match ConsumerConfig::from_json(&graceful_host::plugin_configuration()) {
             Ok(c) => c,
@@ -440,8 +470,13 @@ impl RootContext for ConsumerRoot {
             log::error!("graceful_consumer: cannot initialise shared data: {e:?}");
             return false;
         }
-        graceful_host::set_tick_period(config.membership_refresh);
+        // Membership refreshes and probes are the downstream instance's: an
+        // upstream instance taking the refresh lease would skip a refresh.
+        if !self.upstream {
+            graceful_host::set_tick_period(config.membership_refresh);
+        }
         self.shared = Some(Rc::new(Shared {
+            upstream: self.upstream,
             ttls: Ttls {
                 closing: config.tombstone_ttl,
                 failure: config.failure_tombstone_ttl,
@@ -482,6 +517,8 @@ impl RootContext for ConsumerRoot {
             shared: self.shared.clone(),
             counted: false,
             cluster: String::new(),
+            attempt: None,
+            answered: false,
         }))
     }
 
@@ -497,6 +534,10 @@ struct ConsumerStream {
     /// The route's cluster (read in the request phase: request-derived
     /// attributes are gone in the response phase).
     cluster: String,
+    /// As an upstream filter: the host this attempt goes to.
+    attempt: Option<String>,
+    /// Response headers arrived for this stream.
+    answered: bool,
 }
 
 impl ConsumerStream {
@@ -601,7 +642,31 @@ impl ConsumerStream {
     }
 }
 
-impl Context for ConsumerStream {}
+impl Context for ConsumerStream {
+    /// As an upstream filter (where Envoy never calls `on_log`): an attempt
+    /// that ends without response headers and with a transport failure
+    /// reason could not connect, even if a retry then succeeded.
+    fn on_done(&mut self) -> bool {
+        let Some(shared) = self.shared.clone() else {
+            return true;
+        };
+        if !shared.upstream || self.answered || !shared.config.evict_on_connect_failure {
+            return true;
+        }
+        let Some(address) = self.attempt.take() else {
+            return true;
+        };
+        let failed_to_connect =
+            property(&["upstream", "transport_failure_reason"]).is_some_and(|r| !r.is_empty());
+        if failed_to_connect {
+            shared.apply(&Observation::ConnectFailure {
+                cluster: &self.cluster,
+                address: &address,
+            });
+        }
+        true
+    }
+}
 
 impl HttpContext for ConsumerStream {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
@@ -609,11 +674,23 @@ impl HttpContext for ConsumerStream {
             return Action::Continue;
         };
         // No client may steer hosts: whatever it sent in the override
-        // header is dropped before anything else.
+        // header is dropped before anything else. (As an upstream filter the
+        // header has done its work: dropping it keeps it from the provider.)
         remove_header(
             MapType::HttpRequestHeaders,
             &shared.config.override_host_header,
         );
+        if shared.upstream {
+            // One stream per attempt, after host selection (envoy-facts §6.2):
+            // note where it goes; counting and steering are the downstream
+            // filter's.
+            self.cluster = property(&["xds", "cluster_name"])
+                .and_then(|c| String::from_utf8(c).ok())
+                .unwrap_or_default();
+            self.attempt =
+                property(&["upstream", "address"]).and_then(|a| String::from_utf8(a).ok());
+            return Action::Continue;
+        }
         match traffic::record_start(&HostStore, OUTBOUND_KEY, now_us()) {
             Ok(_) => {
                 self.counted = true;
@@ -630,6 +707,7 @@ impl HttpContext for ConsumerStream {
     }
 
     fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+        self.answered = true;
         if let Some(shared) = self.shared.clone() {
             self.observe_response(&shared, MapType::HttpResponseHeaders);
         }

@@ -510,10 +510,6 @@ pub struct ConsumerConfig {
     /// answers at its address (graceful_drain's readiness endpoint); None
     /// turns probing off.
     pub probe_path: Option<String>,
-    /// The filter runs as an upstream HTTP filter of the cluster (one
-    /// instance per attempt): it only observes each attempt's answer, or its
-    /// failure to connect, so retries hide nothing from it.
-    pub upstream_filter: bool,
 }
 
 #[derive(Deserialize, Default)]
@@ -539,8 +535,6 @@ struct ConsumerDto {
     max_tombstones: Option<u64>,
     #[serde(default, deserialize_with = "present")]
     probe_path: Option<String>,
-    #[serde(default, deserialize_with = "present")]
-    upstream_filter: Option<bool>,
 }
 
 fn positive(field: &str, d: Duration) -> Result<Duration, ConfigError> {
@@ -645,7 +639,6 @@ impl ConsumerConfig {
             membership_refresh,
             max_tombstones,
             probe_path,
-            upstream_filter: dto.upstream_filter.unwrap_or(false),
         })
     }
 }
@@ -982,11 +975,6 @@ mod tests {
         assert_eq!(cfg.membership_refresh, Duration::from_secs(1));
         assert_eq!(cfg.max_tombstones, 1024);
         assert_eq!(cfg.probe_path.as_deref(), Some("/graceful/ready"));
-        assert!(!cfg.upstream_filter);
-        let up = ConsumerConfig::from_json(br#"{"upstream_filter":true}"#).unwrap();
-        assert!(up.upstream_filter);
-        let err = ConsumerConfig::from_json(br#"{"upstream_filter":"yes"}"#).unwrap_err();
-        assert_eq!(err.field, "upstream_filter");
     }
 
     #[test]

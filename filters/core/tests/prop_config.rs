@@ -217,7 +217,6 @@ fn consumer() -> impl Strategy<Value = ConsumerConfig> {
         ms(100..=3_600_000),
         1..=MAX_MAX_TOMBSTONES as u32,
         prop::option::of(url_path()),
-        any::<bool>(),
     )
         .prop_filter(
             "override_host_header must differ",
@@ -237,7 +236,6 @@ fn consumer() -> impl Strategy<Value = ConsumerConfig> {
                 membership_refresh,
                 max_tombstones,
                 probe_path,
-                upstream_filter,
             )| ConsumerConfig {
                 closing_headers,
                 instance_header,
@@ -249,7 +247,6 @@ fn consumer() -> impl Strategy<Value = ConsumerConfig> {
                 membership_refresh,
                 max_tombstones,
                 probe_path,
-                upstream_filter,
             },
         )
 }
@@ -265,7 +262,6 @@ fn consumer_json(c: &ConsumerConfig, mask: u64) -> Value {
         "membership_refresh": format_duration(c.membership_refresh),
         "max_tombstones": c.max_tombstones,
         "probe_path": c.probe_path.clone().unwrap_or_default(),
-        "upstream_filter": c.upstream_filter,
     });
     if let Some(a) = &c.admin_cluster {
         v["admin_cluster"] = json!(a);
@@ -321,7 +317,6 @@ const CONSUMER_FIELDS: &[(&str, Kind)] = &[
     ("membership_refresh", Kind::Duration),
     ("max_tombstones", Kind::Count),
     ("probe_path", Kind::Path),
-    ("upstream_filter", Kind::Bool),
 ];
 
 /// Any JSON value, weighted towards strings that mean something here.
