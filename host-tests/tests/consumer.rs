@@ -253,7 +253,7 @@ async fn it_readmits_a_new_instance_at_the_same_address_at_once() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn it_keeps_a_tombstoned_host_out_when_the_registry_re_adds_it() {
+async fn it_keeps_a_tombstoned_host_out_while_the_registry_flaps() {
     let cfg =
         r#"{"admin_cluster":"envoy_admin","tombstone_ttl":"5s","membership_refresh":"200ms"}"#;
     let m = Mesh::start("late-eds", cfg, 2).await;
@@ -263,15 +263,19 @@ async fn it_keeps_a_tombstoned_host_out_when_the_registry_re_adds_it() {
     let at_mark = m.counts()[0];
     // The instance stops marking (drained, not restarted: same id).
     m.ups[0].set_closing(false);
+    // The registry flaps while load runs: dropped, re-added (a late update
+    // resurrecting it), five times over.
     let all: Vec<SocketAddr> = m.ups.iter().map(|u| u.addr).collect();
-    write_eds(&m.eds, "providers", &all[1..]);
-    m.wait_members(2).await;
-    // A late registry update brings it back.
-    write_eds(&m.eds, "providers", &all);
-    m.wait_members(3).await;
     let until =
         Duration::from_secs(5).saturating_sub(marked_at.elapsed() + Duration::from_millis(300));
-    let (ok, failed) = load_until(m.outbound, 6, until, || false).await;
+    let traffic = tokio::spawn(load_until(m.outbound, 6, until, || false));
+    for _ in 0..5 {
+        write_eds(&m.eds, "providers", &all[1..]);
+        m.wait_members(2).await;
+        write_eds(&m.eds, "providers", &all);
+        m.wait_members(3).await;
+    }
+    let (ok, failed) = traffic.await.unwrap();
     assert_eq!(failed, 0);
     assert!(ok > 50);
     assert_eq!(

@@ -64,8 +64,8 @@ pub struct AppConfig {
     pub latency: Duration,
 }
 
-/// A running app; stops (abruptly) when dropped, or gracefully with
-/// [`App::shutdown`].
+/// A running app; dies when dropped (listener and every connection closed at
+/// once, mid-request), or stops gracefully with [`App::shutdown`].
 pub struct App {
     pub addr: SocketAddr,
     pub counters: Arc<Counters>,
@@ -104,6 +104,9 @@ impl App {
         let (stop, mut stopped) = watch::channel(false);
         let task = tokio::spawn(async move {
             let graceful = GracefulShutdown::new();
+            // Connections live in this set, so aborting the app's task (a
+            // drop: the app dies) aborts them too, mid-request.
+            let mut connections = tokio::task::JoinSet::new();
             loop {
                 tokio::select! {
                     accepted = listener.accept() => {
@@ -114,7 +117,8 @@ impl App {
                         let builder = auto::Builder::new(TokioExecutor::new());
                         let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
                         let conn = graceful.watch(conn);
-                        tokio::spawn(async move {
+                        while connections.try_join_next().is_some() {}
+                        connections.spawn(async move {
                             let _ = conn.await;
                         });
                     }
@@ -124,6 +128,7 @@ impl App {
             // Listener dropped: no new connections. Let the open ones finish
             // their requests (idle keep-alive connections close at once).
             graceful.shutdown().await;
+            drop(connections);
         });
         Ok(App {
             addr,

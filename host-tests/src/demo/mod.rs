@@ -43,6 +43,9 @@ pub enum Mode {
     /// Plain Envoy and no preStop at all: the registry drops the provider
     /// (after its lag) while Envoy and the app get SIGTERM at once.
     RegistryOnly,
+    /// With the filters, but the provider's Envoy and app die by SIGKILL
+    /// with no warning (a node failure): the registry drops it after its lag.
+    Killed,
 }
 
 impl Mode {
@@ -51,6 +54,7 @@ impl Mode {
             Mode::Graceful => "graceful",
             Mode::Baseline => "baseline",
             Mode::RegistryOnly => "registry_only",
+            Mode::Killed => "killed",
         }
     }
 }
@@ -230,7 +234,7 @@ impl Run<'_> {
 
     async fn start_provider_envoy(&self, p: &mut Provider) -> Envoy {
         let template = match self.mode {
-            Mode::Graceful => "provider-sidecar.yaml",
+            Mode::Graceful | Mode::Killed => "provider-sidecar.yaml",
             Mode::Baseline | Mode::RegistryOnly => "baseline-provider-sidecar.yaml",
         };
         let access_log = self
@@ -258,7 +262,7 @@ impl Run<'_> {
 
     fn ready_path(&self) -> &'static str {
         match self.mode {
-            Mode::Graceful => "/graceful/ready",
+            Mode::Graceful | Mode::Killed => "/graceful/ready",
             Mode::Baseline | Mode::RegistryOnly => "/healthz",
         }
     }
@@ -308,6 +312,15 @@ impl Run<'_> {
                 tokio::time::sleep(self.config.baseline_sleep).await;
             }
             Mode::RegistryOnly => registry.later(p.inbound, false),
+            Mode::Killed => {
+                registry.later(p.inbound, false);
+                // Dropping them sends SIGKILL.
+                drop(p.envoy.take());
+                if let Some(mut app) = p.app.take() {
+                    let _ = app.kill();
+                    let _ = app.wait();
+                }
+            }
         }
         ev.drained_ms = self.ms();
         // Kubernetes sends SIGTERM to every container of the pod at once.
@@ -431,7 +444,7 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
     );
     let outbound_port = free_port();
     let consumer_template = match mode {
-        Mode::Graceful => "consumer-sidecar.yaml",
+        Mode::Graceful | Mode::Killed => "consumer-sidecar.yaml",
         Mode::Baseline | Mode::RegistryOnly => "baseline-consumer-sidecar.yaml",
     };
     let consumer = EnvoySpec::new(&format!("{name}-consumer"), consumer_template)
@@ -496,7 +509,7 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
             Mode::Graceful => r
                 .seen_ms(&consumer_log, p, ev.closing_ms)
                 .unwrap_or(ev.closing_ms),
-            Mode::Baseline | Mode::RegistryOnly => ev.closing_ms,
+            Mode::Baseline | Mode::RegistryOnly | Mode::Killed => ev.closing_ms,
         };
         // The instance that was closing is the generation before the one running now.
         let closing_generation = p.access_logs.len().saturating_sub(2);
