@@ -1,0 +1,56 @@
+//! Every shared-data decoder on arbitrary bytes (the first byte picks
+//! which): never a panic, and a decoder accepts only what its encoder
+//! writes, so decoding then encoding gives back the same bytes.
+#![no_main]
+
+use graceful_core::instance::{decode_identity, encode_identity, is_valid};
+use graceful_core::record::InstanceRecord;
+use graceful_core::steering::{ClusterSet, Membership, MAX_CLUSTERS};
+use graceful_core::tombstone::Tombstones;
+use graceful_core::traffic::Traffic;
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&which, bytes)) = data.split_first() else {
+        return;
+    };
+    match which % 6 {
+        0 => {
+            if let Some(t) = Traffic::decode(bytes) {
+                assert_eq!(&t.encode()[..], bytes);
+            }
+        }
+        1 => {
+            if let Some(r) = InstanceRecord::decode(bytes) {
+                assert_eq!(&r.encode()[..], bytes);
+            }
+        }
+        2 => {
+            if let Some(t) = Tombstones::decode(bytes) {
+                assert_eq!(t.encode(), bytes);
+            }
+        }
+        3 => {
+            if let Some(m) = Membership::decode(bytes) {
+                let clusters = usize::from(u16::from_le_bytes([bytes[1], bytes[2]]));
+                let again = m.encode();
+                // Decoding allows more clusters than encode writes.
+                if clusters <= MAX_CLUSTERS && bytes.len() < 2048 {
+                    assert_eq!(again, bytes);
+                }
+                assert_eq!(Membership::decode(&again).map(|m| m.encode()), Some(again));
+            }
+        }
+        4 => {
+            if let Some(s) = ClusterSet::decode(bytes) {
+                assert_eq!(s.encode(), bytes);
+            }
+        }
+        _ => {
+            if let Some((header, id)) = decode_identity(bytes) {
+                assert!(is_valid(id.as_bytes()));
+                assert_eq!(encode_identity(&header, &id), bytes);
+            }
+        }
+    }
+});
