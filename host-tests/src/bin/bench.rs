@@ -17,6 +17,8 @@ use graceful_host_tests::envoy::free_port;
 use serde::Serialize;
 
 const CONNECTIONS: u32 = 16;
+/// Provider restarts in the soak (each provider goes down 12 times).
+const SOAK_RESTARTS: usize = 36;
 
 #[derive(Serialize)]
 struct Churn {
@@ -39,6 +41,7 @@ struct Results {
     p99_added_us: serde_json::Map<String, serde_json::Value>,
     churn: Option<Churn>,
     shutdown: Vec<(String, RunReport)>,
+    soak: Option<RunReport>,
 }
 
 async fn churn() -> Churn {
@@ -180,6 +183,7 @@ async fn main() -> ExitCode {
         );
     }
     let mut shutdown = Vec::new();
+    let mut soak = None;
     if !quick {
         let config = DemoConfig {
             work_dir: graceful_host_tests::envoy::repo_root().join("target/bench"),
@@ -190,6 +194,26 @@ async fn main() -> ExitCode {
             println!("{}", report.line(mode.name()));
             shutdown.push((mode.name().to_string(), report));
         }
+        // The soak: an hour of rollouts compressed into minutes, providers
+        // closing and coming back round and round under load.
+        let soak_config = DemoConfig {
+            restarts: SOAK_RESTARTS,
+            rate: 300,
+            settle: Duration::from_millis(500),
+            warmup: Duration::from_secs(2),
+            drain_config: r#"{"admin_cluster":"envoy_admin","consumer_update_wait":"1s","quiet_window":"200ms"}"#.into(),
+            work_dir: graceful_host_tests::envoy::repo_root().join("target/bench-soak"),
+            ..DemoConfig::default()
+        };
+        let (report, _) = run(&soak_config, Mode::Graceful).await;
+        println!(
+            "{}; consumer RSS {} -> {} KiB, outbound in flight at the end {}",
+            report.line("soak"),
+            report.consumer_rss_kb[0],
+            report.consumer_rss_kb[1],
+            report.consumer_inflight_end
+        );
+        soak = Some(report);
     }
     let chart_rows: Vec<(&str, &SetResult)> =
         results.iter().map(|(n, r)| (n.as_str(), r)).collect();
@@ -204,6 +228,7 @@ async fn main() -> ExitCode {
         p99_added_us: added,
         churn,
         shutdown,
+        soak,
     };
     let dir = graceful_host_tests::envoy::repo_root().join("bench/results");
     let written = std::fs::create_dir_all(&dir)

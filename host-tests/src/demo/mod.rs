@@ -291,6 +291,7 @@ impl Run<'_> {
             provider: p.index,
             ..Default::default()
         };
+        ev.access_log = p.access_logs.last().cloned().unwrap_or_default();
         ev.closing_ms = self.ms();
         match self.mode {
             Mode::Graceful => {
@@ -474,8 +475,13 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
     );
     tokio::time::sleep(config.warmup).await;
     let mut events = Vec::new();
-    for i in 0..config.restarts.min(providers.len()) {
-        let ev = r.shutdown_and_return(&mut providers[i], &registry).await;
+    let rss_start = crate::bench::rss_kb(consumer.pid());
+    for i in 0..config.restarts {
+        // Providers go down in turn, round and round for long runs (a soak).
+        let n = providers.len();
+        let ev = r
+            .shutdown_and_return(&mut providers[i % n], &registry)
+            .await;
         events.push(ev);
         // Wait for the registry to carry the new instance, then let it settle.
         tokio::time::sleep(config.registry_lag + config.settle).await;
@@ -498,6 +504,12 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
         .collect();
     let _ = std::fs::write(dir.join("samples.csv"), csv);
 
+    let rss_end = crate::bench::rss_kb(consumer.pid());
+    // Every outbound request has ended: the consumer's count must say 0.
+    let inflight_end = consumer
+        .stat("wasmcustom.graceful_consumer_inflight")
+        .await
+        .unwrap_or(0);
     let retries = consumer
         .stat("cluster.providers.upstream_rq_retry")
         .await
@@ -511,11 +523,7 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
                 .unwrap_or(ev.closing_ms),
             Mode::Baseline | Mode::RegistryOnly | Mode::Killed => ev.closing_ms,
         };
-        // The instance that was closing is the generation before the one running now.
-        let closing_generation = p.access_logs.len().saturating_sub(2);
-        if let Some(log) = p.access_logs.get(closing_generation) {
-            ev.after_closing = arrivals_since(log, r.epoch_unix_ms + ev.seen_ms);
-        }
+        ev.after_closing = arrivals_since(&ev.access_log, r.epoch_unix_ms + ev.seen_ms);
     }
     drop(consumer);
     for p in &mut providers {
@@ -525,17 +533,17 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
             let _ = app.wait();
         }
     }
-    (
-        RunReport::new(
-            &samples,
-            events,
-            retries,
-            config.protocol,
-            config.rate,
-            duration_ms,
-        ),
-        samples,
-    )
+    let mut report = RunReport::new(
+        &samples,
+        events,
+        retries,
+        config.protocol,
+        config.rate,
+        duration_ms,
+    );
+    report.consumer_rss_kb = [rss_start, rss_end];
+    report.consumer_inflight_end = inflight_end;
+    (report, samples)
 }
 
 #[cfg(test)]

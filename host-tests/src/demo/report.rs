@@ -26,6 +26,9 @@ pub struct ProviderEvents {
     pub up_ms: u64,
     /// Requests that reached this provider after `seen_ms` (its access log).
     pub after_closing: u64,
+    /// The access log of the instance that went down.
+    #[serde(skip)]
+    pub access_log: std::path::PathBuf,
 }
 
 /// One run, graceful or baseline. Field names up to `drain_ms` are fixed
@@ -46,6 +49,10 @@ pub struct RunReport {
     pub rate: u32,
     pub duration_ms: u64,
     pub events: Vec<ProviderEvents>,
+    /// The consumer Envoy's resident size when the load started and ended.
+    pub consumer_rss_kb: [u64; 2],
+    /// The consumer's outbound in-flight gauge after the load (must be 0).
+    pub consumer_inflight_end: u64,
 }
 
 impl RunReport {
@@ -82,6 +89,8 @@ impl RunReport {
             rate,
             duration_ms,
             events,
+            consumer_rss_kb: [0, 0],
+            consumer_inflight_end: 0,
         }
     }
 
