@@ -165,7 +165,17 @@ fn assert_log_clean(envoy: &Envoy) {
     }
 }
 
-/// Sends `n` requests for `path`, each on a fresh connection (Envoy's
+/// Envoy writes its log every 100 ms: poll for a line.
+async fn log_eventually_contains(envoy: &Envoy, needle: &str) {
+    eventually(
+        &format!("{needle:?} in the envoy log"),
+        Duration::from_secs(5),
+        || async { envoy.log().contains(needle).then_some(()) },
+    )
+    .await;
+}
+
+/// Sends 40 requests for `path`, each on a fresh connection (Envoy's
 /// workers share the accepted connections), expecting `expect` for every
 /// one, and checks that both workers took some of them: both still serve.
 async fn assert_serves_on_both_workers(envoy: &Envoy, addr: SocketAddr, path: &str, expect: u16) {
@@ -264,10 +274,8 @@ async fn it_takes_only_the_ipv6_peer_as_the_closing_source_never_forwarded_for()
             .status,
         200
     );
-    assert!(
-        p.envoy.log().contains("closing refused: source [::1]:"),
-        "the refusal names the real IPv6 peer"
-    );
+    // The refusal names the real IPv6 peer.
+    log_eventually_contains(&p.envoy, "closing refused: source [::1]:").await;
     drop(p);
 
     // Default allowed_sources include ::1/128. A forwarded-for entry that
@@ -296,7 +304,7 @@ async fn it_takes_only_the_ipv6_peer_as_the_closing_source_never_forwarded_for()
     .await;
     assert_eq!(r.status, 202, "from [::1] itself: {}", r.text());
     assert_eq!(status_of(&r).phase, "closing");
-    assert!(p.envoy.log().contains("closing started by POST from ::1"));
+    log_eventually_contains(&p.envoy, "closing started by POST from ::1").await;
     // The IPv6 data path marks responses like the IPv4 one.
     let r = client::get(p.inbound, "/").await.unwrap();
     assert_eq!(
