@@ -153,7 +153,7 @@ fn any_record() -> impl Strategy<Value = InstanceRecord> {
 }
 
 proptest! {
-    #![proptest_config(config(512))]
+    #![proptest_config(config(256))]
 
     // ---- durations ------------------------------------------------------
 
