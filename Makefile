@@ -92,10 +92,25 @@ try: build envoy ## start Envoy with the filters, walk through one shutdown, pri
 
 .PHONY: test
 test: build envoy lint ## everything CI runs: lint, unit tests, real-Envoy tests, config validation
-	$(CARGO) test -p graceful-core -p graceful-host -p graceful-host-tests --lib --bins
+	$(CARGO) test -p graceful-core --tests
+	$(CARGO) test -p graceful-host -p graceful-host-tests --lib --bins
 	$(MAKE) --no-print-directory validate-envoy
 	$(CARGO) build --profile test -p demo-app
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/debug/demo-app $(CARGO) test -p graceful-host-tests --tests -- --test-threads 2
+
+FUZZ_TARGETS := config_json duration net codecs admin_clusters status_json endpoints tombstone_ops record_ops
+FUZZ_TIME ?= 60
+
+.PHONY: fuzz
+fuzz: ## fuzz graceful-core's parsers, FUZZ_TIME seconds per target (cargo-fuzz; nightly, else stable with RUSTC_BOOTSTRAP=1); not in CI
+	@command -v cargo-fuzz >/dev/null || $(CARGO) install cargo-fuzz --locked
+	@if rustup run nightly rustc --version >/dev/null 2>&1; then tc=+nightly; boot=; \
+	else tc=; boot=RUSTC_BOOTSTRAP=1; echo "no nightly toolchain: RUSTC_BOOTSTRAP=1 on stable"; fi; \
+	for t in $(FUZZ_TARGETS); do \
+	  mkdir -p fuzz/corpus/$$t; \
+	  echo "fuzz $$t for $(FUZZ_TIME)s"; \
+	  env $$boot $(CARGO) $$tc fuzz run --fuzz-dir fuzz $$t fuzz/corpus/$$t fuzz/seeds/$$t -- -max_total_time=$(FUZZ_TIME) || exit 1; \
+	done
 
 .PHONY: clean
 clean: ## remove build outputs (keeps .venv)

@@ -24,7 +24,7 @@ use graceful_core::steering::{
 };
 use graceful_core::store::{self, add_bounded, take_lease, update, SharedStore};
 use graceful_core::tombstone::{
-    Change, Observation, Tombstones, Ttls, TOMBSTONES_GEN_KEY, TOMBSTONES_KEY,
+    Cause, Change, Observation, Tombstones, Ttls, TOMBSTONES_GEN_KEY, TOMBSTONES_KEY,
 };
 use graceful_core::traffic::{self, OUTBOUND_KEY};
 use graceful_host::{
@@ -233,7 +233,9 @@ fn worth_writing(current: &Tombstones, obs: &Observation, ttls: &Ttls, now: u64)
         Observation::Closing {
             address, instance, ..
         } => current.get_live(address, now).is_none_or(|t| {
-            let new_instance = instance.is_some_and(|i| t.instance != i);
+            // A closing mark on a connect-failure tombstone changes its cause.
+            let new_instance =
+                instance.is_some_and(|i| t.instance != i) || t.cause != Cause::Closing;
             let ttl = u64::try_from(ttls.closing.as_micros()).unwrap_or(u64::MAX);
             new_instance
                 || now.saturating_add(ttl) > t.expires_us.saturating_add(EXTEND_GRANULARITY_US)
