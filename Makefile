@@ -7,6 +7,11 @@ SHELL := bash
 
 WASM_TARGET := wasm32-wasip1
 FILTERS := graceful_provider graceful_drain graceful_consumer
+# Callbacks none of the filters uses (HTTP request bodies, network filters, gRPC, queues).
+UNUSED_HTTP := proxy_on_request_body proxy_on_request_trailers proxy_on_new_connection proxy_on_downstream_data \
+  proxy_on_downstream_connection_close proxy_on_upstream_data proxy_on_upstream_connection_close \
+  proxy_on_grpc_receive proxy_on_grpc_receive_initial_metadata proxy_on_grpc_receive_trailing_metadata \
+  proxy_on_grpc_close proxy_on_queue_ready proxy_on_foreign_function
 ENVOY_VERSION := 1.40.0
 VENV := .venv
 ENVOY := $(VENV)/envoy
@@ -35,6 +40,10 @@ build: ## build the filters into dist/*.wasm (installs the wasm target if missin
 	$(CARGO) build --release --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS)))
 	@mkdir -p dist
 	@for f in $(FILTERS); do cp target/$(WASM_TARGET)/release/$$f.wasm dist/; done
+	@# Callbacks a filter does nothing in are not exported, so Envoy never enters the VM for them.
+	python3 tools/strip_exports.py dist/graceful_drain.wasm $(UNUSED_HTTP) proxy_on_response_headers proxy_on_response_body proxy_on_response_trailers proxy_on_done
+	python3 tools/strip_exports.py dist/graceful_provider.wasm $(UNUSED_HTTP) proxy_on_done proxy_on_tick proxy_on_http_call_response
+	python3 tools/strip_exports.py dist/graceful_consumer.wasm $(UNUSED_HTTP) proxy_on_response_body
 	@ls -l dist/*.wasm
 
 .PHONY: envoy
@@ -72,13 +81,13 @@ down: ## stop the docker harness
 .PHONY: bench
 bench: build envoy ## what the filters cost against plain Envoy (wrk), memory, and shutdown quality: bench/results/
 	@command -v wrk >/dev/null || apt-get install -y wrk
-	$(CARGO) build --release -p demo-app -p graceful-host-tests --bin bench
-	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/release/demo-app target/release/bench $(BENCH_FLAGS)
+	$(CARGO) build --profile tools -p demo-app -p graceful-host-tests --bin bench
+	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/bench $(BENCH_FLAGS)
 
 .PHONY: demo
 demo: build envoy ## the main job: rolling shutdown of 3 providers under load, with and without the filters
-	$(CARGO) build --release -p demo-app -p graceful-host-tests --bin demo
-	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/release/demo-app target/release/demo --protocol $(PROTOCOL) --rate $(RATE) --restarts $(RESTARTS) --duration $(DURATION) $(DEMO_FLAGS)
+	$(CARGO) build --profile tools -p demo-app -p graceful-host-tests --bin demo
+	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/demo --protocol $(PROTOCOL) --rate $(RATE) --restarts $(RESTARTS) --duration $(DURATION) $(DEMO_FLAGS)
 
 .PHONY: lint
 lint: ## rustfmt check and clippy (native and wasm) with warnings as errors

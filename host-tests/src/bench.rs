@@ -250,9 +250,10 @@ pub async fn start_proxy(
             );
         }
     }
-    // Every VM copy compiled and warm before measuring.
+    // Every VM copy compiled and warm before measuring (any answer will do:
+    // the churn proxy's hosts all refuse).
     eventually("proxy answers", Duration::from_secs(10), || async {
-        (client::get(addr, "/").await.ok()?.status == 200).then_some(())
+        client::get(addr, "/").await.ok().map(|_| ())
     })
     .await;
     (envoy, addr)

@@ -374,6 +374,9 @@ fn it_counts_outbound_requests_for_the_drain_gate() {
     let b = send(&mut host, w1, &[]);
     let t = outbound(&host);
     assert_eq!((t.inflight, t.last_start_us), (2, host.now_us()));
+    // The gauge follows the shared count on each copy's tick
+    // (membership_refresh, 1 s by default), not on every request.
+    host.advance(ms(1000));
     assert_eq!(host.metric("graceful_consumer_inflight"), 2);
     let s = host.stream(drain);
     host.request_headers(
@@ -388,5 +391,6 @@ fn it_counts_outbound_requests_for_the_drain_gate() {
     host.reset(a);
     answer(&mut host, b, B, &[(":status", "200")]);
     assert_eq!(outbound(&host).inflight, 0);
+    host.advance(ms(1000));
     assert_eq!(host.metric("graceful_consumer_inflight"), 0);
 }

@@ -114,6 +114,7 @@ struct Shared {
     observed: RefCell<Observed>,
     /// Clusters this VM copy has already added to the shared cluster set.
     registered: RefCell<Vec<String>>,
+
     rotation: RefCell<usize>,
 }
 
@@ -121,8 +122,7 @@ impl Shared {
     /// Applies an observation to the shared tombstones. Reads the cached
     /// list first so the common cases (an answer from a host that is not
     /// tombstoned, a closing mark already recorded) cost no write.
-    fn apply(&self, obs: &Observation) {
-        let now = now_us();
+    fn apply(&self, obs: &Observation, now: u64) {
         let max = self.config.max_tombstones as usize;
         {
             let mut cache = self.tombstones.borrow_mut();
@@ -205,6 +205,14 @@ impl Shared {
             Some(m) => m.to_vec(),
             None => self.observed.borrow().members(cluster, now),
         }
+    }
+
+    /// True if `address` has a live tombstone (from the cached list: one
+    /// 8-byte read when nothing changed).
+    fn is_tombstoned(&self, address: &str, now: u64) -> bool {
+        let mut cache = self.tombstones.borrow_mut();
+        let list = cache.refresh(TOMBSTONES_GEN_KEY, TOMBSTONES_KEY, Tombstones::decode);
+        list.get_live(address, now).is_some()
     }
 
     /// Notes that `address` answered; tells the other copies the first time
@@ -423,7 +431,7 @@ impl Context for ConsumerRoot {
                 answered_at.as_deref(),
                 instance.as_deref(),
             ) {
-                shared.apply(&obs);
+                shared.apply(&obs, now_us());
             }
         }
     }
@@ -497,6 +505,7 @@ impl RootContext for ConsumerRoot {
             shared_observed: RefCell::new(Cached::new()),
             observed: RefCell::new(Observed::default()),
             registered: RefCell::new(Vec::new()),
+
             rotation: RefCell::new(0),
         }));
         true
@@ -507,6 +516,11 @@ impl RootContext for ConsumerRoot {
             return;
         };
         let now = now_us();
+        // The outbound gauge follows the shared count here, not per request:
+        // exact, and two hostcalls a request cheaper.
+        if let Ok(t) = traffic::read(&HostStore, OUTBOUND_KEY) {
+            shared.metrics.inflight.set(t.inflight);
+        }
         let interval =
             u64::try_from(shared.config.membership_refresh.as_micros()).unwrap_or(u64::MAX);
         if take_lease(&HostStore, REFRESH_LEASE_KEY, now, interval).unwrap_or(false) {
@@ -518,7 +532,7 @@ impl RootContext for ConsumerRoot {
         Some(Box::new(ConsumerStream {
             shared: self.shared.clone(),
             counted: false,
-            cluster: String::new(),
+            cluster: None,
             attempt: None,
             answered: false,
         }))
@@ -533,9 +547,9 @@ struct ConsumerStream {
     shared: Option<Rc<Shared>>,
     /// In the outbound in-flight count; leaves it in `on_log`.
     counted: bool,
-    /// The route's cluster (read in the request phase: request-derived
-    /// attributes are gone in the response phase).
-    cluster: String,
+    /// The route's cluster, once read (`xds.cluster_name` is the route's,
+    /// readable in both phases).
+    cluster: Option<String>,
     /// As an upstream filter: the host this attempt goes to.
     attempt: Option<String>,
     /// Response headers arrived for this stream.
@@ -545,25 +559,35 @@ struct ConsumerStream {
 impl ConsumerStream {
     /// Adds the route's cluster to the shared set the membership refresh
     /// reads, once per VM copy and cluster.
-    fn register_cluster(&self, shared: &Shared) {
-        if shared.config.admin_cluster.is_none() || self.cluster.is_empty() {
+    fn register_cluster(&mut self, shared: &Shared) {
+        if shared.config.admin_cluster.is_none() {
             return;
         }
-        if shared.registered.borrow().contains(&self.cluster) {
+        let cluster = self.cluster().to_string();
+        if cluster.is_empty() || shared.registered.borrow().contains(&cluster) {
             return;
         }
         let added = update(&HostStore, CLUSTERS_KEY, |bytes| {
             let mut set = bytes.and_then(ClusterSet::decode).unwrap_or_default();
-            let new = set.insert(&self.cluster);
+            let new = set.insert(&cluster);
             (new.then(|| set.encode()), ())
         });
         if added.is_ok() {
-            shared.registered.borrow_mut().push(self.cluster.clone());
+            shared.registered.borrow_mut().push(cluster);
         }
     }
 
-    fn steer(&self, shared: &Shared) {
-        let now = now_us();
+    /// The route's cluster, read once per stream and only when needed (a
+    /// property lookup is among the dearer hostcalls).
+    fn cluster(&mut self) -> &str {
+        if self.cluster.is_none() {
+            let name = property(&["xds", "cluster_name"]).and_then(|c| String::from_utf8(c).ok());
+            self.cluster = Some(name.unwrap_or_default());
+        }
+        self.cluster.as_deref().unwrap_or_default()
+    }
+
+    fn steer(&mut self, shared: &Shared, now: u64) {
         let any_live = {
             let mut cache = shared.tombstones.borrow_mut();
             let live = cache
@@ -574,7 +598,9 @@ impl ConsumerStream {
         if !any_live {
             return;
         }
-        let members = shared.members(&self.cluster, now);
+        self.register_cluster(shared);
+        let cluster = self.cluster().to_string();
+        let members = shared.members(&cluster, now);
         let rotation = {
             let mut r = shared.rotation.borrow_mut();
             *r = r.wrapping_add(1);
@@ -583,7 +609,7 @@ impl ConsumerStream {
         let decision = steer(
             &members,
             &shared.tombstones.borrow().value,
-            &self.cluster,
+            &cluster,
             now,
             rotation,
         );
@@ -602,45 +628,64 @@ impl ConsumerStream {
         }
     }
 
-    fn observe_response(&self, shared: &Shared, map: MapType) {
+    fn observe_response(&mut self, shared: &Shared, map: MapType) {
         let Some(address) =
             property(&["upstream", "address"]).and_then(|a| String::from_utf8(a).ok())
         else {
             return;
         };
+        let now = now_us();
         let closing = shared
             .config
             .closing_headers
             .iter()
             .any(|h| header(map, h).is_some_and(|v| is_true(&v)));
-        let instance = instance_of(map, shared.config.instance_header.as_deref());
-        let cluster = self.cluster.as_str();
         if closing {
-            shared.apply(&Observation::Closing {
-                cluster,
+            let instance = instance_of(map, shared.config.instance_header.as_deref());
+            let cluster = self.cluster().to_string();
+            let obs = Observation::Closing {
+                cluster: &cluster,
                 address: &address,
                 instance: instance.as_deref(),
-            });
+            };
+            shared.apply(&obs, now);
             return;
         }
         if map != MapType::HttpResponseHeaders {
             return;
         }
-        let failed = shared.config.evict_on_connect_failure
+        let failed = !shared.upstream
+            && shared.config.evict_on_connect_failure
             && header(map, ":status").as_deref() == Some(b"503")
             && property_u64(&["response", "flags"]).is_some_and(|f| f & (FLAG_UF | FLAG_UC) != 0);
         if failed {
-            shared.apply(&Observation::ConnectFailure {
-                cluster,
-                address: &address,
-            });
+            let cluster = self.cluster().to_string();
+            shared.apply(
+                &Observation::ConnectFailure {
+                    cluster: &cluster,
+                    address: &address,
+                },
+                now,
+            );
             return;
         }
-        shared.answered(cluster, &address, now_us());
-        shared.apply(&Observation::Answered {
-            address: &address,
-            instance: instance.as_deref(),
-        });
+        // What answered is membership (used until the admin's is known, and
+        // always without an admin cluster); the cluster goes in the shared
+        // set the admin refresh reads.
+        let cluster = self.cluster().to_string();
+        shared.answered(&cluster, &address, now);
+        self.register_cluster(shared);
+        // Readmission is only a question for a tombstoned address.
+        if shared.is_tombstoned(&address, now) {
+            let instance = instance_of(map, shared.config.instance_header.as_deref());
+            shared.apply(
+                &Observation::Answered {
+                    address: &address,
+                    instance: instance.as_deref(),
+                },
+                now,
+            );
+        }
     }
 }
 
@@ -661,10 +706,14 @@ impl Context for ConsumerStream {
         let failed_to_connect =
             property(&["upstream", "transport_failure_reason"]).is_some_and(|r| !r.is_empty());
         if failed_to_connect {
-            shared.apply(&Observation::ConnectFailure {
-                cluster: &self.cluster,
-                address: &address,
-            });
+            let cluster = self.cluster().to_string();
+            shared.apply(
+                &Observation::ConnectFailure {
+                    cluster: &cluster,
+                    address: &address,
+                },
+                now_us(),
+            );
         }
         true
     }
@@ -686,25 +735,16 @@ impl HttpContext for ConsumerStream {
             // One stream per attempt, after host selection (envoy-facts §6.2):
             // note where it goes; counting and steering are the downstream
             // filter's.
-            self.cluster = property(&["xds", "cluster_name"])
-                .and_then(|c| String::from_utf8(c).ok())
-                .unwrap_or_default();
             self.attempt =
                 property(&["upstream", "address"]).and_then(|a| String::from_utf8(a).ok());
             return Action::Continue;
         }
-        match traffic::record_start(&HostStore, OUTBOUND_KEY, now_us()) {
-            Ok(_) => {
-                self.counted = true;
-                shared.metrics.inflight.add(1);
-            }
+        let now = now_us();
+        match traffic::record_start(&HostStore, OUTBOUND_KEY, now) {
+            Ok(_) => self.counted = true,
             Err(e) => log::warn!("outbound request not counted: {e:?}"),
         }
-        self.cluster = property(&["xds", "cluster_name"])
-            .and_then(|c| String::from_utf8(c).ok())
-            .unwrap_or_default();
-        self.register_cluster(&shared);
-        self.steer(&shared);
+        self.steer(&shared, now);
         Action::Continue
     }
 
@@ -727,10 +767,6 @@ impl HttpContext for ConsumerStream {
         if !std::mem::take(&mut self.counted) {
             return;
         }
-        let Some(shared) = self.shared.clone() else {
-            return;
-        };
-        shared.metrics.inflight.add(-1);
         if let Err(e) = traffic::record_end(&HostStore, OUTBOUND_KEY) {
             log::error!("outbound in-flight count not decremented: {e:?}");
         }

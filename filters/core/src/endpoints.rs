@@ -39,6 +39,22 @@ pub enum Route {
     BadRequest(String),
 }
 
+/// True if `path` (query included) is one of the endpoints' paths: the
+/// filter reads `:method` only then, saving a hostcall on every other
+/// request.
+pub fn is_endpoint_path(paths: &Paths, path: &[u8]) -> bool {
+    let path = path.split(|&b| b == b'?').next().unwrap_or_default();
+    [
+        &paths.closing,
+        &paths.ready,
+        &paths.status,
+        &paths.drained,
+        &paths.grpc_health,
+    ]
+    .iter()
+    .any(|p| p.as_bytes() == path)
+}
+
 /// Classifies a request by `:method` and `:path` (query included).
 pub fn route(paths: &Paths, method: &[u8], path: &[u8]) -> Route {
     let (path, query) = match path.iter().position(|&b| b == b'?') {
@@ -269,6 +285,16 @@ mod tests {
             r("POST", "/grpc.health.v1.Health/Check"),
             Route::Endpoint(Endpoint::GrpcHealth)
         );
+    }
+
+    #[test]
+    fn endpoint_paths_are_recognised_without_the_method() {
+        let paths = Paths::default();
+        assert!(is_endpoint_path(&paths, b"/graceful/drained?wait=1s"));
+        assert!(is_endpoint_path(&paths, b"/grpc.health.v1.Health/Check"));
+        assert!(!is_endpoint_path(&paths, b"/graceful/drainedx"));
+        assert!(!is_endpoint_path(&paths, b"/"));
+        assert!(!is_endpoint_path(&paths, b""));
     }
 
     #[test]

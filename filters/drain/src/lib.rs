@@ -10,7 +10,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use graceful_core::config::DrainConfig;
-use graceful_core::endpoints::{route, Endpoint, Reply, Route, Waiters};
+use graceful_core::endpoints::{is_endpoint_path, route, Endpoint, Reply, Route, Waiters};
 use graceful_core::instance;
 use graceful_core::net::trusted_peer_ip;
 use graceful_core::record::{self, GatePass, InstanceRecord, Phase};
@@ -44,6 +44,10 @@ const ADMIN_LEASE_KEY: &str = "graceful.v1.drain.admin_lease";
 struct Shared {
     config: DrainConfig,
     phase: Metric,
+    /// graceful_provider's in-flight gauge, kept here from the record on
+    /// every tick: exact, and two hostcalls a request cheaper than the
+    /// provider moving it up and down.
+    provider_inflight: Metric,
     forced: Metric,
     callback_failed: Metric,
     /// Long-polls held by this VM copy.
@@ -60,6 +64,7 @@ impl Shared {
     fn advance(&self, now: u64) -> Result<(InstanceRecord, Option<GatePass>), UpdateError> {
         let (rec, pass) = record::advance(&HostStore, &self.config.gate, &self.outbound(), now)?;
         self.phase.set(rec.phase.gauge());
+        self.provider_inflight.set(rec.inbound.inflight);
         if let Some(why) = pass {
             let closing_ms = now.saturating_sub(rec.closing_since_us) / 1000;
             match why {
@@ -252,6 +257,7 @@ impl RootContext for DrainRoot {
         self.shared = Some(Rc::new(Shared {
             config,
             phase: Metric::gauge("graceful_drain_phase"),
+            provider_inflight: Metric::gauge("graceful_provider_inflight"),
             forced: Metric::counter("graceful_drain_forced"),
             callback_failed: Metric::counter("graceful_drain_callback_failed"),
             waiters: RefCell::new(Waiters::default()),
@@ -407,10 +413,14 @@ impl HttpContext for DrainStream {
         let Some(shared) = self.shared.clone() else {
             return Action::Continue;
         };
-        let (Some(method), Some(path)) = (
-            header(MapType::HttpRequestHeaders, ":method"),
-            header(MapType::HttpRequestHeaders, ":path"),
-        ) else {
+        // Most requests are the app's: one hostcall tells.
+        let Some(path) = header(MapType::HttpRequestHeaders, ":path") else {
+            return Action::Continue;
+        };
+        if !is_endpoint_path(&shared.config.paths, &path) {
+            return Action::Continue;
+        }
+        let Some(method) = header(MapType::HttpRequestHeaders, ":method") else {
             return Action::Continue;
         };
         let reply = match route(&shared.config.paths, &method, &path) {

@@ -27,7 +27,6 @@ const IMMEDIATE_HC_FAIL: &str = "x-envoy-immediate-health-check-fail";
 struct Shared {
     config: ProviderConfig,
     instance_id: String,
-    inflight: Metric,
     closing_marked: Metric,
     rejected: Metric,
 }
@@ -77,10 +76,12 @@ impl RootContext for ProviderRoot {
                 0,
             );
         }
+        // The in-flight gauge is defined here but kept by graceful_drain,
+        // which sets it from the shared record on every tick.
+        let _ = Metric::gauge("graceful_provider_inflight");
         self.shared = Some(Rc::new(Shared {
             config,
             instance_id,
-            inflight: Metric::gauge("graceful_provider_inflight"),
             closing_marked: Metric::counter("graceful_provider_closing_marked"),
             rejected: Metric::counter("graceful_provider_rejected"),
         }));
@@ -159,7 +160,6 @@ impl HttpContext for ProviderStream {
         match record::admit(&HostStore, now_us(), shared.config.reject_when_drained) {
             Ok((Admission::Admitted, _)) => {
                 self.counted = true;
-                shared.inflight.add(1);
                 Action::Continue
             }
             Ok((Admission::Rejected, _)) => {
@@ -228,10 +228,6 @@ impl HttpContext for ProviderStream {
         if !std::mem::take(&mut self.counted) {
             return;
         }
-        let Some(shared) = self.shared.clone() else {
-            return;
-        };
-        shared.inflight.add(-1);
         if let Err(e) = record::finish(&HostStore) {
             log::error!("graceful_provider: in-flight count not decremented: {e:?}");
         }
