@@ -81,12 +81,14 @@ down: ## stop the docker harness
 .PHONY: bench
 bench: build envoy ## what the filters cost against plain Envoy (wrk), memory, and shutdown quality: bench/results/
 	@command -v wrk >/dev/null || apt-get install -y wrk
-	$(CARGO) build --profile tools -p demo-app -p graceful-host-tests --bin bench
+	$(CARGO) build --profile tools -p demo-app
+	$(CARGO) build --profile tools -p graceful-host-tests --bin bench
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/bench $(BENCH_FLAGS)
 
 .PHONY: demo
 demo: build envoy ## the main job: rolling shutdown of 3 providers under load, with and without the filters
-	$(CARGO) build --profile tools -p demo-app -p graceful-host-tests --bin demo
+	$(CARGO) build --profile tools -p demo-app
+	$(CARGO) build --profile tools -p graceful-host-tests --bin demo
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/demo --protocol $(PROTOCOL) --rate $(RATE) --restarts $(RESTARTS) --duration $(DURATION) $(DEMO_FLAGS)
 
 .PHONY: lint

@@ -19,8 +19,9 @@ use std::time::Duration;
 
 use graceful_core::config::ConsumerConfig;
 use graceful_core::steering::{
-    admin_clusters_path, probe_observation, probe_targets, steer, ClusterSet, Member, Membership,
-    Observed, Steering, ADDRESS_HEADER, CLUSTERS_KEY, MEMBERS_KEY, OBSERVED_KEY, REFRESH_LEASE_KEY,
+    admin_clusters_path, plan, probe_observation, probe_targets, ClusterSet, Member, Membership,
+    Observed, Plan, Steering, ADDRESS_HEADER, CLUSTERS_KEY, MEMBERS_KEY, OBSERVED_KEY,
+    REFRESH_LEASE_KEY,
 };
 use graceful_core::store::{self, add_bounded, take_lease, update, SharedStore};
 use graceful_core::tombstone::{
@@ -89,6 +90,17 @@ impl<T: Default> Cached<T> {
     }
 }
 
+/// A steering plan and what it was worked out from.
+struct CachedPlan {
+    /// Generations of the tombstones, admin membership and observed
+    /// membership it was made from.
+    gens: (Option<u64>, Option<u64>, Option<u64>),
+    cluster: String,
+    /// The first expiry of a tombstone it depends on.
+    until_us: u64,
+    plan: Plan,
+}
+
 struct Metrics {
     tombstones: Metric,
     /// Size of the shared tombstone value: shows it stays bounded.
@@ -114,6 +126,9 @@ struct Shared {
     observed: RefCell<Observed>,
     /// Clusters this VM copy has already added to the shared cluster set.
     registered: RefCell<Vec<String>>,
+    /// The last steering plan, valid while tombstones and membership keep
+    /// their generations and no tombstone in it expires.
+    plan: RefCell<Option<CachedPlan>>,
 
     rotation: RefCell<usize>,
 }
@@ -205,6 +220,38 @@ impl Shared {
             Some(m) => m.to_vec(),
             None => self.observed.borrow().members(cluster, now),
         }
+    }
+
+    /// The steering for one request to `cluster`: the plan is worked out
+    /// again only when tombstones or membership changed, or a tombstone in
+    /// it expired, so a steered request costs a rotation, not a scan.
+    fn steering(&self, cluster: &str, now: u64, rotation: usize) -> Steering {
+        let members_gen = self.config.admin_cluster.as_ref().and_then(|_| {
+            let mut cache = self.members.borrow_mut();
+            cache.refresh(MEMBERS_GEN_KEY, MEMBERS_KEY, Membership::decode);
+            cache.gen
+        });
+        let observed_gen = {
+            let mut cache = self.shared_observed.borrow_mut();
+            cache.refresh(OBSERVED_GEN_KEY, OBSERVED_KEY, Membership::decode);
+            cache.gen
+        };
+        let gens = (self.tombstones.borrow().gen, members_gen, observed_gen);
+        if let Some(cached) = self.plan.borrow().as_ref() {
+            if cached.gens == gens && cached.cluster == cluster && now < cached.until_us {
+                return cached.plan.steering(rotation);
+            }
+        }
+        let members = self.members(cluster, now);
+        let (plan, until_us) = plan(&members, &self.tombstones.borrow().value, cluster, now);
+        let steering = plan.steering(rotation);
+        *self.plan.borrow_mut() = Some(CachedPlan {
+            gens,
+            cluster: cluster.to_string(),
+            until_us,
+            plan,
+        });
+        steering
     }
 
     /// True if `address` has a live tombstone (from the cached list: one
@@ -505,6 +552,7 @@ impl RootContext for ConsumerRoot {
             shared_observed: RefCell::new(Cached::new()),
             observed: RefCell::new(Observed::default()),
             registered: RefCell::new(Vec::new()),
+            plan: RefCell::new(None),
 
             rotation: RefCell::new(0),
         }));
@@ -600,19 +648,12 @@ impl ConsumerStream {
         }
         self.register_cluster(shared);
         let cluster = self.cluster().to_string();
-        let members = shared.members(&cluster, now);
         let rotation = {
             let mut r = shared.rotation.borrow_mut();
             *r = r.wrapping_add(1);
             *r
         };
-        let decision = steer(
-            &members,
-            &shared.tombstones.borrow().value,
-            &cluster,
-            now,
-            rotation,
-        );
+        let decision = shared.steering(&cluster, now, rotation);
         match decision {
             Steering::Steer(list) => {
                 if replace_header(

@@ -426,8 +426,69 @@ pub enum Steering {
     NoneLeft,
 }
 
-/// The steering decision for a request to `cluster`. `rotation` spreads
-/// the first pick over the acceptable hosts (pass a per-request counter).
+/// Which hosts requests to a cluster may go to, worked out once per change
+/// of tombstones or membership (a request then only rotates the list).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// No live tombstone concerns this cluster: the load balancer decides.
+    LeaveAlone,
+    /// The acceptable hosts, in member order; empty when every known usable
+    /// member is tombstoned.
+    Hosts(Vec<String>),
+}
+
+impl Plan {
+    /// The steering for one request; `rotation` spreads the first pick
+    /// (pass a per-request counter).
+    pub fn steering(&self, rotation: usize) -> Steering {
+        match self {
+            Plan::LeaveAlone => Steering::LeaveAlone,
+            Plan::Hosts(hosts) if hosts.is_empty() => Steering::NoneLeft,
+            Plan::Hosts(hosts) => {
+                let start = rotation % hosts.len();
+                let list: Vec<&str> = hosts
+                    .iter()
+                    .cycle()
+                    .skip(start)
+                    .take(hosts.len().min(MAX_OVERRIDE_HOSTS))
+                    .map(String::as_str)
+                    .collect();
+                Steering::Steer(list.join(","))
+            }
+        }
+    }
+}
+
+/// The plan for `cluster` at `now_us`, and until when it holds (the next
+/// expiry of a tombstone it depends on).
+pub fn plan(
+    members: &[Member],
+    tombstones: &Tombstones,
+    cluster: &str,
+    now_us: u64,
+) -> (Plan, u64) {
+    let dead: Vec<&Tombstone> = tombstones.live(now_us).collect();
+    let until = dead.iter().map(|t| t.expires_us).min().unwrap_or(u64::MAX);
+    let concerned = dead
+        .iter()
+        .any(|t| t.cluster == cluster || members.iter().any(|m| m.address == t.address));
+    if !concerned {
+        return (Plan::LeaveAlone, until);
+    }
+    let mut acceptable: Vec<String> = Vec::new();
+    for m in members {
+        if m.usable
+            && !dead.iter().any(|t| t.address == m.address)
+            && !acceptable.contains(&m.address)
+        {
+            acceptable.push(m.address.clone());
+        }
+    }
+    (Plan::Hosts(acceptable), until)
+}
+
+/// The steering decision for a request to `cluster` (the plan and one
+/// rotation of it).
 pub fn steer(
     members: &[Member],
     tombstones: &Tombstones,
@@ -435,34 +496,9 @@ pub fn steer(
     now_us: u64,
     rotation: usize,
 ) -> Steering {
-    let dead: Vec<&Tombstone> = tombstones.live(now_us).collect();
-    let concerned = dead
-        .iter()
-        .any(|t| t.cluster == cluster || members.iter().any(|m| m.address == t.address));
-    if !concerned {
-        return Steering::LeaveAlone;
-    }
-    let mut acceptable: Vec<&str> = Vec::new();
-    for m in members {
-        if m.usable
-            && !dead.iter().any(|t| t.address == m.address)
-            && !acceptable.contains(&m.address.as_str())
-        {
-            acceptable.push(&m.address);
-        }
-    }
-    if acceptable.is_empty() {
-        return Steering::NoneLeft;
-    }
-    let start = rotation % acceptable.len();
-    let list: Vec<&str> = acceptable
-        .iter()
-        .cycle()
-        .skip(start)
-        .take(acceptable.len().min(MAX_OVERRIDE_HOSTS))
-        .copied()
-        .collect();
-    Steering::Steer(list.join(","))
+    plan(members, tombstones, cluster, now_us)
+        .0
+        .steering(rotation)
 }
 
 /// Live tombstones worth probing: a cluster to send through, and, when the
@@ -603,6 +639,29 @@ mod tests {
             steer(&[], &t, "svc", 0, 0),
             Steering::NoneLeft,
             "tombstone for this cluster, no members known"
+        );
+    }
+
+    #[test]
+    fn a_plan_holds_until_the_next_tombstone_expiry() {
+        let m = members(&["a:1", "b:1"]);
+        let mut t = tombstoned(&["b:1"]);
+        t.observe(
+            &Observation::Closing {
+                cluster: "svc",
+                address: "c:1",
+                instance: None,
+            },
+            &TTLS,
+            5_000_000,
+            64,
+        );
+        let (p, until) = plan(&m, &t, "svc", 0);
+        assert_eq!(p, Plan::Hosts(vec!["a:1".into()]));
+        assert_eq!(until, 30_000_000, "b:1's tombstone expires first");
+        assert_eq!(
+            plan(&m, &Tombstones::default(), "svc", 0),
+            (Plan::LeaveAlone, u64::MAX)
         );
     }
 
