@@ -81,6 +81,11 @@ down: ## stop the docker harness
 .PHONY: bench
 bench: build envoy ## what the filters cost against plain Envoy (wrk), memory, and shutdown quality: bench/results/
 	@command -v wrk >/dev/null || apt-get install -y wrk
+	@# The floor: a Rust wasm filter that only adds a response header, exporting only what it uses.
+	$(CARGO) build --release --target $(WASM_TARGET) -p bench-wasm-header
+	@mkdir -p target/bench
+	cp target/$(WASM_TARGET)/release/bench_wasm_header.wasm target/bench/
+	python3 tools/strip_exports.py target/bench/bench_wasm_header.wasm $(UNUSED_HTTP) proxy_on_request_headers proxy_on_response_body proxy_on_response_trailers proxy_on_done proxy_on_log proxy_on_tick proxy_on_http_call_response
 	$(CARGO) build --profile tools -p demo-app
 	$(CARGO) build --profile tools -p graceful-host-tests --bin bench
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/bench $(BENCH_FLAGS)
@@ -95,7 +100,7 @@ demo: build envoy ## the main job: rolling shutdown of 3 providers under load, w
 lint: ## rustfmt check and clippy (native and wasm) with warnings as errors
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	$(CARGO) clippy --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS))) -- -D warnings
+	$(CARGO) clippy --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS))) -p bench-wasm-header -- -D warnings
 
 .PHONY: try
 try: build envoy ## start Envoy with the filters, walk through one shutdown, print each answer

@@ -31,7 +31,15 @@ pub struct FilterSet {
 }
 
 fn wasm(name: &str, config: &str) -> Value {
-    let code = wasm_dir().join(format!("{name}.wasm"));
+    wasm_module(
+        &wasm_dir().join(format!("{name}.wasm")),
+        name,
+        "graceful",
+        config,
+    )
+}
+
+fn wasm_module(code: &std::path::Path, name: &str, vm_id: &str, config: &str) -> Value {
     json!({
         "name": name,
         "typed_config": {
@@ -40,10 +48,19 @@ fn wasm(name: &str, config: &str) -> Value {
                 "name": name,
                 "root_id": name,
                 "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": config},
-                "vm_config": {"vm_id": "graceful", "runtime": "envoy.wasm.runtime.v8", "code": {"local": {"filename": code.display().to_string()}}}
+                "vm_config": {"vm_id": vm_id, "runtime": "envoy.wasm.runtime.v8", "code": {"local": {"filename": code.display().to_string()}}}
             }
         }
     })
+}
+
+/// The floor: `bench/wasm-header`, a Rust proxy-wasm filter that only adds a
+/// response header (built by `make bench`). Each copy gets its own VM, as
+/// each of our three filters has.
+fn wasm_header(copy: usize) -> Value {
+    let code = crate::envoy::repo_root().join("target/bench/bench_wasm_header.wasm");
+    let name = format!("wasm_header_{copy}");
+    wasm_module(&code, &name, &name, "")
 }
 
 fn router() -> Value {
@@ -85,6 +102,11 @@ pub fn filter_sets() -> Vec<FilterSet> {
         set("consumer", vec![consumer(), router()]),
         set("all", vec![drain(), provider(), consumer(), router()]),
         set("lua_header", vec![lua_header(), router()]),
+        set("wasm_header", vec![wasm_header(1), router()]),
+        set(
+            "wasm_header_x3",
+            vec![wasm_header(1), wasm_header(2), wasm_header(3), router()],
+        ),
         FilterSet {
             closing: true,
             ..set(
