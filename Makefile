@@ -43,7 +43,7 @@ build: ## build the filters into dist/*.wasm (installs the wasm target if missin
 	@# Callbacks a filter does nothing in are not exported, so Envoy never enters the VM for them.
 	python3 tools/strip_exports.py dist/graceful_drain.wasm $(UNUSED_HTTP) proxy_on_response_headers proxy_on_response_body proxy_on_response_trailers proxy_on_done
 	python3 tools/strip_exports.py dist/graceful_provider.wasm $(UNUSED_HTTP) proxy_on_done proxy_on_tick proxy_on_http_call_response
-	python3 tools/strip_exports.py dist/graceful_consumer.wasm $(UNUSED_HTTP) proxy_on_response_body
+	python3 tools/strip_exports.py dist/graceful_consumer.wasm $(UNUSED_HTTP) proxy_on_response_body proxy_on_log
 	@ls -l dist/*.wasm
 
 .PHONY: envoy

@@ -6,7 +6,7 @@
 //! nothing (`envoy/bench-upstream.yaml`: Envoy's own `direct_response` on four
 //! listeners). `wrk` (HTTP/1.1 keep-alive, 16 connections, one thread)
 //! drives it. Every set is measured in each round, rounds interleaved, and
-//! each set's numbers are the mean over rounds; ratios are against the
+//! each set's numbers are the median over rounds; ratios are against the
 //! no-filter set of the same run.
 
 use std::net::SocketAddr;
@@ -299,17 +299,28 @@ pub struct SetResult {
 
 impl SetResult {
     pub fn from_rounds(rounds: Vec<WrkResult>, rss_kb: u64) -> SetResult {
-        let n = rounds.len().max(1) as f64;
         SetResult {
-            rps: rounds.iter().map(|r| r.rps).sum::<f64>() / n,
-            p50_us: rounds.iter().map(|r| r.p50_us).sum::<f64>() / n,
-            p99_us: rounds.iter().map(|r| r.p99_us).sum::<f64>() / n,
+            rps: median(rounds.iter().map(|r| r.rps)),
+            p50_us: median(rounds.iter().map(|r| r.p50_us)),
+            p99_us: median(rounds.iter().map(|r| r.p99_us)),
             non_2xx: rounds.iter().map(|r| r.non_2xx).sum(),
             rss_kb,
             rounds,
             throughput_ratio: 0.0,
             p99_added_us: 0.0,
         }
+    }
+}
+
+/// The median (the mean of the middle two for an even count): one round
+/// disturbed by something else on the machine does not move it.
+pub fn median(values: impl Iterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = values.collect();
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 
@@ -380,6 +391,13 @@ Transfer/sec:      3.03MB
         );
         assert!((r.rps - 39712.3).abs() < 0.01);
         assert!(parse_wrk("garbage").is_none());
+    }
+
+    #[test]
+    fn median_ignores_one_disturbed_round() {
+        assert_eq!(median([6000.0, 1500.0, 6200.0].into_iter()), 6000.0);
+        assert_eq!(median([1.0, 3.0].into_iter()), 2.0);
+        assert_eq!(median(std::iter::empty()), 0.0);
     }
 
     #[test]

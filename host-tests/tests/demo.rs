@@ -62,6 +62,13 @@ async fn restart_without_failures(protocol: Protocol) {
         "{}",
         report.line("graceful")
     );
+    // Every outbound request was counted out (exactly: one more or less
+    // and this is not 0).
+    assert_eq!(
+        report.consumer_inflight_end,
+        0,
+        "graceful_consumer_inflight after the load"
+    );
     assert!(
         report.drain_ms[0] >= 1000,
         "the gate waited consumer_update_wait: {:?}",

@@ -593,7 +593,7 @@ impl RootContext for ConsumerRoot {
 
 struct ConsumerStream {
     shared: Option<Rc<Shared>>,
-    /// In the outbound in-flight count; leaves it in `on_log`.
+    /// In the outbound in-flight count; leaves it in `on_done`.
     counted: bool,
     /// The route's cluster, once read (`xds.cluster_name` is the route's,
     /// readable in both phases).
@@ -731,10 +731,19 @@ impl ConsumerStream {
 }
 
 impl Context for ConsumerStream {
-    /// As an upstream filter (where Envoy never calls `on_log`): an attempt
-    /// that ends without response headers and with a transport failure
-    /// reason could not connect, even if a retry then succeeded.
+    /// Envoy calls `on_done` once when it destroys the filter of every
+    /// stream, downstream and upstream (`on_log` never reaches an upstream
+    /// filter, and is one more VM entry per stream: the module does not
+    /// export it). Downstream: the request leaves the outbound count. As an
+    /// upstream filter: an attempt that ends without response headers and
+    /// with a transport failure reason could not connect, even if a retry
+    /// then succeeded.
     fn on_done(&mut self) -> bool {
+        if std::mem::take(&mut self.counted) {
+            if let Err(e) = traffic::record_end(&HostStore, OUTBOUND_KEY) {
+                log::error!("outbound in-flight count not decremented: {e:?}");
+            }
+        }
         let Some(shared) = self.shared.clone() else {
             return true;
         };
@@ -802,14 +811,5 @@ impl HttpContext for ConsumerStream {
             self.observe_response(&shared, MapType::HttpResponseTrailers);
         }
         Action::Continue
-    }
-
-    fn on_log(&mut self) {
-        if !std::mem::take(&mut self.counted) {
-            return;
-        }
-        if let Err(e) = traffic::record_end(&HostStore, OUTBOUND_KEY) {
-            log::error!("outbound in-flight count not decremented: {e:?}");
-        }
     }
 }

@@ -2,7 +2,7 @@
 //! a rolling shutdown. Writes `bench/results/latest.json` and
 //! `bench/results/chart.svg`.
 //!
-//! Flags: `--duration S` per wrk run (10), `--rounds N` (2), `--quick`
+//! Flags: `--duration S` per wrk run (10), `--rounds N` (3), `--quick`
 //! (cost only: no churn, no shutdown runs).
 
 use std::process::ExitCode;
@@ -91,7 +91,7 @@ async fn churn() -> Churn {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
     let mut duration = Duration::from_secs(10);
-    let mut rounds = 2;
+    let mut rounds = 3;
     let mut quick = false;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {

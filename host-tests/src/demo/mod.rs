@@ -505,11 +505,19 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
     let _ = std::fs::write(dir.join("samples.csv"), csv);
 
     let rss_end = crate::bench::rss_kb(consumer.pid());
-    // Every outbound request has ended: the consumer's count must say 0.
-    let inflight_end = consumer
-        .stat("wasmcustom.graceful_consumer_inflight")
-        .await
-        .unwrap_or(0);
+    // Every outbound request has ended: the consumer's count must come to 0
+    // (the gauge is refreshed on the consumer's tick; give it 2 s).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let inflight_end = loop {
+        let n = consumer
+            .stat("wasmcustom.graceful_consumer_inflight")
+            .await
+            .unwrap_or(u64::MAX);
+        if n == 0 || Instant::now() >= deadline {
+            break n;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let retries = consumer
         .stat("cluster.providers.upstream_rq_retry")
         .await
