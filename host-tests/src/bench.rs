@@ -5,7 +5,8 @@
 //! one filter set at a time in front of an upstream that costs almost
 //! nothing (`envoy/bench-upstream.yaml`: Envoy's own `direct_response` on four
 //! listeners). `wrk` (HTTP/1.1 keep-alive, 16 connections, one thread)
-//! drives it. Every set is measured in each round, rounds interleaved, and
+//! drives it to saturation for throughput; then wrk over one connection
+//! measures latency without queueing. Every set is measured in each round, rounds interleaved, and
 //! each set's numbers are the median over rounds; ratios are against the
 //! no-filter set of the same run.
 
@@ -281,6 +282,14 @@ pub async fn start_proxy(
     (envoy, addr)
 }
 
+/// Latency without queueing: wrk over one connection, one request at a
+/// time. At 16 connections Envoy is saturated and a request's latency is
+/// mostly its wait behind the others; here it is what the request itself
+/// costs, so the difference between sets is what the filters add to it.
+pub fn unqueued(addr: SocketAddr, duration: Duration) -> Result<WrkResult, String> {
+    wrk(addr, 1, duration)
+}
+
 /// One set's numbers over the rounds.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct SetResult {
@@ -293,13 +302,25 @@ pub struct SetResult {
     pub rounds: Vec<WrkResult>,
     /// rps / the no-filter set's rps.
     pub throughput_ratio: f64,
-    /// p99 minus the no-filter set's p99, µs.
+    /// p99 minus the no-filter set's p99, µs (at saturation).
     pub p99_added_us: f64,
+    /// One connection, no queueing ([`unqueued`]): medians over the rounds.
+    pub unqueued_p50_us: f64,
+    pub unqueued_p99_us: f64,
+    pub unqueued_rounds: Vec<WrkResult>,
+    /// Unqueued p50 and p99 minus the no-filter set's, µs.
+    pub unqueued_p50_added_us: f64,
+    pub unqueued_p99_added_us: f64,
 }
 
 impl SetResult {
-    pub fn from_rounds(rounds: Vec<WrkResult>, rss_kb: u64) -> SetResult {
+    pub fn from_rounds(rounds: Vec<WrkResult>, unqueued: Vec<WrkResult>, rss_kb: u64) -> SetResult {
         SetResult {
+            unqueued_p50_us: median(unqueued.iter().map(|r| r.p50_us)),
+            unqueued_p99_us: median(unqueued.iter().map(|r| r.p99_us)),
+            unqueued_rounds: unqueued,
+            unqueued_p50_added_us: 0.0,
+            unqueued_p99_added_us: 0.0,
             rps: median(rounds.iter().map(|r| r.rps)),
             p50_us: median(rounds.iter().map(|r| r.p50_us)),
             p99_us: median(rounds.iter().map(|r| r.p99_us)),
@@ -324,23 +345,24 @@ pub fn median(values: impl Iterator<Item = f64>) -> f64 {
     }
 }
 
-/// A horizontal bar chart of throughput ratios and added p99 per set.
+/// A horizontal bar chart per set: throughput ratio (wrk, saturated) and
+/// p99 added on one connection (no queueing).
 pub fn chart(sets: &[(&str, &SetResult)]) -> String {
     let (w, row, left) = (900.0, 26.0, 170.0);
     let h = 60.0 + row * sets.len() as f64;
     let half = (w - left - 40.0) / 2.0;
     let max_added = sets
         .iter()
-        .map(|(_, r)| r.p99_added_us.abs())
+        .map(|(_, r)| r.unqueued_p99_added_us.abs())
         .fold(50.0f64, f64::max);
     let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"20\" font-weight=\"bold\">throughput vs no filters</text>\n<text x=\"{}\" y=\"20\" font-weight=\"bold\">p99 added (µs)</text>\n",
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"20\" font-weight=\"bold\">throughput vs no filters</text>\n<text x=\"{}\" y=\"20\" font-weight=\"bold\">p99 added, one connection (µs)</text>\n",
         left + half + 20.0
     );
     for (i, (name, r)) in sets.iter().enumerate() {
         let y = 40.0 + row * i as f64;
         let tw = half * r.throughput_ratio.clamp(0.0, 1.2) / 1.2;
-        let pw = (half - 20.0) * r.p99_added_us.max(0.0) / max_added;
+        let pw = (half - 20.0) * r.unqueued_p99_added_us.max(0.0) / max_added;
         svg.push_str(&format!(
             "<text x=\"5\" y=\"{:.1}\">{name}</text>\n<rect x=\"{left}\" y=\"{y:.1}\" width=\"{tw:.1}\" height=\"16\" fill=\"#1f77b4\"/>\n<text x=\"{:.1}\" y=\"{:.1}\">{:.0}%</text>\n<rect x=\"{:.1}\" y=\"{y:.1}\" width=\"{pw:.1}\" height=\"16\" fill=\"#ff7f0e\"/>\n<text x=\"{:.1}\" y=\"{:.1}\">{:+.0}</text>\n",
             y + 12.0,
@@ -350,7 +372,7 @@ pub fn chart(sets: &[(&str, &SetResult)]) -> String {
             left + half + 20.0,
             left + half + 24.0 + pw,
             y + 12.0,
-            r.p99_added_us
+            r.unqueued_p99_added_us
         ));
     }
     let x90 = left + half * 0.9 / 1.2;

@@ -9,7 +9,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use graceful_host_tests::bench::{
-    chart, dead_hosts, filter_sets, rss_kb, start_proxy, start_upstream, wrk, SetResult, WrkResult,
+    chart, dead_hosts, filter_sets, rss_kb, start_proxy, start_upstream, unqueued, wrk, SetResult,
+    WrkResult,
 };
 use graceful_host_tests::demo::report::RunReport;
 use graceful_host_tests::demo::{run, DemoConfig, Mode};
@@ -37,8 +38,12 @@ struct Results {
     sets: Vec<(String, SetResult)>,
     /// Per set: throughput / no-filter throughput.
     throughput_ratio: serde_json::Map<String, serde_json::Value>,
-    /// Per set: p99 latency added over the no-filter run, µs.
+    /// Per set: p99 latency added over the no-filter run, µs (saturated).
     p99_added_us: serde_json::Map<String, serde_json::Value>,
+    /// Per set: p50 and p99 latency added over the no-filter run on one
+    /// connection (no queueing), µs.
+    unqueued_p50_added_us: serde_json::Map<String, serde_json::Value>,
+    unqueued_p99_added_us: serde_json::Map<String, serde_json::Value>,
     churn: Option<Churn>,
     shutdown: Vec<(String, RunReport)>,
     soak: Option<RunReport>,
@@ -114,6 +119,7 @@ async fn main() -> ExitCode {
     let (upstream, upstream_addrs) = start_upstream().await;
     let sets = filter_sets();
     let mut rounds_by_set: Vec<Vec<WrkResult>> = vec![Vec::new(); sets.len()];
+    let mut unqueued_by_set: Vec<Vec<WrkResult>> = vec![Vec::new(); sets.len()];
     let mut rss: Vec<u64> = vec![0; sets.len()];
     for round in 0..rounds {
         for (i, set) in sets.iter().enumerate() {
@@ -143,22 +149,56 @@ async fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             }
+            match unqueued(addr, duration) {
+                Ok(r) => {
+                    println!(
+                        "round {} {:<20} {:>9.0} req/s  p50 {:>6.0} us  p99 {:>6.0} us  (one connection)",
+                        round + 1,
+                        set.name,
+                        r.rps,
+                        r.p50_us,
+                        r.p99_us
+                    );
+                    unqueued_by_set[i].push(r);
+                }
+                Err(e) => {
+                    eprintln!("bench: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
             rss[i] = rss[i].max(rss_kb(proxy.pid()));
         }
     }
     drop(upstream);
     let mut results: Vec<(String, SetResult)> = sets
         .iter()
-        .zip(rounds_by_set)
+        .zip(rounds_by_set.into_iter().zip(unqueued_by_set))
         .zip(&rss)
-        .map(|((set, rounds), rss)| (set.name.to_string(), SetResult::from_rounds(rounds, *rss)))
+        .map(|((set, (rounds, unqueued)), rss)| {
+            (
+                set.name.to_string(),
+                SetResult::from_rounds(rounds, unqueued, *rss),
+            )
+        })
         .collect();
-    let (base_rps, base_p99) = (results[0].1.rps, results[0].1.p99_us);
+    let base = results[0].1.clone();
     let mut ratio = serde_json::Map::new();
     let mut added = serde_json::Map::new();
+    let mut unqueued_p50_added = serde_json::Map::new();
+    let mut unqueued_p99_added = serde_json::Map::new();
     for (name, r) in &mut results {
-        r.throughput_ratio = r.rps / base_rps;
-        r.p99_added_us = r.p99_us - base_p99;
+        r.throughput_ratio = r.rps / base.rps;
+        r.p99_added_us = r.p99_us - base.p99_us;
+        r.unqueued_p50_added_us = r.unqueued_p50_us - base.unqueued_p50_us;
+        r.unqueued_p99_added_us = r.unqueued_p99_us - base.unqueued_p99_us;
+        unqueued_p50_added.insert(
+            name.clone(),
+            serde_json::json!(r.unqueued_p50_added_us.round()),
+        );
+        unqueued_p99_added.insert(
+            name.clone(),
+            serde_json::json!(r.unqueued_p99_added_us.round()),
+        );
         ratio.insert(
             name.clone(),
             serde_json::json!((r.throughput_ratio * 1000.0).round() / 1000.0),
@@ -166,13 +206,20 @@ async fn main() -> ExitCode {
         added.insert(name.clone(), serde_json::json!(r.p99_added_us.round()));
     }
     println!(
-        "\n{:<20} {:>10} {:>8} {:>10} {:>12} {:>10}",
-        "set", "req/s", "ratio", "p99 us", "p99 added", "RSS KiB"
+        "\n{:<20} {:>8} {:>7} {:>9} {:>9} {:>14} {:>14} {:>9}",
+        "set", "req/s", "ratio", "p99 us", "p99 +us", "1-conn p50 +us", "1-conn p99 +us", "RSS KiB"
     );
     for (name, r) in &results {
         println!(
-            "{:<20} {:>10.0} {:>8.3} {:>10.0} {:>12.0} {:>10}",
-            name, r.rps, r.throughput_ratio, r.p99_us, r.p99_added_us, r.rss_kb
+            "{:<20} {:>8.0} {:>7.3} {:>9.0} {:>9.0} {:>14.0} {:>14.0} {:>9}",
+            name,
+            r.rps,
+            r.throughput_ratio,
+            r.p99_us,
+            r.p99_added_us,
+            r.unqueued_p50_added_us,
+            r.unqueued_p99_added_us,
+            r.rss_kb
         );
     }
     let churn = if quick { None } else { Some(churn().await) };
@@ -226,6 +273,8 @@ async fn main() -> ExitCode {
         sets: results,
         throughput_ratio: ratio,
         p99_added_us: added,
+        unqueued_p50_added_us: unqueued_p50_added,
+        unqueued_p99_added_us: unqueued_p99_added,
         churn,
         shutdown,
         soak,

@@ -55,6 +55,12 @@ pub struct RunReport {
     pub consumer_inflight_end: u64,
 }
 
+/// The `p` quantile (0..=1) of sorted values, nearest rank; 0 if empty.
+fn percentile(sorted: &[u64], p: f64) -> u64 {
+    let i = ((sorted.len().saturating_sub(1)) as f64 * p).round() as usize;
+    sorted.get(i).copied().unwrap_or(0)
+}
+
 impl RunReport {
     pub fn new(
         samples: &[Sample],
@@ -66,13 +72,7 @@ impl RunReport {
     ) -> RunReport {
         let mut latencies: Vec<u64> = samples.iter().map(|s| s.latency_us).collect();
         latencies.sort_unstable();
-        let pct = |p: f64| -> f64 {
-            if latencies.is_empty() {
-                return 0.0;
-            }
-            let i = ((latencies.len() as f64 - 1.0) * p).round() as usize;
-            latencies.get(i).map_or(0.0, |&us| us as f64 / 1000.0)
-        };
+        let pct = |p: f64| percentile(&latencies, p) as f64 / 1000.0;
         RunReport {
             requests: samples.len() as u64,
             failed: samples.iter().filter(|s| !s.ok).count() as u64,
