@@ -133,6 +133,10 @@ pub struct WrkResult {
     pub p99_us: f64,
     pub requests: u64,
     pub non_2xx: u64,
+    /// CPU time the Envoy under test spent per request during the run, µs
+    /// (user + system, from /proc): what a request costs, whatever else
+    /// the machine was doing.
+    pub cpu_us_per_request: f64,
 }
 
 fn micros(text: &str) -> Option<f64> {
@@ -194,6 +198,39 @@ pub fn rss_kb(pid: u32) -> u64 {
                 .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         })
         .unwrap_or(0)
+}
+
+/// CPU time a process has used so far (user + system), µs.
+pub fn cpu_us(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| stat_cpu_us(&s))
+        .unwrap_or(0)
+}
+
+/// utime + stime of a `/proc/PID/stat` line, µs. The fields after the
+/// command name's last `)` (the name may hold one) start with the state;
+/// utime is the 12th and stime the 13th, in clock ticks (USER_HZ, 100).
+fn stat_cpu_us(stat: &str) -> Option<u64> {
+    const TICK_US: u64 = 10_000;
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks * TICK_US)
+}
+
+/// wrk against the Envoy `pid` listening on `addr`, with the CPU time that
+/// Envoy spent per request.
+pub fn wrk_with_cpu(
+    pid: u32,
+    addr: SocketAddr,
+    connections: u32,
+    duration: Duration,
+) -> Result<WrkResult, String> {
+    let before = cpu_us(pid);
+    let mut r = wrk(addr, connections, duration)?;
+    let used = cpu_us(pid).saturating_sub(before);
+    r.cpu_us_per_request = used as f64 / r.requests.max(1) as f64;
+    Ok(r)
 }
 
 /// The upstream Envoy and its four listener addresses.
@@ -286,8 +323,8 @@ pub async fn start_proxy(
 /// time. At 16 connections Envoy is saturated and a request's latency is
 /// mostly its wait behind the others; here it is what the request itself
 /// costs, so the difference between sets is what the filters add to it.
-pub fn unqueued(addr: SocketAddr, duration: Duration) -> Result<WrkResult, String> {
-    wrk(addr, 1, duration)
+pub fn unqueued(pid: u32, addr: SocketAddr, duration: Duration) -> Result<WrkResult, String> {
+    wrk_with_cpu(pid, addr, 1, duration)
 }
 
 /// One set's numbers over the rounds.
@@ -300,6 +337,10 @@ pub struct SetResult {
     pub rss_kb: u64,
     pub non_2xx: u64,
     pub rounds: Vec<WrkResult>,
+    /// Envoy CPU per request at saturation, µs (median over rounds), and
+    /// that minus the no-filter set's.
+    pub cpu_us_per_request: f64,
+    pub cpu_us_added: f64,
     /// rps / the no-filter set's rps.
     pub throughput_ratio: f64,
     /// p99 minus the no-filter set's p99, µs (at saturation).
@@ -322,6 +363,8 @@ impl SetResult {
             unqueued_p50_added_us: 0.0,
             unqueued_p99_added_us: 0.0,
             rps: median(rounds.iter().map(|r| r.rps)),
+            cpu_us_per_request: median(rounds.iter().map(|r| r.cpu_us_per_request)),
+            cpu_us_added: 0.0,
             p50_us: median(rounds.iter().map(|r| r.p50_us)),
             p99_us: median(rounds.iter().map(|r| r.p99_us)),
             non_2xx: rounds.iter().map(|r| r.non_2xx).sum(),
@@ -346,23 +389,23 @@ pub fn median(values: impl Iterator<Item = f64>) -> f64 {
 }
 
 /// A horizontal bar chart per set: throughput ratio (wrk, saturated) and
-/// p99 added on one connection (no queueing).
+/// Envoy CPU time added per request.
 pub fn chart(sets: &[(&str, &SetResult)]) -> String {
     let (w, row, left) = (900.0, 26.0, 170.0);
     let h = 60.0 + row * sets.len() as f64;
     let half = (w - left - 40.0) / 2.0;
     let max_added = sets
         .iter()
-        .map(|(_, r)| r.unqueued_p99_added_us.abs())
-        .fold(50.0f64, f64::max);
+        .map(|(_, r)| r.cpu_us_added.abs())
+        .fold(10.0f64, f64::max);
     let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"20\" font-weight=\"bold\">throughput vs no filters</text>\n<text x=\"{}\" y=\"20\" font-weight=\"bold\">p99 added, one connection (µs)</text>\n",
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"{left}\" y=\"20\" font-weight=\"bold\">throughput vs no filters</text>\n<text x=\"{}\" y=\"20\" font-weight=\"bold\">Envoy CPU added per request (µs)</text>\n",
         left + half + 20.0
     );
     for (i, (name, r)) in sets.iter().enumerate() {
         let y = 40.0 + row * i as f64;
         let tw = half * r.throughput_ratio.clamp(0.0, 1.2) / 1.2;
-        let pw = (half - 20.0) * r.unqueued_p99_added_us.max(0.0) / max_added;
+        let pw = (half - 20.0) * r.cpu_us_added.max(0.0) / max_added;
         svg.push_str(&format!(
             "<text x=\"5\" y=\"{:.1}\">{name}</text>\n<rect x=\"{left}\" y=\"{y:.1}\" width=\"{tw:.1}\" height=\"16\" fill=\"#1f77b4\"/>\n<text x=\"{:.1}\" y=\"{:.1}\">{:.0}%</text>\n<rect x=\"{:.1}\" y=\"{y:.1}\" width=\"{pw:.1}\" height=\"16\" fill=\"#ff7f0e\"/>\n<text x=\"{:.1}\" y=\"{:.1}\">{:+.0}</text>\n",
             y + 12.0,
@@ -372,7 +415,7 @@ pub fn chart(sets: &[(&str, &SetResult)]) -> String {
             left + half + 20.0,
             left + half + 24.0 + pw,
             y + 12.0,
-            r.unqueued_p99_added_us
+            r.cpu_us_added
         ));
     }
     let x90 = left + half * 0.9 / 1.2;
@@ -413,6 +456,13 @@ Transfer/sec:      3.03MB
         );
         assert!((r.rps - 39712.3).abs() < 0.01);
         assert!(parse_wrk("garbage").is_none());
+    }
+
+    #[test]
+    fn reads_cpu_time_from_proc_stat() {
+        let line = "4242 (envoy (main)) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 31 0 0 20 0 9 0";
+        assert_eq!(stat_cpu_us(line), Some(281 * 10_000));
+        assert_eq!(stat_cpu_us("garbage"), None);
     }
 
     #[test]

@@ -9,8 +9,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use graceful_host_tests::bench::{
-    chart, dead_hosts, filter_sets, rss_kb, start_proxy, start_upstream, unqueued, wrk, SetResult,
-    WrkResult,
+    chart, dead_hosts, filter_sets, rss_kb, start_proxy, start_upstream, unqueued, wrk,
+    wrk_with_cpu, SetResult, WrkResult,
 };
 use graceful_host_tests::demo::report::RunReport;
 use graceful_host_tests::demo::{run, DemoConfig, Mode};
@@ -38,6 +38,8 @@ struct Results {
     sets: Vec<(String, SetResult)>,
     /// Per set: throughput / no-filter throughput.
     throughput_ratio: serde_json::Map<String, serde_json::Value>,
+    /// Per set: Envoy CPU per request added over the no-filter run, µs.
+    cpu_us_added: serde_json::Map<String, serde_json::Value>,
     /// Per set: p99 latency added over the no-filter run, µs (saturated).
     p99_added_us: serde_json::Map<String, serde_json::Value>,
     /// Per set: p50 and p99 latency added over the no-filter run on one
@@ -132,15 +134,16 @@ async fn main() -> ExitCode {
                 eprintln!("bench: {e}");
                 return ExitCode::FAILURE;
             }
-            match wrk(addr, CONNECTIONS, duration) {
+            match wrk_with_cpu(proxy.pid(), addr, CONNECTIONS, duration) {
                 Ok(r) => {
                     println!(
-                        "round {} {:<20} {:>9.0} req/s  p50 {:>6.0} us  p99 {:>6.0} us",
+                        "round {} {:<20} {:>9.0} req/s  p50 {:>6.0} us  p99 {:>6.0} us  CPU {:>5.1} us/request",
                         round + 1,
                         set.name,
                         r.rps,
                         r.p50_us,
-                        r.p99_us
+                        r.p99_us,
+                        r.cpu_us_per_request
                     );
                     rounds_by_set[i].push(r);
                 }
@@ -149,7 +152,7 @@ async fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             }
-            match unqueued(addr, duration) {
+            match unqueued(proxy.pid(), addr, duration) {
                 Ok(r) => {
                     println!(
                         "round {} {:<20} {:>9.0} req/s  p50 {:>6.0} us  p99 {:>6.0} us  (one connection)",
@@ -184,11 +187,14 @@ async fn main() -> ExitCode {
     let base = results[0].1.clone();
     let mut ratio = serde_json::Map::new();
     let mut added = serde_json::Map::new();
+    let mut cpu_added = serde_json::Map::new();
     let mut unqueued_p50_added = serde_json::Map::new();
     let mut unqueued_p99_added = serde_json::Map::new();
     for (name, r) in &mut results {
         r.throughput_ratio = r.rps / base.rps;
         r.p99_added_us = r.p99_us - base.p99_us;
+        r.cpu_us_added = r.cpu_us_per_request - base.cpu_us_per_request;
+        cpu_added.insert(name.clone(), serde_json::json!(r.cpu_us_added.round()));
         r.unqueued_p50_added_us = r.unqueued_p50_us - base.unqueued_p50_us;
         r.unqueued_p99_added_us = r.unqueued_p99_us - base.unqueued_p99_us;
         unqueued_p50_added.insert(
@@ -206,15 +212,26 @@ async fn main() -> ExitCode {
         added.insert(name.clone(), serde_json::json!(r.p99_added_us.round()));
     }
     println!(
-        "\n{:<20} {:>8} {:>7} {:>9} {:>9} {:>14} {:>14} {:>9}",
-        "set", "req/s", "ratio", "p99 us", "p99 +us", "1-conn p50 +us", "1-conn p99 +us", "RSS KiB"
+        "\n{:<20} {:>8} {:>7} {:>8} {:>9} {:>9} {:>9} {:>14} {:>14} {:>9}",
+        "set",
+        "req/s",
+        "ratio",
+        "CPU us",
+        "CPU +us",
+        "p99 us",
+        "p99 +us",
+        "1-conn p50 +us",
+        "1-conn p99 +us",
+        "RSS KiB"
     );
     for (name, r) in &results {
         println!(
-            "{:<20} {:>8.0} {:>7.3} {:>9.0} {:>9.0} {:>14.0} {:>14.0} {:>9}",
+            "{:<20} {:>8.0} {:>7.3} {:>8.1} {:>9.1} {:>9.0} {:>9.0} {:>14.0} {:>14.0} {:>9}",
             name,
             r.rps,
             r.throughput_ratio,
+            r.cpu_us_per_request,
+            r.cpu_us_added,
             r.p99_us,
             r.p99_added_us,
             r.unqueued_p50_added_us,
@@ -272,6 +289,7 @@ async fn main() -> ExitCode {
         duration_s: duration.as_secs(),
         sets: results,
         throughput_ratio: ratio,
+        cpu_us_added: cpu_added,
         p99_added_us: added,
         unqueued_p50_added_us: unqueued_p50_added,
         unqueued_p99_added_us: unqueued_p99_added,
