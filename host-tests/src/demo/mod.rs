@@ -506,8 +506,8 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
 
     let rss_end = crate::bench::rss_kb(consumer.pid());
     // Every outbound request has ended: the consumer's count must come to 0
-    // (the gauge is refreshed on the consumer's tick; give it 2 s).
-    let deadline = Instant::now() + Duration::from_secs(2);
+    // (the gauge is refreshed every `membership_refresh`, 1 s: give it 3).
+    let deadline = Instant::now() + Duration::from_secs(3);
     let inflight_end = loop {
         let n = consumer
             .stat("wasmcustom.graceful_consumer_inflight")
