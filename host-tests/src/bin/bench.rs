@@ -134,41 +134,30 @@ async fn main() -> ExitCode {
                 eprintln!("bench: {e}");
                 return ExitCode::FAILURE;
             }
-            match wrk_with_cpu(proxy.pid(), addr, CONNECTIONS, duration) {
-                Ok(r) => {
-                    println!(
-                        "round {} {:<20} {:>9.0} req/s  p50 {:>6.0} us  p99 {:>6.0} us  CPU {:>5.1} us/request",
-                        round + 1,
-                        set.name,
-                        r.rps,
-                        r.p50_us,
-                        r.p99_us,
-                        r.cpu_us_per_request
-                    );
-                    rounds_by_set[i].push(r);
-                }
+            let measured = wrk_with_cpu(proxy.pid(), addr, CONNECTIONS, duration)
+                .and_then(|r| Ok((r, unqueued(proxy.pid(), addr, duration)?)));
+            let (saturated, one) = match measured {
+                Ok(m) => m,
                 Err(e) => {
                     eprintln!("bench: {e}");
                     return ExitCode::FAILURE;
                 }
-            }
-            match unqueued(proxy.pid(), addr, duration) {
-                Ok(r) => {
-                    println!(
-                        "round {} {:<20} {:>9.0} req/s  p50 {:>6.0} us  p99 {:>6.0} us  (one connection)",
-                        round + 1,
-                        set.name,
-                        r.rps,
-                        r.p50_us,
-                        r.p99_us
-                    );
-                    unqueued_by_set[i].push(r);
-                }
-                Err(e) => {
-                    eprintln!("bench: {e}");
-                    return ExitCode::FAILURE;
-                }
-            }
+            };
+            println!(
+                "round {} {:<20} {:>9.0} req/s  p50 {:>6.0} us  p99 {:>6.0} us  CPU {:>5.1} us/request",
+                round + 1,
+                set.name,
+                saturated.rps,
+                saturated.p50_us,
+                saturated.p99_us,
+                saturated.cpu_us_per_request
+            );
+            println!(
+                "        one connection       p50 {:>6.0} us  p99 {:>6.0} us",
+                one.p50_us, one.p99_us
+            );
+            rounds_by_set[i].push(saturated);
+            unqueued_by_set[i].push(one);
             rss[i] = rss[i].max(rss_kb(proxy.pid()));
         }
     }
@@ -185,32 +174,31 @@ async fn main() -> ExitCode {
         })
         .collect();
     let base = results[0].1.clone();
-    let mut ratio = serde_json::Map::new();
-    let mut added = serde_json::Map::new();
-    let mut cpu_added = serde_json::Map::new();
-    let mut unqueued_p50_added = serde_json::Map::new();
-    let mut unqueued_p99_added = serde_json::Map::new();
-    for (name, r) in &mut results {
+    for (_, r) in &mut results {
         r.throughput_ratio = r.rps / base.rps;
         r.p99_added_us = r.p99_us - base.p99_us;
         r.cpu_us_added = r.cpu_us_per_request - base.cpu_us_per_request;
-        cpu_added.insert(name.clone(), serde_json::json!(r.cpu_us_added.round()));
         r.unqueued_p50_added_us = r.unqueued_p50_us - base.unqueued_p50_us;
         r.unqueued_p99_added_us = r.unqueued_p99_us - base.unqueued_p99_us;
-        unqueued_p50_added.insert(
-            name.clone(),
-            serde_json::json!(r.unqueued_p50_added_us.round()),
-        );
-        unqueued_p99_added.insert(
-            name.clone(),
-            serde_json::json!(r.unqueued_p99_added_us.round()),
-        );
-        ratio.insert(
-            name.clone(),
-            serde_json::json!((r.throughput_ratio * 1000.0).round() / 1000.0),
-        );
-        added.insert(name.clone(), serde_json::json!(r.p99_added_us.round()));
     }
+    // One figure per set, for reading latest.json at a glance.
+    let summary = |figure: fn(&SetResult) -> f64, decimals: i32| {
+        let scale = 10f64.powi(decimals);
+        results
+            .iter()
+            .map(|(name, r)| {
+                (
+                    name.clone(),
+                    serde_json::json!((figure(r) * scale).round() / scale),
+                )
+            })
+            .collect::<serde_json::Map<_, _>>()
+    };
+    let ratio = summary(|r| r.throughput_ratio, 3);
+    let cpu_added = summary(|r| r.cpu_us_added, 0);
+    let added = summary(|r| r.p99_added_us, 0);
+    let unqueued_p50_added = summary(|r| r.unqueued_p50_added_us, 0);
+    let unqueued_p99_added = summary(|r| r.unqueued_p99_added_us, 0);
     println!(
         "\n{:<20} {:>8} {:>7} {:>8} {:>9} {:>9} {:>9} {:>14} {:>14} {:>9}",
         "set",
