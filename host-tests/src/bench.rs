@@ -86,9 +86,27 @@ const DRAIN_CONFIG: &str =
 const CONSUMER_CONFIG: &str =
     r#"{"admin_cluster":"envoy_admin","failure_tombstone_ttl":"1h","tombstone_ttl":"1h"}"#;
 
+/// The routes of every set: those of the shipped provider sidecar, where
+/// graceful_drain is enabled on its own endpoints only (a set that lists it
+/// with `"disabled": true`, as the sidecar does, runs it there alone).
+fn routes() -> Value {
+    let drain_enabled = json!({"graceful_drain": {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "config": {}}});
+    json!([
+        {"match": {"prefix": "/graceful/"}, "route": {"cluster": "upstream"}, "typed_per_filter_config": drain_enabled},
+        {"match": {"path": "/grpc.health.v1.Health/Check"}, "route": {"cluster": "upstream"}, "typed_per_filter_config": drain_enabled},
+        {"match": {"prefix": "/"}, "route": {"cluster": "upstream"}}
+    ])
+}
+
 /// The sets `make bench` measures, in order.
 pub fn filter_sets() -> Vec<FilterSet> {
-    let drain = || wasm("graceful_drain", DRAIN_CONFIG);
+    // As the shipped provider sidecar runs it: app requests never enter it.
+    let drain = || {
+        let mut f = wasm("graceful_drain", DRAIN_CONFIG);
+        f["disabled"] = json!(true);
+        f
+    };
+    let drain_every_route = || wasm("graceful_drain", DRAIN_CONFIG);
     let provider = || wasm("graceful_provider", "{}");
     let consumer = || wasm("graceful_consumer", CONSUMER_CONFIG);
     let set = |name, filters: Vec<Value>| FilterSet {
@@ -100,6 +118,10 @@ pub fn filter_sets() -> Vec<FilterSet> {
     vec![
         set("none", vec![router()]),
         set("provider_drain", vec![drain(), provider(), router()]),
+        set(
+            "provider_drain_every_route",
+            vec![drain_every_route(), provider(), router()],
+        ),
         set("consumer", vec![consumer(), router()]),
         set("all", vec![drain(), provider(), consumer(), router()]),
         set("lua_header", vec![lua_header(), router()]),
@@ -277,6 +299,7 @@ pub async fn start_proxy(
     let mut spec = EnvoySpec::new(&format!("bench-{}", set.name), "bench-proxy.yaml")
         .set("LISTEN_PORT", port)
         .set("HTTP_FILTERS", Value::Array(set.filters.clone()))
+        .set("ROUTES", routes())
         .set("ENDPOINTS", endpoints(&hosts));
     spec.concurrency = 1;
     let envoy = spec.start().await;

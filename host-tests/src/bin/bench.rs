@@ -144,7 +144,7 @@ async fn main() -> ExitCode {
                 }
             };
             println!(
-                "round {} {:<20} {:>9.0} req/s  p50 {:>6.0} us  p99 {:>6.0} us  CPU {:>5.1} us/request",
+                "round {} {:<26} {:>9.0} req/s  p50 {:>6.0} us  p99 {:>6.0} us  CPU {:>5.1} us/request",
                 round + 1,
                 set.name,
                 saturated.rps,
@@ -153,7 +153,7 @@ async fn main() -> ExitCode {
                 saturated.cpu_us_per_request
             );
             println!(
-                "        one connection       p50 {:>6.0} us  p99 {:>6.0} us",
+                "        one connection             p50 {:>6.0} us  p99 {:>6.0} us",
                 one.p50_us, one.p99_us
             );
             rounds_by_set[i].push(saturated);
@@ -200,7 +200,7 @@ async fn main() -> ExitCode {
     let unqueued_p50_added = summary(|r| r.unqueued_p50_added_us, 0);
     let unqueued_p99_added = summary(|r| r.unqueued_p99_added_us, 0);
     println!(
-        "\n{:<20} {:>8} {:>7} {:>8} {:>9} {:>9} {:>9} {:>14} {:>14} {:>9}",
+        "\n{:<26} {:>8} {:>7} {:>8} {:>9} {:>9} {:>9} {:>14} {:>14} {:>9}",
         "set",
         "req/s",
         "ratio",
@@ -214,7 +214,7 @@ async fn main() -> ExitCode {
     );
     for (name, r) in &results {
         println!(
-            "{:<20} {:>8.0} {:>7.3} {:>8.1} {:>9.1} {:>9.0} {:>9.0} {:>14.0} {:>14.0} {:>9}",
+            "{:<26} {:>8.0} {:>7.3} {:>8.1} {:>9.1} {:>9.0} {:>9.0} {:>14.0} {:>14.0} {:>9}",
             name,
             r.rps,
             r.throughput_ratio,
