@@ -3,7 +3,8 @@
 //! `bench/results/chart.svg`.
 //!
 //! Flags: `--duration S` per wrk run (10), `--rounds N` (3), `--quick`
-//! (cost only: no churn, no shutdown runs).
+//! (cost only: no churn, no shutdown runs), `--sets a,b` (only these sets,
+//! and `none`, the baseline).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -100,10 +101,17 @@ async fn main() -> ExitCode {
     let mut duration = Duration::from_secs(10);
     let mut rounds = 3;
     let mut quick = false;
+    let mut only: Option<Vec<String>> = None;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         if flag == "--quick" {
             quick = true;
+            continue;
+        }
+        if flag == "--sets" {
+            only = args
+                .next()
+                .map(|v| v.split(',').map(str::to_string).collect());
             continue;
         }
         match (
@@ -113,13 +121,16 @@ async fn main() -> ExitCode {
             ("--duration", Some(s)) => duration = Duration::from_secs(s),
             ("--rounds", Some(n)) => rounds = n as usize,
             _ => {
-                eprintln!("usage: bench [--duration S] [--rounds N] [--quick]");
+                eprintln!("usage: bench [--duration S] [--rounds N] [--quick] [--sets a,b]");
                 return ExitCode::from(2);
             }
         }
     }
     let (upstream, upstream_addrs) = start_upstream().await;
-    let sets = filter_sets();
+    let sets: Vec<_> = filter_sets()
+        .into_iter()
+        .filter(|s| s.name == "none" || only.as_ref().is_none_or(|o| o.iter().any(|n| n == s.name)))
+        .collect();
     let mut rounds_by_set: Vec<Vec<WrkResult>> = vec![Vec::new(); sets.len()];
     let mut unqueued_by_set: Vec<Vec<WrkResult>> = vec![Vec::new(); sets.len()];
     let mut rss: Vec<u64> = vec![0; sets.len()];
