@@ -42,6 +42,23 @@ async fn inflight_settles_at_zero(envoy: &Envoy, addr: SocketAddr) {
     .await;
 }
 
+/// `POST /graceful/closing` (the preStop hook) and its 202.
+async fn start_closing(addr: SocketAddr) {
+    let status = client::post(addr, "/graceful/closing")
+        .await
+        .unwrap()
+        .status;
+    assert_eq!(status, 202, "POST /graceful/closing");
+}
+
+/// The preStop long-poll: the gate passes within 10 s.
+async fn wait_drained(addr: SocketAddr) {
+    let r = client::get(addr, "/graceful/drained?wait=10s")
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "GET /graceful/drained?wait=10s");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn it_bounds_failures_when_a_provider_is_killed_under_load() {
     // No preStop, no closing: SIGKILL of a provider's Envoy and app while
@@ -105,13 +122,7 @@ async fn it_forces_the_gate_when_the_app_dies_behind_a_live_sidecar() {
     inflight_settles_at_zero(&envoy, addr).await;
     // Traffic keeps arriving (every request a 503 from the router), so the
     // quiet window never holds: step_timeout forces the gate and says so.
-    assert_eq!(
-        client::post(addr, "/graceful/closing")
-            .await
-            .unwrap()
-            .status,
-        202
-    );
+    start_closing(addr).await;
     let started = Instant::now();
     let keep_calling = tokio::spawn(async move {
         let mut n = 0u32;
@@ -146,13 +157,7 @@ async fn it_keeps_counts_exact_through_resets_and_aborts_while_closing() {
     let app = Upstream::start().await;
     let cfg = r#"{"consumer_update_wait":"30s","timeout":"60s"}"#;
     let (envoy, addr) = provider("resets", cfg, &app).await;
-    assert_eq!(
-        client::post(addr, "/graceful/closing")
-            .await
-            .unwrap()
-            .status,
-        202
-    );
+    start_closing(addr).await;
     let mut tasks = Vec::new();
     for i in 0..40 {
         tasks.push(tokio::spawn(async move {
@@ -201,13 +206,7 @@ async fn it_forces_the_gate_at_the_overall_timeout() {
     })
     .await;
     let started = Instant::now();
-    assert_eq!(
-        client::post(addr, "/graceful/closing")
-            .await
-            .unwrap()
-            .status,
-        202
-    );
+    start_closing(addr).await;
     let r = client::get(addr, "/graceful/drained?wait=10s")
         .await
         .unwrap();
@@ -246,20 +245,8 @@ async fn it_calls_the_shutdown_hook_exactly_once_and_survives_a_failing_one() {
     for _ in 0..20 {
         assert_eq!(client::get(addr, "/").await.unwrap().status, 200);
     }
-    assert_eq!(
-        client::post(addr, "/graceful/closing")
-            .await
-            .unwrap()
-            .status,
-        202
-    );
-    assert_eq!(
-        client::get(addr, "/graceful/drained?wait=10s")
-            .await
-            .unwrap()
-            .status,
-        200
-    );
+    start_closing(addr).await;
+    wait_drained(addr).await;
     eventually(
         "the app got the shutdown call",
         Duration::from_secs(5),
@@ -286,20 +273,8 @@ async fn it_calls_the_shutdown_hook_exactly_once_and_survives_a_failing_one() {
     // A hook that cannot be reached is counted and does not hold the gate.
     let cfg = r#"{"consumer_update_wait":"300ms","quiet_window":"100ms","on_drained":{"cluster":"no_such_cluster"}}"#;
     let (envoy, addr) = provider("on-drained-fails", cfg, &app).await;
-    assert_eq!(
-        client::post(addr, "/graceful/closing")
-            .await
-            .unwrap()
-            .status,
-        202
-    );
-    assert_eq!(
-        client::get(addr, "/graceful/drained?wait=10s")
-            .await
-            .unwrap()
-            .status,
-        200
-    );
+    start_closing(addr).await;
+    wait_drained(addr).await;
     eventually(
         "the failed callback counted",
         Duration::from_secs(5),
