@@ -572,18 +572,15 @@ fn provider_hostile_requests() -> Vec<Hostile> {
     list
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn it_survives_60_kib_headers_and_100_repeated_names_and_serves_on_both_workers() {
-    let p = provider("hostile-headers", LOCALHOST_V4, "{}").await;
-    let health = vm_health(&p.envoy).await;
-    let requests = provider_hostile_requests();
-    let before = worker_connections(&p.envoy).await;
-    // Each request on a fresh connection, the set four times over, so
-    // that both workers get hostile input.
+/// Sends each request on a fresh connection, the set four times over so
+/// that both workers get it; every answer must be the expected one, and
+/// both workers must have taken connections.
+async fn send_to_both_workers(envoy: &Envoy, addr: SocketAddr, requests: &[Hostile]) {
+    let before = worker_connections(envoy).await;
     let mut wrong = Vec::new();
     for _ in 0..4 {
-        for h in &requests {
-            let got = send_hostile(p.inbound, h).await;
+        for h in requests {
+            let got = send_hostile(addr, h).await;
             if got != h.expect {
                 wrong.push(format!("{}: {got}, expected {}", h.what, h.expect));
             }
@@ -594,11 +591,19 @@ async fn it_survives_60_kib_headers_and_100_repeated_names_and_serves_on_both_wo
         "unexpected answers:\n{}",
         wrong.join("\n")
     );
-    let after = worker_connections(&p.envoy).await;
+    let after = worker_connections(envoy).await;
     assert!(
         after[0] > before[0] && after[1] > before[1],
         "hostile input reached both workers: {before:?} -> {after:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn it_survives_60_kib_headers_and_100_repeated_names_and_serves_on_both_workers() {
+    let p = provider("hostile-headers", LOCALHOST_V4, "{}").await;
+    let health = vm_health(&p.envoy).await;
+    let requests = provider_hostile_requests();
+    send_to_both_workers(&p.envoy, p.inbound, &requests).await;
     // None of it started closing or left a request counted.
     assert_eq!(status(p.inbound).await.phase, "serving");
     eventually(
@@ -732,26 +737,7 @@ async fn it_keeps_consumer_steering_immune_to_request_headers_and_huge_answers()
             431,
         ),
     ];
-    let before_cx = worker_connections(&m.envoy).await;
-    let mut wrong = Vec::new();
-    for _ in 0..4 {
-        for h in &requests {
-            let got = send_hostile(m.outbound, h).await;
-            if got != h.expect {
-                wrong.push(format!("{}: {got}, expected {}", h.what, h.expect));
-            }
-        }
-    }
-    assert!(
-        wrong.is_empty(),
-        "unexpected answers:\n{}",
-        wrong.join("\n")
-    );
-    let after_cx = worker_connections(&m.envoy).await;
-    assert!(
-        after_cx[0] > before_cx[0] && after_cx[1] > before_cx[1],
-        "hostile input reached both workers: {before_cx:?} -> {after_cx:?}"
-    );
+    send_to_both_workers(&m.envoy, m.outbound, &requests).await;
     assert_eq!(m.stat("graceful_consumer_evictions").await, 0);
     let c = m.counts();
     assert!(
