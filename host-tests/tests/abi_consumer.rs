@@ -6,7 +6,10 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use graceful_core::tombstone::{Cause, Tombstone, Tombstones, TOMBSTONES_KEY};
+use graceful_core::store::{MemStore, SharedStore};
+use graceful_core::tombstone::{
+    Cause, Change, Observation, Tombstone, Tombstones, Ttls, TOMBSTONES_KEY,
+};
 use graceful_core::traffic::{self, OUTBOUND_KEY};
 use graceful_host_tests::emu::{CallAnswer, Filter, Host, StreamId, Vm};
 
@@ -356,6 +359,66 @@ fn it_tombstones_a_host_that_refused_the_connection() {
     host.set_response_flags(s, 0x40);
     answer(&mut host, s, A, &[(":status", "503")]);
     assert!(tombstones(&host).is_empty());
+}
+
+/// Another worker's eviction of `address`, written between this worker's
+/// read-modify-write of the tombstones and its write (as `Shared::apply`
+/// would). The first read is the worker's cache check; the second is the
+/// update's.
+fn evicted_by_another_worker(address: &'static str, now_us: u64) -> impl FnMut(&MemStore) {
+    let mut reads = 0;
+    move |store| {
+        reads += 1;
+        if reads < 2 {
+            return;
+        }
+        let (bytes, cas) = store
+            .get(TOMBSTONES_KEY)
+            .unwrap()
+            .expect("created at configure");
+        let mut list = Tombstones::decode(&bytes).expect("decodable");
+        let ttls = Ttls {
+            closing: Duration::from_secs(30),
+            failure: Duration::from_secs(5),
+        };
+        let obs = Observation::ConnectFailure {
+            cluster: "providers",
+            address,
+        };
+        assert_eq!(list.observe(&obs, &ttls, now_us, 64), Change::Evicted);
+        store.set(TOMBSTONES_KEY, &list.encode(), cas).unwrap();
+    }
+}
+
+#[test]
+fn it_counts_one_eviction_when_two_workers_see_the_first_failure_at_once() {
+    // The process's first tombstone: the key exists from configure, so the
+    // worker that loses the race re-reads instead of overwriting (a missing
+    // key has no CAS to lose on), and counts no eviction of its own.
+    let (mut host, w0, _) = process(r#"{"probe_path":""}"#);
+    let now = host.now_us();
+    host.race_after_read(TOMBSTONES_KEY, 2, evicted_by_another_worker(A, now));
+    let s = send(&mut host, w0, &[]);
+    host.set_response_flags(s, 0x20);
+    answer(&mut host, s, A, &[(":status", "503")]);
+    assert_eq!(host.trace().matches("-> CasMismatch").count(), 1);
+    assert_eq!(tombstones(&host).len(), 1);
+    assert_eq!(
+        host.metric("graceful_consumer_evictions"),
+        0,
+        "the other worker evicted A and counted it"
+    );
+
+    // Two different hosts at once: both tombstones are kept.
+    let (mut host, w0, _) = process(r#"{"probe_path":""}"#);
+    let now = host.now_us();
+    host.race_after_read(TOMBSTONES_KEY, 2, evicted_by_another_worker(B, now));
+    let s = send(&mut host, w0, &[]);
+    host.set_response_flags(s, 0x20);
+    answer(&mut host, s, A, &[(":status", "503")]);
+    let kept: BTreeSet<String> = tombstones(&host).into_iter().map(|t| t.address).collect();
+    assert_eq!(kept, BTreeSet::from([A.to_string(), B.to_string()]));
+    assert_eq!(host.metric("graceful_consumer_evictions"), 1);
 }
 
 #[test]

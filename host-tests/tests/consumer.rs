@@ -386,9 +386,13 @@ async fn it_keeps_tombstone_memory_bounded_while_10000_hosts_churn() {
         );
     }
     let (evictions, _, bytes) = samples[samples.len() - 1];
+    // Each worker's round robin starts at a random host. Usually the two
+    // walks are far apart and all 10,000 hosts are evicted; when one walk
+    // trails the other by less than max_tombstones, it meets hosts still
+    // tombstoned, so at least one worker's 5,000 are new.
     assert!(
-        evictions >= 9_900,
-        "10,000 distinct hosts evicted: {evictions}"
+        evictions >= 4_900,
+        "thousands of distinct hosts evicted: {evictions}"
     );
     eprintln!("(evictions, live tombstones, tombstone bytes) per 2,000 requests: {samples:?}");
     assert!(bytes > 0);

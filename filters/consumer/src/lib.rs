@@ -90,6 +90,23 @@ impl<T: Default> Cached<T> {
     }
 }
 
+/// Every shared-data key the consumer updates, with the value it starts
+/// from (each decodes as "nothing yet", as a missing key did).
+fn initial_shared_data() -> [(&'static str, Vec<u8>); 9] {
+    let zero = || 0u64.to_le_bytes().to_vec();
+    [
+        (OUTBOUND_KEY, traffic::Traffic::default().encode().to_vec()),
+        (TOMBSTONES_KEY, Tombstones::default().encode()),
+        (TOMBSTONES_GEN_KEY, zero()),
+        (MEMBERS_KEY, Membership::default().encode()),
+        (MEMBERS_GEN_KEY, zero()),
+        (OBSERVED_KEY, Membership::default().encode()),
+        (OBSERVED_GEN_KEY, zero()),
+        (CLUSTERS_KEY, ClusterSet::default().encode()),
+        (REFRESH_LEASE_KEY, zero()),
+    ]
+}
+
 /// A steering plan and what it was worked out from.
 struct CachedPlan {
     /// Generations of the tombstones, admin membership and observed
@@ -518,14 +535,15 @@ impl RootContext for ConsumerRoot {
                 return false;
             }
         };
-        // Created before any stream counts (see graceful_core::store::ensure).
-        if let Err(e) = store::ensure(
-            &HostStore,
-            OUTBOUND_KEY,
-            &traffic::Traffic::default().encode(),
-        ) {
-            log::error!("graceful_consumer: cannot initialise shared data: {e:?}");
-            return false;
+        // Every key a stream or tick updates is created here, before any
+        // stream runs: Envoy ignores CAS on a missing key, so two workers
+        // creating one at once would both succeed and one change be lost
+        // (see graceful_core::store::ensure).
+        for (key, initial) in initial_shared_data() {
+            if let Err(e) = store::ensure(&HostStore, key, &initial) {
+                log::error!("graceful_consumer: cannot initialise shared data {key:?}: {e:?}");
+                return false;
+            }
         }
         // Membership refreshes and probes are the downstream instance's: an
         // upstream instance taking the refresh lease would skip a refresh.

@@ -16,8 +16,7 @@ use graceful_core::net::trusted_peer_ip;
 use graceful_core::record::{self, GatePass, InstanceRecord, Phase};
 use graceful_core::status::Status;
 use graceful_core::steering::ADDRESS_HEADER;
-use graceful_core::store::SharedStore;
-use graceful_core::store::{add_bounded, take_lease, UpdateError};
+use graceful_core::store::{self, add_bounded, take_lease, SharedStore, UpdateError};
 use graceful_core::traffic::{self, Traffic, OUTBOUND_KEY};
 use graceful_host::{header, now_us, property, send_reply, HostStore, Metric};
 use proxy_wasm::hostcalls;
@@ -250,7 +249,15 @@ impl RootContext for DrainRoot {
                 return false;
             }
         };
-        if let Err(e) = record::ensure(&HostStore) {
+        // Every key a stream or tick updates exists before any stream runs:
+        // Envoy ignores CAS on a missing key, so two workers creating one at
+        // once would both succeed and one change be lost (a waiter slot not
+        // counted, the admin lease taken twice).
+        let zero = 0u64.to_le_bytes();
+        let created = record::ensure(&HostStore)
+            .and_then(|()| store::ensure(&HostStore, WAITERS_KEY, &zero))
+            .and_then(|()| store::ensure(&HostStore, ADMIN_LEASE_KEY, &zero));
+        if let Err(e) = created {
             log::error!("graceful_drain: cannot initialise shared data: {e:?}");
             return false;
         }

@@ -610,11 +610,30 @@ fn proxy_set_shared_data(
         show(&value),
         cas as u32
     );
-    with_world(c, |w, _| match w.store.set(&key, &value, cas as u32) {
+    with_world(c, |w, vm| {
+        // A key's first write must come from configure: elsewhere another
+        // worker may have read the key as missing at the same moment, and
+        // cpp-host lets both writes land (no CAS guards a missing key), so
+        // one worker's change is lost and both think they made it.
+        let callback = w.active(vm).map(|a| a.callback);
+        let missing = matches!(w.store.get(&key), Ok(None));
+        if missing && !matches!(callback, Some(Callback::VmStart | Callback::Configure)) {
+            return Err(Fail::Trap(Error::msg(format!(
+                "first write of shared-data key {} from {callback:?}: create it in on_configure \
+                 (on a missing key Envoy ignores CAS, so two workers' writes both land)",
+                show(key.as_bytes())
+            ))));
+        }
+        set_shared(w, &key, &value, cas, detail)
+    })
+}
+
+fn set_shared(w: &mut World, key: &str, value: &[u8], cas: i32, detail: String) -> Hc {
+    match w.store.set(key, value, cas as u32) {
         Ok(()) => Ok(detail),
         Err(StoreError::CasMismatch) => Err(status(CAS_MISMATCH, detail)),
         Err(StoreError::Host(code)) => Err(status(code as i32, detail)),
-    })
+    }
 }
 
 /// Envoy's gRPC status for a local reply's HTTP status

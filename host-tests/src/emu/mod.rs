@@ -55,7 +55,10 @@
 //! or `close_stream` (they trap with "hostcall X is not implemented by the
 //! test host", as does any unknown import); a second local reply on a
 //! stream is refused (`BadArgument`) and a local reply after the response
-//! started traps; gauges are signed so that a double decrement shows as a
+//! started traps; a filter's first write of a shared-data key from any
+//! callback but `on_vm_start`/`on_configure` traps (in Envoy another worker
+//! may read the key as missing at the same moment, and with no CAS on a
+//! missing key both writes land: one change is lost, both count it); gauges are signed so that a double decrement shows as a
 //! negative value instead of wrapping; WASI `random_get` is a seeded
 //! generator, so runs repeat exactly; a trap fails the test at once (Envoy
 //! would reload or fail the worker's VM).
