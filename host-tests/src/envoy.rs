@@ -3,12 +3,13 @@
 //! deadline, and prints Envoy's log whenever the test fails (on drop while
 //! panicking), so every failure comes with what Envoy said.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fs;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::client;
@@ -57,12 +58,23 @@ pub fn wasm_dir() -> PathBuf {
     dir
 }
 
-/// A TCP port free right now on 127.0.0.1 (bound, read, released).
+/// A TCP port free right now on 127.0.0.1 (bound, read, released), and
+/// never handed out before in this process: the kernel may give a released
+/// port to the next `bind(0)` at once, so two tests running side by side
+/// could otherwise both configure an Envoy on it.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("no free port: {e}"))
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..1000 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("no free port: {e}"));
+        if handed_out.insert(port) {
+            return port;
+        }
+    }
+    panic!("no free port not handed out before in 1000 tries");
 }
 
 static RUN_SEQ: AtomicU32 = AtomicU32::new(0);
@@ -123,7 +135,9 @@ impl EnvoySpec {
                 );
             }
             if let Ok(r) = client::get(envoy.admin, "/ready").await {
-                if r.status == 200 {
+                // Ready, and this Envoy: if another process holds the admin
+                // port, this one exits with "cannot bind" (seen above).
+                if r.status == 200 && envoy.answers_admin().await {
                     return envoy;
                 }
             }
@@ -196,6 +210,14 @@ impl EnvoySpec {
 }
 
 impl Envoy {
+    /// Whether the admin port answers with this Envoy's config file.
+    async fn answers_admin(&self) -> bool {
+        let config = self.dir.join("envoy.yaml").display().to_string();
+        client::get(self.admin, "/server_info")
+            .await
+            .is_ok_and(|r| r.status == 200 && r.text().contains(&config))
+    }
+
     /// Everything Envoy has logged so far.
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.join("envoy.log")).unwrap_or_default()
@@ -230,6 +252,11 @@ impl Envoy {
             let (k, v) = line.split_once(": ")?;
             (k == name).then(|| v.trim().parse().ok()).flatten()
         })
+    }
+
+    /// A filter's metric (`wasmcustom.<name>`), 0 before it is first written.
+    pub async fn custom_stat(&self, name: &str) -> u64 {
+        self.stat(&format!("wasmcustom.{name}")).await.unwrap_or(0)
     }
 
     /// Sends SIGTERM (what an orchestrator does after the preStop hook) and

@@ -8,5 +8,6 @@ pub mod compose;
 pub mod demo;
 pub mod emu;
 pub mod envoy;
+pub mod mesh;
 pub mod render;
 pub mod upstream;

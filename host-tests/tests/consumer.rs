@@ -3,116 +3,28 @@
 //! with test upstreams standing in for provider sidecars.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use graceful_host_tests::client::{self, load, Conn};
-use graceful_host_tests::envoy::{
-    eventually, free_port, scratch_path, write_eds, Envoy, EnvoySpec,
-};
+use graceful_host_tests::envoy::{eventually, free_port, write_eds};
+use graceful_host_tests::mesh::{ConsumerSidecar, CLOSING};
 use graceful_host_tests::upstream::Upstream;
 
-const CLOSING: &str = "x-graceful-closing";
 const OVERRIDE: &str = "x-graceful-override-host";
 
-struct Mesh {
-    envoy: Envoy,
-    outbound: SocketAddr,
-    eds: PathBuf,
-    ups: Vec<Upstream>,
-}
-
-impl Mesh {
-    async fn start(name: &str, config: &str, retries: u32) -> Mesh {
-        let mut ups = Vec::new();
-        for id in ["a1", "b1", "c1"] {
-            let u = Upstream::start().await;
-            u.set_instance(id);
-            ups.push(u);
-        }
-        let addrs: Vec<SocketAddr> = ups.iter().map(|u| u.addr).collect();
-        Mesh::with_endpoints(name, config, retries, ups, &addrs).await
-    }
-
-    async fn with_endpoints(
-        name: &str,
-        config: &str,
-        retries: u32,
-        ups: Vec<Upstream>,
-        endpoints: &[SocketAddr],
-    ) -> Mesh {
-        let eds = scratch_path(&format!("{name}-eds"), "yaml");
-        write_eds(&eds, "providers", endpoints);
-        let port = free_port();
-        let envoy = EnvoySpec::new(name, "consumer-sidecar.yaml")
-            .set("OUTBOUND_PORT", port)
-            .set("EDS_PATH", eds.display())
-            .set("CONSUMER_CONFIG", config)
-            .set("RETRIES", retries)
-            .start()
-            .await;
-        let mesh = Mesh {
-            envoy,
-            outbound: SocketAddr::from(([127, 0, 0, 1], port)),
-            eds,
-            ups,
-        };
-        mesh.wait_members(endpoints.len() as u64).await;
-        mesh
-    }
-
-    async fn wait_members(&self, n: u64) {
-        eventually(
-            &format!("{n} members in cluster providers"),
-            Duration::from_secs(10),
-            || async {
-                (self.envoy.stat("cluster.providers.membership_total").await == Some(n))
-                    .then_some(())
-            },
-        )
-        .await;
-    }
-
-    fn counts(&self) -> Vec<u64> {
-        self.ups.iter().map(Upstream::app_requests).collect()
-    }
-
-    async fn stat(&self, name: &str) -> u64 {
-        self.envoy
-            .stat(&format!("wasmcustom.{name}"))
-            .await
-            .unwrap_or(0)
-    }
-
-    /// Sends single requests until one comes back with the closing mark.
-    async fn until_marked(&self) -> Instant {
-        let mut conn = Conn::http1(self.outbound).await.unwrap();
-        for _ in 0..200 {
-            let r = conn.get("/").await.unwrap();
-            assert_eq!(r.status, 200);
-            if r.header(CLOSING).as_deref() == Some("true") {
-                return Instant::now();
-            }
-        }
-        panic!(
-            "no closing-marked response in 200 requests: {:?}",
-            self.counts()
+/// Accepted connections per worker on the sidecar's outbound listener.
+async fn worker_connections(m: &ConsumerSidecar) -> Vec<u64> {
+    let prefix = format!("listener.127.0.0.1_{}", m.outbound.port());
+    let mut out = Vec::new();
+    for w in 0..2 {
+        out.push(
+            m.envoy
+                .stat(&format!("{prefix}.worker_{w}.downstream_cx_total"))
+                .await
+                .unwrap_or(0),
         );
     }
-
-    async fn worker_connections(&self) -> Vec<u64> {
-        let prefix = format!("listener.127.0.0.1_{}", self.outbound.port());
-        let mut out = Vec::new();
-        for w in 0..2 {
-            out.push(
-                self.envoy
-                    .stat(&format!("{prefix}.worker_{w}.downstream_cx_total"))
-                    .await
-                    .unwrap_or(0),
-            );
-        }
-        out
-    }
+    out
 }
 
 /// Requests on `conns` connections until `stop` says so or `deadline`;
@@ -154,7 +66,7 @@ async fn load_until(
 async fn it_steers_both_workers_away_from_a_closing_host_for_the_ttl() {
     let ttl = Duration::from_secs(3);
     let cfg = r#"{"admin_cluster":"envoy_admin","tombstone_ttl":"3s","membership_refresh":"200ms","probe_path":""}"#;
-    let m = Mesh::start("steer", cfg, 2).await;
+    let m = ConsumerSidecar::start("steer", cfg, 2).await;
     let warm = load(m.outbound, 6, 10, "/").await;
     assert!(warm.iter().all(|r| r.status == 200));
     assert!(
@@ -166,7 +78,7 @@ async fn it_steers_both_workers_away_from_a_closing_host_for_the_ttl() {
     m.ups[0].set_closing(true);
     let marked_at = m.until_marked().await;
     let at_mark = m.counts();
-    let cx_before = m.worker_connections().await;
+    let cx_before = worker_connections(&m).await;
 
     // Continuous load from 8 connections (both workers) until the first new
     // request reaches the closing host.
@@ -196,7 +108,7 @@ async fn it_steers_both_workers_away_from_a_closing_host_for_the_ttl() {
         "the others shared the load: {at_mark:?} -> {after:?}"
     );
     assert!(ok > 100);
-    let cx_after = m.worker_connections().await;
+    let cx_after = worker_connections(&m).await;
     assert!(
         cx_after[0] > cx_before[0] && cx_after[1] > cx_before[1],
         "both workers served the steered load: {cx_before:?} -> {cx_after:?}"
@@ -219,7 +131,7 @@ async fn it_steers_both_workers_away_from_a_closing_host_for_the_ttl() {
 async fn it_readmits_a_new_instance_at_the_same_address_at_once() {
     let cfg =
         r#"{"admin_cluster":"envoy_admin","tombstone_ttl":"60s","membership_refresh":"200ms"}"#;
-    let m = Mesh::start("readmit", cfg, 2).await;
+    let m = ConsumerSidecar::start("readmit", cfg, 2).await;
     load(m.outbound, 4, 10, "/").await;
     m.ups[0].set_closing(true);
     m.until_marked().await;
@@ -256,7 +168,7 @@ async fn it_readmits_a_new_instance_at_the_same_address_at_once() {
 async fn it_keeps_a_tombstoned_host_out_while_the_registry_flaps() {
     let cfg =
         r#"{"admin_cluster":"envoy_admin","tombstone_ttl":"5s","membership_refresh":"200ms"}"#;
-    let m = Mesh::start("late-eds", cfg, 2).await;
+    let m = ConsumerSidecar::start("late-eds", cfg, 2).await;
     load(m.outbound, 4, 10, "/").await;
     m.ups[0].set_closing(true);
     let marked_at = m.until_marked().await;
@@ -306,7 +218,7 @@ async fn it_evicts_a_host_that_refuses_connections_for_the_failure_ttl() {
     }
     let dead = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let endpoints = [dead, ups[0].addr, ups[1].addr];
-    let m = Mesh::with_endpoints("refused", cfg, 0, ups, &endpoints).await;
+    let m = ConsumerSidecar::with_endpoints("refused", cfg, 0, ups, &endpoints).await;
     let conns = 4;
     let started = Instant::now();
     let (ok, failed) = load_until(m.outbound, conns, Duration::from_secs(5), || false).await;
@@ -327,7 +239,7 @@ async fn it_evicts_a_host_that_refuses_connections_for_the_failure_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn it_ignores_override_headers_sent_by_clients() {
     let cfg = r#"{"admin_cluster":"envoy_admin","tombstone_ttl":"60s","membership_refresh":"200ms","probe_path":""}"#;
-    let m = Mesh::start("forged-override", cfg, 2).await;
+    let m = ConsumerSidecar::start("forged-override", cfg, 2).await;
     let a = m.ups[0].addr.to_string();
     let mut conn = Conn::http1(m.outbound).await.unwrap();
     for _ in 0..60 {
@@ -370,7 +282,7 @@ async fn it_keeps_tombstone_memory_bounded_while_10000_hosts_churn() {
         .map(|i| SocketAddr::from(([127, 1, (i / 250) as u8, (i % 250 + 1) as u8], port)))
         .collect();
     let cfg = r#"{"failure_tombstone_ttl":"60s","max_tombstones":64,"probe_path":""}"#;
-    let m = Mesh::with_endpoints("churn", cfg, 0, Vec::new(), &endpoints).await;
+    let m = ConsumerSidecar::with_endpoints("churn", cfg, 0, Vec::new(), &endpoints).await;
     let mut samples = Vec::new();
     for round in 0..5 {
         let rs = load(m.outbound, 8, 250, "/").await;
@@ -411,7 +323,7 @@ async fn it_evicts_a_refusing_host_even_when_retries_hide_the_failure() {
     }
     let dead = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let endpoints = [dead, ups[0].addr, ups[1].addr];
-    let m = Mesh::with_endpoints("refused-retried", cfg, 2, ups, &endpoints).await;
+    let m = ConsumerSidecar::with_endpoints("refused-retried", cfg, 2, ups, &endpoints).await;
     let (ok, failed) = load_until(m.outbound, 4, Duration::from_secs(2), || false).await;
     assert_eq!(failed, 0, "retries carried every request");
     assert!(ok > 200, "load ran: {ok}");

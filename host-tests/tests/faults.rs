@@ -10,6 +10,7 @@ use graceful_host_tests::client::{self, abort_after, Conn};
 use graceful_host_tests::demo::load::Protocol;
 use graceful_host_tests::demo::{run, DemoConfig, Mode};
 use graceful_host_tests::envoy::{eventually, free_port, Envoy, EnvoySpec};
+use graceful_host_tests::mesh::status;
 use graceful_host_tests::upstream::Upstream;
 
 async fn provider(name: &str, drain_config: &str, app: &Upstream) -> (Envoy, SocketAddr) {
@@ -23,11 +24,6 @@ async fn provider(name: &str, drain_config: &str, app: &Upstream) -> (Envoy, Soc
         .start()
         .await;
     (envoy, SocketAddr::from(([127, 0, 0, 1], port)))
-}
-
-async fn status(addr: SocketAddr) -> Status {
-    let r = client::get(addr, "/graceful/status").await.unwrap();
-    serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("{e}: {}", r.text()))
 }
 
 async fn inflight_settles_at_zero(envoy: &Envoy, addr: SocketAddr) {

@@ -14,16 +14,13 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use graceful_core::status::Status;
 use graceful_host_tests::client::{self, Conn, Response};
-use graceful_host_tests::envoy::{
-    eventually, free_port, scratch_path, write_eds, Envoy, EnvoySpec,
-};
+use graceful_host_tests::envoy::{eventually, free_port, Envoy, EnvoySpec};
+use graceful_host_tests::mesh::{status, status_of, ConsumerSidecar, CLOSING};
 use graceful_host_tests::upstream::Upstream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-const CLOSING: &str = "x-graceful-closing";
 const INSTANCE: &str = "x-graceful-instance";
 const OVERRIDE: &str = "x-graceful-override-host";
 const LOCALHOST_V4: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
@@ -60,14 +57,6 @@ async fn provider(name: &str, listen: IpAddr, drain_config: &str) -> Provider {
         inbound: SocketAddr::new(listen, port),
         _upstream: upstream,
     }
-}
-
-fn status_of(r: &Response) -> Status {
-    serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("status JSON {:?}: {e}", r.text()))
-}
-
-async fn status(addr: SocketAddr) -> Status {
-    status_of(&client::get(addr, "/graceful/status").await.unwrap())
 }
 
 /// Every value of a response header, as text.
@@ -620,59 +609,10 @@ async fn it_survives_60_kib_headers_and_100_repeated_names_and_serves_on_both_wo
     assert_log_clean(&p.envoy);
 }
 
-/// The consumer sidecar in front of three test upstreams (file-based EDS).
-struct Consumer {
-    envoy: Envoy,
-    outbound: SocketAddr,
-    ups: Vec<Upstream>,
-}
-
-async fn consumer(name: &str, config: &str) -> Consumer {
-    let mut ups = Vec::new();
-    for id in ["a1", "b1", "c1"] {
-        let u = Upstream::start().await;
-        u.set_instance(id);
-        ups.push(u);
-    }
-    let addrs: Vec<SocketAddr> = ups.iter().map(|u| u.addr).collect();
-    let eds = scratch_path(&format!("{name}-eds"), "yaml");
-    write_eds(&eds, "providers", &addrs);
-    let port = free_port();
-    let envoy = EnvoySpec::new(name, "consumer-sidecar.yaml")
-        .set("OUTBOUND_PORT", port)
-        .set("EDS_PATH", eds.display())
-        .set("CONSUMER_CONFIG", config)
-        .set("RETRIES", 2)
-        .start()
-        .await;
-    eventually("3 members", Duration::from_secs(10), || async {
-        (envoy.stat("cluster.providers.membership_total").await == Some(3)).then_some(())
-    })
-    .await;
-    Consumer {
-        envoy,
-        outbound: SocketAddr::from(([127, 0, 0, 1], port)),
-        ups,
-    }
-}
-
-impl Consumer {
-    fn counts(&self) -> Vec<u64> {
-        self.ups.iter().map(Upstream::app_requests).collect()
-    }
-
-    async fn stat(&self, name: &str) -> u64 {
-        self.envoy
-            .stat(&format!("wasmcustom.{name}"))
-            .await
-            .unwrap_or(0)
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn it_keeps_consumer_steering_immune_to_request_headers_and_huge_answers() {
     let cfg = r#"{"admin_cluster":"envoy_admin","tombstone_ttl":"60s","membership_refresh":"200ms","probe_path":""}"#;
-    let m = consumer("hostile-consumer", cfg).await;
+    let m = ConsumerSidecar::start("hostile-consumer", cfg, 2).await;
     let health = vm_health(&m.envoy).await;
     let a = m.ups[0].addr.to_string();
     let near = "a".repeat(NEAR_LIMIT);

@@ -6,8 +6,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use graceful_core::status::Status;
-use graceful_host_tests::client::{self, abort_after, load, Conn, Response};
+use graceful_host_tests::client::{self, abort_after, load, Conn};
 use graceful_host_tests::envoy::{eventually, free_port, Envoy, EnvoySpec};
+use graceful_host_tests::mesh::{self, status_of};
 use graceful_host_tests::upstream::{Counters, Upstream};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
@@ -53,12 +54,8 @@ async fn sidecar(
     )
 }
 
-fn status_of(r: &Response) -> Status {
-    serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("status JSON {:?}: {e}", r.text()))
-}
-
 async fn status(s: &Sidecar) -> Status {
-    status_of(&client::get(s.inbound, "/graceful/status").await.unwrap())
+    mesh::status(s.inbound).await
 }
 
 async fn inflight_gauge_is_zero(envoy: &Envoy) {

@@ -1,0 +1,120 @@
+//! Pieces of a graceful mesh that several real-Envoy suites start the same
+//! way: the consumer sidecar in front of test upstreams, and the drain
+//! filter's status answer.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use graceful_core::status::Status;
+
+use crate::client::{self, Conn, Response};
+use crate::envoy::{eventually, free_port, scratch_path, write_eds, Envoy, EnvoySpec};
+use crate::upstream::Upstream;
+
+/// The closing mark a provider sidecar puts on responses.
+pub const CLOSING: &str = "x-graceful-closing";
+
+/// `envoy/consumer-sidecar.yaml` (graceful_consumer, override_host, a
+/// retry policy) in front of a `providers` cluster fed by file-based EDS.
+pub struct ConsumerSidecar {
+    pub envoy: Envoy,
+    /// The outbound listener the app would call.
+    pub outbound: SocketAddr,
+    /// The EDS file: rewrite it with [`write_eds`] to change membership.
+    pub eds: PathBuf,
+    /// The test upstreams standing in for provider sidecars.
+    pub ups: Vec<Upstream>,
+}
+
+impl ConsumerSidecar {
+    /// Three upstreams with instance ids a1, b1, c1, all in the cluster.
+    pub async fn start(name: &str, config: &str, retries: u32) -> ConsumerSidecar {
+        let mut ups = Vec::new();
+        for id in ["a1", "b1", "c1"] {
+            let u = Upstream::start().await;
+            u.set_instance(id);
+            ups.push(u);
+        }
+        let addrs: Vec<SocketAddr> = ups.iter().map(|u| u.addr).collect();
+        ConsumerSidecar::with_endpoints(name, config, retries, ups, &addrs).await
+    }
+
+    /// `endpoints` in the cluster (they need not be `ups`: an address with
+    /// nothing listening refuses connections); returns once Envoy has them.
+    pub async fn with_endpoints(
+        name: &str,
+        config: &str,
+        retries: u32,
+        ups: Vec<Upstream>,
+        endpoints: &[SocketAddr],
+    ) -> ConsumerSidecar {
+        let eds = scratch_path(&format!("{name}-eds"), "yaml");
+        write_eds(&eds, "providers", endpoints);
+        let port = free_port();
+        let envoy = EnvoySpec::new(name, "consumer-sidecar.yaml")
+            .set("OUTBOUND_PORT", port)
+            .set("EDS_PATH", eds.display())
+            .set("CONSUMER_CONFIG", config)
+            .set("RETRIES", retries)
+            .start()
+            .await;
+        let sidecar = ConsumerSidecar {
+            envoy,
+            outbound: SocketAddr::from(([127, 0, 0, 1], port)),
+            eds,
+            ups,
+        };
+        sidecar.wait_members(endpoints.len() as u64).await;
+        sidecar
+    }
+
+    /// Waits until Envoy's `providers` cluster has `n` members.
+    pub async fn wait_members(&self, n: u64) {
+        eventually(
+            &format!("{n} members in cluster providers"),
+            Duration::from_secs(10),
+            || async {
+                (self.envoy.stat("cluster.providers.membership_total").await == Some(n))
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+
+    /// Requests each upstream's app has served, in `ups` order.
+    pub fn counts(&self) -> Vec<u64> {
+        self.ups.iter().map(Upstream::app_requests).collect()
+    }
+
+    /// One of the filter's metrics (0 before it is first written).
+    pub async fn stat(&self, name: &str) -> u64 {
+        self.envoy.custom_stat(name).await
+    }
+
+    /// Sends single requests until one comes back with the closing mark.
+    pub async fn until_marked(&self) -> Instant {
+        let mut conn = Conn::http1(self.outbound).await.unwrap();
+        for _ in 0..200 {
+            let r = conn.get("/").await.unwrap();
+            assert_eq!(r.status, 200);
+            if r.header(CLOSING).as_deref() == Some("true") {
+                return Instant::now();
+            }
+        }
+        panic!(
+            "no closing-marked response in 200 requests: {:?}",
+            self.counts()
+        );
+    }
+}
+
+/// The status JSON in a `/graceful/status` answer.
+pub fn status_of(r: &Response) -> Status {
+    serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("status JSON {:?}: {e}", r.text()))
+}
+
+/// `GET /graceful/status` on a listener with graceful_drain.
+pub async fn status(addr: SocketAddr) -> Status {
+    status_of(&client::get(addr, "/graceful/status").await.unwrap())
+}
