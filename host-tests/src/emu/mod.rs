@@ -58,10 +58,11 @@
 //! started traps; a filter's first write of a shared-data key from any
 //! callback but `on_vm_start`/`on_configure` traps (in Envoy another worker
 //! may read the key as missing at the same moment, and with no CAS on a
-//! missing key both writes land: one change is lost, both count it); gauges are signed so that a double decrement shows as a
-//! negative value instead of wrapping; WASI `random_get` is a seeded
-//! generator, so runs repeat exactly; a trap fails the test at once (Envoy
-//! would reload or fail the worker's VM).
+//! missing key both writes land: one change is lost, both count it);
+//! gauges are signed so that a double decrement shows as a negative value
+//! instead of wrapping; WASI `random_get` is a seeded generator, so runs
+//! repeat exactly; a trap fails the test at once (Envoy would reload or
+//! fail the worker's VM).
 //!
 //! ```no_run
 //! use std::time::Duration;
