@@ -6,9 +6,9 @@
 //! nothing (`envoy/bench-upstream.yaml`: Envoy's own `direct_response` on four
 //! listeners). `wrk` (HTTP/1.1 keep-alive, 16 connections, one thread)
 //! drives it to saturation for throughput; then wrk over one connection
-//! measures latency without queueing. Every set is measured in each round, rounds interleaved, and
-//! each set's numbers are the median over rounds; ratios are against the
-//! no-filter set of the same run.
+//! measures latency without queueing. Every set is measured in each round,
+//! rounds interleaved, and each set's numbers are the median over rounds;
+//! ratios are against the no-filter set of the same run.
 
 use std::net::SocketAddr;
 use std::process::Command;

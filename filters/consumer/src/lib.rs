@@ -538,12 +538,10 @@ impl RootContext for ConsumerRoot {
         // Every key a stream or tick updates is created here, before any
         // stream runs: Envoy ignores CAS on a missing key, so two workers
         // creating one at once would both succeed and one change be lost
-        // (see graceful_core::store::ensure).
-        for (key, initial) in initial_shared_data() {
-            if let Err(e) = store::ensure(&HostStore, key, &initial) {
-                log::error!("graceful_consumer: cannot initialise shared data {key:?}: {e:?}");
-                return false;
-            }
+        // (see graceful_core::store::ensure_all).
+        if let Err((key, e)) = store::ensure_all(&HostStore, &initial_shared_data()) {
+            log::error!("graceful_consumer: cannot initialise shared data {key:?}: {e:?}");
+            return false;
         }
         // Membership refreshes and probes are the downstream instance's: an
         // upstream instance taking the refresh lease would skip a refresh.

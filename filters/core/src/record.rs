@@ -262,7 +262,14 @@ pub fn read(store: &dyn SharedStore) -> Result<InstanceRecord, StoreError> {
 /// context at configure time, before any stream can count (see
 /// [`crate::store::ensure`]).
 pub fn ensure(store: &dyn SharedStore) -> Result<(), StoreError> {
-    crate::store::ensure(store, RECORD_KEY, &InstanceRecord::default().encode())
+    let (key, value) = initial();
+    crate::store::ensure(store, key, &value)
+}
+
+/// The record's key and the value it starts from (serving, nothing in
+/// flight), for [`crate::store::ensure_all`].
+pub fn initial() -> (&'static str, Vec<u8>) {
+    (RECORD_KEY, InstanceRecord::default().encode().to_vec())
 }
 
 fn modify<T>(

@@ -134,6 +134,19 @@ pub fn ensure(store: &dyn SharedStore, key: &str, initial: &[u8]) -> Result<(), 
     Ok(())
 }
 
+/// [`ensure`] for each `(key, initial)` in turn, from `on_configure`: every
+/// key that streams or ticks update must exist before they run. The first
+/// failure comes back with its key.
+pub fn ensure_all<'a>(
+    store: &dyn SharedStore,
+    keys: &'a [(&'a str, Vec<u8>)],
+) -> Result<(), (&'a str, StoreError)> {
+    for (key, initial) in keys {
+        ensure(store, key, initial).map_err(|e| (*key, e))?;
+    }
+    Ok(())
+}
+
 /// Adds `delta` to the little-endian u64 counter at `key`, unless the result
 /// would exceed `max`: then nothing is written and None comes back. The
 /// counter never goes below zero. A missing or malformed value counts as 0.
@@ -191,6 +204,16 @@ fn host_error(e: StoreError) -> UpdateError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ensure_all_creates_missing_keys_and_keeps_existing_ones() {
+        let store = MemStore::new();
+        store.set("a", b"kept", 0).unwrap();
+        let keys = [("a", b"new".to_vec()), ("b", b"initial".to_vec())];
+        ensure_all(&store, &keys).unwrap();
+        assert_eq!(store.get("a").unwrap().unwrap().0, b"kept");
+        assert_eq!(store.get("b").unwrap().unwrap().0, b"initial");
+    }
 
     #[test]
     fn set_on_existing_key_checks_cas() {

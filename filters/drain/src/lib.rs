@@ -253,12 +253,14 @@ impl RootContext for DrainRoot {
         // Envoy ignores CAS on a missing key, so two workers creating one at
         // once would both succeed and one change be lost (a waiter slot not
         // counted, the admin lease taken twice).
-        let zero = 0u64.to_le_bytes();
-        let created = record::ensure(&HostStore)
-            .and_then(|()| store::ensure(&HostStore, WAITERS_KEY, &zero))
-            .and_then(|()| store::ensure(&HostStore, ADMIN_LEASE_KEY, &zero));
-        if let Err(e) = created {
-            log::error!("graceful_drain: cannot initialise shared data: {e:?}");
+        let zero = || 0u64.to_le_bytes().to_vec();
+        let keys = [
+            record::initial(),
+            (WAITERS_KEY, zero()),
+            (ADMIN_LEASE_KEY, zero()),
+        ];
+        if let Err((key, e)) = store::ensure_all(&HostStore, &keys) {
+            log::error!("graceful_drain: cannot initialise shared data {key:?}: {e:?}");
             return false;
         }
         self.shared = Some(Rc::new(Shared {
