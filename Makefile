@@ -29,6 +29,8 @@ BENCH_FLAGS ?=
 DEMO_FLAGS ?=
 ENVOY_IMAGE ?= envoyproxy/envoy:v1.40.0
 E2E_ENV = GRACEFUL_ENVOY=$(CURDIR)/$(ENVOY) GRACEFUL_DIST=$(CURDIR)/dist
+# Debian packages the tests use beyond Rust and Python (CI runs as root).
+APT_TOOLS := skopeo docker-registry
 
 .PHONY: help
 help: ## list the targets
@@ -106,8 +108,14 @@ lint: ## rustfmt check and clippy (native and wasm) with warnings as errors
 try: build envoy ## start Envoy with the filters, walk through one shutdown, print each answer
 	$(CARGO) run --quiet --profile test -p graceful-host-tests --bin walkthrough
 
+.PHONY: test-tools
+test-tools: envoy ## install what the tests use beyond Rust and Python: $(APT_TOOLS) (Debian), kubernetes-validate (PyPI, into .venv)
+	@missing=; for p in $(APT_TOOLS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
+	@$(VENV)/bin/kubernetes-validate --version >/dev/null 2>&1 || $(VENV)/bin/pip install --quiet --disable-pip-version-check kubernetes-validate==1.37.0
+
 .PHONY: test
-test: build envoy lint ## everything CI runs: lint, unit tests, real-Envoy tests, config validation
+test: build envoy lint test-tools ## everything CI runs: lint, unit tests, real-Envoy tests, config validation
 	$(CARGO) test -p graceful-core --tests
 	$(CARGO) test -p graceful-host -p graceful-host-tests --lib --bins
 	$(MAKE) --no-print-directory validate-envoy
