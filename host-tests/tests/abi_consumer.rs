@@ -286,6 +286,9 @@ fn it_probes_a_tombstoned_host_and_readmits_its_new_instance() {
         ("providers", "/graceful/ready".into())
     );
     assert_eq!(p.header(OVERRIDE).as_deref(), Some(A));
+    // Its Host is the address: a cluster name may be no valid Host (Istio's
+    // `outbound|80||svc`).
+    assert_eq!(p.header(":authority").as_deref(), Some(A));
     // Answered by another host (A left the cluster, override fell back):
     // says nothing about A.
     host.answer_call(

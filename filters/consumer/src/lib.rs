@@ -413,7 +413,10 @@ impl ConsumerRoot {
             let headers = vec![
                 (":method", "GET"),
                 (":path", probe_path.as_str()),
-                (":authority", t.cluster.as_str()),
+                // The host's own address: a cluster name is no valid Host
+                // (Istio's `outbound|80||svc` has `|`, and the provider's
+                // sidecar answers such a probe 400).
+                (":authority", t.address.as_str()),
                 (
                     shared.config.override_host_header.as_str(),
                     t.address.as_str(),
