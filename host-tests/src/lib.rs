@@ -8,6 +8,8 @@ pub mod compose;
 pub mod demo;
 pub mod emu;
 pub mod envoy;
+pub mod istio;
 pub mod mesh;
+pub mod netns;
 pub mod render;
 pub mod upstream;

@@ -1,0 +1,504 @@
+//! Envoy configured the way Istio configures a sidecar, for the
+//! Istio-shaped suite (`tests/istio_sidecar.rs`). Not Istio: no istiod,
+//! no pilot-agent, no xDS. What it keeps is what the examples depend on:
+//!
+//! - the listeners: `virtualInbound` on 15006 (an `original_dst` listener
+//!   whose filter chains match the destination port, with the
+//!   `virtualInbound-blackhole` chain for connections made to 15006
+//!   itself), `virtualOutbound` on 15001 (`use_original_dst`, handing each
+//!   connection to the bind-less listener of its service port), the
+//!   Prometheus listener on 15090 and the readiness listener on 15021;
+//! - the admin on 127.0.0.1:15000 and the bootstrap's `prometheus_stats`
+//!   cluster pointing at it;
+//! - the inbound cluster reaching the app from 127.0.0.6, the outbound
+//!   cluster named `outbound|PORT||HOST` with Istio's default retry
+//!   policy;
+//! - the WasmPlugins of `examples/istio/` translated as istiod translates
+//!   them ([`wasm_filters`]): name `NAMESPACE.NAME`, `root_id` =
+//!   `pluginName`, the `pluginConfig` as JSON in a `StringValue`, no
+//!   `vm_id`, `failStrategy` as the failure policy, ordered by phase and
+//!   priority; the module is the local file the agent would have fetched;
+//! - the example's EnvoyFilter cluster patch merged with Istio's merge
+//!   rules ([`merge_patch`]).
+//!
+//! Where it differs: the readiness listener answers `/healthz/ready` with
+//! a direct 200 (pilot-agent's job), EDS is a file, there is no mTLS.
+
+use serde_json::{json, Map, Value};
+
+use crate::envoy::repo_root;
+
+/// The admin address Istio gives the sidecar.
+pub const ADMIN_PORT: u16 = 15000;
+pub const INBOUND_PORT: u16 = 15006;
+pub const OUTBOUND_PORT: u16 = 15001;
+pub const PROMETHEUS_PORT: u16 = 15090;
+pub const HEALTH_PORT: u16 = 15021;
+/// The namespace the example resources are applied in.
+pub const NAMESPACE: &str = "default";
+
+/// Every YAML document of `examples/istio/FILE`, as JSON values.
+pub fn documents(file: &str) -> Vec<Value> {
+    use serde::Deserialize;
+    let path = repo_root().join("examples/istio").join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| {
+            let yaml = serde_yaml::Value::deserialize(d)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            serde_json::to_value(yaml).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        })
+        .filter(|d| !d.is_null())
+        .collect()
+}
+
+/// The documents of kind `kind` across the example's files.
+pub fn of_kind(kind: &str) -> Vec<Value> {
+    ["wasmplugins.yaml", "provider.yaml", "consumer.yaml"]
+        .iter()
+        .flat_map(|f| documents(f))
+        .filter(|d| d["kind"] == kind)
+        .collect()
+}
+
+/// Which side of the sidecar a WasmPlugin's `match[].mode` selects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// Inbound (`SERVER`).
+    Server,
+    /// Outbound (`CLIENT`).
+    Client,
+}
+
+fn plugin_applies(plugin: &Value, app: &str, side: Side) -> bool {
+    let spec = &plugin["spec"];
+    let selected = spec["selector"]["matchLabels"]["app"] == app;
+    let modes: Vec<&str> = spec["match"]
+        .as_array()
+        .map(|m| m.iter().filter_map(|t| t["mode"].as_str()).collect())
+        .unwrap_or_default();
+    let wanted = match side {
+        Side::Server => "SERVER",
+        Side::Client => "CLIENT",
+    };
+    selected
+        && (modes.is_empty() || modes.contains(&"CLIENT_AND_SERVER") || modes.contains(&wanted))
+}
+
+/// Istio's phase order: AUTHN, then AUTHZ, then STATS; unspecified last.
+fn phase_rank(phase: &Value) -> u8 {
+    match phase.as_str() {
+        Some("AUTHN") => 0,
+        Some("AUTHZ") => 1,
+        Some("STATS") => 2,
+        _ => 3,
+    }
+}
+
+/// The module a WasmPlugin's `url` names, as the local file pilot-agent
+/// would have written after fetching it: `oci://REGISTRY/graceful_drain:TAG`
+/// is `graceful_drain.wasm` in `wasm_dir`.
+fn local_module(url: &str, wasm_dir: &std::path::Path) -> String {
+    let last = url.rsplit('/').next().unwrap_or(url);
+    let name = last.split([':', '@']).next().unwrap_or(last);
+    wasm_dir.join(format!("{name}.wasm")).display().to_string()
+}
+
+/// The HTTP filters istiod would put on `side` of a pod labelled
+/// `app: APP`, in order, from the example's WasmPlugins.
+pub fn wasm_filters(app: &str, side: Side, wasm_dir: &std::path::Path) -> Vec<Value> {
+    let mut plugins: Vec<Value> = of_kind("WasmPlugin")
+        .into_iter()
+        .filter(|p| plugin_applies(p, app, side))
+        .collect();
+    // Within a phase, higher priority first.
+    plugins.sort_by_key(|p| {
+        (
+            phase_rank(&p["spec"]["phase"]),
+            std::cmp::Reverse(p["spec"]["priority"].as_i64().unwrap_or(0)),
+        )
+    });
+    plugins
+        .iter()
+        .map(|p| {
+            let spec = &p["spec"];
+            let name = format!(
+                "{}.{}",
+                p["metadata"]["namespace"].as_str().unwrap_or(NAMESPACE),
+                p["metadata"]["name"].as_str().unwrap_or_default()
+            );
+            let url = spec["url"].as_str().unwrap_or_default();
+            let mut config = json!({
+                "name": name,
+                "root_id": spec["pluginName"],
+                "vm_config": {
+                    "runtime": "envoy.wasm.runtime.v8",
+                    "code": {"local": {"filename": local_module(url, wasm_dir)}},
+                },
+            });
+            if let Some(plugin_config) = spec["pluginConfig"].as_object().filter(|c| !c.is_empty())
+            {
+                config["configuration"] = json!({
+                    "@type": "type.googleapis.com/google.protobuf.StringValue",
+                    "value": Value::Object(plugin_config.clone()).to_string(),
+                });
+            }
+            let policy = match spec["failStrategy"].as_str() {
+                Some("FAIL_OPEN") => Some("FAIL_OPEN"),
+                Some("FAIL_RELOAD") => Some("FAIL_RELOAD"),
+                Some("FAIL_CLOSE") => Some("FAIL_CLOSED"),
+                _ => None,
+            };
+            if let Some(policy) = policy {
+                config["failure_policy"] = json!(policy);
+            }
+            json!({
+                "name": name,
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                    "config": config,
+                },
+            })
+        })
+        .collect()
+}
+
+/// Merges `patch` into `target` the way an EnvoyFilter `MERGE` does
+/// (Istio's `pkg/proto/merge`): messages merge field by field, lists
+/// append, map entries (`typed_extension_protocol_options`, ...) and
+/// scalars are replaced. On JSON, maps and messages look alike: the map
+/// fields a cluster patch could touch are listed.
+pub fn merge_patch(target: &mut Value, patch: &Value) {
+    merge_at(target, patch, "");
+}
+
+const MAP_FIELDS: &[&str] = &[
+    "typed_extension_protocol_options",
+    "filter_metadata",
+    "typed_filter_metadata",
+];
+
+fn merge_at(target: &mut Value, patch: &Value, field: &str) {
+    match (target, patch) {
+        (Value::Object(t), Value::Object(p)) if !p.contains_key("@type") => {
+            for (k, v) in p {
+                if MAP_FIELDS.contains(&field) {
+                    t.insert(k.clone(), v.clone());
+                } else {
+                    merge_at(t.entry(k.clone()).or_insert(Value::Null), v, k);
+                }
+            }
+        }
+        (Value::Array(t), Value::Array(p)) => t.extend(p.iter().cloned()),
+        (t, p) => *t = p.clone(),
+    }
+}
+
+/// The example EnvoyFilter's CLUSTER patches (match and value).
+pub fn cluster_patches() -> Vec<(Value, Value)> {
+    of_kind("EnvoyFilter")
+        .iter()
+        .flat_map(|f| {
+            f["spec"]["configPatches"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter(|p| p["applyTo"] == "CLUSTER")
+        .map(|p| (p["match"].clone(), p["patch"]["value"].clone()))
+        .collect()
+}
+
+fn socket(address: &str, port: u16) -> Value {
+    json!({"socket_address": {"address": address, "port_value": port}})
+}
+
+fn static_cluster(name: &str, address: &str, port: u16) -> Value {
+    json!({
+        "name": name,
+        "type": "STATIC",
+        "connect_timeout": "0.250s",
+        "load_assignment": {"cluster_name": name, "endpoints": [{"lb_endpoints": [
+            {"endpoint": {"address": socket(address, port)}}
+        ]}]},
+    })
+}
+
+fn hcm(
+    stat_prefix: &str,
+    route_config: Value,
+    http_filters: Vec<Value>,
+    access_log: &str,
+) -> Value {
+    let mut filters = http_filters;
+    filters.push(json!({
+        "name": "envoy.filters.http.router",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"},
+    }));
+    json!({
+        "name": "envoy.filters.network.http_connection_manager",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "stat_prefix": stat_prefix,
+            "codec_type": "AUTO",
+            "use_remote_address": false,
+            "access_log": [{
+                "name": "envoy.access_loggers.file",
+                "typed_config": {
+                    "@type": "type.googleapis.com/envoy.extensions.access_loggers.file.v3.FileAccessLog",
+                    "path": access_log,
+                    "log_format": {"text_format_source": {"inline_string":
+                        "%START_TIME(%s.%3f)% %RESPONSE_CODE% %RESPONSE_FLAGS% %UPSTREAM_HOST% attempts=%UPSTREAM_REQUEST_ATTEMPT_COUNT% %REQ(:PATH)%\n"}},
+                },
+            }],
+            "route_config": route_config,
+            "http_filters": filters,
+        },
+    })
+}
+
+fn tcp_proxy(stat_prefix: &str, cluster: &str) -> Value {
+    json!({
+        "name": "envoy.filters.network.tcp_proxy",
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+            "stat_prefix": stat_prefix,
+            "cluster": cluster,
+        },
+    })
+}
+
+/// The listeners and clusters every Istio sidecar has from its bootstrap:
+/// the admin, `prometheus_stats`, 15090 and 15021.
+fn bootstrap(node_id: &str, listeners: Vec<Value>, clusters: Vec<Value>) -> Value {
+    let mut all_listeners = vec![
+        json!({
+            "name": "prometheus",
+            "address": socket("0.0.0.0", PROMETHEUS_PORT),
+            "filter_chains": [{"filters": [hcm(
+                "stats",
+                json!({"virtual_hosts": [{"name": "prometheus", "domains": ["*"], "routes": [
+                    {"match": {"prefix": "/stats/prometheus"}, "route": {"cluster": "prometheus_stats"}}
+                ]}]}),
+                vec![],
+                "/dev/null",
+            )]}],
+        }),
+        json!({
+            "name": "health",
+            "address": socket("0.0.0.0", HEALTH_PORT),
+            "filter_chains": [{"filters": [hcm(
+                "agent",
+                // Stand-in for pilot-agent's readiness answer.
+                json!({"virtual_hosts": [{"name": "health", "domains": ["*"], "routes": [
+                    {"match": {"prefix": "/healthz/ready"}, "direct_response": {"status": 200}}
+                ]}]}),
+                vec![],
+                "/dev/null",
+            )]}],
+        }),
+    ];
+    all_listeners.extend(listeners);
+    let mut all_clusters = vec![static_cluster("prometheus_stats", "127.0.0.1", ADMIN_PORT)];
+    all_clusters.extend(clusters);
+    json!({
+        "node": {"id": node_id, "cluster": node_id},
+        "admin": {"address": socket("127.0.0.1", ADMIN_PORT)},
+        "static_resources": {"listeners": all_listeners, "clusters": all_clusters},
+    })
+}
+
+/// A provider pod's sidecar: the app on `app_port` behind `virtualInbound`
+/// with the WasmPlugins of pods labelled `app: provider`.
+pub fn provider_sidecar(
+    pod_ip: &str,
+    app_port: u16,
+    wasm_dir: &std::path::Path,
+    access_log: &str,
+) -> Value {
+    let inbound_cluster = format!("inbound|{app_port}||");
+    let route = json!({
+        "name": format!("inbound|{app_port}||"),
+        "virtual_hosts": [{"name": format!("inbound|http|{app_port}"), "domains": ["*"], "routes": [{
+            "name": "default",
+            "match": {"prefix": "/"},
+            "route": {
+                "cluster": inbound_cluster,
+                "timeout": "0s",
+                "retry_policy": {"retry_on": "reset-before-request", "num_retries": 2},
+            },
+        }]}],
+    });
+    let virtual_inbound = json!({
+        "name": "virtualInbound",
+        "address": socket("0.0.0.0", INBOUND_PORT),
+        "listener_filters": [{
+            "name": "envoy.filters.listener.original_dst",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.listener.original_dst.v3.OriginalDst"},
+        }],
+        "filter_chains": [
+            {
+                "name": "virtualInbound-blackhole",
+                "filter_chain_match": {"destination_port": INBOUND_PORT},
+                "filters": [tcp_proxy("BlackHoleCluster", "BlackHoleCluster")],
+            },
+            {
+                "name": format!("0.0.0.0_{app_port}"),
+                "filter_chain_match": {"destination_port": app_port},
+                "filters": [hcm(
+                    &format!("inbound_0.0.0.0_{app_port}"),
+                    route,
+                    wasm_filters("provider", Side::Server, wasm_dir),
+                    access_log,
+                )],
+            },
+            {
+                "name": "virtualInbound-catchall-http",
+                "filters": [tcp_proxy("InboundPassthroughCluster", "InboundPassthroughCluster")],
+            },
+        ],
+    });
+    let original_dst = |name: &str| {
+        json!({
+            "name": name,
+            "type": "ORIGINAL_DST",
+            "lb_policy": "CLUSTER_PROVIDED",
+            "connect_timeout": "10s",
+            // Istio's inbound clusters reach the app from 127.0.0.6, which
+            // the capture rules return unredirected.
+            "upstream_bind_config": {"source_address": {"address": "127.0.0.6", "port_value": 0}},
+        })
+    };
+    bootstrap(
+        &format!("sidecar~{pod_ip}~provider.{NAMESPACE}~{NAMESPACE}.svc.cluster.local"),
+        vec![virtual_inbound],
+        vec![
+            original_dst(&inbound_cluster),
+            original_dst("InboundPassthroughCluster"),
+            json!({"name": "BlackHoleCluster", "type": "STATIC", "connect_timeout": "10s"}),
+        ],
+    )
+}
+
+/// The outbound cluster Istio builds for `outbound|PORT||HOST` (the fields
+/// that matter beside the patch: EDS, least request, the circuit breakers
+/// istiod opens wide), before any EnvoyFilter.
+pub fn outbound_cluster(name: &str, eds_path: &str) -> Value {
+    json!({
+        "name": name,
+        "type": "EDS",
+        "connect_timeout": "10s",
+        "lb_policy": "LEAST_REQUEST",
+        "eds_cluster_config": {
+            "service_name": name,
+            "eds_config": {"resource_api_version": "V3", "path_config_source": {"path": eds_path}},
+        },
+        "circuit_breakers": {"thresholds": [{
+            "max_connections": 4294967295u32,
+            "max_pending_requests": 4294967295u32,
+            "max_requests": 4294967295u32,
+            "max_retries": 4294967295u32,
+            "track_remaining": true,
+        }]},
+        "common_lb_config": {},
+        "metadata": {"filter_metadata": {"istio": {"services": [{"host": name.rsplit('|').next().unwrap_or(name), "name": "provider", "namespace": NAMESPACE}]}}},
+    })
+}
+
+/// Istio's default route retry policy (`pilot/pkg/networking/core/route/retry`):
+/// `retriable-status-codes` with no codes listed, so a 503 is not retried.
+pub fn default_retry_policy() -> Value {
+    json!({
+        "retry_on": "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
+        "num_retries": 2,
+        "retry_host_predicate": [{
+            "name": "envoy.retry_host_predicates.previous_hosts",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"},
+        }],
+        "host_selection_retry_max_attempts": 5,
+    })
+}
+
+/// A consumer pod's sidecar calling `service_host` on `service_port`
+/// (its ClusterIP `vip`): `virtualOutbound` hands the app's captured
+/// connections to the `0.0.0.0_PORT` listener, whose route goes to the
+/// outbound cluster, with the EnvoyFilter's patches merged into it.
+pub fn consumer_sidecar(
+    pod_ip: &str,
+    service_host: &str,
+    vip: &str,
+    service_port: u16,
+    eds_path: &str,
+    wasm_dir: &std::path::Path,
+    access_log: &str,
+) -> Value {
+    let cluster_name = format!("outbound|{service_port}||{service_host}");
+    let mut cluster = outbound_cluster(&cluster_name, eds_path);
+    for (matcher, value) in cluster_patches() {
+        let service = matcher["cluster"]["service"].as_str();
+        let port = matcher["cluster"]["portNumber"].as_u64();
+        let context_ok = matches!(
+            matcher["context"].as_str(),
+            Some("SIDECAR_OUTBOUND" | "ANY") | None
+        );
+        if context_ok
+            && service.is_none_or(|s| s == service_host)
+            && port.is_none_or(|p| p == u64::from(service_port))
+        {
+            merge_patch(&mut cluster, &value);
+        }
+    }
+    let short = service_host.split('.').next().unwrap_or(service_host);
+    let mut domains: Vec<String> = [service_host.to_string(), short.to_string(), vip.to_string()]
+        .iter()
+        .flat_map(|d| [d.clone(), format!("{d}:{service_port}")])
+        .collect();
+    // The Host the tests' HTTP clients send (`client::Conn`), standing for
+    // `provider`.
+    domains.push("test".into());
+    let route = json!({
+        "name": service_port.to_string(),
+        "virtual_hosts": [{
+            "name": format!("{service_host}:{service_port}"),
+            "domains": domains,
+            "routes": [{
+                "name": "default",
+                "match": {"prefix": "/"},
+                "route": {"cluster": cluster_name, "timeout": "0s", "retry_policy": default_retry_policy()},
+            }],
+        }],
+    });
+    let service_listener = json!({
+        "name": format!("0.0.0.0_{service_port}"),
+        "address": socket("0.0.0.0", service_port),
+        "bind_to_port": false,
+        "filter_chains": [{"filters": [hcm(
+            &format!("outbound_0.0.0.0_{service_port}"),
+            route,
+            wasm_filters("consumer", Side::Client, wasm_dir),
+            access_log,
+        )]}],
+    });
+    let virtual_outbound = json!({
+        "name": "virtualOutbound",
+        "address": socket("0.0.0.0", OUTBOUND_PORT),
+        "use_original_dst": true,
+        "filter_chains": [{"name": "virtualOutbound-catchall-tcp", "filters": [tcp_proxy("PassthroughCluster", "PassthroughCluster")]}],
+    });
+    bootstrap(
+        &format!("sidecar~{pod_ip}~consumer.{NAMESPACE}~{NAMESPACE}.svc.cluster.local"),
+        vec![virtual_outbound, service_listener],
+        vec![
+            cluster,
+            json!({"name": "PassthroughCluster", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED", "connect_timeout": "10s"}),
+        ],
+    )
+}
+
+/// Keys of a JSON object, for error messages.
+pub fn keys(v: &Value) -> Vec<String> {
+    v.as_object()
+        .map(Map::keys)
+        .map(|k| k.cloned().collect())
+        .unwrap_or_default()
+}
