@@ -502,3 +502,59 @@ pub fn keys(v: &Value) -> Vec<String> {
         .map(|k| k.cloned().collect())
         .unwrap_or_default()
 }
+
+/// Adds graceful_consumer as an upstream HTTP filter of `cluster` in a
+/// consumer sidecar config, as `envoy/consumer-sidecar.yaml` ships it: the
+/// same plugin configuration, a VM of its own (`vm_config.configuration`
+/// `upstream`). Istio's WasmPlugin cannot deliver this; the Istio-shaped
+/// suite uses it to measure what its absence costs.
+pub fn add_upstream_instance(config: &mut Value, cluster: &str) {
+    let Some(downstream) = config
+        .pointer("/static_resources/listeners")
+        .and_then(Value::as_array)
+        .and_then(|ls| {
+            ls.iter().find_map(|l| {
+                l.pointer("/filter_chains/0/filters/0/typed_config/http_filters")
+                    .and_then(Value::as_array)
+                    .and_then(|fs| {
+                        fs.iter().find(|f| {
+                            f.pointer("/typed_config/config/root_id")
+                                == Some(&json!("graceful_consumer"))
+                        })
+                    })
+                    .cloned()
+            })
+        })
+    else {
+        panic!("no graceful_consumer filter in the consumer config");
+    };
+    let mut upstream = downstream;
+    upstream["name"] = json!("graceful_consumer_upstream");
+    upstream["typed_config"]["config"]["name"] = json!("graceful_consumer_upstream");
+    upstream["typed_config"]["config"]["vm_config"]["configuration"] = json!({
+        "@type": "type.googleapis.com/google.protobuf.StringValue",
+        "value": "upstream",
+    });
+    let Some(clusters) = config
+        .pointer_mut("/static_resources/clusters")
+        .and_then(Value::as_array_mut)
+    else {
+        panic!("no clusters in the consumer config");
+    };
+    let Some(target) = clusters.iter_mut().find(|c| c["name"] == cluster) else {
+        panic!("no cluster {cluster}");
+    };
+    target["typed_extension_protocol_options"] = json!({
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http_protocol_options": {}},
+            "http_filters": [
+                upstream,
+                {
+                    "name": "envoy.filters.http.upstream_codec",
+                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec"},
+                },
+            ],
+        },
+    });
+}

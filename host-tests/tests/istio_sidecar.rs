@@ -208,6 +208,33 @@ async fn prometheus(pod_ip: Ipv4Addr, name: &str) -> Option<u64> {
     })
 }
 
+/// The consumer's retries to `cluster` from its Prometheus listener.
+/// Envoy's default tag extractor cuts a cluster name at its first dot, so
+/// the line for `outbound|80||provider.default...` is found by its parts.
+async fn retries_of(pod_ip: Ipv4Addr, cluster: &str) -> u64 {
+    let Ok(r) = client::get(
+        SocketAddr::from((pod_ip, istio::PROMETHEUS_PORT)),
+        "/stats/prometheus",
+    )
+    .await
+    else {
+        return 0;
+    };
+    let head = cluster.split('.').next().unwrap_or(cluster);
+    let lines: Vec<String> = r
+        .text()
+        .lines()
+        .filter(|l| l.contains("upstream_rq_retry{") && l.contains(&format!("\"{head}\"")))
+        .map(String::from)
+        .collect();
+    assert_eq!(lines.len(), 1, "one retry line for {cluster}: {lines:?}");
+    lines[0]
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no value in {}", lines[0]))
+}
+
 async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
 where
     F: FnMut() -> Fut,
@@ -261,41 +288,110 @@ fn samples_of(samples: &[Sample], served_by: u8) -> usize {
     samples.iter().filter(|s| s.served_by == served_by).count()
 }
 
+/// Three provider pods and a consumer pod on one node, their sidecars
+/// configured like Istio's, the providers in the consumer's (file) EDS.
+struct Mesh {
+    node: Node,
+    consumer_pod: Pod,
+    providers: Vec<Provider>,
+    eds: PathBuf,
+    cluster: String,
+    endpoints: Vec<SocketAddr>,
+    consumer_envoy: Proc,
+}
+
+impl Mesh {
+    /// `upstream_instance`: also run graceful_consumer as an upstream
+    /// filter of the outbound cluster (what the shipped consumer sidecar
+    /// does and Istio cannot deliver), for the comparison.
+    fn start(dir: &Path, upstream_instance: bool) -> Mesh {
+        let mut node = Node::new();
+        let consumer_pod = node.pod("c", 2);
+        // Pod names double as the apps' names: p1..p3 (x-served-by).
+        let providers: Vec<Provider> = (1..=3u8)
+            .map(|i| {
+                let pod = node.pod(&format!("p{i}"), 10 + i);
+                pod.capture_like_istio();
+                start_provider(pod, 0, dir)
+            })
+            .collect();
+        consumer_pod.capture_like_istio();
+        let eds = dir.join("eds.yaml");
+        let cluster = format!("outbound|80||{SERVICE}");
+        let endpoints: Vec<SocketAddr> = providers
+            .iter()
+            .map(|p| SocketAddr::from((p.pod.ip, APP_PORT)))
+            .collect();
+        write_eds(&eds, &cluster, &endpoints);
+        let mut consumer_config = istio::consumer_sidecar(
+            &consumer_pod.ip.to_string(),
+            SERVICE,
+            &VIP.to_string(),
+            80,
+            &eds.display().to_string(),
+            &wasm_dir(),
+            "/dev/stdout",
+        );
+        if upstream_instance {
+            istio::add_upstream_instance(&mut consumer_config, &cluster);
+        }
+        let consumer_path = write_config(dir, "consumer", &consumer_config);
+        let consumer_envoy = sidecar(&consumer_pod, &consumer_path, dir);
+        let mesh = Mesh {
+            node,
+            consumer_pod,
+            providers,
+            eds,
+            cluster,
+            endpoints,
+            consumer_envoy,
+        };
+        mesh.wait_filters();
+        mesh
+    }
+
+    /// Every sidecar up with its filters loaded, as a scraper on the node
+    /// sees it.
+    fn wait_filters(&self) {
+        let mut pods: Vec<(Ipv4Addr, &'static str)> = self
+            .providers
+            .iter()
+            .map(|p| (p.pod.ip, "graceful_drain_phase"))
+            .collect();
+        pods.push((self.consumer_pod.ip, "graceful_consumer_tombstones"));
+        let node = self.node.netns.clone();
+        in_netns(&node, move || {
+            Box::pin(async move {
+                for (ip, metric) in pods {
+                    eventually(
+                        &format!("{ip}: {metric} on :15090"),
+                        Duration::from_secs(60),
+                        || async move { prometheus(ip, metric).await },
+                    )
+                    .await;
+                }
+            })
+        })
+        .join()
+        .unwrap_or_else(|_| panic!("the sidecars did not come up"));
+    }
+}
+
 #[test]
 fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_policy() {
     if !pods_available() {
         return;
     }
     let dir = run_dir("istio");
-    let mut node = Node::new();
-    let consumer_pod = node.pod("c", 2);
-    let mut providers: Vec<Provider> = (1..=3u8)
-        .map(|i| {
-            let pod = node.pod(&format!("p{i}"), 10 + i);
-            pod.capture_like_istio();
-            start_provider(pod, 0, &dir)
-        })
-        .collect();
-    consumer_pod.capture_like_istio();
-    // Pod names double as the apps' names: p1..p3 (x-served-by).
-    let eds = dir.join("eds.yaml");
-    let cluster = format!("outbound|80||{SERVICE}");
-    let endpoints: Vec<SocketAddr> = providers
-        .iter()
-        .map(|p| SocketAddr::from((p.pod.ip, APP_PORT)))
-        .collect();
-    write_eds(&eds, &cluster, &endpoints);
-    let consumer_config = istio::consumer_sidecar(
-        &consumer_pod.ip.to_string(),
-        SERVICE,
-        &VIP.to_string(),
-        80,
-        &eds.display().to_string(),
-        &wasm_dir(),
-        "/dev/stdout",
-    );
-    let consumer_path = write_config(&dir, "consumer", &consumer_config);
-    let consumer_envoy = sidecar(&consumer_pod, &consumer_path, &dir);
+    let Mesh {
+        node,
+        consumer_pod,
+        mut providers,
+        eds,
+        cluster,
+        endpoints,
+        consumer_envoy,
+    } = Mesh::start(&dir, false);
 
     let template = provider_pod_spec();
     let app_spec = container(&template, "app");
@@ -312,20 +408,6 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
     let rt = runtime();
     let ips: Vec<Ipv4Addr> = providers.iter().map(|p| p.pod.ip).collect();
     rt.block_on(async {
-        // Every sidecar up with its filters loaded (as the scraper sees it).
-        for ip in ips.iter().chain([&consumer_pod.ip]) {
-            let metric = if *ip == consumer_pod.ip {
-                "graceful_consumer_tombstones"
-            } else {
-                "graceful_drain_phase"
-            };
-            eventually(
-                &format!("{ip}: {metric} on :15090"),
-                Duration::from_secs(60),
-                || async move { prometheus(*ip, metric).await },
-            )
-            .await;
-        }
         // The kubelet's view: the pod address on the app port reaches the
         // sidecar's inbound chain, graceful_drain answers its endpoints.
         let status = client::get(SocketAddr::from((ips[0], APP_PORT)), "/graceful/status")
@@ -748,4 +830,120 @@ fn it_translates_the_wasmplugins_as_istiod_does_and_they_configure() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+/// What one kill costs, seen from the consumer.
+#[derive(Debug)]
+struct KillRun {
+    requests: usize,
+    failed: usize,
+    retries: u64,
+    evictions: u64,
+}
+
+/// Load from the consumer pod to the Service for `duration` (captured to
+/// 15001), at 200 req/s over 8 connections; every sample.
+fn load_for(consumer: &Pod, duration: Duration) -> Vec<Sample> {
+    in_netns(&consumer.netns, move || {
+        Box::pin(async move {
+            let load = Load::start(
+                SocketAddr::from((VIP, 80)),
+                Protocol::Http1,
+                200,
+                8,
+                Instant::now(),
+            );
+            tokio::time::sleep(duration).await;
+            load.stop().await
+        })
+    })
+    .join()
+    .unwrap_or_else(|_| panic!("load thread"))
+}
+
+/// SIGKILL of one provider's sidecar and app (an OOM kill or a node loss)
+/// while nothing is in flight on it, then load for 5 s before the registry
+/// drops it, with Istio's default retry policy: what the consumer pays.
+/// (With a request in flight, its reset reaches the listener's filter as a
+/// UC local reply and evicts the host; `faults.rs` covers that case.)
+fn kill_run(name: &str, upstream_instance: bool) -> KillRun {
+    let dir = run_dir(name);
+    let mut mesh = Mesh::start(&dir, upstream_instance);
+    // Warm: every provider has served through the consumer.
+    let warm = load_for(&mesh.consumer_pod, Duration::from_secs(2));
+    assert!(
+        (1..=3).all(|p| samples_of(&warm, p) > 0),
+        "all providers served"
+    );
+    let victim = &mut mesh.providers[1];
+    let _ = victim.envoy.child.kill();
+    let _ = victim.app.child.kill();
+    let _ = victim.envoy.child.wait();
+    let _ = victim.app.child.wait();
+    // The registry lags a killed pod by seconds (kubelet, then istiod).
+    let samples = load_for(&mesh.consumer_pod, Duration::from_secs(5));
+    let consumer_ip = mesh.consumer_pod.ip;
+    let cluster = mesh.cluster.clone();
+    let (retries, evictions) = in_netns(&mesh.node.netns, move || {
+        Box::pin(async move {
+            (
+                retries_of(consumer_ip, &cluster).await,
+                prometheus(consumer_ip, "graceful_consumer_evictions")
+                    .await
+                    .unwrap_or(0),
+            )
+        })
+    })
+    .join()
+    .unwrap_or_else(|_| panic!("node thread"));
+    KillRun {
+        requests: samples.len(),
+        failed: samples.iter().filter(|s| !s.ok).count(),
+        retries,
+        evictions,
+    }
+}
+
+/// Istio cannot run graceful_consumer as an upstream filter, so the
+/// listener's instance sees only each request's final answer: a refused
+/// connection that a retry hid never tombstones the host, and every request
+/// that picks the dead host pays a failed attempt until the registry drops
+/// it. Measured here beside the upstream instance the shipped consumer
+/// sidecar has (which Istio cannot deliver).
+#[test]
+fn it_measures_what_the_missing_upstream_instance_costs_when_a_provider_is_killed() {
+    if !pods_available() {
+        return;
+    }
+    let without = kill_run("istio-kill-listener-only", false);
+    let with = kill_run("istio-kill-upstream", true);
+    eprintln!("SIGKILL of one of three providers (idle), then 200 req/s for 5 s before the registry drops it, Istio's default retry policy:");
+    eprintln!("  listener instance only (Istio): {without:?}");
+    eprintln!("  with the upstream instance:     {with:?}");
+    for run in [&without, &with] {
+        assert!(
+            run.requests > 800,
+            "the load ran (5 s at 200 req/s): {run:?}"
+        );
+    }
+    assert!(
+        without.failed == 0 && with.failed == 0,
+        "nothing was in flight at the kill: {without:?} {with:?}"
+    );
+    assert_eq!(
+        without.evictions, 0,
+        "retries hide every refused attempt from the listener's filter: {without:?}"
+    );
+    assert!(
+        without.retries > 50,
+        "every request that picks the dead host pays a retry: {without:?}"
+    );
+    assert!(
+        with.evictions >= 1,
+        "the upstream instance evicts the killed host: {with:?}"
+    );
+    assert!(
+        with.retries <= 10,
+        "then steers every request away: {with:?}"
+    );
 }
