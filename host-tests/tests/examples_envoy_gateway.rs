@@ -12,7 +12,8 @@
 //!   `envoy --mode validate`, and the patch's documented limit is rejected
 //!   with Envoy's message;
 //! - that Envoy, started for real in front of two test upstreams, steers
-//!   every request away from the one that answered `x-graceful-closing`.
+//!   every request away from the one that answered `x-graceful-closing`,
+//!   and without override_host on the cluster it does not.
 //!
 //! What differs from a gateway: the module is read from `dist/` (Envoy
 //! Gateway serves the same bytes from its own HTTP server), and endpoints
@@ -42,7 +43,7 @@ const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
 /// The cluster Envoy Gateway's bootstrap points at the proxy's admin
 /// (internal/xds/bootstrap/bootstrap.yaml.tpl, 127.0.0.1:19000).
 const EG_ADMIN_CLUSTER: &str = "prometheus_stats";
-/// What Envoy prints when a cluster has both (source/common/upstream).
+/// What Envoy 1.40 prints when a cluster has both (observed).
 const ENVOY_LB_CONFLICT: &str = "load_balancing_policy cannot be combined with partial fields (zone_aware_lb_config, locality_weighted_lb_config, consistent_hashing_lb_config) of common_lb_config";
 
 // ---------------------------------------------------------------------------
@@ -65,7 +66,8 @@ fn one(docs: &[Value], kind: &str) -> Value {
 }
 
 fn text<'a>(v: &'a Value, what: &str) -> &'a str {
-    v.as_str().unwrap_or_else(|| panic!("{what}: expected a string, got {v}"))
+    v.as_str()
+        .unwrap_or_else(|| panic!("{what}: expected a string, got {v}"))
 }
 
 /// The three policies of the example, as a user would apply them.
@@ -81,7 +83,11 @@ struct Example {
 impl Example {
     fn load() -> Example {
         let docs = documents(EXAMPLE);
-        assert_eq!(docs.len(), 2, "{EXAMPLE}: EnvoyExtensionPolicy and BackendTrafficPolicy");
+        assert_eq!(
+            docs.len(),
+            2,
+            "{EXAMPLE}: EnvoyExtensionPolicy and BackendTrafficPolicy"
+        );
         let patch = documents(PATCH);
         assert_eq!(patch.len(), 1, "{PATCH}: one EnvoyPatchPolicy");
         Example {
@@ -92,12 +98,18 @@ impl Example {
     }
 
     fn namespace(&self) -> &str {
-        text(&self.eep["metadata"]["namespace"], "EnvoyExtensionPolicy namespace")
+        text(
+            &self.eep["metadata"]["namespace"],
+            "EnvoyExtensionPolicy namespace",
+        )
     }
 
     /// The HTTPRoute the EnvoyExtensionPolicy attaches to.
     fn route(&self) -> &str {
-        text(&self.eep["spec"]["targetRefs"][0]["name"], "EnvoyExtensionPolicy targetRefs[0].name")
+        text(
+            &self.eep["spec"]["targetRefs"][0]["name"],
+            "EnvoyExtensionPolicy targetRefs[0].name",
+        )
     }
 
     /// The plugin configuration, parsed as the filter parses it.
@@ -241,7 +253,7 @@ fn eg_cluster(name: &str, eds: &Path, load_balancing_policy: Value) -> Value {
 /// (testdata/out/xds-ir/http-route.clusters.yaml at v1.4.0).
 fn eg_cluster_v1_4(name: &str, eds: &Path) -> Value {
     let mut c = eg_cluster(name, eds, json!(null));
-    let map = c.as_object_mut().unwrap_or_else(|| unreachable!());
+    let map = c.as_object_mut().unwrap();
     map.remove("load_balancing_policy");
     map.insert("lb_policy".into(), json!("LEAST_REQUEST"));
     map.insert(
@@ -261,7 +273,9 @@ fn eg_retry_policy(btp: &Value) -> Value {
             .map(|t| text(t, "retryOn.triggers[]"))
             .collect::<Vec<_>>()
             .join(","),
-        None => "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes".into(),
+        None => {
+            "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes".into()
+        }
     };
     json!({
         "retry_on": retry_on,
@@ -361,7 +375,11 @@ fn array_index(token: &str, len: usize, may_append: bool) -> Result<usize, Strin
     let i: usize = token
         .parse()
         .map_err(|_| format!("{token:?} is not an array index"))?;
-    let bound = if may_append { len } else { len.saturating_sub(1) };
+    let bound = if may_append {
+        len
+    } else {
+        len.saturating_sub(1)
+    };
     if i > bound || (!may_append && len == 0) {
         return Err(format!("index {i} out of range (length {len})"));
     }
@@ -431,7 +449,9 @@ fn remove(doc: &mut Value, tokens: &[String]) -> Result<Value, String> {
         .split_last()
         .ok_or("cannot remove the whole document")?;
     match get_mut(doc, parents)? {
-        Value::Object(map) => map.remove(last).ok_or_else(|| format!("no member {last:?}")),
+        Value::Object(map) => map
+            .remove(last)
+            .ok_or_else(|| format!("no member {last:?}")),
         Value::Array(items) => {
             let i = array_index(last, items.len(), false)?;
             Ok(items.remove(i))
@@ -465,7 +485,10 @@ fn apply_operation(doc: &mut Value, op: &Value) -> Result<(), String> {
 fn apply_patch_policy(epp: &Value, cluster: &mut Value) -> Vec<(usize, String)> {
     let name = text(&cluster["name"], "cluster name").to_string();
     let mut errors = Vec::new();
-    let entries = epp["spec"]["jsonPatches"].as_array().cloned().unwrap_or_default();
+    let entries = epp["spec"]["jsonPatches"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     for (i, entry) in entries.iter().enumerate() {
         if entry["type"] != CLUSTER_TYPE || entry["name"] != name.as_str() {
             continue;
@@ -485,14 +508,22 @@ fn apply_patch_policy(epp: &Value, cluster: &mut Value) -> Vec<(usize, String)> 
 /// `envoy --mode validate` on `config`; (accepted, what Envoy printed).
 fn validate(name: &str, config: &Value) -> (bool, String) {
     let path = scratch_path(name, "yaml");
-    fs::write(&path, serde_json::to_string_pretty(config).unwrap_or_default())
-        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    fs::write(
+        &path,
+        serde_json::to_string_pretty(config).unwrap_or_default(),
+    )
+    .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let binary = envoy_binary();
     let out = Command::new(&binary)
         .args(["--mode", "validate", "--log-level", "warn", "-c"])
         .arg(&path)
         .output()
-        .unwrap_or_else(|e| panic!("cannot run {} ({e}): run `make envoy` first", binary.display()));
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {} ({e}): run `make envoy` first",
+                binary.display()
+            )
+        });
     let printed = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -518,7 +549,10 @@ fn override_host_of(cluster: &Value) -> &Value {
     let policies = &cluster["load_balancing_policy"]["policies"];
     assert_eq!(policies.as_array().map(Vec::len), Some(1), "{policies}");
     let top = &policies[0]["typed_extension_config"];
-    assert_eq!(top["name"], "envoy.load_balancing_policies.override_host", "{top}");
+    assert_eq!(
+        top["name"], "envoy.load_balancing_policies.override_host",
+        "{top}"
+    );
     &top["typed_config"]
 }
 
@@ -532,36 +566,64 @@ fn it_has_the_fields_envoy_gateway_and_the_filter_expect() {
     let ns = ex.namespace().to_string();
     let cluster = eg_rule_cluster(&ns, &route, 0);
 
-    for (what, doc) in [("EnvoyExtensionPolicy", &ex.eep), ("BackendTrafficPolicy", &ex.btp), ("EnvoyPatchPolicy", &ex.epp)] {
+    for (what, doc) in [
+        ("EnvoyExtensionPolicy", &ex.eep),
+        ("BackendTrafficPolicy", &ex.btp),
+        ("EnvoyPatchPolicy", &ex.epp),
+    ] {
         assert_eq!(doc["apiVersion"], EG_API, "{what}");
-        assert_eq!(doc["metadata"]["namespace"], ns.as_str(), "{what}: one namespace for all");
+        assert_eq!(
+            doc["metadata"]["namespace"],
+            ns.as_str(),
+            "{what}: one namespace for all"
+        );
     }
 
     // EnvoyExtensionPolicy (api/v1alpha1/wasm_types.go).
-    let refs = ex.eep["spec"]["targetRefs"].as_array().cloned().unwrap_or_default();
+    let refs = ex.eep["spec"]["targetRefs"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     assert_eq!(refs.len(), 1, "one HTTPRoute");
     assert_eq!(refs[0]["group"], GATEWAY_API);
     assert_eq!(refs[0]["kind"], "HTTPRoute");
-    let wasm = ex.eep["spec"]["wasm"].as_array().cloned().unwrap_or_default();
+    let wasm = ex.eep["spec"]["wasm"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     assert_eq!(wasm.len(), 1, "one wasm extension");
     let w = &wasm[0];
-    assert_eq!(w["code"]["type"], "Image", "code.type: Image (HTTP would want a URL of the .wasm)");
+    assert_eq!(
+        w["code"]["type"], "Image",
+        "code.type: Image (HTTP would want a URL of the .wasm)"
+    );
     let url = text(&w["code"]["image"]["url"], "code.image.url");
     // Envoy Gateway adds oci:// itself (internal/gatewayapi/envoyextensionpolicy.go);
     // its documented form is registry/image:tag.
-    assert!(!url.contains("://"), "image url {url:?}: registry/image:tag, no scheme");
+    assert!(
+        !url.contains("://"),
+        "image url {url:?}: registry/image:tag, no scheme"
+    );
     let (repo, tag) = url
         .rsplit_once(':')
         .filter(|(repo, _)| repo.contains('/'))
-        .unwrap_or_else(|| panic!("image url {url:?} has no tag (Envoy Gateway would pull :latest)"));
+        .unwrap_or_else(|| {
+            panic!("image url {url:?} has no tag (Envoy Gateway would pull :latest)")
+        });
     assert!(
         repo.ends_with("/graceful_consumer") && !tag.is_empty() && !tag.contains('/'),
         "image url {url:?}: `make push` pushes $REGISTRY/graceful_consumer:$TAG"
     );
-    assert_eq!(w["failOpen"], true, "failOpen: true, or a fetch failure answers 500 on the route");
+    assert_eq!(
+        w["failOpen"], true,
+        "failOpen: true, or a fetch failure answers 500 on the route"
+    );
     // rootID is the plugin's root_id: the module registers graceful_consumer.
     assert_eq!(w["rootID"], "graceful_consumer");
-    assert!(w["config"].is_object(), "config: graceful_consumer's JSON object");
+    assert!(
+        w["config"].is_object(),
+        "config: graceful_consumer's JSON object"
+    );
     let config = ex.consumer_config();
     assert_eq!(
         config.admin_cluster.as_deref(),
@@ -570,7 +632,10 @@ fn it_has_the_fields_envoy_gateway_and_the_filter_expect() {
     );
 
     // BackendTrafficPolicy (api/v1alpha1/loadbalancer_types.go, retry_types.go).
-    assert_eq!(ex.btp["spec"]["targetRefs"], ex.eep["spec"]["targetRefs"], "the same HTTPRoute");
+    assert_eq!(
+        ex.btp["spec"]["targetRefs"], ex.eep["spec"]["targetRefs"],
+        "the same HTTPRoute"
+    );
     let lb = &ex.btp["spec"]["loadBalancer"];
     assert_eq!(
         lb["endpointOverride"]["extractFrom"],
@@ -581,11 +646,16 @@ fn it_has_the_fields_envoy_gateway_and_the_filter_expect() {
     let triggers = &ex.btp["spec"]["retry"]["retryOn"]["triggers"];
     for t in ["connect-failure", "retriable-status-codes"] {
         assert!(
-            triggers.as_array().is_some_and(|a| a.iter().any(|x| x == t)),
+            triggers
+                .as_array()
+                .is_some_and(|a| a.iter().any(|x| x == t)),
             "retry on {t}: {triggers}"
         );
     }
-    assert_eq!(ex.btp["spec"]["retry"]["retryOn"]["httpStatusCodes"], json!([503]));
+    assert_eq!(
+        ex.btp["spec"]["retry"]["retryOn"]["httpStatusCodes"],
+        json!([503])
+    );
 
     // EnvoyPatchPolicy (api/v1alpha1/envoypatchpolicy_types.go): attached
     // to the Gateway, each entry a JSON patch of the route's cluster.
@@ -594,21 +664,42 @@ fn it_has_the_fields_envoy_gateway_and_the_filter_expect() {
     assert_eq!(target["group"], GATEWAY_API);
     assert_eq!(target["kind"], "Gateway");
     assert!(target["name"].as_str().is_some_and(|n| !n.is_empty()));
-    let entries = ex.epp["spec"]["jsonPatches"].as_array().cloned().unwrap_or_default();
+    let entries = ex.epp["spec"]["jsonPatches"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
     assert_eq!(entries.len(), 3);
     for e in &entries {
         assert_eq!(e["type"], CLUSTER_TYPE);
-        assert_eq!(e["name"], cluster.as_str(), "the cluster of rule 0 of HTTPRoute {route}");
+        assert_eq!(
+            e["name"],
+            cluster.as_str(),
+            "the cluster of rule 0 of HTTPRoute {route}"
+        );
     }
-    let oh = &entries[0]["operation"]["value"]["typed_config"];
-    assert_eq!(oh["override_host_sources"], json!([{"header": config.override_host_header}]));
+    let oh = &entries[0]["operation"]["value"]["typed_extension_config"]["typed_config"];
+    assert_eq!(
+        oh["override_host_sources"],
+        json!([{"header": config.override_host_header}])
+    );
 
     // The EDIT HERE block names what the documents use.
-    let header = fs::read_to_string(repo_root().join(EXAMPLE)).unwrap_or_default();
-    let block = header.split("----------------").nth(1).unwrap_or_default().to_string();
+    let header = fs::read_to_string(repo_root().join(EXAMPLE)).unwrap();
+    let block: String = header
+        .lines()
+        .skip_while(|l| !l.contains("EDIT HERE"))
+        .skip(1)
+        .take_while(|l| !l.starts_with("# ----"))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(!block.is_empty(), "{EXAMPLE}: no EDIT HERE block");
     let gateway = text(&target["name"], "targetRef.name");
-    for name in [ns.as_str(), route.as_str(), gateway, tag] {
-        assert!(block.contains(name), "EDIT HERE block does not list {name:?}:\n{block}");
+    let registry = repo.trim_end_matches("/graceful_consumer");
+    for name in [registry, ns.as_str(), route.as_str(), gateway, tag] {
+        assert!(
+            block.contains(name),
+            "EDIT HERE block does not list {name:?}:\n{block}"
+        );
     }
 }
 
@@ -630,15 +721,21 @@ fn it_rejects_a_config_field_the_filter_does_not_have() {
 fn envoy_accepts_the_gateway_envoy_gateway_generates_from_the_example() {
     let ex = Example::load();
     let name = eg_rule_cluster(ex.namespace(), ex.route(), 0);
-    let eds = scratch_eds("eg-validate", &name, &["127.0.0.1:18081".parse().unwrap_or_else(|_| unreachable!())]);
+    let eds = scratch_eds("eg-validate", &name, &["127.0.0.1:18081".parse().unwrap()]);
     let (admin, listen) = (free_port(), free_port());
 
     // extension-policy.yaml as applied: the BTP's endpointOverride.
     let btp_lb = eg_load_balancing_policy(Some(&ex.btp["spec"]["loadBalancer"]));
     let cluster = eg_cluster(&name, &eds, btp_lb);
     let oh = override_host_of(&cluster);
-    assert_eq!(oh["override_host_sources"][0]["header"], ex.consumer_config().override_host_header);
-    assert_accepted("eg-btp", &gateway_config(&ex, cluster.clone(), admin, listen));
+    assert_eq!(
+        oh["override_host_sources"][0]["header"],
+        ex.consumer_config().override_host_header
+    );
+    assert_accepted(
+        "eg-btp",
+        &gateway_config(&ex, cluster.clone(), admin, listen),
+    );
 
     // Envoy Gateway v1.5-v1.7 also set the legacy lb_policy (CLUSTER_PROVIDED
     // with endpointOverride): Envoy ignores it next to load_balancing_policy.
@@ -661,12 +758,18 @@ fn envoy_accepts_the_gateway_envoy_gateway_generates_from_the_example() {
         let errors = apply_patch_policy(&ex.epp, &mut cluster);
         assert!(errors.is_empty(), "{label}: {errors:?}");
         let oh = override_host_of(&cluster);
-        assert_eq!(oh["override_host_sources"], json!([{"header": ex.consumer_config().override_host_header}]));
+        assert_eq!(
+            oh["override_host_sources"],
+            json!([{"header": ex.consumer_config().override_host_header}])
+        );
         assert_eq!(
             oh["fallback_policy"], generated,
             "{label}: Envoy Gateway's own policy, unchanged, is the fallback"
         );
-        assert_accepted(&format!("eg-epp-{label}"), &gateway_config(&ex, cluster, admin, listen));
+        assert_accepted(
+            &format!("eg-epp-{label}"),
+            &gateway_config(&ex, cluster, admin, listen),
+        );
     }
 }
 
@@ -674,7 +777,7 @@ fn envoy_accepts_the_gateway_envoy_gateway_generates_from_the_example() {
 fn envoy_rejects_the_patch_on_a_cluster_with_common_lb_config_locality() {
     let ex = Example::load();
     let name = eg_rule_cluster(ex.namespace(), ex.route(), 0);
-    let eds = scratch_eds("eg-reject", &name, &["127.0.0.1:18081".parse().unwrap_or_else(|_| unreachable!())]);
+    let eds = scratch_eds("eg-reject", &name, &["127.0.0.1:18081".parse().unwrap()]);
     let (admin, listen) = (free_port(), free_port());
 
     // Envoy Gateway v1.4's shape: the first entry still applies (its path
@@ -689,14 +792,20 @@ fn envoy_rejects_the_patch_on_a_cluster_with_common_lb_config_locality() {
     );
     override_host_of(&cluster);
     let (ok, printed) = validate("eg-epp-v1.4", &gateway_config(&ex, cluster, admin, listen));
-    assert!(!ok, "Envoy accepted load_balancing_policy next to common_lb_config locality:\n{printed}");
+    assert!(
+        !ok,
+        "Envoy accepted load_balancing_policy next to common_lb_config locality:\n{printed}"
+    );
     assert!(printed.contains(ENVOY_LB_CONFLICT), "{printed}");
 
     // The same for zone-aware settings in common_lb_config.
     let mut cluster = eg_cluster(&name, &eds, eg_load_balancing_policy(None));
     assert!(apply_patch_policy(&ex.epp, &mut cluster).is_empty());
     cluster["common_lb_config"] = json!({"zone_aware_lb_config": {"min_cluster_size": 6}});
-    let (ok, printed) = validate("eg-epp-zone-aware-common", &gateway_config(&ex, cluster, admin, listen));
+    let (ok, printed) = validate(
+        "eg-epp-zone-aware-common",
+        &gateway_config(&ex, cluster, admin, listen),
+    );
     assert!(!ok && printed.contains(ENVOY_LB_CONFLICT), "{printed}");
 }
 
@@ -731,8 +840,11 @@ impl Gateway {
             .unwrap_or_else(|| panic!("no admin port"));
         let listen = free_port();
         let config = gateway_config(&ex, cluster(&ex, &cluster_name, &eds), admin, listen);
-        fs::write(&config_path, serde_json::to_string_pretty(&config).unwrap_or_default())
-            .unwrap_or_else(|e| panic!("{}: {e}", config_path.display()));
+        fs::write(
+            &config_path,
+            serde_json::to_string_pretty(&config).unwrap_or_default(),
+        )
+        .unwrap_or_else(|e| panic!("{}: {e}", config_path.display()));
         let envoy = spec.start().await;
         let gw = Gateway {
             envoy,
@@ -741,9 +853,11 @@ impl Gateway {
             ups,
         };
         let members = format!("cluster.{}.membership_total", gw.cluster);
-        eventually("both upstreams in the cluster", Duration::from_secs(10), || async {
-            (gw.envoy.stat(&members).await == Some(2)).then_some(())
-        })
+        eventually(
+            "both upstreams in the cluster",
+            Duration::from_secs(10),
+            || async { (gw.envoy.stat(&members).await == Some(2)).then_some(()) },
+        )
         .await;
         gw
     }
@@ -752,15 +866,43 @@ impl Gateway {
         self.ups.iter().map(Upstream::app_requests).collect()
     }
 
-    /// One upstream starts closing; after the first marked answer, every
-    /// request goes to the other, on both workers.
-    async fn assert_steers_away_from_a_closing_upstream(&self) {
+    /// Accepted connections per worker on the listener.
+    async fn worker_connections(&self) -> Vec<u64> {
+        let prefix = format!("listener.127.0.0.1_{}", self.listener.port());
+        let mut out = Vec::new();
+        for w in 0..2 {
+            let stat = format!("{prefix}.worker_{w}.downstream_cx_total");
+            out.push(self.envoy.stat(&stat).await.unwrap_or(0));
+        }
+        out
+    }
+
+    /// Warms up (both upstreams serve, the admin has been read), makes
+    /// upstream a1 close, sends requests until the first marked answer,
+    /// then 200 more on 8 connections. Returns the upstreams' counts at the
+    /// mark and after, and the admin reads.
+    async fn close_one_and_send(&self) -> (Vec<u64>, Vec<u64>, u64) {
         let warm = load(self.listener, 4, 10, "/").await;
         assert!(warm.iter().all(|r| r.status == 200));
-        assert!(self.counts().iter().all(|&c| c > 0), "both served: {:?}", self.counts());
+        assert!(
+            self.counts().iter().all(|&c| c > 0),
+            "both served: {:?}",
+            self.counts()
+        );
+        // graceful_consumer reads the members of the clusters it routes to
+        // from the admin, through the bootstrap's cluster.
+        let admin_reads = format!("cluster.{EG_ADMIN_CLUSTER}.upstream_rq_200");
+        let admin_calls = eventually(
+            &format!("a /clusters answer through {EG_ADMIN_CLUSTER}"),
+            Duration::from_secs(5),
+            || async { self.envoy.stat(&admin_reads).await.filter(|&n| n > 0) },
+        )
+        .await;
 
         self.ups[0].set_closing(true);
-        let mut conn = Conn::http1(self.listener).await.unwrap_or_else(|e| panic!("{e}"));
+        let mut conn = Conn::http1(self.listener)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
         let mut marked = false;
         for _ in 0..200 {
             let r = conn.get("/").await.unwrap_or_else(|e| panic!("{e}"));
@@ -772,31 +914,36 @@ impl Gateway {
         }
         assert!(marked, "no closing-marked answer: {:?}", self.counts());
         let at_mark = self.counts();
-
+        let cx_before = self.worker_connections().await;
         let after = load(self.listener, 8, 25, "/").await;
         assert!(after.iter().all(|r| r.status == 200));
+        let cx_after = self.worker_connections().await;
         assert!(
-            after.iter().all(|r| r.header("x-graceful-closing").is_none()),
-            "an answer came from the closing upstream"
+            cx_after[0] > cx_before[0] && cx_after[1] > cx_before[1],
+            "both workers served: {cx_before:?} -> {cx_after:?}"
         );
-        let now = self.counts();
-        assert_eq!(now[0], at_mark[0], "requests reached the closing upstream: {at_mark:?} -> {now:?}");
-        assert_eq!(now[1] - at_mark[1], 200, "{at_mark:?} -> {now:?}");
-
         assert!(self.envoy.custom_stat("graceful_consumer_evictions").await >= 1);
         let steered = self.envoy.custom_stat("graceful_consumer_steered").await;
         assert!(steered >= 200, "steered {steered} of 200");
-        // Membership came from the admin through the bootstrap's cluster.
-        let admin_calls = self
-            .envoy
-            .stat(&format!("cluster.{EG_ADMIN_CLUSTER}.upstream_rq_200"))
-            .await
-            .unwrap_or(0);
-        assert!(admin_calls > 0, "no /clusters answer through {EG_ADMIN_CLUSTER}");
         let log = self.envoy.log();
-        assert!(!log.contains("membership refresh"), "admin refresh failed:\n{log}");
+        assert!(
+            !log.contains("membership refresh"),
+            "admin refresh failed:\n{log}"
+        );
+        (at_mark, self.counts(), admin_calls)
+    }
+
+    /// After the first marked answer, every request goes to the other
+    /// upstream, on both workers.
+    async fn assert_steers_away_from_a_closing_upstream(&self) {
+        let (at_mark, now, admin_calls) = self.close_one_and_send().await;
+        assert_eq!(
+            now[0], at_mark[0],
+            "requests reached the closing upstream: {at_mark:?} -> {now:?}"
+        );
+        assert_eq!(now[1] - at_mark[1], 200, "{at_mark:?} -> {now:?}");
         eprintln!(
-            "{}: steered {steered} requests off the closing upstream: {at_mark:?} -> {now:?}, {admin_calls} admin reads",
+            "{}: 200 of 200 requests after the mark steered off the closing upstream: {at_mark:?} -> {now:?} ({admin_calls} admin reads through {EG_ADMIN_CLUSTER})",
             self.cluster
         );
     }
@@ -805,7 +952,11 @@ impl Gateway {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn it_steers_away_from_a_closing_backend_with_the_backend_traffic_policy() {
     let gw = Gateway::start("eg-steer-btp", |ex, name, eds| {
-        eg_cluster(name, eds, eg_load_balancing_policy(Some(&ex.btp["spec"]["loadBalancer"])))
+        eg_cluster(
+            name,
+            eds,
+            eg_load_balancing_policy(Some(&ex.btp["spec"]["loadBalancer"])),
+        )
     })
     .await;
     gw.assert_steers_away_from_a_closing_upstream().await;
@@ -826,17 +977,41 @@ async fn it_steers_away_from_a_closing_backend_with_the_patch_policy() {
 #[test]
 fn the_json_patch_subset_follows_rfc_6902() {
     let mut doc = json!({"a": {"b": [1, 2]}, "x~/y": 0});
-    apply_operation(&mut doc, &json!({"op": "add", "path": "/a/b/1", "value": 9})).unwrap_or_else(|e| panic!("{e}"));
-    apply_operation(&mut doc, &json!({"op": "add", "path": "/a/b/-", "value": 3})).unwrap_or_else(|e| panic!("{e}"));
+    apply_operation(
+        &mut doc,
+        &json!({"op": "add", "path": "/a/b/1", "value": 9}),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    apply_operation(
+        &mut doc,
+        &json!({"op": "add", "path": "/a/b/-", "value": 3}),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(doc["a"]["b"], json!([1, 9, 2, 3]));
-    apply_operation(&mut doc, &json!({"op": "replace", "path": "/x~0~1y", "value": 1})).unwrap_or_else(|e| panic!("{e}"));
+    apply_operation(
+        &mut doc,
+        &json!({"op": "replace", "path": "/x~0~1y", "value": 1}),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(doc["x~/y"], 1);
-    apply_operation(&mut doc, &json!({"op": "move", "from": "/a/b/0", "path": "/c"})).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!((doc["c"].clone(), doc["a"]["b"].clone()), (json!(1), json!([9, 2, 3])));
-    apply_operation(&mut doc, &json!({"op": "remove", "path": "/a/b/2"})).unwrap_or_else(|e| panic!("{e}"));
+    apply_operation(
+        &mut doc,
+        &json!({"op": "move", "from": "/a/b/0", "path": "/c"}),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        (doc["c"].clone(), doc["a"]["b"].clone()),
+        (json!(1), json!([9, 2, 3]))
+    );
+    apply_operation(&mut doc, &json!({"op": "remove", "path": "/a/b/2"}))
+        .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(doc["a"]["b"], json!([9, 2]));
     // Envoy Gateway creates missing parents on add, nothing else.
-    apply_operation(&mut doc, &json!({"op": "add", "path": "/n/p/0", "value": "v"})).unwrap_or_else(|e| panic!("{e}"));
+    apply_operation(
+        &mut doc,
+        &json!({"op": "add", "path": "/n/p/0", "value": "v"}),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(doc["n"], json!({"p": ["v"]}));
     for bad in [
         json!({"op": "remove", "path": "/a/b/5"}),
@@ -848,4 +1023,26 @@ fn the_json_patch_subset_follows_rfc_6902() {
         let mut d = doc.clone();
         assert!(apply_operation(&mut d, &bad).is_err(), "{bad}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn without_override_host_the_closing_backend_keeps_getting_requests() {
+    // What the example's steering part is for: the cluster as Envoy
+    // Gateway generates it with neither the BackendTrafficPolicy's
+    // endpointOverride nor the patch. The filter tombstones and writes
+    // the header, Envoy's least request ignores it.
+    let gw = Gateway::start("eg-no-override", |_, name, eds| {
+        eg_cluster(name, eds, eg_load_balancing_policy(None))
+    })
+    .await;
+    let (at_mark, now, _) = gw.close_one_and_send().await;
+    assert!(
+        now[0] > at_mark[0],
+        "the closing upstream got no request, yet nothing steers: {at_mark:?} -> {now:?}"
+    );
+    eprintln!(
+        "{}: without override_host the closing upstream still got {} of 200",
+        gw.cluster,
+        now[0] - at_mark[0]
+    );
 }
