@@ -71,6 +71,7 @@ impl Conn {
         let stream = TcpStream::connect(addr)
             .await
             .map_err(|e| format!("connect {addr}: {e}"))?;
+        stream.set_nodelay(true).map_err(|e| e.to_string())?;
         let (sender, conn) = http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| e.to_string())?;
@@ -84,6 +85,11 @@ impl Conn {
         let stream = TcpStream::connect(addr)
             .await
             .map_err(|e| format!("connect {addr}: {e}"))?;
+        // A request's HEADERS and DATA frames are two writes: with Nagle
+        // the DATA waits for the peer's delayed ACK (40 ms on loopback),
+        // which made every gRPC call of the demo take 40 ms and its open-
+        // loop load queue for seconds.
+        stream.set_nodelay(true).map_err(|e| e.to_string())?;
         let (sender, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
             .await
             .map_err(|e| e.to_string())?;

@@ -111,6 +111,10 @@ impl App {
                 tokio::select! {
                     accepted = listener.accept() => {
                         let Ok((stream, _)) = accepted else { continue };
+                        // A response's frames go out as written: with Nagle,
+                        // a write after an unacknowledged one waits for the
+                        // peer's delayed ACK (40 ms on Linux loopback).
+                        let _ = stream.set_nodelay(true);
                         let counters = shared.clone();
                         let config = config.clone();
                         let service = service_fn(move |req| handle(req, counters.clone(), config.clone(), addr));
