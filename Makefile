@@ -19,10 +19,13 @@ TEMPLATES := $(wildcard envoy/*-sidecar.yaml envoy/bench-*.yaml)
 RENDERED := $(patsubst envoy/%.yaml,target/envoy/%.yaml,$(TEMPLATES))
 COMPOSE_CONFIGS := envoy/compose/provider-1.yaml envoy/compose/provider-2.yaml envoy/compose/provider-3.yaml envoy/compose/consumer.yaml
 CARGO ?= cargo
-# make demo PROTOCOL=http2 RATE=800 RESTARTS=3 DURATION=60 DEMO_FLAGS=--no-baseline
-PROTOCOL ?= http1
+# make demo SCENARIOS=today APPROACHES=graceful,sleep_3s PROTOCOL=grpc RATE=500 RESTARTS=2
+# (one cell: one scenario, one approach, one protocol). Lists are comma-separated.
+SCENARIOS ?= today,istio_long,no_retry_post,slow_registry,killed
+APPROACHES ?= graceful,sleep_3s,sleep_15s,registry_only,plain
+PROTOCOL ?= http1,http2,grpc
 RATE ?= 500
-RESTARTS ?= 3
+RESTARTS ?= 2
 DURATION ?= 0
 # make bench BENCH_FLAGS="--rounds 3 --duration 10" (or --quick: cost only)
 BENCH_FLAGS ?=
@@ -121,10 +124,10 @@ bench: build envoy ## what the filters cost against plain Envoy (wrk), memory, a
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/bench $(BENCH_FLAGS)
 
 .PHONY: demo
-demo: build envoy ## the main job: rolling shutdown of 3 providers under load, with and without the filters
+demo: build envoy ## the main job: scenarios x approaches, each a rolling restart under load (about 10 min): target/demo/
 	$(CARGO) build --profile tools -p demo-app
 	$(CARGO) build --profile tools -p graceful-host-tests --bin demo
-	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/demo --protocol $(PROTOCOL) --rate $(RATE) --restarts $(RESTARTS) --duration $(DURATION) $(DEMO_FLAGS)
+	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/demo --scenarios $(SCENARIOS) --approaches $(APPROACHES) --protocols $(PROTOCOL) --rate $(RATE) --restarts $(RESTARTS) --duration $(DURATION) $(DEMO_FLAGS)
 
 .PHONY: lint
 lint: ## rustfmt check and clippy (native and wasm) with warnings as errors

@@ -84,3 +84,47 @@ async fn it_restarts_a_provider_under_http1_load_without_a_failed_request() {
 async fn it_restarts_a_provider_under_http2_load_without_a_failed_request() {
     restart_without_failures(Protocol::Http2).await;
 }
+
+/// `make demo`'s matrix, shortened: with the filters, no scenario loses a
+/// request (Istio's retry policy with long requests, unretried POSTs, a
+/// registry slower than a short sleep); a SIGKILLed provider costs at most
+/// what was in flight on it. And the matrix has teeth: plain Envoy with no
+/// preStop loses unretried POSTs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn it_loses_no_request_in_any_scenario_of_the_matrix_with_the_filters() {
+    use graceful_host_tests::demo::matrix::{cell, scenario, Approach, DRAIN_CONFIG, SCENARIOS};
+    let base = DemoConfig {
+        drain_config: DRAIN_CONFIG.into(),
+        rate: 200,
+        ..short(Protocol::Http1)
+    };
+    let mut lines = Vec::new();
+    for s in &SCENARIOS {
+        let (mut config, mode) = cell(&base, s, Approach::Graceful, Protocol::Http1);
+        config.work_dir = base.work_dir.join(s.name);
+        let (report, _) = run(&config, mode).await;
+        let line = report.line(&format!("{} graceful", s.name));
+        eprintln!("{line}");
+        if s.killed {
+            // Istio's policy retries no reset: a request in flight on the
+            // killed provider fails; nothing after it.
+            assert!(report.failed <= config.connections as u64, "{line}");
+        } else {
+            assert_eq!(report.failed, 0, "{line}");
+        }
+        if s.shape.long_every > 0 {
+            assert!(report.long_requests > 0, "the long requests ran: {line}");
+        }
+        lines.push(line);
+    }
+    let post = scenario("no_retry_post").unwrap_or_else(|| panic!("no_retry_post"));
+    let (mut config, mode) = cell(&base, post, Approach::RegistryOnly, Protocol::Http1);
+    config.work_dir = base.work_dir.join("no_retry_post-registry_only");
+    let (report, _) = run(&config, mode).await;
+    let line = report.line("no_retry_post registry_only");
+    eprintln!("{line}");
+    assert!(
+        report.failed > 0,
+        "plain Envoy without a preStop loses POSTs: {line}"
+    );
+}

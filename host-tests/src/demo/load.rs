@@ -34,6 +34,49 @@ impl std::str::FromStr for Protocol {
     }
 }
 
+/// What the load asks: the method, and a share of long requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shape {
+    /// `GET`, or `POST` (a non-idempotent call: with no retry policy, a
+    /// consumer never retries it).
+    pub method: &'static str,
+    /// Every `long_every`-th request (0: none) is `/delay/MS`, MS spread
+    /// evenly over `long_ms` (a slow query, an upload).
+    pub long_every: u64,
+    pub long_ms: (u64, u64),
+}
+
+impl Default for Shape {
+    fn default() -> Self {
+        Shape {
+            method: "GET",
+            long_every: 0,
+            long_ms: (0, 0),
+        }
+    }
+}
+
+impl Shape {
+    /// The path of the `seq`-th request (0-based) and whether it is long.
+    /// Deterministic, so every approach of a scenario gets the same load.
+    pub fn path(&self, seq: u64) -> (String, bool) {
+        if self.long_every > 0 && seq % self.long_every == self.long_every - 1 {
+            let (lo, hi) = self.long_ms;
+            let span = hi.saturating_sub(lo) + 1;
+            // A multiplicative step spreads durations over the range.
+            let ms = lo + (seq / self.long_every).wrapping_mul(7919) % span;
+            (format!("/delay/{ms}"), true)
+        } else {
+            ("/".to_string(), false)
+        }
+    }
+
+    /// A request's time bound: the longest request plus [`REQUEST_TIMEOUT`].
+    pub fn timeout(&self) -> Duration {
+        REQUEST_TIMEOUT + Duration::from_millis(self.long_ms.1)
+    }
+}
+
 /// One request as the client saw it.
 #[derive(Debug, Clone, Copy)]
 pub struct Sample {
@@ -47,6 +90,8 @@ pub struct Sample {
     pub served_by: u8,
     /// The answer carried `x-graceful-closing: true`.
     pub marked: bool,
+    /// One of the shape's long requests (left out of latency percentiles).
+    pub long: bool,
 }
 
 /// Per-request bound: a request unanswered by then counts as failed.
@@ -60,7 +105,7 @@ pub struct Load {
 }
 
 impl Load {
-    /// Starts `rate` requests per second over `conns` connections.
+    /// Starts `rate` GETs per second over `conns` connections.
     pub fn start(
         addr: SocketAddr,
         protocol: Protocol,
@@ -68,19 +113,34 @@ impl Load {
         conns: usize,
         epoch: Instant,
     ) -> Load {
-        let (jobs_tx, jobs_rx) = mpsc::channel::<Instant>(conns * 64);
+        Load::start_shaped(addr, protocol, rate, conns, epoch, Shape::default())
+    }
+
+    /// Starts `rate` requests per second over `conns` connections, as
+    /// `shape` says.
+    pub fn start_shaped(
+        addr: SocketAddr,
+        protocol: Protocol,
+        rate: u32,
+        conns: usize,
+        epoch: Instant,
+        shape: Shape,
+    ) -> Load {
+        let (jobs_tx, jobs_rx) = mpsc::channel::<(Instant, u64)>(conns * 64);
         let jobs_rx = Arc::new(Mutex::new(jobs_rx));
         let (stop, mut stopped) = mpsc::channel::<()>(1);
         let period = Duration::from_secs_f64(1.0 / f64::from(rate.max(1)));
         let dispatcher = tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+            let mut seq = 0u64;
             loop {
                 tokio::select! {
                     at = tick.tick() => {
-                        if jobs_tx.send(at.into_std()).await.is_err() {
+                        if jobs_tx.send((at.into_std(), seq)).await.is_err() {
                             break;
                         }
+                        seq += 1;
                     }
                     _ = stopped.recv() => break,
                 }
@@ -89,7 +149,7 @@ impl Load {
         let workers = (0..conns)
             .map(|_| {
                 let jobs = jobs_rx.clone();
-                tokio::spawn(async move { worker(addr, protocol, jobs, epoch).await })
+                tokio::spawn(async move { worker(addr, protocol, shape, jobs, epoch).await })
             })
             .collect();
         Load {
@@ -125,13 +185,14 @@ async fn connect(addr: SocketAddr, protocol: Protocol) -> Option<Conn> {
 async fn worker(
     addr: SocketAddr,
     protocol: Protocol,
-    jobs: Arc<Mutex<mpsc::Receiver<Instant>>>,
+    shape: Shape,
+    jobs: Arc<Mutex<mpsc::Receiver<(Instant, u64)>>>,
     epoch: Instant,
 ) -> Vec<Sample> {
     let mut samples = Vec::new();
     let mut conn: Option<Conn> = None;
     loop {
-        let due = {
+        let (due, seq) = {
             let mut rx = jobs.lock().await;
             match rx.recv().await {
                 Some(due) => due,
@@ -141,16 +202,17 @@ async fn worker(
         if conn.is_none() {
             conn = connect(addr, protocol).await;
         }
+        let (path, long) = shape.path(seq);
         let answer = match conn.as_mut() {
             None => None,
             Some(c) => {
                 let call = async {
                     match protocol {
                         Protocol::Grpc => c.grpc("/echo.Echo/Say", b"ping").await,
-                        _ => c.send("GET", "/", &[], Bytes::new()).await,
+                        _ => c.send(shape.method, &path, &[], Bytes::new()).await,
                     }
                 };
-                tokio::time::timeout(REQUEST_TIMEOUT, call)
+                tokio::time::timeout(shape.timeout(), call)
                     .await
                     .ok()
                     .and_then(Result::ok)
@@ -167,6 +229,7 @@ async fn worker(
                     ok: false,
                     served_by: 0,
                     marked: false,
+                    long,
                 }
             }
             Some(r) => {
@@ -185,6 +248,7 @@ async fn worker(
                     ok,
                     served_by,
                     marked,
+                    long,
                 }
             }
         };

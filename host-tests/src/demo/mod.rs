@@ -20,6 +20,7 @@
 //! | back | new processes; readiness 200 → registry re-adds it after the lag | same |
 
 pub mod load;
+pub mod matrix;
 pub mod report;
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
@@ -46,15 +47,70 @@ pub enum Mode {
     /// With the filters, but the provider's Envoy and app die by SIGKILL
     /// with no warning (a node failure): the registry drops it after its lag.
     Killed,
+    /// Plain Envoy, and the provider dies by SIGKILL as in [`Mode::Killed`].
+    KilledBaseline,
+}
+
+/// The consumer's retry policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Retry {
+    /// The shipped consumer sidecar's: connect failures, refused streams,
+    /// resets and 503, 2 retries, other hosts.
+    Shipped,
+    /// Istio's default route policy (`pilot/pkg/networking/core/route/retry`):
+    /// `connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes`
+    /// with no status code listed (a 503 is not retried), no reset, 2
+    /// retries, `previous_hosts`, 5 host selection attempts.
+    Istio,
+    /// None: what a non-idempotent call gets.
+    Never,
+}
+
+impl Retry {
+    /// The consumer template's placeholders for this policy.
+    fn values(self) -> [(&'static str, &'static str); 4] {
+        match self {
+            Retry::Shipped => [
+                (
+                    "RETRY_ON",
+                    "connect-failure,refused-stream,reset,retriable-status-codes",
+                ),
+                ("RETRIABLE_STATUS_CODES", "[503]"),
+                ("RETRIES", "2"),
+                ("HOST_SELECTION_ATTEMPTS", "3"),
+            ],
+            Retry::Istio => [
+                (
+                    "RETRY_ON",
+                    "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes",
+                ),
+                ("RETRIABLE_STATUS_CODES", "[]"),
+                ("RETRIES", "2"),
+                ("HOST_SELECTION_ATTEMPTS", "5"),
+            ],
+            Retry::Never => [
+                ("RETRY_ON", "connect-failure"),
+                ("RETRIABLE_STATUS_CODES", "[]"),
+                ("RETRIES", "0"),
+                ("HOST_SELECTION_ATTEMPTS", "1"),
+            ],
+        }
+    }
 }
 
 impl Mode {
+    /// Whether the sidecars run the filters.
+    pub fn graceful(self) -> bool {
+        matches!(self, Mode::Graceful | Mode::Killed)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Mode::Graceful => "graceful",
             Mode::Baseline => "baseline",
             Mode::RegistryOnly => "registry_only",
             Mode::Killed => "killed",
+            Mode::KilledBaseline => "killed_baseline",
         }
     }
 }
@@ -86,6 +142,10 @@ pub struct DemoConfig {
     pub consumer_config: String,
     /// The baseline's preStop sleep between `/healthcheck/fail` and SIGTERM.
     pub baseline_sleep: Duration,
+    /// The consumer's retry policy.
+    pub retry: Retry,
+    /// What the load asks.
+    pub shape: load::Shape,
     /// Where logs, EDS and access logs go.
     pub work_dir: PathBuf,
 }
@@ -106,6 +166,8 @@ impl Default for DemoConfig {
             drain_config: r#"{"admin_cluster":"envoy_admin"}"#.into(),
             consumer_config: r#"{"admin_cluster":"envoy_admin"}"#.into(),
             baseline_sleep: Duration::from_secs(3),
+            retry: Retry::Shipped,
+            shape: load::Shape::default(),
             work_dir: repo_root().join("target/demo"),
         }
     }
@@ -233,9 +295,10 @@ impl Run<'_> {
     }
 
     async fn start_provider_envoy(&self, p: &mut Provider) -> Envoy {
-        let template = match self.mode {
-            Mode::Graceful | Mode::Killed => "provider-sidecar.yaml",
-            Mode::Baseline | Mode::RegistryOnly => "baseline-provider-sidecar.yaml",
+        let template = if self.mode.graceful() {
+            "provider-sidecar.yaml"
+        } else {
+            "baseline-provider-sidecar.yaml"
         };
         let access_log = self
             .dir
@@ -261,9 +324,10 @@ impl Run<'_> {
     }
 
     fn ready_path(&self) -> &'static str {
-        match self.mode {
-            Mode::Graceful | Mode::Killed => "/graceful/ready",
-            Mode::Baseline | Mode::RegistryOnly => "/healthz",
+        if self.mode.graceful() {
+            "/graceful/ready"
+        } else {
+            "/healthz"
         }
     }
 
@@ -313,7 +377,7 @@ impl Run<'_> {
                 tokio::time::sleep(self.config.baseline_sleep).await;
             }
             Mode::RegistryOnly => registry.later(p.inbound, false),
-            Mode::Killed => {
+            Mode::Killed | Mode::KilledBaseline => {
                 registry.later(p.inbound, false);
                 // Dropping them sends SIGKILL.
                 drop(p.envoy.take());
@@ -444,16 +508,19 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
         config.registry_lag,
     );
     let outbound_port = free_port();
-    let consumer_template = match mode {
-        Mode::Graceful | Mode::Killed => "consumer-sidecar.yaml",
-        Mode::Baseline | Mode::RegistryOnly => "baseline-consumer-sidecar.yaml",
+    let consumer_template = if mode.graceful() {
+        "consumer-sidecar.yaml"
+    } else {
+        "baseline-consumer-sidecar.yaml"
     };
-    let consumer = EnvoySpec::new(&format!("{name}-consumer"), consumer_template)
+    let mut consumer = EnvoySpec::new(&format!("{name}-consumer"), consumer_template)
         .set("OUTBOUND_PORT", outbound_port)
         .set("EDS_PATH", registry.eds.display())
-        .set("CONSUMER_CONFIG", &config.consumer_config)
-        .start()
-        .await;
+        .set("CONSUMER_CONFIG", &config.consumer_config);
+    for (placeholder, value) in config.retry.values() {
+        consumer = consumer.set(placeholder, value);
+    }
+    let consumer = consumer.start().await;
     crate::envoy::eventually(
         "consumer sees 3 providers",
         Duration::from_secs(20),
@@ -466,12 +533,13 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
     // Time zero is when the load starts: the chart and the events count from it.
     r.epoch = Instant::now();
     r.epoch_unix_ms = unix_ms();
-    let load = Load::start(
+    let load = Load::start_shaped(
         SocketAddr::from(([127, 0, 0, 1], outbound_port)),
         config.protocol,
         config.rate,
         config.connections,
         r.epoch,
+        config.shape,
     );
     tokio::time::sleep(config.warmup).await;
     let mut events = Vec::new();
@@ -490,15 +558,16 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
     tokio::time::sleep(config.tail.max(remaining)).await;
     let samples = load.stop().await;
     let duration_ms = r.ms();
-    let csv: String = std::iter::once("due_ms,latency_us,ok,served_by,marked\n".to_string())
+    let csv: String = std::iter::once("due_ms,latency_us,ok,served_by,marked,long\n".to_string())
         .chain(samples.iter().map(|s| {
             format!(
-                "{},{},{},{},{}\n",
+                "{},{},{},{},{},{}\n",
                 s.due_ms,
                 s.latency_us,
                 u8::from(s.ok),
                 s.served_by,
-                u8::from(s.marked)
+                u8::from(s.marked),
+                u8::from(s.long)
             )
         }))
         .collect();
@@ -529,7 +598,9 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
             Mode::Graceful => r
                 .seen_ms(&consumer_log, p, ev.closing_ms)
                 .unwrap_or(ev.closing_ms),
-            Mode::Baseline | Mode::RegistryOnly | Mode::Killed => ev.closing_ms,
+            Mode::Baseline | Mode::RegistryOnly | Mode::Killed | Mode::KilledBaseline => {
+                ev.closing_ms
+            }
         };
         ev.after_closing = arrivals_since(&ev.access_log, r.epoch_unix_ms + ev.seen_ms);
     }

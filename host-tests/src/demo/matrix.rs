@@ -1,0 +1,175 @@
+//! `make demo`'s matrix: real situations (scenarios) × what teams run
+//! (approaches), each cell a rolling restart under load as in [`super::run`].
+//!
+//! | scenario | load | consumer's retries | registry lag | how a provider leaves |
+//! |---|---|---|---|---|
+//! | `today` | short GETs | shipped (connect failure, refused stream, reset, 503; 2) | 2 s | shutdown |
+//! | `istio_long` | short GETs, 5% taking 2–6 s | Istio's default (no reset, no 503) | 2 s | shutdown |
+//! | `no_retry_post` | short POSTs | none | 2 s | shutdown |
+//! | `slow_registry` | short GETs | shipped | 6 s (longer than a 3 s sleep) | shutdown |
+//! | `killed` | short GETs | Istio's default | 2 s | SIGKILL of sidecar and app |
+//!
+//! | approach | the provider's preStop |
+//! |---|---|
+//! | `graceful` | the filters: `POST /graceful/closing`, wait for `drained` |
+//! | `sleep_3s`, `sleep_15s` | plain Envoy: `POST /healthcheck/fail`, a fixed sleep |
+//! | `registry_only` | plain Envoy: none; SIGTERM at once, the registry follows |
+//! | `plain` | plain Envoy (for `killed`, where no preStop runs) |
+
+use std::time::Duration;
+
+use super::load::{Protocol, Shape};
+use super::{DemoConfig, Mode, Retry};
+
+/// A real situation a rollout meets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scenario {
+    pub name: &'static str,
+    pub what: &'static str,
+    pub retry: Retry,
+    pub shape: Shape,
+    pub registry_lag: Duration,
+    /// The provider dies by SIGKILL instead of shutting down.
+    pub killed: bool,
+}
+
+pub const SCENARIOS: [Scenario; 5] = [
+    Scenario {
+        name: "today",
+        what: "short GETs, the shipped retry policy, registry lag 2 s",
+        retry: Retry::Shipped,
+        shape: Shape {
+            method: "GET",
+            long_every: 0,
+            long_ms: (0, 0),
+        },
+        registry_lag: Duration::from_secs(2),
+        killed: false,
+    },
+    Scenario {
+        name: "istio_long",
+        what: "Istio's default retry policy (no reset, no 503), 5% of requests taking 2-6 s",
+        retry: Retry::Istio,
+        shape: Shape {
+            method: "GET",
+            long_every: 20,
+            long_ms: (2000, 6000),
+        },
+        registry_lag: Duration::from_secs(2),
+        killed: false,
+    },
+    Scenario {
+        name: "no_retry_post",
+        what: "non-idempotent POSTs, never retried",
+        retry: Retry::Never,
+        shape: Shape {
+            method: "POST",
+            long_every: 0,
+            long_ms: (0, 0),
+        },
+        registry_lag: Duration::from_secs(2),
+        killed: false,
+    },
+    Scenario {
+        name: "slow_registry",
+        what: "registry lag 6 s, longer than the short sleep",
+        retry: Retry::Shipped,
+        shape: Shape {
+            method: "GET",
+            long_every: 0,
+            long_ms: (0, 0),
+        },
+        registry_lag: Duration::from_secs(6),
+        killed: false,
+    },
+    Scenario {
+        name: "killed",
+        what: "a provider's sidecar and app SIGKILLed (OOM kill, node loss), Istio's default retry policy",
+        retry: Retry::Istio,
+        shape: Shape {
+            method: "GET",
+            long_every: 0,
+            long_ms: (0, 0),
+        },
+        registry_lag: Duration::from_secs(2),
+        killed: true,
+    },
+];
+
+/// What a team runs to shut a provider down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Approach {
+    Graceful,
+    Sleep(Duration),
+    RegistryOnly,
+    /// Plain Envoy where no shutdown runs (the `killed` scenario).
+    Plain,
+}
+
+impl Approach {
+    pub fn name(self) -> String {
+        match self {
+            Approach::Graceful => "graceful".into(),
+            Approach::Sleep(d) => format!("sleep_{}s", d.as_secs()),
+            Approach::RegistryOnly => "registry_only".into(),
+            Approach::Plain => "plain".into(),
+        }
+    }
+
+    /// Every approach that applies to `scenario`.
+    pub fn all_for(scenario: &Scenario) -> Vec<Approach> {
+        if scenario.killed {
+            vec![Approach::Graceful, Approach::Plain]
+        } else {
+            vec![
+                Approach::Graceful,
+                Approach::Sleep(Duration::from_secs(3)),
+                Approach::Sleep(Duration::from_secs(15)),
+                Approach::RegistryOnly,
+            ]
+        }
+    }
+}
+
+/// graceful_drain's configuration in the demo: the defaults but a step
+/// timeout that outlasts the longest request the demo sends (6 s), as an
+/// operator sets it for such a workload (the gate passes at quiet anyway).
+pub const DRAIN_CONFIG: &str = r#"{"admin_cluster":"envoy_admin","step_timeout":"8s"}"#;
+
+/// One cell: the run's configuration and mode.
+pub fn cell(
+    base: &DemoConfig,
+    scenario: &Scenario,
+    approach: Approach,
+    protocol: Protocol,
+) -> (DemoConfig, Mode) {
+    let mut config = base.clone();
+    config.protocol = protocol;
+    config.retry = scenario.retry;
+    config.shape = if protocol == Protocol::Grpc {
+        Shape::default()
+    } else {
+        scenario.shape
+    };
+    config.registry_lag = scenario.registry_lag;
+    if scenario.shape.long_every > 0 {
+        // Long requests hold a connection each: enough of them for the
+        // open-loop rate (5% of 500/s × 4 s ≈ 100 at once).
+        config.connections = config.connections.max(160);
+    }
+    let mode = match (approach, scenario.killed) {
+        (Approach::Graceful, false) => Mode::Graceful,
+        (Approach::Graceful, true) => Mode::Killed,
+        (Approach::Sleep(d), _) => {
+            config.baseline_sleep = d;
+            Mode::Baseline
+        }
+        (Approach::RegistryOnly, _) => Mode::RegistryOnly,
+        (Approach::Plain, _) => Mode::KilledBaseline,
+    };
+    (config, mode)
+}
+
+pub fn scenario(name: &str) -> Option<&'static Scenario> {
+    SCENARIOS.iter().find(|s| s.name == name)
+}
