@@ -21,8 +21,10 @@ COMPOSE_CONFIGS := envoy/compose/provider-1.yaml envoy/compose/provider-2.yaml e
 CARGO ?= cargo
 # make demo SCENARIOS=today APPROACHES=graceful,sleep_3s PROTOCOL=grpc RATE=500 RESTARTS=2
 # (one cell: one scenario, one approach, one protocol). Lists are comma-separated.
-SCENARIOS ?= today,istio_long,no_retry_post,slow_registry,killed
-APPROACHES ?= graceful,sleep_3s,sleep_15s,registry_only,plain
+# Empty: every scenario, and every approach that applies (today's HTTP/2 and
+# gRPC cells: graceful and sleep_3s).
+SCENARIOS ?=
+APPROACHES ?=
 PROTOCOL ?= http1,http2,grpc
 RATE ?= 500
 RESTARTS ?= 2
@@ -127,7 +129,7 @@ bench: build envoy ## what the filters cost against plain Envoy (wrk), memory, a
 demo: build envoy ## the main job: scenarios x approaches, each a rolling restart under load (about 10 min): target/demo/
 	$(CARGO) build --profile tools -p demo-app
 	$(CARGO) build --profile tools -p graceful-host-tests --bin demo
-	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/demo --scenarios $(SCENARIOS) --approaches $(APPROACHES) --protocols $(PROTOCOL) --rate $(RATE) --restarts $(RESTARTS) --duration $(DURATION) $(DEMO_FLAGS)
+	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/demo $(if $(SCENARIOS),--scenarios $(SCENARIOS)) $(if $(APPROACHES),--approaches $(APPROACHES)) --protocols $(PROTOCOL) --rate $(RATE) --restarts $(RESTARTS) --duration $(DURATION) $(DEMO_FLAGS)
 
 .PHONY: lint
 lint: ## rustfmt check and clippy (native and wasm) with warnings as errors

@@ -205,135 +205,35 @@ impl Pod {
     /// traffic of the app, and the sidecar calling its own pod address
     /// (sent back through inbound).
     pub fn capture_like_istio(&self) {
-        let rules: &[&[&str]] = &[
-            &["-N", "ISTIO_INBOUND"],
-            &["-N", "ISTIO_IN_REDIRECT"],
-            &["-N", "ISTIO_OUTPUT"],
-            &["-N", "ISTIO_REDIRECT"],
-            &[
-                "-A",
-                "ISTIO_INBOUND",
-                "-p",
-                "tcp",
-                "--dport",
-                "15008",
-                "-j",
-                "RETURN",
-            ],
-            &[
-                "-A",
-                "ISTIO_INBOUND",
-                "-p",
-                "tcp",
-                "--dport",
-                "15090",
-                "-j",
-                "RETURN",
-            ],
-            &[
-                "-A",
-                "ISTIO_INBOUND",
-                "-p",
-                "tcp",
-                "--dport",
-                "15021",
-                "-j",
-                "RETURN",
-            ],
-            &[
-                "-A",
-                "ISTIO_INBOUND",
-                "-p",
-                "tcp",
-                "--dport",
-                "15020",
-                "-j",
-                "RETURN",
-            ],
-            &[
-                "-A",
-                "ISTIO_INBOUND",
-                "-p",
-                "tcp",
-                "-j",
-                "ISTIO_IN_REDIRECT",
-            ],
-            &[
-                "-A",
-                "ISTIO_IN_REDIRECT",
-                "-p",
-                "tcp",
-                "-j",
-                "REDIRECT",
-                "--to-ports",
-                "15006",
-            ],
-            &[
-                "-A",
-                "ISTIO_REDIRECT",
-                "-p",
-                "tcp",
-                "-j",
-                "REDIRECT",
-                "--to-ports",
-                "15001",
-            ],
-            &[
-                "-A",
-                "ISTIO_OUTPUT",
-                "-s",
-                "127.0.0.6/32",
-                "-o",
-                "lo",
-                "-j",
-                "RETURN",
-            ],
-            &[
-                "-A",
-                "ISTIO_OUTPUT",
-                "!",
-                "-d",
-                "127.0.0.1/32",
-                "-o",
-                "lo",
-                "-m",
-                "owner",
-                "--uid-owner",
-                "1337",
-                "-j",
-                "ISTIO_IN_REDIRECT",
-            ],
-            &[
-                "-A",
-                "ISTIO_OUTPUT",
-                "-o",
-                "lo",
-                "-m",
-                "owner",
-                "!",
-                "--uid-owner",
-                "1337",
-                "-j",
-                "RETURN",
-            ],
-            &[
-                "-A",
-                "ISTIO_OUTPUT",
-                "-m",
-                "owner",
-                "--uid-owner",
-                "1337",
-                "-j",
-                "RETURN",
-            ],
-            &["-A", "ISTIO_OUTPUT", "-d", "127.0.0.1/32", "-j", "RETURN"],
-            &["-A", "ISTIO_OUTPUT", "-j", "ISTIO_REDIRECT"],
-            &["-A", "PREROUTING", "-p", "tcp", "-j", "ISTIO_INBOUND"],
-            &["-A", "OUTPUT", "-p", "tcp", "-j", "ISTIO_OUTPUT"],
+        let mut rules = vec![
+            "-N ISTIO_INBOUND".to_string(),
+            "-N ISTIO_IN_REDIRECT".into(),
+            "-N ISTIO_OUTPUT".into(),
+            "-N ISTIO_REDIRECT".into(),
         ];
-        for rule in rules {
+        // The sidecar's own ports stay its own.
+        for port in [15008, 15090, 15021, 15020] {
+            rules.push(format!("-A ISTIO_INBOUND -p tcp --dport {port} -j RETURN"));
+        }
+        rules.extend(
+            [
+                "-A ISTIO_INBOUND -p tcp -j ISTIO_IN_REDIRECT",
+                "-A ISTIO_IN_REDIRECT -p tcp -j REDIRECT --to-ports 15006",
+                "-A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001",
+                "-A ISTIO_OUTPUT -s 127.0.0.6/32 -o lo -j RETURN",
+                "-A ISTIO_OUTPUT ! -d 127.0.0.1/32 -o lo -m owner --uid-owner 1337 -j ISTIO_IN_REDIRECT",
+                "-A ISTIO_OUTPUT -o lo -m owner ! --uid-owner 1337 -j RETURN",
+                "-A ISTIO_OUTPUT -m owner --uid-owner 1337 -j RETURN",
+                "-A ISTIO_OUTPUT -d 127.0.0.1/32 -j RETURN",
+                "-A ISTIO_OUTPUT -j ISTIO_REDIRECT",
+                "-A PREROUTING -p tcp -j ISTIO_INBOUND",
+                "-A OUTPUT -p tcp -j ISTIO_OUTPUT",
+            ]
+            .map(String::from),
+        );
+        for rule in &rules {
             let mut args = vec!["iptables", "-t", "nat"];
-            args.extend_from_slice(rule);
+            args.extend(rule.split_whitespace());
             self.exec(&args);
         }
     }

@@ -100,8 +100,7 @@ async fn it_loses_no_request_in_any_scenario_of_the_matrix_with_the_filters() {
     };
     let mut lines = Vec::new();
     for s in &SCENARIOS {
-        let (mut config, mode) = cell(&base, s, Approach::Graceful, Protocol::Http1);
-        config.work_dir = base.work_dir.join(s.name);
+        let (config, mode) = cell(&base, s, Approach::Graceful, Protocol::Http1);
         let (report, _) = run(&config, mode).await;
         let line = report.line(&format!("{} graceful", s.name));
         eprintln!("{line}");
@@ -118,8 +117,7 @@ async fn it_loses_no_request_in_any_scenario_of_the_matrix_with_the_filters() {
         lines.push(line);
     }
     let post = scenario("no_retry_post").unwrap_or_else(|| panic!("no_retry_post"));
-    let (mut config, mode) = cell(&base, post, Approach::RegistryOnly, Protocol::Http1);
-    config.work_dir = base.work_dir.join("no_retry_post-registry_only");
+    let (config, mode) = cell(&base, post, Approach::RegistryOnly, Protocol::Http1);
     let (report, _) = run(&config, mode).await;
     let line = report.line("no_retry_post registry_only");
     eprintln!("{line}");

@@ -2,8 +2,9 @@
 //! (`graceful_host_tests::demo::matrix`), each cell a rolling restart of
 //! providers under load on real Envoy. Prints a line per cell, writes
 //! `target/demo/report.json` (scenario `today`'s graceful and `sleep_3s`
-//! runs as `graceful` and `baseline`, every cell in `matrix`) and
-//! `target/demo/chart.svg`; exits 1 if a graceful cell failed a request
+//! runs as `graceful` and `baseline`, every cell in `matrix`),
+//! `target/demo/chart.svg` (the matrix) and `target/demo/providers.svg`
+//! (requests per second per provider in `today`'s cells); exits 1 if a graceful cell failed a request
 //! outside the `killed` scenario (where what was in flight on the killed
 //! provider cannot be saved).
 //!
@@ -22,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use graceful_host_tests::demo::load::Protocol;
 use graceful_host_tests::demo::matrix::{self, Approach, DRAIN_CONFIG, SCENARIOS};
-use graceful_host_tests::demo::report::{matrix_chart, Cell, Report};
+use graceful_host_tests::demo::report::{chart, matrix_chart, Cell, Report};
 use graceful_host_tests::demo::{run, DemoConfig};
 
 struct Plan {
@@ -166,6 +167,14 @@ async fn main() -> ExitCode {
     };
     let chart_cells: Vec<(&Cell, &[_])> = cells.iter().map(|(c, s)| (c, s.as_slice())).collect();
     let svg = matrix_chart(&chart_cells);
+    // Requests per second per provider for `today`'s cells of the first
+    // protocol: where the traffic went around each shutdown.
+    let today: Vec<(&str, &_, &[_])> = cells
+        .iter()
+        .filter(|(c, _)| c.scenario == "today" && c.run.protocol == first)
+        .map(|(c, s)| (c.approach.as_str(), &c.run, s.as_slice()))
+        .collect();
+    let providers_svg = chart(&today);
     let dir = &plan.config.work_dir;
     let written = std::fs::create_dir_all(dir)
         .and_then(|()| {
@@ -174,7 +183,8 @@ async fn main() -> ExitCode {
                 serde_json::to_string_pretty(&report).unwrap_or_default(),
             )
         })
-        .and_then(|()| std::fs::write(dir.join("chart.svg"), svg));
+        .and_then(|()| std::fs::write(dir.join("chart.svg"), svg))
+        .and_then(|()| std::fs::write(dir.join("providers.svg"), providers_svg));
     if let Err(e) = written {
         eprintln!("demo: cannot write the report: {e}");
         return ExitCode::FAILURE;

@@ -144,6 +144,10 @@ pub fn cell(
     protocol: Protocol,
 ) -> (DemoConfig, Mode) {
     let mut config = base.clone();
+    // Each cell's logs, EDS and samples in a folder of its own.
+    config.work_dir = base
+        .work_dir
+        .join(format!("{}-{}-{protocol:?}", scenario.name, approach.name()).to_lowercase());
     config.protocol = protocol;
     config.retry = scenario.retry;
     config.shape = if protocol == Protocol::Grpc {
