@@ -270,7 +270,7 @@ async fn main() -> ExitCode {
         };
         let (report, _) = run(&soak_config, Mode::Graceful).await;
         println!(
-            "{}; consumer RSS {} -> {} KiB, outbound in flight at the end {}",
+            "{}; consumer RSS {} -> {} KiB, outbound in flight at the end {:?}",
             report.line("soak"),
             report.consumer_rss_kb[0],
             report.consumer_rss_kb[1],

@@ -576,16 +576,18 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
     let rss_end = crate::bench::rss_kb(consumer.pid());
     // Every outbound request has ended: the consumer's count must come to 0
     // (the gauge is refreshed every `membership_refresh`, 1 s: give it 3).
+    // Plain Envoy has no such gauge: None.
     let deadline = Instant::now() + Duration::from_secs(3);
-    let inflight_end = loop {
-        let n = consumer
-            .stat("wasmcustom.graceful_consumer_inflight")
-            .await
-            .unwrap_or(u64::MAX);
-        if n == 0 || Instant::now() >= deadline {
-            break n;
+    let inflight_end = if mode.graceful() {
+        loop {
+            let n = consumer.stat("wasmcustom.graceful_consumer_inflight").await;
+            if n == Some(0) || Instant::now() >= deadline {
+                break n;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+    } else {
+        None
     };
     let retries = consumer
         .stat("cluster.providers.upstream_rq_retry")

@@ -56,8 +56,9 @@ pub struct RunReport {
     pub events: Vec<ProviderEvents>,
     /// The consumer Envoy's resident size when the load started and ended.
     pub consumer_rss_kb: [u64; 2],
-    /// The consumer's outbound in-flight gauge after the load (must be 0).
-    pub consumer_inflight_end: u64,
+    /// The consumer's outbound in-flight gauge after the load (must be 0);
+    /// null where the consumer runs no graceful_consumer.
+    pub consumer_inflight_end: Option<u64>,
 }
 
 /// The `p` quantile (0..=1) of sorted values, nearest rank; 0 if empty.
@@ -104,7 +105,7 @@ impl RunReport {
             duration_ms,
             events,
             consumer_rss_kb: [0, 0],
-            consumer_inflight_end: 0,
+            consumer_inflight_end: None,
         }
     }
 
