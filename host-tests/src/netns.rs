@@ -45,8 +45,14 @@ fn ip(args: &[&str]) -> Output {
 }
 
 /// Whether network namespaces with iptables can be made here (root, the
-/// `ip` and `iptables` tools): the reason when not.
+/// `ip` and `iptables` tools): the reason when not. Probed once per
+/// process (tests running side by side ask at once).
 pub fn available() -> Result<(), String> {
+    static PROBED: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    PROBED.get_or_init(probe).clone()
+}
+
+fn probe() -> Result<(), String> {
     let probe = format!("gwprobe{}", std::process::id());
     let made = Command::new("ip")
         .args(["netns", "add", &probe])
