@@ -515,10 +515,6 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
     };
     let app_child = hook("app", &app_hook);
     let proxy_child = hook("istio-proxy", &proxy_hook);
-    // Kubernetes takes the terminating pod out of the endpoints; istiod's
-    // push reaches the consumer a moment later.
-    std::thread::sleep(Duration::from_millis(1500));
-    write_eds(&eds, &cluster, &endpoints[1..]);
     let deadline = Instant::now() + Duration::from_secs(10);
     while probe(&providers[0].pod) {
         assert!(
@@ -527,6 +523,11 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // The registry drops the pod (Kubernetes at deletion, here once it is
+    // closing, so the consumer meets it closing first); istiod's push
+    // reaches the consumer a moment later.
+    std::thread::sleep(Duration::from_millis(1500));
+    write_eds(&eds, &cluster, &endpoints[1..]);
     let app_out = app_child
         .wait_with_output()
         .unwrap_or_else(|e| panic!("{e}"));
