@@ -107,6 +107,9 @@ fn it_refuses_every_bad_provider_field() {
             ),
             (r#"{"reject_when_drained":1}"#, "reject_when_drained"),
             (r#"{"closing_headr":"x"}"#, "closing_headr"),
+            // An explicit null is refused, never read as "absent".
+            (r#"{"closing_header":null}"#, "closing_header"),
+            (r#"{"instance_id":null}"#, "instance_id"),
         ],
     );
 }
@@ -162,6 +165,17 @@ fn it_refuses_every_bad_drain_field() {
             (r#"{"paths":{"closng":"/c"}}"#, "paths.closng"),
             (r#"{"paths":[]}"#, "paths"),
             (r#"{"quiet_windw":"5s"}"#, "quiet_windw"),
+            (r#"{"quiet_window":null}"#, "quiet_window"),
+            (
+                r#"{"allowed_sources":["10.0.0.0/8",null]}"#,
+                "allowed_sources[1]",
+            ),
+            (r#"{"paths":{"ready":null}}"#, "paths.ready"),
+            (
+                r#"{"on_drained":{"cluster":"app","timeout":null}}"#,
+                "on_drained.timeout",
+            ),
+            (r#"{"paths":null}"#, "paths"),
         ],
     );
 }
@@ -208,6 +222,8 @@ fn it_refuses_every_bad_consumer_field() {
             (r#"{"probe_path":"ready"}"#, "probe_path"),
             (r#"{"probe_path":"/a?b"}"#, "probe_path"),
             (r#"{"tombstone_tll":"5s"}"#, "tombstone_tll"),
+            (r#"{"max_tombstones":null}"#, "max_tombstones"),
+            (r#"{"closing_headers":[null]}"#, "closing_headers[0]"),
         ],
     );
 }

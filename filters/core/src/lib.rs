@@ -1,16 +1,39 @@
 //! Core of graceful-wasm: everything the three filters decide, with no
-//! proxy-wasm dependency so it runs and is tested natively.
+//! proxy-wasm dependency so it runs and is tested natively. The filter
+//! crates (`filters/provider`, `filters/drain`, `filters/consumer`) are
+//! glue: they read what Envoy gives them, call in here, and carry out the
+//! answer.
 //!
-//! - [`config`]: plugin configuration, parsed and validated.
-//! - [`record`]: the instance record and the shutdown state machine.
-//! - [`traffic`]: in-flight counters.
+//! Configuration and text formats:
+//! - [`config`]: the three plugin configurations, parsed and validated (one
+//!   file per filter, the shared error type and validators in `config/mod.rs`).
+//! - [`duration`]: durations written with a unit (`"250ms"`, `"1m30s"`).
+//! - [`net`]: CIDR ranges and `ip:port` source addresses.
+//! - [`headers`]: every header name the filters use that is not configurable.
+//!
+//! Shared data (state every VM copy of an Envoy process sees):
 //! - [`store`]: the shared-data trait with the host's CAS semantics.
-//! - [`status`], [`endpoints`]: what the drain filter answers.
+//! - [`keys`]: every shared-data key, its encoding and its initial value.
+//! - [`record`]: the instance record (phase and inbound counters) and the
+//!   shutdown state machine with its drain gate.
+//! - [`traffic`]: in-flight counters and the last request's start.
+//! - [`instance`]: the instance id, one per Envoy process.
+//! - [`tombstone`]: the hosts a consumer must not send new requests to.
+//!
+//! What each filter decides:
+//! - [`status`], [`endpoints`]: what graceful_drain's endpoints answer.
+//! - [`consumer`]: graceful_consumer's decisions per stream and per tick.
+//! - [`steering`]: steering requests away from tombstoned hosts (cluster
+//!   membership, the routed clusters, each request's plan, probes of
+//!   tombstoned hosts).
 
 pub mod config;
+pub mod consumer;
 pub mod duration;
 pub mod endpoints;
+pub mod headers;
 pub mod instance;
+pub mod keys;
 pub mod net;
 pub mod record;
 pub mod status;
