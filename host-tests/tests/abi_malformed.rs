@@ -10,6 +10,7 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::Duration;
 
+use graceful_core::keys::{self, Owner};
 use graceful_core::record;
 use graceful_core::steering::MEMBERS_KEY;
 use graceful_core::tombstone::{Tombstones, TOMBSTONES_KEY};
@@ -587,20 +588,15 @@ fn it_ignores_garbage_admin_clusters_answers() {
     assert_eq!(list.split(',').count(), 8, "at most 8 hosts named");
 }
 
-/// Every shared-data key the filters use.
-const KEYS: &[&str] = &[
-    "graceful.v1.instance",
-    "graceful.v1.traffic.outbound",
-    "graceful.v1.instance_id",
-    "graceful.v1.identity",
-    "graceful.v1.drain.waiters",
-    "graceful.v1.drain.admin_lease",
-    "graceful.v1.consumer.tombstones",
-    "graceful.v1.consumer.tombstones.gen",
-    "graceful.v1.consumer.members",
-    "graceful.v1.consumer.members.gen",
-    "graceful.v1.consumer.refresh_lease",
-];
+/// Every shared-data key the filters use (the core's registry) that
+/// belongs to `owner`.
+fn keys_of(owner: Owner) -> Vec<&'static str> {
+    keys::ALL
+        .iter()
+        .filter(|k| k.owner == owner)
+        .map(|k| k.name)
+        .collect()
+}
 
 fn garbage_values() -> Vec<Vec<u8>> {
     let mut random = vec![0u8; 64 << 10];
@@ -625,9 +621,11 @@ fn garbage_values() -> Vec<Vec<u8>> {
 
 /// Requests, endpoints, ticks, tombstones and steering: everything that
 /// reads shared data. Its own streams all end; the counts in shared data
-/// must then be `inbound`, `outbound`, and the gauges (which count streams,
-/// not shared data) `streams` each.
-fn exercise(p: &mut Proc, case: &str, inbound: u64, outbound: u64, _streams: i64) {
+/// must then be `inbound`, `outbound`, and the in-flight gauges, which are
+/// views of those counts set on ticks (graceful_drain's every 50 ms, the
+/// consumer's every `membership_refresh`, 1 s, after the streams ended),
+/// the same.
+fn exercise(p: &mut Proc, case: &str, inbound: u64, outbound: u64) {
     let mut open = Vec::new();
     for w in 0..2 {
         let app = p.host.stream_through(&p.inbound[w]);
@@ -682,6 +680,12 @@ fn exercise(p: &mut Proc, case: &str, inbound: u64, outbound: u64, _streams: i64
         (inbound, outbound),
         "{case}: counts after the exercise"
     );
+    let gauges = (
+        h.metric("graceful_provider_inflight"),
+        h.metric("graceful_consumer_inflight"),
+    );
+    let want = (inbound as i64, outbound as i64);
+    assert_eq!(gauges, want, "{case}: in-flight gauges after the exercise");
 }
 
 /// Plants each garbage value in each of `keys`, before start-up and while
@@ -693,7 +697,7 @@ fn garbage_in(keys: &[&str]) {
             // Planted before start-up...
             let planted = value.clone();
             let mut p = process_with(|h| h.set_shared_data(key, &planted));
-            exercise(&mut p, &case, 0, 0, 0);
+            exercise(&mut p, &case, 0, 0);
             assert_counts_zero(&p, &case);
             // ...and while running, with streams in flight.
             let mut p = process();
@@ -706,9 +710,9 @@ fn garbage_in(keys: &[&str]) {
             p.host.set_shared_data(key, &value);
             // Garbage in a counter's own key loses that count (it reads as
             // fresh); garbage anywhere else leaves both counts alone.
-            let inbound = u64::from(*key != "graceful.v1.instance");
-            let outbound = u64::from(*key != "graceful.v1.traffic.outbound");
-            exercise(&mut p, &case, inbound, outbound, 1);
+            let inbound = u64::from(*key != keys::RECORD.name);
+            let outbound = u64::from(*key != keys::OUTBOUND.name);
+            exercise(&mut p, &case, inbound, outbound);
             p.host.response_headers(s, &[(":status", "200")], true);
             p.host.log(s);
             p.host.reset(out);
@@ -717,19 +721,21 @@ fn garbage_in(keys: &[&str]) {
     }
 }
 
+// One test per owner, so they run in parallel; `Owner` has no other
+// variant, so together they cover every key in the registry.
 #[test]
-fn it_survives_garbage_in_the_shared_counters_and_identity() {
-    garbage_in(&KEYS[..4]);
+fn it_survives_garbage_in_the_provider_keys() {
+    garbage_in(&keys_of(Owner::Provider));
 }
 
 #[test]
 fn it_survives_garbage_in_the_drain_keys() {
-    garbage_in(&KEYS[4..6]);
+    garbage_in(&keys_of(Owner::Drain));
 }
 
 #[test]
 fn it_survives_garbage_in_the_consumer_keys() {
-    garbage_in(&KEYS[6..]);
+    garbage_in(&keys_of(Owner::Consumer));
 }
 
 #[test]

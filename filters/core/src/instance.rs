@@ -5,7 +5,7 @@
 use crate::store::{SharedStore, StoreError};
 
 /// Shared-data key of the process's instance id.
-pub const INSTANCE_ID_KEY: &str = "graceful.v1.instance_id";
+pub const INSTANCE_ID_KEY: &str = crate::keys::INSTANCE_ID.name;
 
 /// A fresh id: 16 hex digits mixing the start time with entropy from the
 /// host (WASI `random_get`), so two processes started in the same
@@ -41,7 +41,7 @@ pub fn agree(store: &dyn SharedStore, candidate: &str) -> Result<String, StoreEr
 /// stamps on responses, so graceful_drain can stamp its own answers too
 /// (consumers' probes read the instance id from graceful_drain's readiness
 /// answer).
-pub const IDENTITY_KEY: &str = "graceful.v1.identity";
+pub const IDENTITY_KEY: &str = crate::keys::IDENTITY.name;
 
 /// The identity value: `<header name>\n<instance id>`.
 pub fn encode_identity(header: &str, id: &str) -> Vec<u8> {

@@ -35,7 +35,7 @@ use crate::store::{update, SharedStore, StoreError, UpdateError};
 use crate::traffic::Traffic;
 
 /// Shared-data key of the instance record.
-pub const RECORD_KEY: &str = "graceful.v1.instance";
+pub const RECORD_KEY: &str = crate::keys::RECORD.name;
 
 /// Encoded size of [`InstanceRecord`].
 pub const RECORD_LEN: usize = 40;

@@ -44,20 +44,6 @@ impl MemStore {
     pub fn new() -> Self {
         Self::default()
     }
-
-    /// Number of keys ever written (the store never shrinks).
-    pub fn key_count(&self) -> usize {
-        self.entries.borrow().len()
-    }
-
-    /// Total bytes of keys and values held.
-    pub fn byte_size(&self) -> usize {
-        self.entries
-            .borrow()
-            .iter()
-            .map(|(k, (v, _))| k.len() + v.len())
-            .sum()
-    }
 }
 
 impl SharedStore for MemStore {

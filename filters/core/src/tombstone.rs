@@ -6,17 +6,24 @@
 //!
 //! # Transition table (per address)
 //!
-//! | tombstone for the address | observation                        | result                                       |
-//! |---------------------------|------------------------------------|----------------------------------------------|
-//! | none or expired           | closing (instance I or unknown)    | new: expires now + ttl (evicted)             |
-//! | none or expired           | connect failure                    | new: expires now + failure ttl (evicted)     |
-//! | none or expired           | answered                           | none                                         |
-//! | live, instance I          | closing, instance I or unknown     | expiry pushed to now + ttl if later          |
-//! | live, instance I          | closing, instance J ≠ I            | replaced by J's, now + ttl (evicted)         |
-//! | live                      | connect failure                    | expiry pushed to now + failure ttl if later  |
-//! | live, instance I          | answered by instance J ≠ I         | removed (readmitted: a new instance)         |
-//! | live, instance unknown    | answered by any instance           | removed (readmitted: it answers again)       |
-//! | live, instance I          | answered by I, or without an id    | kept                                         |
+//! "Written" is what reaches shared data: [`Tombstones::worth_writing`]
+//! reads the cached list first and skips the write when the observation
+//! could not change anything, or when a repeated mark would only add less
+//! than [`EXTEND_GRANULARITY_US`] (1 s) of life (otherwise every marked
+//! response of a closing host would be a write).
+//!
+//! | tombstone for the address | observation                        | result                                       | written |
+//! |---------------------------|------------------------------------|----------------------------------------------|---------|
+//! | none or expired           | closing (instance I or unknown)    | new: expires now + ttl (evicted)             | yes     |
+//! | none or expired           | connect failure                    | new: expires now + failure ttl (evicted)     | yes     |
+//! | none or expired           | answered                           | none                                         | no      |
+//! | live, instance I          | closing, instance I or unknown     | expiry pushed to now + ttl if later          | if ≥ 1 s later |
+//! | live, instance I          | closing, instance J ≠ I            | replaced by J's, now + ttl (evicted)         | yes     |
+//! | live, connect failure     | closing (instance I or unknown)    | cause closing, instance learned, expiry as above (extended) | yes |
+//! | live                      | connect failure                    | expiry pushed to now + failure ttl if later  | if ≥ 1 s later |
+//! | live, instance I          | answered by instance J ≠ I         | removed (readmitted: a new instance)         | yes     |
+//! | live, instance unknown    | answered by any instance           | removed (readmitted: it answers again)       | yes     |
+//! | live, instance I          | answered by I, or without an id    | kept                                         | no      |
 //!
 //! After every change, expired entries are dropped, and if more than
 //! `max_tombstones` remain, those expiring first are dropped.
@@ -24,10 +31,14 @@
 use std::time::Duration;
 
 /// Shared-data key of the tombstone list.
-pub const TOMBSTONES_KEY: &str = "graceful.v1.consumer.tombstones";
+pub const TOMBSTONES_KEY: &str = crate::keys::TOMBSTONES.name;
 /// Shared-data key of a counter bumped on every change to the list, so
 /// workers re-read the list only when it changed.
-pub const TOMBSTONES_GEN_KEY: &str = "graceful.v1.consumer.tombstones.gen";
+pub const TOMBSTONES_GEN_KEY: &str = crate::keys::TOMBSTONES_GEN.name;
+
+/// A repeated closing mark or connect failure extends a live tombstone in
+/// shared data only when that adds at least this much life (µs).
+pub const EXTEND_GRANULARITY_US: u64 = 1_000_000;
 
 const VERSION: u8 = 1;
 /// Bounds on stored strings: an `ip:port`, an instance id, a cluster name.
@@ -142,6 +153,37 @@ impl Tombstones {
     /// The live tombstone for `address`, if any.
     pub fn get_live(&self, address: &str, now_us: u64) -> Option<&Tombstone> {
         self.live(now_us).find(|t| t.address == address)
+    }
+
+    /// False when applying `obs` could not change anything worth a write
+    /// (the module table's "written" column): checked on the cached list
+    /// before the read-modify-write, so the common cases (an answer from a
+    /// host that is not tombstoned, a closing mark already recorded) cost
+    /// none.
+    pub fn worth_writing(&self, obs: &Observation, ttls: &Ttls, now_us: u64) -> bool {
+        // Only an extension by at least this much is written.
+        let extends = |t: &Tombstone, ttl: Duration| {
+            now_us.saturating_add(micros(ttl)) > t.expires_us.saturating_add(EXTEND_GRANULARITY_US)
+        };
+        match obs {
+            Observation::Answered { address, instance } => {
+                self.get_live(address, now_us).is_some_and(|t| {
+                    instance.is_some_and(|i| t.instance.is_empty() || t.instance != i)
+                })
+            }
+            Observation::Closing {
+                address, instance, ..
+            } => self.get_live(address, now_us).is_none_or(|t| {
+                // A closing mark on a connect-failure tombstone changes its
+                // cause.
+                let new_instance =
+                    instance.is_some_and(|i| t.instance != i) || t.cause != Cause::Closing;
+                new_instance || extends(t, ttls.closing)
+            }),
+            Observation::ConnectFailure { address, .. } => self
+                .get_live(address, now_us)
+                .is_none_or(|t| extends(t, ttls.failure)),
+        }
     }
 
     /// Applies an observation (see the module's table); `max` bounds the

@@ -7,7 +7,7 @@
 use crate::store::{read_u64, update, SharedStore, StoreError, UpdateError};
 
 /// Shared-data key of the outbound traffic counters.
-pub const OUTBOUND_KEY: &str = "graceful.v1.traffic.outbound";
+pub const OUTBOUND_KEY: &str = crate::keys::OUTBOUND.name;
 
 /// Encoded size of [`Traffic`].
 pub const TRAFFIC_LEN: usize = 16;

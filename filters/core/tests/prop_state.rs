@@ -16,7 +16,7 @@ use graceful_core::record::{
     self, Admission, GatePass, GateTimings, InstanceRecord, Phase, RECORD_KEY,
 };
 use graceful_core::steering::{
-    probe_observation, probe_targets, steer, Member, Membership, Steering, MAX_OVERRIDE_HOSTS,
+    plan, probe_observation, probe_targets, Member, Membership, Steering, MAX_OVERRIDE_HOSTS,
     MAX_PROBES,
 };
 use graceful_core::store::{
@@ -593,7 +593,7 @@ proptest! {
                 acceptable.push(&m.address);
             }
         }
-        match steer(&members, &list, cluster, now, rotation) {
+        match plan(&members, &list, cluster, now).0.steering(rotation) {
             Steering::LeaveAlone => prop_assert!(!concerned),
             Steering::NoneLeft => prop_assert!(concerned && acceptable.is_empty()),
             Steering::Steer(header) => {

@@ -11,13 +11,17 @@ use std::time::Duration;
 
 use graceful_core::config::DrainConfig;
 use graceful_core::endpoints::{is_endpoint_path, route, Endpoint, Reply, Route, Waiters};
+use graceful_core::headers::{
+    ADDRESS as ADDRESS_HEADER, ADMIN_AUTHORITY, AUTHORITY, CONTENT_TYPE, FORWARDED_FOR, METHOD,
+    PATH, STATUS,
+};
 use graceful_core::instance;
+use graceful_core::keys::{self, Owner};
 use graceful_core::net::trusted_peer_ip;
 use graceful_core::record::{self, GatePass, InstanceRecord, Phase};
 use graceful_core::status::Status;
-use graceful_core::steering::ADDRESS_HEADER;
 use graceful_core::store::{self, add_bounded, take_lease, SharedStore, UpdateError};
-use graceful_core::traffic::{self, Traffic, OUTBOUND_KEY};
+use graceful_core::traffic::{self, Traffic};
 use graceful_host::{header, now_us, property, send_reply, HostStore, Metric};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -36,9 +40,6 @@ const TICK: Duration = Duration::from_millis(50);
 /// How often one copy of the process asks the admin for `/ready`.
 const ADMIN_POLL_INTERVAL: Duration = Duration::from_secs(1);
 const ADMIN_POLL_TIMEOUT: Duration = Duration::from_secs(1);
-/// Shared-data keys owned by this filter.
-const WAITERS_KEY: &str = "graceful.v1.drain.waiters";
-const ADMIN_LEASE_KEY: &str = "graceful.v1.drain.admin_lease";
 
 struct Shared {
     config: DrainConfig,
@@ -55,7 +56,7 @@ struct Shared {
 
 impl Shared {
     fn outbound(&self) -> Traffic {
-        traffic::read(&HostStore, OUTBOUND_KEY).unwrap_or_default()
+        traffic::read(&HostStore, keys::OUTBOUND.name).unwrap_or_default()
     }
 
     /// Evaluates the gate now and reports a pass if this copy made it.
@@ -94,7 +95,7 @@ impl Shared {
 /// probe uses both to tell a restarted instance from the closing one.
 fn send(reply: &Reply) -> bool {
     let identity = HostStore
-        .get(instance::IDENTITY_KEY)
+        .get(keys::IDENTITY.name)
         .ok()
         .flatten()
         .and_then(|(bytes, _)| instance::decode_identity(&bytes));
@@ -140,7 +141,7 @@ impl Context for DrainRoot {
             return;
         };
         // A failed or timed-out call arrives with no headers: no :status.
-        let status = header(MapType::HttpCallResponseHeaders, ":status");
+        let status = header(MapType::HttpCallResponseHeaders, STATUS);
         if self.admin_call == Some(token) {
             self.admin_call = None;
             let body = hostcalls::get_buffer(
@@ -188,10 +189,10 @@ impl DrainRoot {
             return;
         };
         let headers = vec![
-            (":method", "POST"),
-            (":path", cb.path.as_str()),
-            (":authority", cb.cluster.as_str()),
-            ("content-type", "application/json"),
+            (METHOD, "POST"),
+            (PATH, cb.path.as_str()),
+            (AUTHORITY, cb.cluster.as_str()),
+            (CONTENT_TYPE, "application/json"),
         ];
         match self.dispatch_http_call(
             &cb.cluster,
@@ -219,13 +220,13 @@ impl DrainRoot {
             return;
         }
         let interval = u64::try_from(ADMIN_POLL_INTERVAL.as_micros()).unwrap_or(u64::MAX);
-        if !take_lease(&HostStore, ADMIN_LEASE_KEY, now, interval).unwrap_or(false) {
+        if !take_lease(&HostStore, keys::ADMIN_LEASE.name, now, interval).unwrap_or(false) {
             return;
         }
         let headers = vec![
-            (":method", "GET"),
-            (":path", "/ready"),
-            (":authority", "envoy-admin"),
+            (METHOD, "GET"),
+            (PATH, "/ready"),
+            (AUTHORITY, ADMIN_AUTHORITY),
         ];
         match self.dispatch_http_call(cluster, headers, None, vec![], ADMIN_POLL_TIMEOUT) {
             Ok(token) => self.admin_call = Some(token),
@@ -253,13 +254,7 @@ impl RootContext for DrainRoot {
         // Envoy ignores CAS on a missing key, so two workers creating one at
         // once would both succeed and one change be lost (a waiter slot not
         // counted, the admin lease taken twice).
-        let zero = || 0u64.to_le_bytes().to_vec();
-        let keys = [
-            record::initial(),
-            (WAITERS_KEY, zero()),
-            (ADMIN_LEASE_KEY, zero()),
-        ];
-        if let Err((key, e)) = store::ensure_all(&HostStore, &keys) {
+        if let Err((key, e)) = store::ensure_all(&HostStore, &keys::initial_values(Owner::Drain)) {
             log::error!("graceful_drain: cannot initialise shared data {key:?}: {e:?}");
             return false;
         }
@@ -300,7 +295,7 @@ impl RootContext for DrainRoot {
         if !due.is_empty() {
             let reply = Reply::drained(&shared.status(&rec, now));
             for context_id in due {
-                let _ = add_bounded(&HostStore, WAITERS_KEY, -1, u64::MAX);
+                let _ = add_bounded(&HostStore, keys::WAITERS.name, -1, u64::MAX);
                 // The stream may have gone meanwhile: then the host refuses
                 // the context and there is nobody to answer.
                 if hostcalls::set_effective_context(context_id).is_ok() {
@@ -365,7 +360,7 @@ impl DrainStream {
 
     fn start_closing(&self, shared: &Shared, now: u64) -> Reply {
         let source = property(&["source", "address"]);
-        let xff = header(MapType::HttpRequestHeaders, "x-forwarded-for");
+        let xff = header(MapType::HttpRequestHeaders, FORWARDED_FOR);
         let ip = source
             .as_deref()
             .and_then(|s| trusted_peer_ip(s, xff.as_deref()));
@@ -399,7 +394,7 @@ impl DrainStream {
     fn hold(&self, shared: &Shared, now: u64, wait: Duration) -> Option<Reply> {
         match add_bounded(
             &HostStore,
-            WAITERS_KEY,
+            keys::WAITERS.name,
             1,
             u64::from(shared.config.max_waiters),
         ) {
@@ -423,13 +418,13 @@ impl HttpContext for DrainStream {
             return Action::Continue;
         };
         // Most requests are the app's: one hostcall tells.
-        let Some(path) = header(MapType::HttpRequestHeaders, ":path") else {
+        let Some(path) = header(MapType::HttpRequestHeaders, PATH) else {
             return Action::Continue;
         };
         if !is_endpoint_path(&shared.config.paths, &path) {
             return Action::Continue;
         }
-        let Some(method) = header(MapType::HttpRequestHeaders, ":method") else {
+        let Some(method) = header(MapType::HttpRequestHeaders, METHOD) else {
             return Action::Continue;
         };
         let reply = match route(&shared.config.paths, &method, &path) {
@@ -447,7 +442,7 @@ impl HttpContext for DrainStream {
         // its slot. Answered ones were already released by the tick.
         let Some(shared) = &self.shared else { return };
         if shared.waiters.borrow_mut().release(self.context_id) {
-            let _ = add_bounded(&HostStore, WAITERS_KEY, -1, u64::MAX);
+            let _ = add_bounded(&HostStore, keys::WAITERS.name, -1, u64::MAX);
         }
     }
 }

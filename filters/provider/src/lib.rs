@@ -9,9 +9,11 @@
 use std::rc::Rc;
 
 use graceful_core::config::ProviderConfig;
+use graceful_core::headers::{CONTENT_TYPE, IMMEDIATE_HC_FAIL};
 use graceful_core::instance;
+use graceful_core::keys::{self, Owner};
 use graceful_core::record::{self, Admission};
-use graceful_core::store::SharedStore;
+use graceful_core::store::{self, SharedStore};
 use graceful_host::{header, now_us, replace_header, send_reply, HostStore, Metric};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MapType};
@@ -20,9 +22,6 @@ proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
     proxy_wasm::set_root_context(|_| -> Box<dyn RootContext> { Box::new(ProviderRoot { shared: None }) });
 }}
-
-/// Envoy's own mark for active health checkers (see envoy-facts §6.2).
-const IMMEDIATE_HC_FAIL: &str = "x-envoy-immediate-health-check-fail";
 
 struct Shared {
     config: ProviderConfig,
@@ -48,8 +47,9 @@ impl RootContext for ProviderRoot {
         };
         // The main thread's VM configures before any worker serves, so the
         // record exists before the first admission (no first-write race).
-        if let Err(e) = record::ensure(&HostStore) {
-            log::error!("graceful_provider: cannot initialise shared data: {e:?}");
+        if let Err((key, e)) = store::ensure_all(&HostStore, &keys::initial_values(Owner::Provider))
+        {
+            log::error!("graceful_provider: cannot initialise shared data {key:?}: {e:?}");
             return false;
         }
         let instance_id = match &config.instance_id {
@@ -71,7 +71,7 @@ impl RootContext for ProviderRoot {
         // (every copy writes the same value, so racing writes agree).
         if let Some(h) = &config.instance_header {
             let _ = HostStore.set(
-                instance::IDENTITY_KEY,
+                keys::IDENTITY.name,
                 &instance::encode_identity(h, &instance_id),
                 0,
             );
@@ -131,7 +131,8 @@ impl ProviderStream {
     /// Marks the trailers of a gRPC response if the instance is closing now.
     /// Called from the trailers callback, or from the body callback at end
     /// of stream when the upstream sent no trailers: Envoy creates the
-    /// trailer map there and only there (envoy-facts §5).
+    /// trailer map there and only there (observed on Envoy 1.40; elsewhere
+    /// adding a trailer fails with BadArgument).
     fn mark_trailers(&mut self) {
         let Some(shared) = self.shared.clone() else {
             return;
@@ -206,7 +207,7 @@ impl HttpContext for ProviderStream {
         if !end_of_stream {
             // A gRPC response with a body ends in trailers (or in a body at
             // end of stream, where the host lets us create them).
-            self.grpc = header(MapType::HttpResponseHeaders, "content-type")
+            self.grpc = header(MapType::HttpResponseHeaders, CONTENT_TYPE)
                 .is_some_and(|ct| ct.starts_with(b"application/grpc"));
         }
         Action::Continue

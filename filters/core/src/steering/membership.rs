@@ -1,49 +1,24 @@
-//! Steering a consumer's requests away from tombstoned hosts.
-//!
-//! Envoy's `override_host` load-balancing policy can pin a request to hosts
-//! named in a header, in order (each retry takes the next), but it cannot
-//! exclude one and it ignores health (envoy-facts §6.1). So while a cluster
-//! has live tombstones, the filter names the hosts to use: the cluster's
-//! known, usable members minus the tombstoned ones, rotated for balance.
-//! Members come from Envoy's admin `/clusters` (with health) when an admin
-//! cluster is configured, else from the addresses that recently answered.
-//!
-//! A tombstoned host that restarts keeps its address but gets a new instance
-//! id. To notice without sending it real traffic, the filter probes it: a
-//! request to graceful_drain's readiness endpoint pinned to that address.
-//! The answer counts only if it names the probed address (graceful_drain
-//! echoes the address it was reached at), since override_host falls back to
-//! another host when the address is no longer in the cluster.
+//! Cluster membership: Envoy's admin `/clusters` view (with health), the
+//! addresses that answered as every VM copy saw them (shared), and this
+//! copy's own recent answers.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
 use serde::Deserialize;
 
-use crate::tombstone::{Observation, Tombstone, Tombstones};
+use super::VERSION;
 
 /// Shared-data key of the admin membership of the clusters routed to.
-pub const MEMBERS_KEY: &str = "graceful.v1.consumer.members";
+pub const MEMBERS_KEY: &str = crate::keys::MEMBERS.name;
 /// Shared-data key of the addresses that answered, per cluster, as all VM
 /// copies saw them (the membership used without an admin cluster).
-pub const OBSERVED_KEY: &str = "graceful.v1.consumer.observed";
-/// Lease: one VM copy per interval refreshes membership and sends probes.
-pub const REFRESH_LEASE_KEY: &str = "graceful.v1.consumer.refresh_lease";
-/// Response header in which graceful_drain echoes the address (`ip:port`)
-/// it was reached at.
-pub const ADDRESS_HEADER: &str = "x-graceful-address";
-/// Most hosts named in one override header: enough for the first attempt
-/// and retries; past the list Envoy uses the fallback policy.
-pub const MAX_OVERRIDE_HOSTS: usize = 8;
+pub const OBSERVED_KEY: &str = crate::keys::OBSERVED.name;
 /// Bounds on what membership keeps.
 pub const MAX_CLUSTERS: usize = 64;
 pub const MAX_MEMBERS: usize = 1024;
 /// How long an address that answered counts as a member, without admin.
 pub const OBSERVED_WINDOW_US: u64 = 120_000_000;
-/// Most probes sent per refresh.
-pub const MAX_PROBES: usize = 16;
-
-const VERSION: u8 = 1;
 
 /// A cluster member as the admin reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -259,69 +234,6 @@ impl Membership {
     }
 }
 
-/// Shared-data key of the clusters the consumer has routed to, so the
-/// membership refresh knows them before any of their hosts is tombstoned
-/// (a tombstone then steers from its first moment, with health known).
-pub const CLUSTERS_KEY: &str = "graceful.v1.consumer.clusters";
-
-/// The clusters routed to (at most [`MAX_CLUSTERS`], names of at most 255
-/// bytes; past the bound new ones are not tracked and fall back to the
-/// addresses that answered).
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct ClusterSet {
-    names: Vec<String>,
-}
-
-impl ClusterSet {
-    pub fn contains(&self, name: &str) -> bool {
-        self.names.iter().any(|n| n == name)
-    }
-
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.names.iter().map(String::as_str)
-    }
-
-    /// Adds `name`; false if it was there, too long, or the set is full.
-    pub fn insert(&mut self, name: &str) -> bool {
-        if name.is_empty()
-            || name.len() > 255
-            || self.names.len() >= MAX_CLUSTERS
-            || self.contains(name)
-        {
-            return false;
-        }
-        self.names.push(name.to_string());
-        true
-    }
-
-    /// Layout: version u8, then per name: u8 length + bytes.
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = vec![VERSION];
-        for n in &self.names {
-            out.push(n.len() as u8);
-            out.extend_from_slice(n.as_bytes());
-        }
-        out
-    }
-
-    /// None for anything [`ClusterSet::encode`] did not write.
-    pub fn decode(bytes: &[u8]) -> Option<ClusterSet> {
-        let (&version, mut rest) = bytes.split_first()?;
-        if version != VERSION {
-            return None;
-        }
-        let mut set = ClusterSet::default();
-        while let Some((&len, tail)) = rest.split_first() {
-            let name = std::str::from_utf8(tail.get(..usize::from(len))?).ok()?;
-            if !set.insert(name) {
-                return None;
-            }
-            rest = tail.get(usize::from(len)..)?;
-        }
-        Some(set)
-    }
-}
-
 /// The admin path that lists just `clusters` (Envoy's `filter` is a regex
 /// on the cluster name; names are escaped, the query percent-encoded).
 pub fn admin_clusters_path(clusters: &[&str]) -> String {
@@ -414,267 +326,9 @@ impl Observed {
     }
 }
 
-/// What to do with one request's host selection.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Steering {
-    /// No live tombstone concerns this cluster: the load balancer decides.
-    LeaveAlone,
-    /// Put this list in the override header.
-    Steer(String),
-    /// Every known usable member is tombstoned: nothing better to offer,
-    /// the load balancer decides.
-    NoneLeft,
-}
-
-/// Which hosts requests to a cluster may go to, worked out once per change
-/// of tombstones or membership (a request then only rotates the list).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Plan {
-    /// No live tombstone concerns this cluster: the load balancer decides.
-    LeaveAlone,
-    /// The acceptable hosts, in member order; empty when every known usable
-    /// member is tombstoned.
-    Hosts(Vec<String>),
-}
-
-impl Plan {
-    /// The steering for one request; `rotation` spreads the first pick
-    /// (pass a per-request counter).
-    pub fn steering(&self, rotation: usize) -> Steering {
-        match self {
-            Plan::LeaveAlone => Steering::LeaveAlone,
-            Plan::Hosts(hosts) if hosts.is_empty() => Steering::NoneLeft,
-            Plan::Hosts(hosts) => {
-                let start = rotation % hosts.len();
-                let list: Vec<&str> = hosts
-                    .iter()
-                    .cycle()
-                    .skip(start)
-                    .take(hosts.len().min(MAX_OVERRIDE_HOSTS))
-                    .map(String::as_str)
-                    .collect();
-                Steering::Steer(list.join(","))
-            }
-        }
-    }
-}
-
-/// The plan for `cluster` at `now_us`, and until when it holds (the next
-/// expiry of a tombstone it depends on).
-pub fn plan(
-    members: &[Member],
-    tombstones: &Tombstones,
-    cluster: &str,
-    now_us: u64,
-) -> (Plan, u64) {
-    let dead: Vec<&Tombstone> = tombstones.live(now_us).collect();
-    let until = dead.iter().map(|t| t.expires_us).min().unwrap_or(u64::MAX);
-    let concerned = dead
-        .iter()
-        .any(|t| t.cluster == cluster || members.iter().any(|m| m.address == t.address));
-    if !concerned {
-        return (Plan::LeaveAlone, until);
-    }
-    let mut acceptable: Vec<String> = Vec::new();
-    for m in members {
-        if m.usable
-            && !dead.iter().any(|t| t.address == m.address)
-            && !acceptable.contains(&m.address)
-        {
-            acceptable.push(m.address.clone());
-        }
-    }
-    (Plan::Hosts(acceptable), until)
-}
-
-/// The steering decision for a request to `cluster` (the plan and one
-/// rotation of it).
-pub fn steer(
-    members: &[Member],
-    tombstones: &Tombstones,
-    cluster: &str,
-    now_us: u64,
-    rotation: usize,
-) -> Steering {
-    plan(members, tombstones, cluster, now_us)
-        .0
-        .steering(rotation)
-}
-
-/// Live tombstones worth probing: a cluster to send through, and, when the
-/// cluster's membership is known, the address still a member (otherwise
-/// override_host would send the probe elsewhere).
-pub fn probe_targets<'a>(
-    tombstones: &'a Tombstones,
-    membership: &Membership,
-    now_us: u64,
-) -> Vec<&'a Tombstone> {
-    tombstones
-        .live(now_us)
-        .filter(|t| !t.cluster.is_empty())
-        .filter(|t| {
-            membership
-                .cluster(&t.cluster)
-                .is_none_or(|m| m.iter().any(|m| m.address == t.address))
-        })
-        .take(MAX_PROBES)
-        .collect()
-}
-
-/// What a probe's answer says about the probed host: None unless it came
-/// from the probed address and names an instance. 200 means that instance
-/// serves; 503 that it is closing.
-pub fn probe_observation<'a>(
-    probed: &'a str,
-    status: Option<&[u8]>,
-    answered_at: Option<&[u8]>,
-    instance: Option<&'a str>,
-) -> Option<Observation<'a>> {
-    if answered_at? != probed.as_bytes() {
-        return None;
-    }
-    let instance = Some(instance?);
-    match status? {
-        b"200" => Some(Observation::Answered {
-            address: probed,
-            instance,
-        }),
-        b"503" => Some(Observation::Closing {
-            cluster: "",
-            address: probed,
-            instance,
-        }),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::tombstone::{Change, Ttls};
-    use std::time::Duration;
-
-    const TTLS: Ttls = Ttls {
-        closing: Duration::from_secs(30),
-        failure: Duration::from_secs(5),
-    };
-
-    fn members(addrs: &[&str]) -> Vec<Member> {
-        addrs
-            .iter()
-            .map(|a| Member {
-                address: a.to_string(),
-                usable: true,
-            })
-            .collect()
-    }
-
-    fn tombstoned(addrs: &[&str]) -> Tombstones {
-        let mut t = Tombstones::default();
-        for a in addrs {
-            t.observe(
-                &Observation::Closing {
-                    cluster: "svc",
-                    address: a,
-                    instance: Some("i"),
-                },
-                &TTLS,
-                0,
-                64,
-            );
-        }
-        t
-    }
-
-    #[test]
-    fn leaves_the_balancer_alone_without_tombstones() {
-        let m = members(&["a:1", "b:1"]);
-        assert_eq!(
-            steer(&m, &Tombstones::default(), "svc", 0, 0),
-            Steering::LeaveAlone
-        );
-        assert_eq!(
-            steer(&m, &tombstoned(&["z:1"]), "other", 0, 0),
-            Steering::LeaveAlone,
-            "another cluster's host"
-        );
-    }
-
-    #[test]
-    fn names_every_other_member_rotating_the_first() {
-        let m = members(&["a:1", "b:1", "c:1"]);
-        let t = tombstoned(&["b:1"]);
-        assert_eq!(
-            steer(&m, &t, "svc", 0, 0),
-            Steering::Steer("a:1,c:1".into())
-        );
-        assert_eq!(
-            steer(&m, &t, "svc", 0, 1),
-            Steering::Steer("c:1,a:1".into())
-        );
-        assert_eq!(
-            steer(&m, &t, "svc", 0, 2),
-            Steering::Steer("a:1,c:1".into())
-        );
-    }
-
-    #[test]
-    fn stops_steering_when_tombstones_expire() {
-        let m = members(&["a:1", "b:1"]);
-        let t = tombstoned(&["b:1"]);
-        assert_eq!(steer(&m, &t, "svc", 30_000_000, 0), Steering::LeaveAlone);
-    }
-
-    #[test]
-    fn skips_unusable_members_and_says_when_none_is_left() {
-        let mut m = members(&["a:1", "b:1", "c:1"]);
-        m[0].usable = false;
-        let t = tombstoned(&["b:1"]);
-        assert_eq!(steer(&m, &t, "svc", 0, 0), Steering::Steer("c:1".into()));
-        assert_eq!(
-            steer(&m, &tombstoned(&["b:1", "c:1"]), "svc", 0, 0),
-            Steering::NoneLeft
-        );
-        assert_eq!(
-            steer(&[], &t, "svc", 0, 0),
-            Steering::NoneLeft,
-            "tombstone for this cluster, no members known"
-        );
-    }
-
-    #[test]
-    fn a_plan_holds_until_the_next_tombstone_expiry() {
-        let m = members(&["a:1", "b:1"]);
-        let mut t = tombstoned(&["b:1"]);
-        t.observe(
-            &Observation::Closing {
-                cluster: "svc",
-                address: "c:1",
-                instance: None,
-            },
-            &TTLS,
-            5_000_000,
-            64,
-        );
-        let (p, until) = plan(&m, &t, "svc", 0);
-        assert_eq!(p, Plan::Hosts(vec!["a:1".into()]));
-        assert_eq!(until, 30_000_000, "b:1's tombstone expires first");
-        assert_eq!(
-            plan(&m, &Tombstones::default(), "svc", 0),
-            (Plan::LeaveAlone, u64::MAX)
-        );
-    }
-
-    #[test]
-    fn the_list_is_bounded() {
-        let addrs: Vec<String> = (0..20).map(|i| format!("10.0.0.{i}:80")).collect();
-        let refs: Vec<&str> = addrs.iter().map(String::as_str).collect();
-        let t = tombstoned(&["10.0.0.0:80"]);
-        match steer(&members(&refs), &t, "svc", 0, 0) {
-            Steering::Steer(list) => assert_eq!(list.split(',').count(), MAX_OVERRIDE_HOSTS),
-            other => panic!("{other:?}"),
-        }
-    }
 
     const ADMIN: &str = r#"{"cluster_statuses":[
       {"name":"svc","host_statuses":[
@@ -732,28 +386,6 @@ mod tests {
         for cut in 0..bytes.len() {
             assert_eq!(Membership::decode(&bytes[..cut]), None, "cut at {cut}");
         }
-    }
-
-    #[test]
-    fn cluster_set_is_bounded_and_round_trips() {
-        let mut set = ClusterSet::default();
-        assert!(set.insert("svc"));
-        assert!(!set.insert("svc"), "once");
-        assert!(!set.insert(""), "no empty name");
-        assert!(!set.insert(&"x".repeat(256)), "no overlong name");
-        for i in 0..100 {
-            set.insert(&format!("c{i}"));
-        }
-        assert_eq!(set.names().count(), MAX_CLUSTERS);
-        assert_eq!(ClusterSet::decode(&set.encode()), Some(set.clone()));
-        let bytes = set.encode();
-        assert_eq!(ClusterSet::decode(&bytes[..bytes.len() - 1]), None);
-        assert_eq!(ClusterSet::decode(&[2]), None);
-        assert_eq!(
-            ClusterSet::decode(&[1, 1, b'a', 1, b'a']),
-            None,
-            "duplicates are foreign"
-        );
     }
 
     #[test]
@@ -817,64 +449,5 @@ mod tests {
             o.record(&format!("c{c}"), "x:1", 5000 + c);
         }
         assert!(o.clusters.len() <= MAX_CLUSTERS);
-    }
-
-    #[test]
-    fn probes_go_to_live_tombstones_still_in_the_cluster() {
-        let t = tombstoned(&["a:1", "b:1"]);
-        let none = Membership::default();
-        assert_eq!(
-            probe_targets(&t, &none, 0).len(),
-            2,
-            "unknown membership: probe all"
-        );
-        let m = Membership::from_admin_json(
-            br#"{"cluster_statuses":[{"name":"svc","host_statuses":[{"address":{"socket_address":{"address":"127.0.0.1","port_value":1}}}]}]}"#,
-            &["svc"],
-        )
-        .unwrap();
-        assert!(
-            probe_targets(&t, &m, 0).is_empty(),
-            "neither address is a member"
-        );
-        assert!(probe_targets(&t, &none, 30_000_000).is_empty(), "expired");
-    }
-
-    #[test]
-    fn probe_answers_count_only_from_the_probed_address() {
-        let ok = probe_observation("a:1", Some(b"200"), Some(b"a:1"), Some("new"));
-        assert_eq!(
-            ok,
-            Some(Observation::Answered {
-                address: "a:1",
-                instance: Some("new")
-            })
-        );
-        assert_eq!(
-            probe_observation("a:1", Some(b"200"), Some(b"b:1"), Some("new")),
-            None,
-            "fallback host answered"
-        );
-        assert_eq!(
-            probe_observation("a:1", Some(b"200"), None, Some("new")),
-            None
-        );
-        assert_eq!(
-            probe_observation("a:1", Some(b"200"), Some(b"a:1"), None),
-            None
-        );
-        assert_eq!(
-            probe_observation("a:1", None, Some(b"a:1"), Some("new")),
-            None,
-            "no answer"
-        );
-        assert_eq!(
-            probe_observation("a:1", Some(b"404"), Some(b"a:1"), Some("new")),
-            None
-        );
-        let closing = probe_observation("a:1", Some(b"503"), Some(b"a:1"), Some("old"));
-        assert!(matches!(closing, Some(Observation::Closing { .. })));
-        let mut t = tombstoned(&["a:1"]);
-        assert_eq!(t.observe(&ok.unwrap(), &TTLS, 1, 64), Change::Readmitted);
     }
 }

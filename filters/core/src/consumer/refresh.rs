@@ -1,0 +1,257 @@
+//! The consumer's periodic work, done by one VM copy per
+//! `membership_refresh` (the lease [`keys::REFRESH_LEASE`]): refresh the
+//! membership of the clusters routed to from Envoy's admin, and probe
+//! tombstoned hosts for a new instance. The glue dispatches the [`Call`]s
+//! and hands the answers back.
+
+use std::time::Duration;
+
+use super::{micros, Consumer, Effect, Gauge, Level};
+use crate::headers;
+use crate::keys;
+use crate::steering::{
+    admin_clusters_path, probe_observation, probe_targets, ClusterSet, Membership,
+};
+use crate::store::{take_lease, SharedStore};
+use crate::tombstone::Tombstones;
+use crate::traffic;
+
+/// Timeout of every call the consumer makes (admin and probes).
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+/// Most admin `/clusters` bytes read.
+pub const MAX_ADMIN_BODY: usize = 4 << 20;
+
+/// What a call is for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CallKind {
+    /// Admin `/clusters` for these clusters.
+    Admin { wanted: Vec<String> },
+    /// Readiness probe of a tombstoned address.
+    Probe { address: String },
+}
+
+/// An HTTP call for the glue to dispatch (no body).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Call {
+    pub kind: CallKind,
+    pub cluster: String,
+    pub headers: Vec<(String, String)>,
+    pub timeout: Duration,
+}
+
+impl Call {
+    /// The log line for a call the host refused to send.
+    pub fn not_sent(&self, status: &str) -> Effect {
+        match &self.kind {
+            CallKind::Admin { .. } => Effect::Log(
+                Level::Warn,
+                format!(
+                    "membership refresh from {:?} not sent: {status}",
+                    self.cluster
+                ),
+            ),
+            CallKind::Probe { address } => Effect::Log(
+                Level::Debug,
+                format!("probe of {address} not sent: {status}"),
+            ),
+        }
+    }
+}
+
+impl Consumer {
+    /// A tick: the outbound gauge follows the shared count (here, not per
+    /// request: exact, and two hostcalls a request cheaper), and the copy
+    /// that takes the lease refreshes membership and probes.
+    pub fn on_tick(&mut self, store: &dyn SharedStore, now: u64) -> (Vec<Effect>, Vec<Call>) {
+        let mut effects = Vec::new();
+        if let Ok(t) = traffic::read(store, keys::OUTBOUND.name) {
+            effects.push(Effect::Set(Gauge::Inflight, t.inflight));
+        }
+        let interval = micros(self.config.membership_refresh);
+        let mut calls = Vec::new();
+        if take_lease(store, keys::REFRESH_LEASE.name, now, interval).unwrap_or(false) {
+            calls = self.refresh(store, now, &mut effects);
+        }
+        (effects, calls)
+    }
+
+    fn refresh(
+        &mut self,
+        store: &dyn SharedStore,
+        now: u64,
+        effects: &mut Vec<Effect>,
+    ) -> Vec<Call> {
+        let tombstones = self
+            .tombstones
+            .refresh(
+                store,
+                keys::TOMBSTONES_GEN.name,
+                keys::TOMBSTONES.name,
+                Tombstones::decode,
+            )
+            .clone();
+        effects.push(Effect::Set(
+            Gauge::Tombstones,
+            tombstones.live_count(now) as u64,
+        ));
+        let Some(admin) = &self.config.admin_cluster else {
+            return self.probes(&tombstones, &Membership::default(), now);
+        };
+        // Membership of every cluster routed to, not only those with
+        // tombstones: a new tombstone then steers from its first moment.
+        // With an admin cluster, probes follow its answer, so they see the
+        // membership as it is now (a restarted host is probed as soon as
+        // the registry has it back).
+        let mut clusters = store
+            .get(keys::CLUSTERS.name)
+            .ok()
+            .flatten()
+            .and_then(|(b, _)| ClusterSet::decode(&b))
+            .unwrap_or_default();
+        for t in tombstones.live(now) {
+            clusters.insert(&t.cluster);
+        }
+        let names: Vec<&str> = clusters.names().collect();
+        if self.admin_call.is_some() || names.is_empty() {
+            return Vec::new();
+        }
+        vec![Call {
+            kind: CallKind::Admin {
+                wanted: names.iter().map(|n| n.to_string()).collect(),
+            },
+            cluster: admin.clone(),
+            headers: vec![
+                (headers::METHOD.into(), "GET".into()),
+                (headers::PATH.into(), admin_clusters_path(&names)),
+                (headers::AUTHORITY.into(), headers::ADMIN_AUTHORITY.into()),
+            ],
+            timeout: CALL_TIMEOUT,
+        }]
+    }
+
+    /// Probes of each live tombstone still in its cluster, except those
+    /// already in flight.
+    fn probes(&self, tombstones: &Tombstones, membership: &Membership, now: u64) -> Vec<Call> {
+        let Some(probe_path) = &self.config.probe_path else {
+            return Vec::new();
+        };
+        probe_targets(tombstones, membership, now)
+            .into_iter()
+            .filter(|t| !self.probes.values().any(|a| a == &t.address))
+            .map(|t| Call {
+                kind: CallKind::Probe {
+                    address: t.address.clone(),
+                },
+                cluster: t.cluster.clone(),
+                headers: vec![
+                    (headers::METHOD.into(), "GET".into()),
+                    (headers::PATH.into(), probe_path.clone()),
+                    // The host's own address: a cluster name is no valid
+                    // Host (Istio's `outbound|80||svc` has `|`, and the
+                    // provider's sidecar answers such a probe 400).
+                    (headers::AUTHORITY.into(), t.address.clone()),
+                    (self.config.override_host_header.clone(), t.address.clone()),
+                ],
+                timeout: CALL_TIMEOUT,
+            })
+            .collect()
+    }
+
+    /// The host took `call` under `token`.
+    pub fn sent(&mut self, token: u32, call: Call) {
+        match call.kind {
+            CallKind::Admin { wanted } => {
+                self.admin_call = Some(token);
+                self.admin_wanted = wanted;
+            }
+            CallKind::Probe { address } => {
+                self.probes.insert(token, address);
+            }
+        }
+    }
+
+    /// Which call `token` answers, forgetting it; None for a token this
+    /// copy did not send.
+    pub fn answer_for(&mut self, token: u32) -> Option<CallKind> {
+        if self.admin_call == Some(token) {
+            self.admin_call = None;
+            return Some(CallKind::Admin {
+                wanted: self.admin_wanted.clone(),
+            });
+        }
+        let address = self.probes.remove(&token)?;
+        Some(CallKind::Probe { address })
+    }
+
+    /// The admin's answer for `wanted`: written to the shared membership
+    /// when it changed, then the probes it allows. `body` is read only for
+    /// a 200.
+    pub fn admin_answered(
+        &mut self,
+        store: &dyn SharedStore,
+        wanted: &[String],
+        status: Option<&[u8]>,
+        body: impl FnOnce() -> Vec<u8>,
+        now: u64,
+    ) -> (Vec<Effect>, Vec<Call>) {
+        let tombstones = self.tombstones.value.clone();
+        let mut effects = Vec::new();
+        if status != Some(b"200") {
+            effects.push(Effect::Log(
+                Level::Warn,
+                format!(
+                    "membership refresh failed: status {:?}",
+                    status.map(|s| String::from_utf8_lossy(s).into_owned())
+                ),
+            ));
+            let calls = self.probes(&tombstones, &self.members.value, now);
+            return (effects, calls);
+        }
+        let body = body();
+        let wanted: Vec<&str> = wanted.iter().map(String::as_str).collect();
+        let membership = match Membership::from_admin_json(&body, &wanted) {
+            Ok(m) => {
+                // Written only when it changed: every change makes each
+                // worker decode it again.
+                let changed = self.members.refresh(
+                    store,
+                    keys::MEMBERS_GEN.name,
+                    keys::MEMBERS.name,
+                    Membership::decode,
+                ) != &m;
+                if changed && store.set(keys::MEMBERS.name, &m.encode(), 0).is_ok() {
+                    effects.extend(self.bump(store, keys::MEMBERS_GEN.name));
+                }
+                m
+            }
+            Err(e) => {
+                effects.push(Effect::Log(
+                    Level::Warn,
+                    format!("membership refresh: unreadable /clusters answer: {e}"),
+                ));
+                self.members.value.clone()
+            }
+        };
+        let calls = self.probes(&tombstones, &membership, now);
+        (effects, calls)
+    }
+
+    /// A probe's answer: `answered_at` is graceful_drain's address header,
+    /// `instance` its instance header; `now` is read only if the answer
+    /// says something.
+    pub fn probe_answered(
+        &mut self,
+        store: &dyn SharedStore,
+        address: &str,
+        status: Option<&[u8]>,
+        answered_at: Option<&[u8]>,
+        instance: Option<Vec<u8>>,
+        now: impl FnOnce() -> u64,
+    ) -> Vec<Effect> {
+        let instance = super::instance_id(instance);
+        match probe_observation(address, status, answered_at, instance.as_deref()) {
+            Some(obs) => self.apply(store, &obs, now()),
+            None => Vec::new(),
+        }
+    }
+}

@@ -1,0 +1,279 @@
+//! Every shared-data key the filters use, in one registry: its name, the
+//! filter it belongs to, how its value is encoded and what it starts as.
+//!
+//! Shared data has no delete and ignores CAS on a missing key (see
+//! [`crate::store`]), so every key that a stream or tick updates with
+//! read-modify-write must exist before any stream runs: each filter creates
+//! its keys from [`initial_values`] in `on_configure`. Keys written whole
+//! (never read-modify-written) have no initial value and are left absent
+//! until written.
+//!
+//! The names and encodings are documented in the README and must not
+//! change. Adding a key is one entry here (and in [`ALL`]) plus the test
+//! that pins the exact set.
+
+use crate::record::InstanceRecord;
+use crate::steering::{ClusterSet, Membership};
+use crate::tombstone::Tombstones;
+use crate::traffic::Traffic;
+
+/// The filter a key belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    Provider,
+    Drain,
+    Consumer,
+}
+
+/// How a key's value is encoded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Encoding {
+    /// [`InstanceRecord::encode`].
+    InstanceRecord,
+    /// [`Traffic::encode`].
+    Traffic,
+    /// [`Tombstones::encode`].
+    Tombstones,
+    /// [`Membership::encode`].
+    Membership,
+    /// [`ClusterSet::encode`].
+    ClusterSet,
+    /// A u64, little-endian, 8 bytes (a counter, a generation or a lease's
+    /// due time in µs).
+    U64,
+    /// An instance id as text ([`crate::instance::is_valid`]).
+    InstanceId,
+    /// [`crate::instance::encode_identity`]: `<header name>\n<instance id>`.
+    Identity,
+}
+
+/// One shared-data key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Key {
+    pub name: &'static str,
+    pub owner: Owner,
+    pub encoding: Encoding,
+    /// The filters that create it at configure time (none: written whole,
+    /// so it may stay absent).
+    pub created_by: &'static [Owner],
+}
+
+impl Key {
+    /// The value the key starts from, which decodes as "nothing yet"; None
+    /// for keys written whole.
+    pub fn initial(&self) -> Option<Vec<u8>> {
+        if self.created_by.is_empty() {
+            return None;
+        }
+        Some(match self.encoding {
+            Encoding::InstanceRecord => InstanceRecord::default().encode().to_vec(),
+            Encoding::Traffic => Traffic::default().encode().to_vec(),
+            Encoding::Tombstones => Tombstones::default().encode(),
+            Encoding::Membership => Membership::default().encode(),
+            Encoding::ClusterSet => ClusterSet::default().encode(),
+            Encoding::U64 => 0u64.to_le_bytes().to_vec(),
+            Encoding::InstanceId | Encoding::Identity => return None,
+        })
+    }
+}
+
+const fn key(
+    name: &'static str,
+    owner: Owner,
+    encoding: Encoding,
+    created_by: &'static [Owner],
+) -> Key {
+    Key {
+        name,
+        owner,
+        encoding,
+        created_by,
+    }
+}
+
+use Owner::{Consumer, Drain, Provider};
+
+/// The instance record: phase, times and the inbound count. Admission and
+/// the drain gate both update it, so either filter may be first to start.
+pub const RECORD: Key = key(
+    "graceful.v1.instance",
+    Provider,
+    Encoding::InstanceRecord,
+    &[Provider, Drain],
+);
+/// Outbound traffic, counted by the consumer, read by the drain gate.
+pub const OUTBOUND: Key = key(
+    "graceful.v1.traffic.outbound",
+    Consumer,
+    Encoding::Traffic,
+    &[Consumer],
+);
+/// The process's instance id, agreed at configure time.
+pub const INSTANCE_ID: Key = key(
+    "graceful.v1.instance_id",
+    Provider,
+    Encoding::InstanceId,
+    &[],
+);
+/// The header name and id the provider stamps, for graceful_drain.
+pub const IDENTITY: Key = key("graceful.v1.identity", Provider, Encoding::Identity, &[]);
+/// Long-polls held across the process (bounded by `max_waiters`).
+pub const WAITERS: Key = key("graceful.v1.drain.waiters", Drain, Encoding::U64, &[Drain]);
+/// Lease: one VM copy per second polls the admin's `/ready`.
+pub const ADMIN_LEASE: Key = key(
+    "graceful.v1.drain.admin_lease",
+    Drain,
+    Encoding::U64,
+    &[Drain],
+);
+/// The tombstone list.
+pub const TOMBSTONES: Key = key(
+    "graceful.v1.consumer.tombstones",
+    Consumer,
+    Encoding::Tombstones,
+    &[Consumer],
+);
+/// Bumped on every change to [`TOMBSTONES`], so workers re-read the list
+/// only when it changed.
+pub const TOMBSTONES_GEN: Key = key(
+    "graceful.v1.consumer.tombstones.gen",
+    Consumer,
+    Encoding::U64,
+    &[Consumer],
+);
+/// The admin membership of the clusters routed to.
+pub const MEMBERS: Key = key(
+    "graceful.v1.consumer.members",
+    Consumer,
+    Encoding::Membership,
+    &[Consumer],
+);
+/// Bumped on every change to [`MEMBERS`].
+pub const MEMBERS_GEN: Key = key(
+    "graceful.v1.consumer.members.gen",
+    Consumer,
+    Encoding::U64,
+    &[Consumer],
+);
+/// The addresses that answered, per cluster, as all VM copies saw them
+/// (the membership used without an admin cluster).
+pub const OBSERVED: Key = key(
+    "graceful.v1.consumer.observed",
+    Consumer,
+    Encoding::Membership,
+    &[Consumer],
+);
+/// Bumped on every change to [`OBSERVED`].
+pub const OBSERVED_GEN: Key = key(
+    "graceful.v1.consumer.observed.gen",
+    Consumer,
+    Encoding::U64,
+    &[Consumer],
+);
+/// The clusters routed to, so the membership refresh knows them before any
+/// of their hosts is tombstoned.
+pub const CLUSTERS: Key = key(
+    "graceful.v1.consumer.clusters",
+    Consumer,
+    Encoding::ClusterSet,
+    &[Consumer],
+);
+/// Lease: one VM copy per `membership_refresh` refreshes membership and
+/// sends probes.
+pub const REFRESH_LEASE: Key = key(
+    "graceful.v1.consumer.refresh_lease",
+    Consumer,
+    Encoding::U64,
+    &[Consumer],
+);
+
+/// Every key, in the order filters create them.
+pub const ALL: &[Key] = &[
+    RECORD,
+    OUTBOUND,
+    INSTANCE_ID,
+    IDENTITY,
+    WAITERS,
+    ADMIN_LEASE,
+    TOMBSTONES,
+    TOMBSTONES_GEN,
+    MEMBERS,
+    MEMBERS_GEN,
+    OBSERVED,
+    OBSERVED_GEN,
+    CLUSTERS,
+    REFRESH_LEASE,
+];
+
+/// The keys `filter` creates in `on_configure`, with their initial values,
+/// for [`crate::store::ensure_all`].
+pub fn initial_values(filter: Owner) -> Vec<(&'static str, Vec<u8>)> {
+    ALL.iter()
+        .filter(|k| k.created_by.contains(&filter))
+        .filter_map(|k| Some((k.name, k.initial()?)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_versioned() {
+        for (i, k) in ALL.iter().enumerate() {
+            assert!(k.name.starts_with("graceful.v1."), "{}", k.name);
+            assert!(
+                ALL[..i].iter().all(|other| other.name != k.name),
+                "{} twice",
+                k.name
+            );
+        }
+    }
+
+    #[test]
+    fn initial_values_decode_as_nothing_yet() {
+        for k in ALL {
+            let Some(v) = k.initial() else { continue };
+            let empty = match k.encoding {
+                Encoding::InstanceRecord => {
+                    InstanceRecord::decode(&v) == Some(InstanceRecord::default())
+                }
+                Encoding::Traffic => Traffic::decode(&v) == Some(Traffic::default()),
+                Encoding::Tombstones => Tombstones::decode(&v) == Some(Tombstones::default()),
+                Encoding::Membership => Membership::decode(&v) == Some(Membership::default()),
+                Encoding::ClusterSet => ClusterSet::decode(&v) == Some(ClusterSet::default()),
+                Encoding::U64 => crate::store::read_u64(&v) == Some(0),
+                Encoding::InstanceId | Encoding::Identity => false,
+            };
+            assert!(empty, "{}", k.name);
+        }
+    }
+
+    #[test]
+    fn each_filter_creates_what_its_streams_update() {
+        let names = |f| -> Vec<&str> { initial_values(f).into_iter().map(|(k, _)| k).collect() };
+        assert_eq!(names(Provider), ["graceful.v1.instance"]);
+        assert_eq!(
+            names(Drain),
+            [
+                "graceful.v1.instance",
+                "graceful.v1.drain.waiters",
+                "graceful.v1.drain.admin_lease"
+            ]
+        );
+        assert_eq!(
+            names(Consumer),
+            [
+                "graceful.v1.traffic.outbound",
+                "graceful.v1.consumer.tombstones",
+                "graceful.v1.consumer.tombstones.gen",
+                "graceful.v1.consumer.members",
+                "graceful.v1.consumer.members.gen",
+                "graceful.v1.consumer.observed",
+                "graceful.v1.consumer.observed.gen",
+                "graceful.v1.consumer.clusters",
+                "graceful.v1.consumer.refresh_lease",
+            ]
+        );
+    }
+}

@@ -1,0 +1,103 @@
+//! Pins the exact set of shared-data keys: their names and encodings are
+//! documented in the README and read by other copies of the filters, so a
+//! change here is a deliberate one (adding a key: its registry entry in
+//! `keys.rs` and a row here).
+
+use graceful_core::keys::{Encoding, Owner, ALL};
+
+#[test]
+fn the_registry_holds_exactly_the_documented_keys() {
+    use Encoding::*;
+    use Owner::*;
+    let want: &[(&str, Owner, Encoding, &[Owner])] = &[
+        (
+            "graceful.v1.instance",
+            Provider,
+            InstanceRecord,
+            &[Provider, Drain],
+        ),
+        (
+            "graceful.v1.traffic.outbound",
+            Consumer,
+            Traffic,
+            &[Consumer],
+        ),
+        ("graceful.v1.instance_id", Provider, InstanceId, &[]),
+        ("graceful.v1.identity", Provider, Identity, &[]),
+        ("graceful.v1.drain.waiters", Drain, U64, &[Drain]),
+        ("graceful.v1.drain.admin_lease", Drain, U64, &[Drain]),
+        (
+            "graceful.v1.consumer.tombstones",
+            Consumer,
+            Tombstones,
+            &[Consumer],
+        ),
+        (
+            "graceful.v1.consumer.tombstones.gen",
+            Consumer,
+            U64,
+            &[Consumer],
+        ),
+        (
+            "graceful.v1.consumer.members",
+            Consumer,
+            Membership,
+            &[Consumer],
+        ),
+        (
+            "graceful.v1.consumer.members.gen",
+            Consumer,
+            U64,
+            &[Consumer],
+        ),
+        (
+            "graceful.v1.consumer.observed",
+            Consumer,
+            Membership,
+            &[Consumer],
+        ),
+        (
+            "graceful.v1.consumer.observed.gen",
+            Consumer,
+            U64,
+            &[Consumer],
+        ),
+        (
+            "graceful.v1.consumer.clusters",
+            Consumer,
+            ClusterSet,
+            &[Consumer],
+        ),
+        (
+            "graceful.v1.consumer.refresh_lease",
+            Consumer,
+            U64,
+            &[Consumer],
+        ),
+    ];
+    let got: Vec<(&str, Owner, Encoding, &[Owner])> = ALL
+        .iter()
+        .map(|k| (k.name, k.owner, k.encoding, k.created_by))
+        .collect();
+    assert_eq!(got, want);
+}
+
+#[test]
+fn initial_values_are_the_documented_bytes() {
+    let initial: Vec<(&str, Option<Vec<u8>>)> = ALL.iter().map(|k| (k.name, k.initial())).collect();
+    let zero = Some(vec![0u8; 8]);
+    for (name, value) in initial {
+        let want = match name {
+            // phase serving, times and count zero: 40 bytes (README).
+            "graceful.v1.instance" => Some(graceful_core::record::initial().1),
+            "graceful.v1.traffic.outbound" => Some(vec![0u8; 16]),
+            "graceful.v1.instance_id" | "graceful.v1.identity" => None,
+            "graceful.v1.consumer.tombstones" => Some(vec![1, 0, 0, 0, 0]),
+            "graceful.v1.consumer.members" | "graceful.v1.consumer.observed" => Some(vec![1, 0, 0]),
+            "graceful.v1.consumer.clusters" => Some(vec![1]),
+            _ => zero.clone(),
+        };
+        assert_eq!(value, want, "{name}");
+    }
+    assert_eq!(graceful_core::record::initial().1.len(), 40);
+}
