@@ -7,11 +7,8 @@ SHELL := bash
 
 WASM_TARGET := wasm32-wasip1
 FILTERS := graceful_provider graceful_drain graceful_consumer
-# Callbacks none of the filters uses (HTTP request bodies, network filters, gRPC, queues).
-UNUSED_HTTP := proxy_on_request_body proxy_on_request_trailers proxy_on_new_connection proxy_on_downstream_data \
-  proxy_on_downstream_connection_close proxy_on_upstream_data proxy_on_upstream_connection_close \
-  proxy_on_grpc_receive proxy_on_grpc_receive_initial_metadata proxy_on_grpc_receive_trailing_metadata \
-  proxy_on_grpc_close proxy_on_queue_ready proxy_on_foreign_function
+# Where a filter's crate is: graceful_provider -> filters/provider.
+filter_dir = filters/$(patsubst graceful_%,%,$(1))
 ENVOY_VERSION := 1.40.0
 VENV := .venv
 ENVOY := $(VENV)/envoy
@@ -34,8 +31,10 @@ BENCH_FLAGS ?=
 DEMO_FLAGS ?=
 ENVOY_IMAGE ?= envoyproxy/envoy:v1.40.0
 E2E_ENV = GRACEFUL_ENVOY=$(CURDIR)/$(ENVOY) GRACEFUL_DIST=$(CURDIR)/dist
-# Debian packages the tests use beyond Rust and Python (CI runs as root).
+# Debian packages the tests use beyond Rust and Python (CI runs as root), and
+# the ones make bench adds.
 APT_TOOLS := skopeo docker-registry curl iptables iproute2
+BENCH_APT_TOOLS := wrk
 # make oci TAG=...; make push REGISTRY=host[:port]/path TAG=... PUSH_FLAGS=...
 # TAG defaults to the workspace version in Cargo.toml.
 WORKSPACE_VERSION := $(shell sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$$/\1/p' Cargo.toml)
@@ -45,10 +44,25 @@ REGISTRY ?=
 # reaches only with --dest-tls-verify=false; any other keeps HTTPS with verified
 # certificates. Setting PUSH_FLAGS (even empty) replaces this default.
 PUSH_FLAGS ?= $(if $(filter localhost localhost:% 127.% [::1]%,$(firstword $(subst /, ,$(REGISTRY)))),--dest-tls-verify=false)
+# make test-one T=name: the tests whose name contains `name`, in every crate.
+T ?=
+
+# A line break inside $(foreach ...), so each item becomes a recipe line of its own.
+define newline
+
+
+endef
+
+# $(call apt_install,PACKAGES): install the Debian packages not installed yet.
+define apt_install
+	@missing=; for p in $(1); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
+endef
 
 .PHONY: help
 help: ## list the targets
-	@grep -hE '^[a-z.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}' \
+	  | sed -e 's/$$(APT_TOOLS)/$(APT_TOOLS)/' -e 's/$$(ENVOY_VERSION)/$(ENVOY_VERSION)/'
 
 .PHONY: build
 build: ## build the filters into dist/*.wasm (installs the wasm target if missing)
@@ -56,10 +70,9 @@ build: ## build the filters into dist/*.wasm (installs the wasm target if missin
 	$(CARGO) build --release --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS)))
 	@mkdir -p dist
 	@for f in $(FILTERS); do cp target/$(WASM_TARGET)/release/$$f.wasm dist/; done
-	@# Callbacks a filter does nothing in are not exported, so Envoy never enters the VM for them.
-	python3 tools/strip_exports.py dist/graceful_drain.wasm $(UNUSED_HTTP) proxy_on_response_headers proxy_on_response_body proxy_on_response_trailers proxy_on_done
-	python3 tools/strip_exports.py dist/graceful_provider.wasm $(UNUSED_HTTP) proxy_on_done proxy_on_tick proxy_on_http_call_response
-	python3 tools/strip_exports.py dist/graceful_consumer.wasm $(UNUSED_HTTP) proxy_on_response_body proxy_on_log
+	@# Callbacks a filter does nothing in are not exported, so Envoy never enters the VM for them:
+	@# each filter's Cargo.toml declares the ones it keeps ([package.metadata.proxy-wasm]).
+	$(foreach f,$(FILTERS),python3 tools/strip_exports.py $(call filter_dir,$(f))/Cargo.toml dist/$(f).wasm$(newline))
 	@ls -l dist/*.wasm
 
 .PHONY: oci
@@ -114,13 +127,12 @@ down: ## stop the docker harness
 	docker compose -f envoy/docker-compose.yaml down
 
 .PHONY: bench
-bench: build envoy ## what the filters cost against plain Envoy (wrk), memory, and shutdown quality: bench/results/
-	@command -v wrk >/dev/null || apt-get install -y wrk
+bench: build envoy bench-tools ## what the filters cost against plain Envoy (wrk), memory, and shutdown quality: bench/results/
 	@# The floor: a Rust wasm filter that only adds a response header, exporting only what it uses.
 	$(CARGO) build --release --target $(WASM_TARGET) -p bench-wasm-header
 	@mkdir -p target/bench
 	cp target/$(WASM_TARGET)/release/bench_wasm_header.wasm target/bench/
-	python3 tools/strip_exports.py target/bench/bench_wasm_header.wasm $(UNUSED_HTTP) proxy_on_request_headers proxy_on_response_body proxy_on_response_trailers proxy_on_done proxy_on_log proxy_on_tick proxy_on_http_call_response
+	python3 tools/strip_exports.py bench/wasm-header/Cargo.toml target/bench/bench_wasm_header.wasm
 	$(CARGO) build --profile tools -p demo-app
 	$(CARGO) build --profile tools -p graceful-host-tests --bin bench
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/bench $(BENCH_FLAGS)
@@ -131,29 +143,55 @@ demo: build envoy ## the main job: scenarios x approaches, each a rolling restar
 	$(CARGO) build --profile tools -p graceful-host-tests --bin demo
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/demo $(if $(SCENARIOS),--scenarios $(SCENARIOS)) $(if $(APPROACHES),--approaches $(APPROACHES)) --protocols $(PROTOCOL) --rate $(RATE) --restarts $(RESTARTS) --duration $(DURATION) $(DEMO_FLAGS)
 
-.PHONY: lint
-lint: ## rustfmt check and clippy (native and wasm) with warnings as errors
-	$(CARGO) fmt --all --check
-	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	$(CARGO) clippy --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS))) -p bench-wasm-header -- -D warnings
-
 .PHONY: try
 try: build envoy ## start Envoy with the filters, walk through one shutdown, print each answer
 	$(CARGO) run --quiet --profile test -p graceful-host-tests --bin walkthrough
 
 .PHONY: test-tools
 test-tools: envoy ## install what the tests use beyond Rust and Python: $(APT_TOOLS) (Debian), kubernetes-validate (PyPI, into .venv)
-	@missing=; for p in $(APT_TOOLS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
-	if [ -n "$$missing" ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; fi
+	$(call apt_install,$(APT_TOOLS))
 	@$(VENV)/bin/kubernetes-validate --version >/dev/null 2>&1 || $(VENV)/bin/pip install --quiet --disable-pip-version-check kubernetes-validate==1.37.0
 
-.PHONY: test
-test: build envoy lint test-tools ## everything CI runs: lint, unit tests, real-Envoy tests, config validation
+.PHONY: bench-tools
+bench-tools: ## install what make bench drives the load with: wrk (Debian)
+	$(call apt_install,$(BENCH_APT_TOOLS))
+
+.PHONY: lint
+lint: ## rustfmt check and clippy (native and wasm) with warnings as errors
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS))) -p bench-wasm-header -- -D warnings
+
+.PHONY: unit
+unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core, the host layer, the test tools
 	$(CARGO) test -p graceful-core --tests
 	$(CARGO) test -p graceful-host -p graceful-host-tests --lib --bins
-	$(MAKE) --no-print-directory validate-envoy
+
+.PHONY: e2e
+e2e: build envoy test-tools ## the suites on the built .wasm: the ABI emulator and real Envoy (host-tests/tests)
 	$(CARGO) build --profile test -p demo-app
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/debug/demo-app $(CARGO) test -p graceful-host-tests --tests -- --test-threads 2
+
+ifneq ($(filter test-one,$(MAKECMDGOALS)),)
+ifeq ($(strip $(T)),)
+$(error make test-one needs T=<part of a test name>, e.g. make test-one T=explicit_null)
+endif
+endif
+
+.PHONY: test-one
+test-one: build envoy ## make test-one T=name: every test whose name contains `name`, in every crate (e2e ones too)
+	$(CARGO) build --profile test -p demo-app
+	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/debug/demo-app $(CARGO) test --workspace -- $(T)
+
+.PHONY: check
+check: lint unit ## before a commit: rustfmt, clippy (native and wasm), unit tests
+	@:
+
+.PHONY: test
+test: build envoy test-tools ## the tests CI runs (CI also runs make lint): unit, config validation, e2e
+	$(MAKE) --no-print-directory unit
+	$(MAKE) --no-print-directory validate-envoy
+	$(MAKE) --no-print-directory e2e
 
 FUZZ_TARGETS := config_json duration net codecs admin_clusters status_json endpoints tombstone_ops record_ops
 FUZZ_TIME ?= 60

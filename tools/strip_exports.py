@@ -1,13 +1,36 @@
 #!/usr/bin/env python3
-"""Removes exports from a wasm module: strip_exports.py MODULE NAME [NAME ...]
+"""Keeps only the callbacks a module declares: strip_exports.py MANIFEST MODULE
 
 The proxy-wasm Rust SDK exports every proxy_on_* callback, and Envoy enters
 the VM for each exported callback on every stream (a few microseconds each).
 A filter that does nothing in a callback should not export it: Envoy then
-skips the call. Only the export entry goes; the code stays (unreferenced).
-Fails if a named export is missing, so a rename cannot go unnoticed.
+skips the call. So each filter declares, beside its code in its Cargo.toml
+(MANIFEST), the callbacks it acts in:
+
+    [package.metadata.proxy-wasm]
+    callbacks = ["proxy_on_request_headers", "proxy_on_log"]
+
+and this removes from MODULE (in place) every other proxy_on_* export except
+LIFECYCLE, which every module needs. Exports that are not callbacks (memory,
+_initialize, proxy_abi_version_*) stay. Only the export entry goes; the code
+stays (unreferenced). Fails if a declared or lifecycle callback is not
+exported, so a rename or a typo cannot go unnoticed.
 """
+import json
+import os
+import subprocess
 import sys
+
+# The host calls these in every module whatever the filter does: to copy
+# data into the VM, to create and delete contexts, and to start the VM and
+# hand it the plugin configuration.
+LIFECYCLE = {
+    "proxy_on_memory_allocate",
+    "proxy_on_context_create",
+    "proxy_on_delete",
+    "proxy_on_vm_start",
+    "proxy_on_configure",
+}
 
 
 def leb(data, i):
@@ -33,7 +56,8 @@ def enc(value):
             return bytes(out)
 
 
-def strip(data, names):
+def keep_only(data, keep):
+    """The module with every proxy_on_* export not in `keep` removed."""
     if data[:4] != b"\0asm":
         raise SystemExit("not a wasm module")
     out, i, found = bytearray(data[:8]), 8, set()
@@ -51,23 +75,45 @@ def strip(data, names):
                 name = body[j:j + length].decode()
                 j += length + 1  # the name, then the kind byte
                 _, j = leb(body, j)  # the index
-                if name in names:
-                    found.add(name)
-                else:
+                found.add(name)
+                if name in keep or not name.startswith("proxy_on_"):
                     kept.append(body[start:j])
             body = enc(len(kept)) + b"".join(kept)
         out += bytes([section]) + enc(len(body)) + body
-    missing = set(names) - found
+    missing = keep - found
     if missing:
         raise SystemExit(f"no such export: {', '.join(sorted(missing))}")
     return bytes(out)
 
 
+def declared(manifest):
+    """`[package.metadata.proxy-wasm] callbacks` of a Cargo.toml."""
+    try:
+        import tomllib  # Python 3.11+
+
+        with open(manifest, "rb") as f:
+            package = tomllib.load(f).get("package", {})
+    except ImportError:
+        # Older Pythons: Cargo reads its own manifest.
+        meta = json.loads(subprocess.run(
+            ["cargo", "metadata", "--no-deps", "--format-version", "1", "--manifest-path", manifest],
+            check=True, capture_output=True, text=True).stdout)
+        wanted = os.path.realpath(manifest)
+        package = next(p for p in meta["packages"] if os.path.realpath(p["manifest_path"]) == wanted)
+    callbacks = (package.get("metadata") or {}).get("proxy-wasm", {}).get("callbacks")
+    if not isinstance(callbacks, list) or not all(
+            isinstance(c, str) and c.startswith("proxy_on_") for c in callbacks):
+        raise SystemExit(f"{manifest}: [package.metadata.proxy-wasm] callbacks must be a list of proxy_on_* names")
+    return set(callbacks)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) < 3:
+    if len(sys.argv) != 3:
         raise SystemExit(__doc__)
-    path = sys.argv[1]
+    manifest, path = sys.argv[1:]
+    keep = LIFECYCLE | declared(manifest)
     with open(path, "rb") as f:
-        data = f.read()
+        stripped = keep_only(f.read(), keep)
+    # Written only once stripping succeeded: a refusal leaves the module as it was.
     with open(path, "wb") as f:
-        f.write(strip(data, set(sys.argv[2:])))
+        f.write(stripped)

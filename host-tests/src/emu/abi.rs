@@ -1,8 +1,8 @@
 //! The proxy-wasm 0.2.1 hostcalls (`env.proxy_*`) and the WASI preview1
 //! functions the filters import, as wasmtime host functions.
 //!
-//! Semantics follow proxy-wasm-cpp-host and Envoy 1.40's wasm context (see
-//! `shared/reference/envoy-facts.md`): an empty value comes back as a null
+//! Semantics follow proxy-wasm-cpp-host and Envoy 1.40's wasm context (as
+//! observed on the 1.40 release binary): an empty value comes back as a null
 //! pointer, a missing key or header is `NotFound`, a map that does not
 //! exist in this phase is `BadArgument`. Hostcalls this host does not
 //! implement trap with a message naming them, so a test that reaches one

@@ -26,7 +26,8 @@
 //! - **Trace.** Every callback and hostcall is recorded with its virtual
 //!   time; when a test panics, dropping its host prints the trace.
 //!
-//! Envoy semantics reproduced (`shared/reference/envoy-facts.md`):
+//! Envoy semantics reproduced (each observed on the Envoy 1.40 release
+//! binary, or read in proxy-wasm-cpp-host where marked):
 //! shared data with cpp-host's CAS rules (every write gets a fresh non-zero
 //! CAS; a stale CAS mismatches; a write to a missing key never does; no
 //! delete; an empty value reads back as "no bytes" with its CAS);
@@ -728,11 +729,6 @@ impl Host {
             format!("stream {}: property {path} = {}", s.0, world::show(&value)),
         );
         w.streams[s.0].properties.insert(path.to_string(), value);
-    }
-
-    /// Removes a property (the filter then reads NotFound).
-    pub fn clear_property(&mut self, s: StreamId, path: &str) {
-        self.world.borrow_mut().streams[s.0].properties.remove(path);
     }
 
     /// A property of the stream as currently set.
