@@ -1,6 +1,7 @@
 # graceful-wasm. `make help` lists the targets.
 # Non-release tools run with `--profile test` so they reuse the test build's
-# dependencies (wasmtime and hyper are compiled once, not once per profile).
+# dependencies (hyper and tokio are compiled once, not once per profile; the tools
+# crate, graceful-harness, does not compile wasmtime).
 SHELL := bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
@@ -106,9 +107,9 @@ $(ENVOY):
 .PHONY: render
 render: $(RENDERED) ## render the Envoy config templates with their defaults into target/envoy/
 
-target/envoy/%.yaml: envoy/%.yaml host-tests/src/render.rs
+target/envoy/%.yaml: envoy/%.yaml harness/src/render.rs
 	@mkdir -p target/envoy
-	$(CARGO) run --quiet --profile test -p graceful-host-tests --bin render -- $< > $@
+	$(CARGO) run --quiet --profile test -p graceful-harness --bin render -- $< > $@
 
 .PHONY: validate-envoy
 validate-envoy: build envoy render ## envoy --mode validate on every shipped config (runs the filters' on_configure)
@@ -116,7 +117,7 @@ validate-envoy: build envoy render ## envoy --mode validate on every shipped con
 
 .PHONY: compose
 compose: ## regenerate the docker harness (envoy/docker-compose.yaml, envoy/compose/) from the templates
-	$(CARGO) run --quiet --profile test -p graceful-host-tests --bin compose
+	$(CARGO) run --quiet --profile test -p graceful-harness --bin compose
 
 .PHONY: up
 up: build ## start the docker harness (needs a Docker engine); ENVOY_IMAGE picks the Envoy image
@@ -134,18 +135,18 @@ bench: build envoy bench-tools ## what the filters cost against plain Envoy (wrk
 	cp target/$(WASM_TARGET)/release/bench_wasm_header.wasm target/bench/
 	python3 tools/strip_exports.py bench/wasm-header/Cargo.toml target/bench/bench_wasm_header.wasm
 	$(CARGO) build --profile tools -p demo-app
-	$(CARGO) build --profile tools -p graceful-host-tests --bin bench
+	$(CARGO) build --profile tools -p graceful-harness --bin bench
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/bench $(BENCH_FLAGS)
 
 .PHONY: demo
 demo: build envoy ## the main job: scenarios x approaches, each a rolling restart under load (about 10 min): target/demo/
 	$(CARGO) build --profile tools -p demo-app
-	$(CARGO) build --profile tools -p graceful-host-tests --bin demo
+	$(CARGO) build --profile tools -p graceful-harness --bin demo
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/demo $(if $(SCENARIOS),--scenarios $(SCENARIOS)) $(if $(APPROACHES),--approaches $(APPROACHES)) --protocols $(PROTOCOL) --rate $(RATE) --restarts $(RESTARTS) --duration $(DURATION) $(DEMO_FLAGS)
 
 .PHONY: try
 try: build envoy ## start Envoy with the filters, walk through one shutdown, print each answer
-	$(CARGO) run --quiet --profile test -p graceful-host-tests --bin walkthrough
+	$(CARGO) run --quiet --profile test -p graceful-harness --bin walkthrough
 
 .PHONY: test-tools
 test-tools: envoy ## install what the tests use beyond Rust and Python: $(APT_TOOLS) (Debian), kubernetes-validate (PyPI, into .venv)
@@ -163,14 +164,14 @@ lint: ## rustfmt check and clippy (native and wasm) with warnings as errors
 	$(CARGO) clippy --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS))) -p bench-wasm-header -- -D warnings
 
 .PHONY: unit
-unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core, the host layer, the test tools
+unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core, the guest glue, the emulator's own store, the harness and tools
 	$(CARGO) test -p graceful-core --tests
-	$(CARGO) test -p graceful-host -p graceful-host-tests --lib --bins
+	$(CARGO) test -p graceful-guest -p graceful-emulated-host -p graceful-harness --lib --bins
 
 .PHONY: e2e
-e2e: build envoy test-tools ## the suites on the built .wasm: the ABI emulator and real Envoy (host-tests/tests)
+e2e: build envoy test-tools ## the suites on the built .wasm: the ABI emulator (emulator/tests) and real Envoy (harness/tests)
 	$(CARGO) build --profile test -p demo-app
-	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/debug/demo-app $(CARGO) test -p graceful-host-tests --tests -- --test-threads 2
+	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/debug/demo-app $(CARGO) test -p graceful-emulated-host -p graceful-harness --tests -- --test-threads 2
 
 ifneq ($(filter test-one,$(MAKECMDGOALS)),)
 ifeq ($(strip $(T)),)

@@ -16,7 +16,7 @@ use graceful_core::headers;
 use graceful_core::keys::{self, Owner};
 use graceful_core::store;
 use graceful_core::traffic;
-use graceful_host::{
+use graceful_guest::{
     header, now_us, property, property_u64, remove_header, replace_header, HostStore, Metric,
 };
 use proxy_wasm::hostcalls;
@@ -195,7 +195,7 @@ impl RootContext for ConsumerRoot {
     }
 
     fn on_configure(&mut self, _size: usize) -> bool {
-        let config = match ConsumerConfig::from_json(&graceful_host::plugin_configuration()) {
+        let config = match ConsumerConfig::from_json(&graceful_guest::plugin_configuration()) {
             Ok(c) => c,
             Err(e) => {
                 log::error!("graceful_consumer: {e}");
@@ -214,7 +214,7 @@ impl RootContext for ConsumerRoot {
         // Membership refreshes and probes are the downstream instance's: an
         // upstream instance taking the refresh lease would skip a refresh.
         if !self.upstream {
-            graceful_host::set_tick_period(config.membership_refresh);
+            graceful_guest::set_tick_period(config.membership_refresh);
         }
         self.shared = Some(Rc::new(Shared {
             core: RefCell::new(Consumer::new(config, self.upstream)),

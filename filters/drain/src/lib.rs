@@ -22,7 +22,7 @@ use graceful_core::record::{self, GatePass, InstanceRecord, Phase};
 use graceful_core::status::Status;
 use graceful_core::store::{self, add_bounded, take_lease, SharedStore, UpdateError};
 use graceful_core::traffic::{self, Traffic};
-use graceful_host::{header, now_us, property, send_reply, HostStore, Metric};
+use graceful_guest::{header, now_us, property, send_reply, HostStore, Metric};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MapType};
@@ -243,7 +243,7 @@ impl DrainRoot {
 
 impl RootContext for DrainRoot {
     fn on_configure(&mut self, _size: usize) -> bool {
-        let config = match DrainConfig::from_json(&graceful_host::plugin_configuration()) {
+        let config = match DrainConfig::from_json(&graceful_guest::plugin_configuration()) {
             Ok(c) => c,
             Err(e) => {
                 log::error!("graceful_drain: {e}");
@@ -266,7 +266,7 @@ impl RootContext for DrainRoot {
             callback_failed: Metric::counter("graceful_drain_callback_failed"),
             waiters: RefCell::new(Waiters::default()),
         }));
-        graceful_host::set_tick_period(TICK);
+        graceful_guest::set_tick_period(TICK);
         true
     }
 

@@ -14,7 +14,7 @@ use graceful_core::instance;
 use graceful_core::keys::{self, Owner};
 use graceful_core::record::{self, Admission};
 use graceful_core::store::{self, SharedStore};
-use graceful_host::{header, now_us, replace_header, send_reply, HostStore, Metric};
+use graceful_guest::{header, now_us, replace_header, send_reply, HostStore, Metric};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MapType};
 
@@ -38,7 +38,7 @@ impl Context for ProviderRoot {}
 
 impl RootContext for ProviderRoot {
     fn on_configure(&mut self, _size: usize) -> bool {
-        let config = match ProviderConfig::from_json(&graceful_host::plugin_configuration()) {
+        let config = match ProviderConfig::from_json(&graceful_guest::plugin_configuration()) {
             Ok(c) => c,
             Err(e) => {
                 log::error!("graceful_provider: {e}");
@@ -55,7 +55,7 @@ impl RootContext for ProviderRoot {
         let instance_id = match &config.instance_id {
             Some(id) => id.clone(),
             None => {
-                let candidate = instance::generate(now_us(), graceful_host::entropy());
+                let candidate = instance::generate(now_us(), graceful_guest::entropy());
                 match instance::agree(&HostStore, &candidate) {
                     Ok(id) => id,
                     Err(e) => {

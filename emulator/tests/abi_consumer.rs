@@ -1,0 +1,462 @@
+//! graceful_consumer's `.wasm` on the test host: a tombstone written by one
+//! worker steers the others, expires at exactly its TTL, is cleared by a
+//! new instance id (in a response or a probe), membership comes from a
+//! scripted admin answer, and a client cannot steer hosts itself.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use graceful_core::store::SharedStore;
+use graceful_core::tombstone::{
+    Cause, Change, Observation, Tombstone, Tombstones, Ttls, TOMBSTONES_KEY,
+};
+use graceful_core::traffic::{self, OUTBOUND_KEY};
+use graceful_emulated_host::{CallAnswer, Filter, Host, SharedData, StreamId, Vm};
+
+const OVERRIDE: &str = "x-graceful-override-host";
+const A: &str = "10.0.0.1:8080";
+const B: &str = "10.0.0.2:8080";
+const C: &str = "10.0.0.3:8080";
+
+fn ms(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// Main-thread copy plus two workers.
+fn process(config: &str) -> (Host, Vm, Vm) {
+    let mut host = Host::new();
+    host.start_vm(Filter::Consumer, config);
+    let w0 = host.start_vm(Filter::Consumer, config);
+    let w1 = host.start_vm(Filter::Consumer, config);
+    (host, w0, w1)
+}
+
+/// The app sends a request to cluster `providers` through worker `vm`.
+fn send(host: &mut Host, vm: Vm, extra: &[(&str, &str)]) -> StreamId {
+    let s = host.stream(vm);
+    host.set_cluster(s, "providers");
+    let mut headers = vec![
+        (":method", "GET"),
+        (":path", "/"),
+        (":authority", "providers"),
+    ];
+    headers.extend_from_slice(extra);
+    host.request_headers(s, &headers, true);
+    s
+}
+
+/// `upstream` answers stream `s` with these headers; the stream ends.
+fn answer(host: &mut Host, s: StreamId, upstream: &str, headers: &[(&str, &str)]) {
+    host.set_upstream(s, upstream);
+    host.response_headers(s, headers, true);
+    host.log(s);
+}
+
+/// One full exchange with `upstream`, instance `id`, optionally closing.
+fn exchange(host: &mut Host, vm: Vm, upstream: &str, id: &str, closing: bool) -> StreamId {
+    let s = send(host, vm, &[]);
+    let mut headers = vec![(":status", "200"), ("x-graceful-instance", id)];
+    if closing {
+        headers.push(("x-graceful-closing", "true"));
+    }
+    answer(host, s, upstream, &headers);
+    s
+}
+
+fn tombstones(host: &Host) -> Vec<Tombstone> {
+    host.shared_data(TOMBSTONES_KEY)
+        .map(|b| {
+            Tombstones::decode(&b)
+                .expect("decodable")
+                .entries()
+                .to_vec()
+        })
+        .unwrap_or_default()
+}
+
+/// The override list a new request from `vm` gets (None: left alone).
+fn steering(host: &mut Host, vm: Vm) -> Option<Vec<String>> {
+    let s = send(host, vm, &[]);
+    let list = host.request_header(s, OVERRIDE);
+    host.reset(s);
+    list.map(|l| l.split(',').map(str::to_string).collect())
+}
+
+fn set(list: &[String]) -> BTreeSet<&str> {
+    list.iter().map(String::as_str).collect()
+}
+
+#[test]
+fn it_steers_every_worker_by_a_tombstone_one_worker_wrote() {
+    let (mut host, w0, w1) = process(r#"{"tombstone_ttl":"5s","probe_path":""}"#);
+    // Each worker learns the members from answers it sees.
+    for vm in [w0, w1] {
+        for (addr, id) in [(A, "a1"), (B, "b1"), (C, "c1")] {
+            exchange(&mut host, vm, addr, id, false);
+        }
+    }
+    assert_eq!(
+        steering(&mut host, w1),
+        None,
+        "no tombstone: the LB decides"
+    );
+
+    // Worker 0 sees A answer closing.
+    host.advance(ms(10));
+    exchange(&mut host, w0, A, "a1", true);
+    assert_eq!(host.metric("graceful_consumer_evictions"), 1);
+    assert_eq!(host.metric("graceful_consumer_tombstones"), 1);
+    let t = tombstones(&host);
+    assert_eq!(t.len(), 1);
+    assert_eq!((t[0].address.as_str(), t[0].instance.as_str()), (A, "a1"));
+    assert_eq!(
+        (t[0].cluster.as_str(), t[0].cause),
+        ("providers", Cause::Closing)
+    );
+    assert_eq!(t[0].expires_us, host.now_us() + 5_000_000);
+
+    // Worker 1 never saw the mark, yet steers away from A, rotating.
+    let first = steering(&mut host, w1).expect("steered");
+    let second = steering(&mut host, w1).expect("steered");
+    assert_eq!(set(&first), BTreeSet::from([B, C]));
+    assert_eq!(set(&second), BTreeSet::from([B, C]));
+    assert_ne!(first[0], second[0], "rotated for balance");
+    assert_eq!(host.metric("graceful_consumer_steered"), 2);
+    // A repeated mark on worker 1 writes nothing new.
+    exchange(&mut host, w1, A, "a1", true);
+    assert_eq!(host.metric("graceful_consumer_evictions"), 1);
+}
+
+#[test]
+fn it_expires_a_tombstone_at_exactly_its_ttl() {
+    let (mut host, w0, w1) = process(r#"{"tombstone_ttl":"5s","probe_path":""}"#);
+    for (addr, id) in [(A, "a1"), (B, "b1")] {
+        exchange(&mut host, w1, addr, id, false);
+    }
+    host.advance(ms(250));
+    exchange(&mut host, w0, A, "a1", true);
+    host.advance(Duration::from_secs(5) - Duration::from_micros(1));
+    assert_eq!(steering(&mut host, w1), Some(vec![B.to_string()]));
+    host.advance(Duration::from_micros(1));
+    assert_eq!(steering(&mut host, w1), None, "expired at eviction + 5 s");
+}
+
+#[test]
+fn it_readmits_an_address_that_answers_with_a_new_instance_id() {
+    let (mut host, w0, w1) = process(r#"{"tombstone_ttl":"30s","probe_path":""}"#);
+    for (addr, id) in [(A, "a1"), (B, "b1")] {
+        exchange(&mut host, w1, addr, id, false);
+    }
+    exchange(&mut host, w0, A, "a1", true);
+    // The same instance answering without the mark stays tombstoned.
+    exchange(&mut host, w1, A, "a1", false);
+    assert_eq!(tombstones(&host).len(), 1);
+    assert!(steering(&mut host, w1).is_some());
+    // A restarted instance on the same address clears it at once.
+    exchange(&mut host, w1, A, "a2", false);
+    assert_eq!(host.metric("graceful_consumer_readmitted"), 1);
+    assert!(tombstones(&host).is_empty());
+    assert_eq!(steering(&mut host, w0), None);
+    // And when that one closes in turn, it is evicted again.
+    exchange(&mut host, w0, A, "a2", true);
+    assert_eq!(host.metric("graceful_consumer_evictions"), 2);
+    assert_eq!(tombstones(&host)[0].instance, "a2");
+}
+
+#[test]
+fn it_evicts_on_a_closing_trailer_and_on_the_dubbo_header() {
+    let (mut host, w0, _) = process(r#"{"probe_path":""}"#);
+    let s = send(&mut host, w0, &[]);
+    host.set_upstream(s, A);
+    host.response_headers(
+        s,
+        &[(":status", "200"), ("content-type", "application/grpc")],
+        false,
+    );
+    host.response_body(s, b"\0\0\0\0\0", false);
+    host.response_trailers(s, &[("grpc-status", "0"), ("x-graceful-closing", "True")]);
+    host.log(s);
+    let s = send(&mut host, w0, &[]);
+    answer(&mut host, s, B, &[(":status", "200"), ("closing", "TRUE")]);
+    let evicted: BTreeSet<String> = tombstones(&host).into_iter().map(|t| t.address).collect();
+    assert_eq!(evicted, BTreeSet::from([A.to_string(), B.to_string()]));
+}
+
+#[test]
+fn it_removes_an_override_header_a_client_sent() {
+    let (mut host, w0, _) = process(r#"{"probe_path":""}"#);
+    let s = send(
+        &mut host,
+        w0,
+        &[
+            (OVERRIDE, "10.9.9.9:80"),
+            ("X-Graceful-Override-Host", "10.9.9.8:80"),
+        ],
+    );
+    assert!(host.request_headers_map(s).get_all(OVERRIDE).is_empty());
+    host.reset(s);
+    // With a tombstone, the filter's own list replaces the client's.
+    for (addr, id) in [(A, "a1"), (B, "b1")] {
+        exchange(&mut host, w0, addr, id, false);
+    }
+    exchange(&mut host, w0, A, "a1", true);
+    let s = send(&mut host, w0, &[(OVERRIDE, "10.9.9.9:80")]);
+    assert_eq!(
+        host.request_headers_map(s).get_all(OVERRIDE),
+        vec![B.as_bytes()]
+    );
+}
+
+fn admin_json() -> String {
+    let host = |ip: &str, health: &str| {
+        format!(
+            r#"{{"address":{{"socket_address":{{"address":"{ip}","port_value":8080}}}},"health_status":{health}}}"#
+        )
+    };
+    format!(
+        r#"{{"cluster_statuses":[{{"name":"providers","host_statuses":[{},{},{},{},{}]}},{{"name":"other","host_statuses":[{}]}}]}}"#,
+        host("10.0.0.1", r#"{"eds_health_status":"HEALTHY"}"#),
+        host("10.0.0.2", r#"{"eds_health_status":"HEALTHY"}"#),
+        host(
+            "10.0.0.3",
+            r#"{"eds_health_status":"HEALTHY","failed_active_health_check":true}"#
+        ),
+        host("10.0.0.4", r#"{"eds_health_status":"UNHEALTHY"}"#),
+        host("10.0.0.5", r#"{"eds_health_status":"DEGRADED"}"#),
+        host("10.9.0.1", r#"{"eds_health_status":"HEALTHY"}"#),
+    )
+}
+
+#[test]
+fn it_learns_membership_from_a_scripted_admin_answer() {
+    let (mut host, w0, w1) = process(
+        r#"{"tombstone_ttl":"30s","admin_cluster":"envoy_admin","membership_refresh":"1s","probe_path":""}"#,
+    );
+    host.respond("envoy_admin", |_| {
+        Some(CallAnswer::new(
+            200,
+            &[("content-type", "application/json")],
+            admin_json(),
+        ))
+    });
+    assert_eq!(host.tick_period(w0), Some(Duration::from_secs(1)));
+    // Nothing tombstoned: nobody asks the admin.
+    host.advance(ms(2500));
+    assert!(host.http_calls().is_empty());
+
+    exchange(&mut host, w0, A, "a1", true);
+    // Worker 1 has seen no answer at all: without the admin it could not
+    // steer. The next refresh (3 s) asks for just the clusters concerned.
+    assert_eq!(steering(&mut host, w1), None, "no members known yet");
+    host.advance_to(ms(3000));
+    let calls: Vec<_> = host
+        .http_calls()
+        .into_iter()
+        .filter(|c| c.cluster == "envoy_admin")
+        .collect();
+    assert_eq!(calls.len(), 1, "one refresh per interval per process");
+    assert_eq!(
+        calls[0].path(),
+        "/clusters?format=json&filter=%5E%28providers%29%24"
+    );
+    // Usable members minus the tombstoned one: B and the degraded .5; not
+    // the failed-health-check .3 nor the EDS-unhealthy .4.
+    let list = steering(&mut host, w1).expect("steered");
+    assert_eq!(set(&list), BTreeSet::from([B, "10.0.0.5:8080"]));
+}
+
+#[test]
+fn it_probes_a_tombstoned_host_and_readmits_its_new_instance() {
+    let (mut host, w0, w1) = process(r#"{"tombstone_ttl":"30s","membership_refresh":"1s"}"#);
+    host.add_cluster("providers");
+    for (addr, id) in [(A, "a1"), (B, "b1")] {
+        exchange(&mut host, w1, addr, id, false);
+    }
+    host.advance_to(ms(500));
+    exchange(&mut host, w0, A, "a1", true);
+    let expires = tombstones(&host)[0].expires_us;
+
+    // 1 s: one probe, pinned to A through its cluster.
+    host.advance_to(ms(1000));
+    let probes = host.pending_calls();
+    assert_eq!(probes.len(), 1, "{probes:?}");
+    let p = &probes[0];
+    assert_eq!(
+        (p.cluster.as_str(), p.path()),
+        ("providers", "/graceful/ready".into())
+    );
+    assert_eq!(p.header(OVERRIDE).as_deref(), Some(A));
+    // Its Host is the address: a cluster name may be no valid Host (Istio's
+    // `outbound|80||svc`).
+    assert_eq!(p.header(":authority").as_deref(), Some(A));
+    // Answered by another host (A left the cluster, override fell back):
+    // says nothing about A.
+    host.answer_call(
+        p.id,
+        CallAnswer::new(
+            200,
+            &[("x-graceful-address", B), ("x-graceful-instance", "b1")],
+            "SERVING\n",
+        ),
+    );
+    assert_eq!(tombstones(&host).len(), 1);
+
+    // 2 s: A, still the closing instance: the tombstone lasts longer.
+    host.advance_to(ms(2000));
+    let p = host.pending_calls().remove(0);
+    host.answer_call(
+        p.id,
+        CallAnswer::new(
+            503,
+            &[("x-graceful-address", A), ("x-graceful-instance", "a1")],
+            "",
+        ),
+    );
+    assert_eq!(tombstones(&host)[0].expires_us, expires + 1_500_000);
+
+    // 3 s: no answer; the probe times out 1 s later, nothing changes.
+    host.advance_to(ms(4000));
+    assert_eq!(tombstones(&host).len(), 1);
+
+    // A new instance answers at A: readmitted.
+    host.advance_to(ms(5000));
+    let p = host.pending_calls().pop().expect("a probe");
+    host.answer_call(
+        p.id,
+        CallAnswer::new(
+            200,
+            &[("x-graceful-address", A), ("x-graceful-instance", "a2")],
+            "",
+        ),
+    );
+    assert!(tombstones(&host).is_empty());
+    assert_eq!(host.metric("graceful_consumer_readmitted"), 1);
+    assert_eq!(steering(&mut host, w1), None);
+}
+
+#[test]
+fn it_tombstones_a_host_that_refused_the_connection() {
+    let (mut host, w0, _) = process(r#"{"probe_path":""}"#);
+    // The router's 503 for a refused connection: flag UF, host known.
+    let s = send(&mut host, w0, &[]);
+    host.set_response_flags(s, 0x20);
+    answer(&mut host, s, A, &[(":status", "503")]);
+    let t = tombstones(&host);
+    assert_eq!((t.len(), t[0].cause), (1, Cause::ConnectFailure));
+    assert_eq!(
+        t[0].expires_us,
+        host.now_us() + 5_000_000,
+        "failure_tombstone_ttl"
+    );
+    // No healthy upstream (UH): no host to blame. The app's own 503: none.
+    let s = send(&mut host, w0, &[]);
+    host.set_response_flags(s, 0x2);
+    host.response_headers(s, &[(":status", "503")], true);
+    host.log(s);
+    let s = send(&mut host, w0, &[]);
+    answer(&mut host, s, B, &[(":status", "503")]);
+    assert_eq!(tombstones(&host).len(), 1);
+
+    let (mut host, w0, _) = process(r#"{"probe_path":"","evict_on_connect_failure":false}"#);
+    let s = send(&mut host, w0, &[]);
+    host.set_response_flags(s, 0x40);
+    answer(&mut host, s, A, &[(":status", "503")]);
+    assert!(tombstones(&host).is_empty());
+}
+
+/// Another worker's eviction of `address`, written between this worker's
+/// read-modify-write of the tombstones and its write (as `Shared::apply`
+/// would). The first read is the worker's cache check; the second is the
+/// update's.
+fn evicted_by_another_worker(address: &'static str, now_us: u64) -> impl FnMut(&SharedData) {
+    let mut reads = 0;
+    move |store| {
+        reads += 1;
+        if reads < 2 {
+            return;
+        }
+        let (bytes, cas) = store
+            .get(TOMBSTONES_KEY)
+            .unwrap()
+            .expect("created at configure");
+        let mut list = Tombstones::decode(&bytes).expect("decodable");
+        let ttls = Ttls {
+            closing: Duration::from_secs(30),
+            failure: Duration::from_secs(5),
+        };
+        let obs = Observation::ConnectFailure {
+            cluster: "providers",
+            address,
+        };
+        assert_eq!(list.observe(&obs, &ttls, now_us, 64), Change::Evicted);
+        store.set(TOMBSTONES_KEY, &list.encode(), cas).unwrap();
+    }
+}
+
+#[test]
+fn it_counts_one_eviction_when_two_workers_see_the_first_failure_at_once() {
+    // The process's first tombstone: the key exists from configure, so the
+    // worker that loses the race re-reads instead of overwriting (a missing
+    // key has no CAS to lose on), and counts no eviction of its own.
+    let (mut host, w0, _) = process(r#"{"probe_path":""}"#);
+    let now = host.now_us();
+    host.race_after_read(TOMBSTONES_KEY, 2, evicted_by_another_worker(A, now));
+    let s = send(&mut host, w0, &[]);
+    host.set_response_flags(s, 0x20);
+    answer(&mut host, s, A, &[(":status", "503")]);
+    assert_eq!(host.trace().matches("-> CasMismatch").count(), 1);
+    assert_eq!(tombstones(&host).len(), 1);
+    assert_eq!(
+        host.metric("graceful_consumer_evictions"),
+        0,
+        "the other worker evicted A and counted it"
+    );
+
+    // Two different hosts at once: both tombstones are kept.
+    let (mut host, w0, _) = process(r#"{"probe_path":""}"#);
+    let now = host.now_us();
+    host.race_after_read(TOMBSTONES_KEY, 2, evicted_by_another_worker(B, now));
+    let s = send(&mut host, w0, &[]);
+    host.set_response_flags(s, 0x20);
+    answer(&mut host, s, A, &[(":status", "503")]);
+    let kept: BTreeSet<String> = tombstones(&host).into_iter().map(|t| t.address).collect();
+    assert_eq!(kept, BTreeSet::from([A.to_string(), B.to_string()]));
+    assert_eq!(host.metric("graceful_consumer_evictions"), 1);
+}
+
+#[test]
+fn it_counts_outbound_requests_for_the_drain_gate() {
+    // Consumer and drain in one process (same vm_id): the drain status
+    // reports the consumer's outbound requests.
+    let mut host = Host::new();
+    host.start_vm(Filter::Consumer, r#"{"probe_path":""}"#);
+    let drain = host.start_vm(Filter::Drain, "");
+    let w0 = host.start_vm(Filter::Consumer, r#"{"probe_path":""}"#);
+    let w1 = host.start_vm(Filter::Consumer, r#"{"probe_path":""}"#);
+    let outbound = |host: &Host| host.with_store(|s| traffic::read(s, OUTBOUND_KEY).unwrap());
+
+    let a = send(&mut host, w0, &[]);
+    host.advance(ms(7));
+    let b = send(&mut host, w1, &[]);
+    let t = outbound(&host);
+    assert_eq!((t.inflight, t.last_start_us), (2, host.now_us()));
+    // The gauge follows the shared count on each copy's tick
+    // (membership_refresh, 1 s by default), not on every request.
+    host.advance(ms(1000));
+    assert_eq!(host.metric("graceful_consumer_inflight"), 2);
+    let s = host.stream(drain);
+    host.request_headers(
+        s,
+        &[(":method", "GET"), (":path", "/graceful/status")],
+        true,
+    );
+    let st: graceful_core::status::Status =
+        serde_json::from_slice(&host.local_reply(s).unwrap().body).unwrap();
+    assert_eq!(st.inflight_outbound, 2);
+
+    host.reset(a);
+    answer(&mut host, b, B, &[(":status", "200")]);
+    assert_eq!(outbound(&host).inflight, 0);
+    host.advance(ms(1000));
+    assert_eq!(host.metric("graceful_consumer_inflight"), 0);
+}

@@ -1,0 +1,409 @@
+//! graceful_provider's `.wasm` on the test host: exact in-flight counting
+//! across workers, the closing mark on headers and gRPC trailers, the
+//! instance header, and the 503 after the drain gate.
+
+use std::time::Duration;
+
+use graceful_core::record::{self, GateTimings, InstanceRecord, Phase, RECORD_KEY};
+use graceful_core::store::SharedStore;
+use graceful_core::traffic::Traffic;
+use graceful_emulated_host::{Action, Filter, Host, Level, StreamId, Vm};
+
+const CLOSING: &str = "x-graceful-closing";
+const INSTANCE: &str = "x-graceful-instance";
+const INFLIGHT: &str = "graceful_provider_inflight";
+
+fn record(host: &Host) -> InstanceRecord {
+    host.with_store(|s| record::read(s).unwrap())
+}
+
+fn inflight(host: &Host) -> u64 {
+    record(host).inbound.inflight
+}
+
+/// The count in shared data equals `n`. (The gauge is a view of it that
+/// graceful_drain refreshes on its tick: see
+/// `it_publishes_the_inflight_gauge_from_the_record_on_the_drain_tick`.)
+fn assert_inflight(host: &Host, n: u64) {
+    assert_eq!(inflight(host), n, "in-flight count in the instance record");
+}
+
+fn get(host: &mut Host, vm: Vm, path: &str) -> StreamId {
+    let s = host.stream(vm);
+    host.request_headers(
+        s,
+        &[(":method", "GET"), (":path", path), (":authority", "app")],
+        true,
+    );
+    s
+}
+
+fn grpc_call(host: &mut Host, vm: Vm) -> StreamId {
+    let s = host.stream(vm);
+    host.request_headers(
+        s,
+        &[
+            (":method", "POST"),
+            (":path", "/pkg.Svc/Call"),
+            ("content-type", "application/grpc"),
+            ("te", "trailers"),
+        ],
+        false,
+    );
+    host.request_body(s, b"\0\0\0\0\x02hi", true);
+    s
+}
+
+fn ok(host: &mut Host, s: StreamId) {
+    host.response_headers(s, &[(":status", "200"), ("content-length", "0")], true);
+}
+
+/// Closing starts now (what graceful_drain's POST does).
+fn start_closing(host: &Host) {
+    let now = host.now_us();
+    host.with_store(|s| record::start_closing(s, now).unwrap());
+}
+
+/// The drain gate passes now (forced if anything is in flight).
+fn pass_gate(host: &Host) {
+    let now = host.now_us();
+    let zero = GateTimings {
+        consumer_update_wait: Duration::ZERO,
+        quiet_window: Duration::ZERO,
+        step_timeout: Duration::ZERO,
+        timeout: Duration::ZERO,
+    };
+    host.with_store(|s| {
+        record::start_closing(s, now).unwrap();
+        record::advance(s, &zero, &Traffic::default(), now).unwrap();
+    });
+    assert_eq!(record(host).phase, Phase::Drained);
+}
+
+/// The main thread's copy configures first, then two workers.
+fn process(config: &str) -> (Host, Vm, Vm) {
+    let mut host = Host::new();
+    host.start_vm(Filter::Provider, config);
+    let w0 = host.start_vm(Filter::Provider, config);
+    let w1 = host.start_vm(Filter::Provider, config);
+    (host, w0, w1)
+}
+
+#[test]
+fn it_counts_inflight_exactly_across_two_workers_with_resets_and_local_replies() {
+    let (mut host, w0, w1) = process("");
+    assert_inflight(&host, 0);
+
+    // Interleaved streams on both workers.
+    let a = get(&mut host, w0, "/a");
+    let b = get(&mut host, w1, "/b");
+    host.advance(Duration::from_millis(5));
+    let c = get(&mut host, w0, "/c");
+    let d = grpc_call(&mut host, w1);
+    assert_inflight(&host, 4);
+    assert_eq!(record(&host).inbound.last_start_us, host.now_us());
+
+    // b: the client resets before any response: on_log only.
+    host.reset(b);
+    assert_inflight(&host, 3);
+    // c: a normal response.
+    ok(&mut host, c);
+    assert_inflight(&host, 3);
+    host.log(c);
+    assert_inflight(&host, 2);
+    // a: the router's own local reply (connect failure, UF) counts out too.
+    host.set_upstream(a, "10.0.0.1:8080");
+    host.set_response_flags(a, 0x20);
+    host.response_headers(a, &[(":status", "503")], false);
+    host.response_body(a, b"upstream connect error", true);
+    host.log(a);
+    assert_inflight(&host, 1);
+    // d: a gRPC stream that ends in trailers.
+    host.response_headers(
+        d,
+        &[(":status", "200"), ("content-type", "application/grpc")],
+        false,
+    );
+    host.response_body(d, b"\0\0\0\0\x00", false);
+    host.response_trailers(d, &[("grpc-status", "0")]);
+    host.log(d);
+    assert_inflight(&host, 0);
+
+    // A stream an earlier filter answered: the provider gets on_log only
+    // (its context created for it) and counts nothing.
+    let e = host.stream(w1);
+    host.log(e);
+    assert_inflight(&host, 0);
+
+    // After the gate: the local 503 is not counted, in or out.
+    let f = get(&mut host, w0, "/held");
+    pass_gate(&host);
+    let g = get(&mut host, w1, "/late");
+    assert_eq!(host.local_reply(g).unwrap().status, 503);
+    assert_inflight(&host, 1);
+    host.log(g);
+    assert_inflight(&host, 1);
+    ok(&mut host, f);
+    host.log(f);
+    assert_inflight(&host, 0);
+    assert!(
+        host.logs_at_least(Level::Warn).is_empty(),
+        "{:?}",
+        host.logs()
+    );
+}
+
+#[test]
+fn it_retries_a_lost_cas_race_and_counts_both_requests() {
+    let (mut host, w0, _w1) = process("");
+    // Worker 1 admits a request between worker 0's read and its write.
+    host.race_after_read(RECORD_KEY, 1, |store| {
+        let now = record::read(store).unwrap().inbound.last_start_us;
+        record::admit(store, now, true).unwrap();
+    });
+    let s = get(&mut host, w0, "/");
+    assert_eq!(inflight(&host), 2, "the raced admission and ours");
+    let trace = host.trace();
+    assert_eq!(
+        trace.matches("-> CasMismatch").count(),
+        1,
+        "exactly one lost race:\n{trace}"
+    );
+    ok(&mut host, s);
+    host.log(s);
+    assert_eq!(
+        inflight(&host),
+        1,
+        "ours counted out, the raced one remains"
+    );
+}
+
+#[test]
+fn it_serves_uncounted_and_warns_when_every_cas_is_lost() {
+    let (mut host, w0, _w1) = process("");
+    // Another writer touches the record after every read: 32 attempts, all lost.
+    host.race_after_read(RECORD_KEY, 1000, |store| {
+        let (bytes, _) = store.get(RECORD_KEY).unwrap().unwrap();
+        store.set(RECORD_KEY, &bytes, 0).unwrap();
+    });
+    let s = host.stream(w0);
+    let action = host.request_headers(s, &[(":method", "GET"), (":path", "/")], true);
+    assert_eq!(action, Action::Continue, "fails open: served, not rejected");
+    assert_eq!(host.trace().matches("-> CasMismatch").count(), 32);
+    assert_eq!(
+        host.logs_containing("request not counted").len(),
+        1,
+        "{:?}",
+        host.logs()
+    );
+    ok(&mut host, s);
+    host.log(s);
+    assert_inflight(&host, 0);
+}
+
+#[test]
+fn it_marks_closing_on_headers_and_on_grpc_trailers() {
+    let (mut host, w0, _) = process("");
+    // Serving: no mark anywhere.
+    let s = get(&mut host, w0, "/");
+    ok(&mut host, s);
+    assert_eq!(host.response_header(s, CLOSING), None);
+    host.log(s);
+
+    start_closing(&host);
+
+    // Plain HTTP: the header, replacing whatever the app said.
+    let s = get(&mut host, w0, "/");
+    host.response_headers(s, &[(":status", "200"), (CLOSING, "false")], true);
+    assert_eq!(
+        host.response(s).headers.get_all(CLOSING),
+        vec![&b"true"[..]]
+    );
+    assert_eq!(
+        host.response(s).trailers,
+        None,
+        "no trailers invented on HTTP"
+    );
+    host.log(s);
+
+    // gRPC, upstream trailers: the mark joins grpc-status there.
+    let s = grpc_call(&mut host, w0);
+    host.response_headers(
+        s,
+        &[(":status", "200"), ("content-type", "application/grpc")],
+        false,
+    );
+    host.response_body(s, b"\0\0\0\0\x02ok", false);
+    host.response_trailers(s, &[("grpc-status", "0")]);
+    let r = host.response(s);
+    assert_eq!(r.header(CLOSING).as_deref(), Some("true"));
+    assert_eq!(r.trailer(CLOSING).as_deref(), Some("true"));
+    assert_eq!(r.trailer("grpc-status").as_deref(), Some("0"));
+    assert_eq!(r.body, b"\0\0\0\0\x02ok", "body untouched");
+    host.log(s);
+
+    // gRPC, no upstream trailers: created at the end of the body.
+    let s = grpc_call(&mut host, w0);
+    host.response_headers(
+        s,
+        &[
+            (":status", "200"),
+            ("content-type", "application/grpc+proto"),
+        ],
+        false,
+    );
+    host.response_body(s, b"\0\0\0\0\x01x", true);
+    assert_eq!(host.response_trailer(s, CLOSING).as_deref(), Some("true"));
+    host.log(s);
+
+    // gRPC trailers-only: headers only, no trailer map to write to.
+    let s = grpc_call(&mut host, w0);
+    host.response_headers(
+        s,
+        &[
+            (":status", "200"),
+            ("content-type", "application/grpc"),
+            ("grpc-status", "5"),
+        ],
+        true,
+    );
+    let r = host.response(s);
+    assert_eq!(r.header(CLOSING).as_deref(), Some("true"));
+    assert_eq!(r.trailers, None);
+    host.log(s);
+
+    // Each marked response counted once (trailers do not count twice), and
+    // the filter never touched a map Envoy would not have given it.
+    assert_eq!(host.metric("graceful_provider_closing_marked"), 4);
+    assert!(!host.trace().contains("BadArgument"), "{}", host.trace());
+}
+
+#[test]
+fn it_stamps_one_instance_id_from_every_worker() {
+    let (mut host, w0, w1) = process("");
+    let mut ids = Vec::new();
+    for vm in [w0, w1, w0] {
+        let s = get(&mut host, vm, "/");
+        ok(&mut host, s);
+        ids.push(host.response_header(s, INSTANCE).expect("instance header"));
+        host.log(s);
+    }
+    assert_eq!(ids[0].len(), 16, "{ids:?}");
+    assert!(
+        ids.iter().all(|id| *id == ids[0]),
+        "one id per process: {ids:?}"
+    );
+    assert_eq!(
+        host.shared_data("graceful.v1.instance_id").unwrap(),
+        ids[0].as_bytes()
+    );
+
+    // A configured id wins; "" turns the header off.
+    let (mut host, w0, _) = process(r#"{"instance_id":"pod-7"}"#);
+    let s = get(&mut host, w0, "/");
+    host.response_headers(s, &[(":status", "200"), (INSTANCE, "spoofed")], true);
+    assert_eq!(
+        host.response(s).headers.get_all(INSTANCE),
+        vec![&b"pod-7"[..]]
+    );
+    let (mut host, w0, _) = process(r#"{"instance_header":""}"#);
+    let s = get(&mut host, w0, "/");
+    ok(&mut host, s);
+    assert_eq!(host.response_header(s, INSTANCE), None);
+}
+
+#[test]
+fn it_rejects_new_requests_with_a_marked_503_after_the_gate() {
+    let (mut host, w0, w1) = process(r#"{"instance_id":"pod-7"}"#);
+    let before = get(&mut host, w1, "/slow");
+    pass_gate(&host);
+
+    let s = get(&mut host, w0, "/after");
+    assert!(!host.reached_upstream(s), "the app never sees it");
+    let reply = host.local_reply(s).expect("local reply");
+    assert_eq!(reply.status, 503);
+    assert_eq!(reply.header(CLOSING).as_deref(), Some("true"));
+    assert_eq!(reply.header(INSTANCE).as_deref(), Some("pod-7"));
+    assert_eq!(reply.text(), "instance is shutting down\n");
+    // What the client gets, after the provider's own response callbacks.
+    let r = host.response(s);
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.header(CLOSING).as_deref(), Some("true"));
+    assert_eq!(r.header("content-type").as_deref(), Some("text/plain"));
+    assert_eq!(r.body, b"instance is shutting down\n");
+    assert_eq!(host.metric("graceful_provider_rejected"), 1);
+    host.log(s);
+
+    // A gRPC request gets Envoy's trailers-only form: grpc-status 14.
+    let g = grpc_call(&mut host, w1);
+    let r = host.response(g);
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.header("grpc-status").as_deref(), Some("14"));
+    assert_eq!(r.header(CLOSING).as_deref(), Some("true"));
+    assert!(r.body.is_empty());
+    host.log(g);
+    assert_eq!(host.metric("graceful_provider_rejected"), 2);
+
+    // The request admitted before the gate still completes, marked.
+    ok(&mut host, before);
+    assert_eq!(
+        host.response_header(before, CLOSING).as_deref(),
+        Some("true")
+    );
+    host.log(before);
+    assert_inflight(&host, 0);
+
+    // reject_when_drained: false keeps serving (and counting) after the gate.
+    let (mut host, w0, _) = process(r#"{"reject_when_drained":false}"#);
+    pass_gate(&host);
+    let s = get(&mut host, w0, "/");
+    assert!(host.reached_upstream(s));
+    assert_inflight(&host, 1);
+}
+
+#[test]
+fn it_adds_immediate_health_check_fail_while_closing_when_configured() {
+    let (mut host, w0, _) = process(r#"{"immediate_health_check_fail":true}"#);
+    let s = get(&mut host, w0, "/");
+    ok(&mut host, s);
+    assert_eq!(
+        host.response_header(s, "x-envoy-immediate-health-check-fail"),
+        None
+    );
+    start_closing(&host);
+    let s = get(&mut host, w0, "/");
+    ok(&mut host, s);
+    assert_eq!(
+        host.response_header(s, "x-envoy-immediate-health-check-fail")
+            .as_deref(),
+        Some("true")
+    );
+    pass_gate(&host);
+    let s = get(&mut host, w0, "/");
+    assert_eq!(
+        host.local_reply(s)
+            .unwrap()
+            .header("x-envoy-immediate-health-check-fail")
+            .as_deref(),
+        Some("true")
+    );
+}
+
+#[test]
+fn it_publishes_the_inflight_gauge_from_the_record_on_the_drain_tick() {
+    // The provider does not move the gauge per request (two hostcalls saved
+    // on every request); graceful_drain sets it from the record every tick.
+    let mut host = Host::new();
+    let d0 = host.start_vm(Filter::Drain, "");
+    let p0 = host.start_vm(Filter::Provider, "");
+    let a = get(&mut host, p0, "/a");
+    let b = get(&mut host, p0, "/b");
+    assert_inflight(&host, 2);
+    host.advance(std::time::Duration::from_millis(50));
+    assert_eq!(host.metric(INFLIGHT), 2, "{INFLIGHT} after a drain tick");
+    host.log(a);
+    host.log(b);
+    host.advance(std::time::Duration::from_millis(50));
+    assert_eq!(host.metric(INFLIGHT), 0);
+    let _ = d0;
+}

@@ -1,0 +1,314 @@
+//! `make bench`: the filters' cost against plain Envoy, and what they buy in
+//! a rolling shutdown. Writes `bench/results/latest.json` and
+//! `bench/results/chart.svg`.
+//!
+//! Flags: `--duration S` per wrk run (10), `--rounds N` (3), `--quick`
+//! (cost only: no churn, no shutdown runs), `--sets a,b` (only these sets,
+//! and `none`, the baseline).
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use graceful_harness::bench::{
+    chart, dead_hosts, filter_sets, rss_kb, start_proxy, start_upstream, unqueued, wrk,
+    wrk_with_cpu, SetResult, WrkResult,
+};
+use graceful_harness::demo::report::RunReport;
+use graceful_harness::demo::{run, DemoConfig, Mode};
+use graceful_harness::envoy::free_port;
+use serde::Serialize;
+
+const CONNECTIONS: u32 = 16;
+/// Provider restarts in the soak (each provider goes down 12 times).
+const SOAK_RESTARTS: usize = 36;
+
+#[derive(Serialize)]
+struct Churn {
+    hosts: usize,
+    max_tombstones: u64,
+    /// (evictions, live tombstones, tombstone value bytes, Envoy RSS KiB) per step.
+    samples: Vec<(u64, u64, u64, u64)>,
+}
+
+#[derive(Serialize)]
+struct Results {
+    envoy: &'static str,
+    load: String,
+    rounds: usize,
+    duration_s: u64,
+    sets: Vec<(String, SetResult)>,
+    /// Per set: throughput / no-filter throughput.
+    throughput_ratio: serde_json::Map<String, serde_json::Value>,
+    /// Per set: Envoy CPU per request added over the no-filter run, µs.
+    cpu_us_added: serde_json::Map<String, serde_json::Value>,
+    /// Per set: p99 latency added over the no-filter run, µs (saturated).
+    p99_added_us: serde_json::Map<String, serde_json::Value>,
+    /// Per set: p50 and p99 latency added over the no-filter run on one
+    /// connection (no queueing), µs.
+    unqueued_p50_added_us: serde_json::Map<String, serde_json::Value>,
+    unqueued_p99_added_us: serde_json::Map<String, serde_json::Value>,
+    churn: Option<Churn>,
+    shutdown: Vec<(String, RunReport)>,
+    soak: Option<RunReport>,
+}
+
+async fn churn() -> Churn {
+    // A cluster of 10,000 hosts that refuse connections: every request
+    // tombstones one the consumer has not seen (no retries, no live member
+    // to steer to, so round robin walks them all).
+    let set = filter_sets()
+        .into_iter()
+        .find(|s| s.name == "consumer")
+        .unwrap_or_else(|| panic!("consumer set"));
+    let hosts = dead_hosts(10_000, free_port());
+    let (envoy, addr) = start_proxy(&set, &hosts[..1], &hosts[1..]).await;
+    let mut samples = Vec::new();
+    let stat = |name: &'static str| {
+        let envoy = &envoy;
+        async move { envoy.stat(&format!("wasmcustom.{name}")).await.unwrap_or(0) }
+    };
+    for _ in 0..5 {
+        let mut conns = Vec::new();
+        for _ in 0..8 {
+            conns.push(tokio::spawn(async move {
+                let mut c = graceful_harness::client::Conn::http1(addr)
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+                for _ in 0..250 {
+                    let _ = c.get("/").await;
+                }
+            }));
+        }
+        for c in conns {
+            let _ = c.await;
+        }
+        samples.push((
+            stat("graceful_consumer_evictions").await,
+            stat("graceful_consumer_tombstones").await,
+            stat("graceful_consumer_tombstone_bytes").await,
+            rss_kb(envoy.pid()),
+        ));
+    }
+    Churn {
+        hosts: hosts.len(),
+        max_tombstones: 1024,
+        samples,
+    }
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    let mut duration = Duration::from_secs(10);
+    let mut rounds = 3;
+    let mut quick = false;
+    let mut only: Option<Vec<String>> = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        if flag == "--quick" {
+            quick = true;
+            continue;
+        }
+        if flag == "--sets" {
+            only = args
+                .next()
+                .map(|v| v.split(',').map(str::to_string).collect());
+            continue;
+        }
+        match (
+            flag.as_str(),
+            args.next().and_then(|v| v.parse::<u64>().ok()),
+        ) {
+            ("--duration", Some(s)) => duration = Duration::from_secs(s),
+            ("--rounds", Some(n)) => rounds = n as usize,
+            _ => {
+                eprintln!("usage: bench [--duration S] [--rounds N] [--quick] [--sets a,b]");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let (upstream, upstream_addrs) = start_upstream().await;
+    let sets: Vec<_> = filter_sets()
+        .into_iter()
+        .filter(|s| s.name == "none" || only.as_ref().is_none_or(|o| o.iter().any(|n| n == s.name)))
+        .collect();
+    let mut rounds_by_set: Vec<Vec<WrkResult>> = vec![Vec::new(); sets.len()];
+    let mut unqueued_by_set: Vec<Vec<WrkResult>> = vec![Vec::new(); sets.len()];
+    let mut rss: Vec<u64> = vec![0; sets.len()];
+    for round in 0..rounds {
+        for (i, set) in sets.iter().enumerate() {
+            // Tombstoned hosts must be members of the cluster for steering to
+            // be needed: add that many hosts that refuse connections.
+            let dead = dead_hosts(set.tombstones, free_port());
+            let (proxy, addr) = start_proxy(set, &upstream_addrs, &dead).await;
+            // Warm the connections, the JIT and the caches; not measured.
+            if let Err(e) = wrk(addr, CONNECTIONS, Duration::from_secs(2)) {
+                eprintln!("bench: {e}");
+                return ExitCode::FAILURE;
+            }
+            let measured = wrk_with_cpu(proxy.pid(), addr, CONNECTIONS, duration)
+                .and_then(|r| Ok((r, unqueued(proxy.pid(), addr, duration)?)));
+            let (saturated, one) = match measured {
+                Ok(m) => m,
+                Err(e) => {
+                    eprintln!("bench: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            println!(
+                "round {} {:<26} {:>9.0} req/s  p50 {:>6.0} us  p99 {:>6.0} us  CPU {:>5.1} us/request",
+                round + 1,
+                set.name,
+                saturated.rps,
+                saturated.p50_us,
+                saturated.p99_us,
+                saturated.cpu_us_per_request
+            );
+            println!(
+                "        one connection             p50 {:>6.0} us  p99 {:>6.0} us",
+                one.p50_us, one.p99_us
+            );
+            rounds_by_set[i].push(saturated);
+            unqueued_by_set[i].push(one);
+            rss[i] = rss[i].max(rss_kb(proxy.pid()));
+        }
+    }
+    drop(upstream);
+    let mut results: Vec<(String, SetResult)> = sets
+        .iter()
+        .zip(rounds_by_set.into_iter().zip(unqueued_by_set))
+        .zip(&rss)
+        .map(|((set, (rounds, unqueued)), rss)| {
+            (
+                set.name.to_string(),
+                SetResult::from_rounds(rounds, unqueued, *rss),
+            )
+        })
+        .collect();
+    let base = results[0].1.clone();
+    for (_, r) in &mut results {
+        r.throughput_ratio = r.rps / base.rps;
+        r.p99_added_us = r.p99_us - base.p99_us;
+        r.cpu_us_added = r.cpu_us_per_request - base.cpu_us_per_request;
+        r.unqueued_p50_added_us = r.unqueued_p50_us - base.unqueued_p50_us;
+        r.unqueued_p99_added_us = r.unqueued_p99_us - base.unqueued_p99_us;
+    }
+    // One figure per set, for reading latest.json at a glance.
+    let summary = |figure: fn(&SetResult) -> f64, decimals: i32| {
+        let scale = 10f64.powi(decimals);
+        results
+            .iter()
+            .map(|(name, r)| {
+                (
+                    name.clone(),
+                    serde_json::json!((figure(r) * scale).round() / scale),
+                )
+            })
+            .collect::<serde_json::Map<_, _>>()
+    };
+    let ratio = summary(|r| r.throughput_ratio, 3);
+    let cpu_added = summary(|r| r.cpu_us_added, 0);
+    let added = summary(|r| r.p99_added_us, 0);
+    let unqueued_p50_added = summary(|r| r.unqueued_p50_added_us, 0);
+    let unqueued_p99_added = summary(|r| r.unqueued_p99_added_us, 0);
+    println!(
+        "\n{:<26} {:>8} {:>7} {:>8} {:>9} {:>9} {:>9} {:>14} {:>14} {:>9}",
+        "set",
+        "req/s",
+        "ratio",
+        "CPU us",
+        "CPU +us",
+        "p99 us",
+        "p99 +us",
+        "1-conn p50 +us",
+        "1-conn p99 +us",
+        "RSS KiB"
+    );
+    for (name, r) in &results {
+        println!(
+            "{:<26} {:>8.0} {:>7.3} {:>8.1} {:>9.1} {:>9.0} {:>9.0} {:>14.0} {:>14.0} {:>9}",
+            name,
+            r.rps,
+            r.throughput_ratio,
+            r.cpu_us_per_request,
+            r.cpu_us_added,
+            r.p99_us,
+            r.p99_added_us,
+            r.unqueued_p50_added_us,
+            r.unqueued_p99_added_us,
+            r.rss_kb
+        );
+    }
+    let churn = if quick { None } else { Some(churn().await) };
+    if let Some(c) = &churn {
+        println!(
+            "\nchurn of {} hosts: (evictions, live tombstones, tombstone bytes, RSS KiB) {:?}",
+            c.hosts, c.samples
+        );
+    }
+    let mut shutdown = Vec::new();
+    let mut soak = None;
+    if !quick {
+        let config = DemoConfig {
+            work_dir: graceful_harness::envoy::repo_root().join("target/bench"),
+            ..DemoConfig::default()
+        };
+        for mode in [Mode::Graceful, Mode::Baseline, Mode::RegistryOnly] {
+            let (report, _) = run(&config, mode).await;
+            println!("{}", report.line(mode.name()));
+            shutdown.push((mode.name().to_string(), report));
+        }
+        // The soak: an hour of rollouts compressed into minutes, providers
+        // closing and coming back round and round under load.
+        let soak_config = DemoConfig {
+            restarts: SOAK_RESTARTS,
+            rate: 300,
+            settle: Duration::from_millis(500),
+            warmup: Duration::from_secs(2),
+            drain_config: r#"{"admin_cluster":"envoy_admin","consumer_update_wait":"1s","quiet_window":"200ms"}"#.into(),
+            work_dir: graceful_harness::envoy::repo_root().join("target/bench-soak"),
+            ..DemoConfig::default()
+        };
+        let (report, _) = run(&soak_config, Mode::Graceful).await;
+        println!(
+            "{}; consumer RSS {} -> {} KiB, outbound in flight at the end {:?}",
+            report.line("soak"),
+            report.consumer_rss_kb[0],
+            report.consumer_rss_kb[1],
+            report.consumer_inflight_end
+        );
+        soak = Some(report);
+    }
+    let chart_rows: Vec<(&str, &SetResult)> =
+        results.iter().map(|(n, r)| (n.as_str(), r)).collect();
+    let svg = chart(&chart_rows);
+    let out = Results {
+        envoy: "1.40.0",
+        load: format!("wrk -t1 -c{CONNECTIONS}, HTTP/1.1 keep-alive, Envoy --concurrency 1, direct_response upstream"),
+        rounds,
+        duration_s: duration.as_secs(),
+        sets: results,
+        throughput_ratio: ratio,
+        cpu_us_added: cpu_added,
+        p99_added_us: added,
+        unqueued_p50_added_us: unqueued_p50_added,
+        unqueued_p99_added_us: unqueued_p99_added,
+        churn,
+        shutdown,
+        soak,
+    };
+    let dir = graceful_harness::envoy::repo_root().join("bench/results");
+    let written = std::fs::create_dir_all(&dir)
+        .and_then(|()| {
+            std::fs::write(
+                dir.join("latest.json"),
+                serde_json::to_string_pretty(&out).unwrap_or_default(),
+            )
+        })
+        .and_then(|()| std::fs::write(dir.join("chart.svg"), svg));
+    if let Err(e) = written {
+        eprintln!("bench: cannot write results: {e}");
+        return ExitCode::FAILURE;
+    }
+    println!("\nresults: bench/results/latest.json  chart: bench/results/chart.svg");
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,217 @@
+//! `make demo`: the matrix of scenarios × approaches
+//! (`graceful_harness::demo::matrix`), each cell a rolling restart of
+//! providers under load on real Envoy. Prints a line per cell, writes
+//! `target/demo/report.json` (scenario `today`'s graceful and `sleep_3s`
+//! runs as `graceful` and `baseline`, every cell in `matrix`),
+//! `target/demo/chart.svg` (the matrix) and `target/demo/providers.svg`
+//! (requests per second per provider in `today`'s cells); exits 1 if a graceful cell failed a request
+//! outside the `killed` scenario (where what was in flight on the killed
+//! provider cannot be saved).
+//!
+//! Flags: `--scenarios a,b` (all: today, istio_long, no_retry_post,
+//! slow_registry, killed), `--approaches a,b` (all that apply: graceful,
+//! sleep_3s, sleep_15s, registry_only, plain), `--protocols http1,http2,grpc`
+//! (scenario `today` runs each, the second and third with `graceful` and
+//! `sleep_3s` unless `--approaches` is given; the others the first),
+//! `--rate N` (500),
+//! `--restarts N` (2), `--warmup S` (2), `--settle S` (3), `--duration S`
+//! (each cell's load runs at least S seconds), `--no-baseline` (only
+//! `graceful`).
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use graceful_harness::demo::load::Protocol;
+use graceful_harness::demo::matrix::{self, Approach, DRAIN_CONFIG, SCENARIOS};
+use graceful_harness::demo::report::{chart, matrix_chart, Cell, Report};
+use graceful_harness::demo::{run, DemoConfig};
+
+struct Plan {
+    config: DemoConfig,
+    scenarios: Vec<&'static matrix::Scenario>,
+    approaches: Option<Vec<String>>,
+    protocols: Vec<Protocol>,
+}
+
+fn parse() -> Result<Plan, String> {
+    let mut plan = Plan {
+        config: DemoConfig {
+            restarts: 2,
+            warmup: Duration::from_secs(2),
+            settle: Duration::from_secs(3),
+            drain_config: DRAIN_CONFIG.into(),
+            ..DemoConfig::default()
+        },
+        scenarios: SCENARIOS.iter().collect(),
+        approaches: None,
+        protocols: vec![Protocol::Http1, Protocol::Http2, Protocol::Grpc],
+    };
+    let config = &mut plan.config;
+    let mut args = std::env::args().skip(1);
+    let secs = |v: Option<String>| -> Result<Duration, String> {
+        let v = v.ok_or("missing value")?;
+        v.parse::<f64>()
+            .map(Duration::from_secs_f64)
+            .map_err(|e| format!("{v:?}: {e}"))
+    };
+    let list = |v: Option<String>| -> Result<Vec<String>, String> {
+        Ok(v.ok_or("missing value")?
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect())
+    };
+    while let Some(flag) = args.next() {
+        match flag.as_str() {
+            "--scenarios" => {
+                plan.scenarios = list(args.next())?
+                    .iter()
+                    .map(|n| matrix::scenario(n).ok_or_else(|| format!("unknown scenario {n:?}")))
+                    .collect::<Result<_, _>>()?;
+            }
+            "--approaches" => plan.approaches = Some(list(args.next())?),
+            "--protocols" | "--protocol" => {
+                plan.protocols = list(args.next())?
+                    .iter()
+                    .map(|p| p.parse())
+                    .collect::<Result<_, _>>()?;
+            }
+            "--rate" => {
+                config.rate = args
+                    .next()
+                    .ok_or("missing value")?
+                    .parse()
+                    .map_err(|e| format!("--rate: {e}"))?
+            }
+            "--restarts" => {
+                config.restarts = args
+                    .next()
+                    .ok_or("missing value")?
+                    .parse()
+                    .map_err(|e| format!("--restarts: {e}"))?
+            }
+            "--warmup" => config.warmup = secs(args.next())?,
+            "--settle" => config.settle = secs(args.next())?,
+            "--duration" => config.min_duration = secs(args.next())?,
+            "--no-baseline" => plan.approaches = Some(vec!["graceful".into()]),
+            other => return Err(format!("unknown flag {other}")),
+        }
+    }
+    if !(1..=3).contains(&config.restarts) || config.rate == 0 {
+        return Err("--restarts must be 1 to 3 and --rate above 0".into());
+    }
+    if plan.protocols.is_empty() || plan.scenarios.is_empty() {
+        return Err("no protocol or no scenario to run".into());
+    }
+    Ok(plan)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    let plan = match parse() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("demo: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let started = Instant::now();
+    let mut cells: Vec<(Cell, Vec<_>)> = Vec::new();
+    for scenario in &plan.scenarios {
+        let protocols = if scenario.name == "today" {
+            plan.protocols.clone()
+        } else {
+            plan.protocols[..1].to_vec()
+        };
+        println!("== {}: {}", scenario.name, scenario.what);
+        for (i, protocol) in protocols.into_iter().enumerate() {
+            for approach in Approach::all_for(scenario) {
+                let wanted = match &plan.approaches {
+                    Some(wanted) => wanted.contains(&approach.name()),
+                    // The other protocols of `today` compare the filters
+                    // with the short sleep only (the run fits in ~10 min).
+                    None => i == 0 || ["graceful", "sleep_3s"].contains(&approach.name().as_str()),
+                };
+                if !wanted {
+                    continue;
+                }
+                let (config, mode) = matrix::cell(&plan.config, scenario, approach, protocol);
+                let (report, samples) = run(&config, mode).await;
+                let name = format!("{} {:?}", approach.name(), protocol).to_lowercase();
+                println!("{}", report.line(&name));
+                cells.push((
+                    Cell {
+                        scenario: scenario.name.into(),
+                        approach: approach.name(),
+                        run: report,
+                    },
+                    samples,
+                ));
+            }
+        }
+    }
+    let first = plan.protocols[0];
+    let top = |approach: &str| {
+        cells
+            .iter()
+            .find(|(c, _)| {
+                c.scenario == "today" && c.approach == approach && c.run.protocol == first
+            })
+            .map(|(c, _)| c.run.clone())
+    };
+    let report = Report {
+        graceful: top("graceful"),
+        baseline: top("sleep_3s"),
+        matrix: cells.iter().map(|(c, _)| c.clone()).collect(),
+    };
+    let chart_cells: Vec<(&Cell, &[_])> = cells.iter().map(|(c, s)| (c, s.as_slice())).collect();
+    let svg = matrix_chart(&chart_cells);
+    // Requests per second per provider for `today`'s cells of the first
+    // protocol: where the traffic went around each shutdown.
+    let today: Vec<(&str, &_, &[_])> = cells
+        .iter()
+        .filter(|(c, _)| c.scenario == "today" && c.run.protocol == first)
+        .map(|(c, s)| (c.approach.as_str(), &c.run, s.as_slice()))
+        .collect();
+    let providers_svg = chart(&today);
+    let dir = &plan.config.work_dir;
+    let written = std::fs::create_dir_all(dir)
+        .and_then(|()| {
+            std::fs::write(
+                dir.join("report.json"),
+                serde_json::to_string_pretty(&report).unwrap_or_default(),
+            )
+        })
+        .and_then(|()| std::fs::write(dir.join("chart.svg"), svg))
+        .and_then(|()| std::fs::write(dir.join("providers.svg"), providers_svg));
+    if let Err(e) = written {
+        eprintln!("demo: cannot write the report: {e}");
+        return ExitCode::FAILURE;
+    }
+    println!(
+        "{} cells in {:.0} s; report: {}  chart: {}",
+        cells.len(),
+        started.elapsed().as_secs_f64(),
+        dir.join("report.json").display(),
+        dir.join("chart.svg").display()
+    );
+    let lost: Vec<String> = cells
+        .iter()
+        .filter(|(c, _)| c.approach == "graceful" && c.scenario != "killed" && c.run.failed > 0)
+        .map(|(c, _)| {
+            format!(
+                "{} {:?}: {} failed",
+                c.scenario, c.run.protocol, c.run.failed
+            )
+        })
+        .collect();
+    if !lost.is_empty() {
+        eprintln!(
+            "demo: FAILED: the filters lost requests: {}",
+            lost.join("; ")
+        );
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}

@@ -1,0 +1,364 @@
+//! Runs a real Envoy for a test: renders a template from `envoy/`, starts
+//! Envoy with its own log file, waits for the admin's `/ready` with a
+//! deadline, and prints Envoy's log whenever the test fails (on drop while
+//! panicking), so every failure comes with what Envoy said.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs;
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::client;
+use crate::render::render;
+
+/// How long Envoy may take to load the wasm VMs and become ready.
+pub const START_DEADLINE: Duration = Duration::from_secs(60);
+
+/// The repository root (this crate lives in `harness/`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// The Envoy binary: `$GRACEFUL_ENVOY`, else the one `make envoy` links at
+/// `.venv/envoy`, else `envoy` on PATH.
+pub fn envoy_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("GRACEFUL_ENVOY") {
+        return PathBuf::from(p);
+    }
+    let local = repo_root().join(".venv/envoy");
+    if local.exists() {
+        return local;
+    }
+    PathBuf::from("envoy")
+}
+
+/// The folder with the built filters: `$GRACEFUL_DIST`, else `dist/`.
+/// Panics with the command to run when they are missing.
+pub fn wasm_dir() -> PathBuf {
+    let dir =
+        std::env::var_os("GRACEFUL_DIST").map_or_else(|| repo_root().join("dist"), PathBuf::from);
+    for name in [
+        "graceful_provider.wasm",
+        "graceful_drain.wasm",
+        "graceful_consumer.wasm",
+    ] {
+        assert!(
+            dir.join(name).exists(),
+            "{} missing: run `make build` first",
+            dir.join(name).display()
+        );
+    }
+    dir
+}
+
+/// A TCP port free right now on 127.0.0.1 (bound, read, released), and
+/// never handed out before in this process: the kernel may give a released
+/// port to the next `bind(0)` at once, so two tests running side by side
+/// could otherwise both configure an Envoy on it.
+pub fn free_port() -> u16 {
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+    for _ in 0..1000 {
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or_else(|e| panic!("no free port: {e}"));
+        if handed_out.insert(port) {
+            return port;
+        }
+    }
+    panic!("no free port not handed out before in 1000 tries");
+}
+
+static RUN_SEQ: AtomicU32 = AtomicU32::new(0);
+
+/// A running Envoy. Killed on drop; its log is printed if the test failed.
+pub struct Envoy {
+    child: Child,
+    pub name: String,
+    pub dir: PathBuf,
+    pub admin: SocketAddr,
+    exited: Option<ExitStatus>,
+}
+
+/// What to run: a template file in `envoy/` and its placeholder values.
+pub struct EnvoySpec {
+    pub name: String,
+    pub template: String,
+    pub values: HashMap<String, String>,
+    pub concurrency: u32,
+}
+
+impl EnvoySpec {
+    /// A spec with `ADMIN_PORT` and `WASM_DIR` filled in.
+    pub fn new(name: &str, template: &str) -> EnvoySpec {
+        let mut spec = EnvoySpec {
+            name: name.into(),
+            template: template.into(),
+            values: HashMap::new(),
+            concurrency: 2,
+        };
+        spec.values
+            .insert("ADMIN_PORT".into(), free_port().to_string());
+        spec.values
+            .insert("WASM_DIR".into(), wasm_dir().display().to_string());
+        spec
+    }
+
+    pub fn set(mut self, name: &str, value: impl ToString) -> EnvoySpec {
+        self.values.insert(name.into(), value.to_string());
+        self
+    }
+
+    pub fn value(&self, name: &str) -> Option<&str> {
+        self.values.get(name).map(String::as_str)
+    }
+
+    /// Starts Envoy and waits until the admin says ready. Panics (printing
+    /// the log) if Envoy exits or is not ready by [`START_DEADLINE`].
+    pub async fn start(self) -> Envoy {
+        let mut envoy = self.spawn();
+        let deadline = Instant::now() + START_DEADLINE;
+        loop {
+            if let Some(status) = envoy.try_exit() {
+                panic!(
+                    "envoy {} exited during start-up ({status}); log:\n{}",
+                    envoy.name,
+                    envoy.log()
+                );
+            }
+            if let Ok(r) = client::get(envoy.admin, "/ready").await {
+                // Ready, and this Envoy: if another process holds the admin
+                // port, this one exits with "cannot bind" (seen above).
+                if r.status == 200 && envoy.answers_admin().await {
+                    return envoy;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "envoy {} not ready within {START_DEADLINE:?}",
+                envoy.name
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Starts Envoy without waiting (for configs that must fail).
+    pub fn spawn(self) -> Envoy {
+        let template_path = repo_root().join("envoy").join(&self.template);
+        let template = fs::read_to_string(&template_path)
+            .unwrap_or_else(|e| panic!("{}: {e}", template_path.display()));
+        let config =
+            render(&template, &self.values).unwrap_or_else(|e| panic!("{}: {e}", self.template));
+        let seq = RUN_SEQ.fetch_add(1, Ordering::SeqCst);
+        let dir = repo_root().join("target/e2e").join(format!(
+            "{}-{}-{seq}",
+            self.name,
+            std::process::id()
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let config_path = dir.join("envoy.yaml");
+        let log_path = dir.join("envoy.log");
+        fs::write(&config_path, config)
+            .unwrap_or_else(|e| panic!("{}: {e}", config_path.display()));
+        let log =
+            fs::File::create(&log_path).unwrap_or_else(|e| panic!("{}: {e}", log_path.display()));
+        let log_err = log.try_clone().unwrap_or_else(|e| panic!("{e}"));
+        let admin_port: u16 = self
+            .value("ADMIN_PORT")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(9901);
+        let binary = envoy_binary();
+        let child = Command::new(&binary)
+            .arg("-c")
+            .arg(&config_path)
+            .args(["--concurrency", &self.concurrency.to_string()])
+            .args([
+                "--disable-hot-restart",
+                "--log-format",
+                "[%Y-%m-%d %T.%e][%t][%l][%n] %v",
+            ])
+            .args(["--component-log-level", "wasm:debug"])
+            .args(["--file-flush-interval-msec", "100"])
+            .env("TZ", "UTC")
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run {} ({e}): run `make envoy` first",
+                    binary.display()
+                )
+            });
+        Envoy {
+            child,
+            name: self.name,
+            dir,
+            admin: SocketAddr::from(([127, 0, 0, 1], admin_port)),
+            exited: None,
+        }
+    }
+}
+
+impl Envoy {
+    /// Whether the admin port answers with this Envoy's config file.
+    async fn answers_admin(&self) -> bool {
+        let config = self.dir.join("envoy.yaml").display().to_string();
+        client::get(self.admin, "/server_info")
+            .await
+            .is_ok_and(|r| r.status == 200 && r.text().contains(&config))
+    }
+
+    /// Everything Envoy has logged so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("envoy.log")).unwrap_or_default()
+    }
+
+    fn try_exit(&mut self) -> Option<ExitStatus> {
+        if self.exited.is_none() {
+            self.exited = self.child.try_wait().ok().flatten();
+        }
+        self.exited
+    }
+
+    /// Waits up to `timeout` for Envoy to exit on its own.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Some(status) = self.try_exit() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+
+    /// A stat's value from `/stats` (custom wasm metrics are listed there
+    /// under `wasmcustom.`), None if absent.
+    pub async fn stat(&self, name: &str) -> Option<u64> {
+        let r = client::get(self.admin, &format!("/stats?filter=^{name}$"))
+            .await
+            .ok()?;
+        r.text().lines().find_map(|line| {
+            let (k, v) = line.split_once(": ")?;
+            (k == name).then(|| v.trim().parse().ok()).flatten()
+        })
+    }
+
+    /// A filter's metric (`wasmcustom.<name>`), 0 before it is first written.
+    pub async fn custom_stat(&self, name: &str) -> u64 {
+        self.stat(&format!("wasmcustom.{name}")).await.unwrap_or(0)
+    }
+
+    /// Sends SIGTERM (what an orchestrator does after the preStop hook) and
+    /// waits up to `grace` for Envoy to exit, then kills it.
+    pub async fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {
+        terminate(&mut self.child, grace).await;
+        self.try_exit()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub async fn admin_post(&self, path: &str) -> client::Response {
+        client::post(self.admin, path)
+            .await
+            .unwrap_or_else(|e| panic!("admin POST {path}: {e}"))
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "===== envoy {} log ({}) =====\n{}\n===== end of envoy {} log =====",
+                self.name,
+                self.dir.display(),
+                self.log(),
+                self.name
+            );
+        }
+    }
+}
+
+/// Polls `check` every 25 ms until it returns Some, or panics after
+/// `deadline` with `what`.
+pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let end = Instant::now() + deadline;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < end,
+            "timed out after {deadline:?} waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Writes a file-based EDS answer for `cluster` listing `endpoints`,
+/// atomically (write, then rename), as Envoy's file watcher expects.
+pub fn write_eds(path: &Path, cluster: &str, endpoints: &[SocketAddr]) {
+    let mut yaml = format!(
+        "version_info: \"{}\"\nresources:\n- \"@type\": type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment\n  cluster_name: {cluster}\n  endpoints:\n  - lb_endpoints:\n",
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
+    );
+    if endpoints.is_empty() {
+        yaml.push_str("    []\n");
+    }
+    for e in endpoints {
+        yaml.push_str(&format!(
+            "    - endpoint: {{address: {{socket_address: {{address: \"{}\", port_value: {}}}}}}}\n",
+            e.ip(),
+            e.port()
+        ));
+    }
+    let tmp = path.with_extension("tmp");
+    fs::write(&tmp, yaml).unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
+    fs::rename(&tmp, path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+}
+
+/// A scratch file path for a test (under `target/e2e/`), unique per run,
+/// ending in `.{ext}` (Envoy picks the parser by extension).
+pub fn scratch_path(name: &str, ext: &str) -> PathBuf {
+    let dir = repo_root().join("target/e2e");
+    let _ = fs::create_dir_all(&dir);
+    let seq = RUN_SEQ.fetch_add(1, Ordering::SeqCst);
+    dir.join(format!("{name}-{}-{seq}.{ext}", std::process::id()))
+}
+
+/// SIGTERM, then SIGKILL if the process has not exited after `grace`.
+pub async fn terminate(child: &mut Child, grace: Duration) {
+    if let Ok(pid) = i32::try_from(child.id()) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+    }
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if child.try_wait().ok().flatten().is_some() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -1,0 +1,351 @@
+//! Real Envoy (`--concurrency 2`) running `envoy/consumer-sidecar.yaml`:
+//! graceful_consumer in front of a `providers` cluster fed by file-based EDS,
+//! with test upstreams standing in for provider sidecars.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use graceful_harness::client::{self, load, Conn};
+use graceful_harness::envoy::{eventually, free_port, write_eds};
+use graceful_harness::mesh::{ConsumerSidecar, CLOSING};
+use graceful_harness::upstream::Upstream;
+
+const OVERRIDE: &str = "x-graceful-override-host";
+
+/// Accepted connections per worker on the sidecar's outbound listener.
+async fn worker_connections(m: &ConsumerSidecar) -> Vec<u64> {
+    let prefix = format!("listener.127.0.0.1_{}", m.outbound.port());
+    let mut out = Vec::new();
+    for w in 0..2 {
+        out.push(
+            m.envoy
+                .stat(&format!("{prefix}.worker_{w}.downstream_cx_total"))
+                .await
+                .unwrap_or(0),
+        );
+    }
+    out
+}
+
+/// Requests on `conns` connections until `stop` says so or `deadline`;
+/// returns (responses, failures).
+async fn load_until(
+    addr: SocketAddr,
+    conns: usize,
+    deadline: Duration,
+    stop: impl Fn() -> bool + Send + Sync + 'static,
+) -> (u64, u64) {
+    let stop = std::sync::Arc::new(stop);
+    let end = Instant::now() + deadline;
+    let tasks: Vec<_> = (0..conns)
+        .map(|_| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut conn = Conn::http1(addr).await.unwrap();
+                let (mut ok, mut failed) = (0, 0);
+                while Instant::now() < end && !stop() {
+                    match conn.get("/").await {
+                        Ok(r) if r.status == 200 => ok += 1,
+                        Ok(_) => failed += 1,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                (ok, failed)
+            })
+        })
+        .collect();
+    let mut total = (0, 0);
+    for t in tasks {
+        let (ok, failed) = t.await.unwrap();
+        total = (total.0 + ok, total.1 + failed);
+    }
+    total
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn it_steers_both_workers_away_from_a_closing_host_for_the_ttl() {
+    let ttl = Duration::from_secs(3);
+    let cfg = r#"{"admin_cluster":"envoy_admin","tombstone_ttl":"3s","membership_refresh":"200ms","probe_path":""}"#;
+    let m = ConsumerSidecar::start("steer", cfg, 2).await;
+    let warm = load(m.outbound, 6, 10, "/").await;
+    assert!(warm.iter().all(|r| r.status == 200));
+    assert!(
+        m.counts().iter().all(|&c| c > 5),
+        "round robin reached all three: {:?}",
+        m.counts()
+    );
+
+    m.ups[0].set_closing(true);
+    let marked_at = m.until_marked().await;
+    let at_mark = m.counts();
+    let cx_before = worker_connections(&m).await;
+
+    // Continuous load from 8 connections (both workers) until the first new
+    // request reaches the closing host.
+    let a = m.ups[0].counters.clone();
+    let a_at_mark = at_mark[0];
+    // The kernel spreads new connections over the workers' listeners by
+    // hash: 8 all landed on one worker once (a 1-in-128 chance); with 24
+    // that is 1 in 8 million.
+    let (ok, failed) = load_until(m.outbound, 24, ttl + Duration::from_secs(5), move || {
+        a.app_requests.load(std::sync::atomic::Ordering::SeqCst) > a_at_mark
+    })
+    .await;
+    let back_after = marked_at.elapsed();
+    let after = m.counts();
+    assert_eq!(failed, 0);
+    assert!(
+        after[0] > a_at_mark,
+        "traffic returns after the TTL: {after:?}"
+    );
+    assert!(
+        back_after >= ttl - Duration::from_millis(200),
+        "closing host got a request {back_after:?} after the mark, TTL {ttl:?}"
+    );
+    assert!(
+        back_after < ttl + Duration::from_secs(3),
+        "tombstone outlived its TTL: {back_after:?}"
+    );
+    assert!(
+        after[1] - at_mark[1] > 50 && after[2] - at_mark[2] > 50,
+        "the others shared the load: {at_mark:?} -> {after:?}"
+    );
+    assert!(ok > 100);
+    let cx_after = worker_connections(&m).await;
+    assert!(
+        cx_after[0] > cx_before[0] && cx_after[1] > cx_before[1],
+        "both workers served the steered load: {cx_before:?} -> {cx_after:?}"
+    );
+    // Once for the mark, once more when traffic came back and met the mark.
+    assert_eq!(m.stat("graceful_consumer_evictions").await, 2);
+    // Every request while the tombstone lived was steered; the few sent
+    // after it expired (until one reached the host) were not.
+    let steered = m.stat("graceful_consumer_steered").await;
+    assert!(
+        steered + 50 >= ok && steered > 100,
+        "steered {steered} of {ok}"
+    );
+    eprintln!(
+        "steered {ok} requests, closing host back after {back_after:?}: {at_mark:?} -> {after:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn it_readmits_a_new_instance_at_the_same_address_at_once() {
+    let cfg =
+        r#"{"admin_cluster":"envoy_admin","tombstone_ttl":"60s","membership_refresh":"200ms"}"#;
+    let m = ConsumerSidecar::start("readmit", cfg, 2).await;
+    load(m.outbound, 4, 10, "/").await;
+    m.ups[0].set_closing(true);
+    m.until_marked().await;
+    let at_mark = m.counts()[0];
+    // Still the old instance, still closing: probes keep it out.
+    let (_, failed) = load_until(m.outbound, 4, Duration::from_secs(1), || false).await;
+    assert_eq!(failed, 0);
+    assert_eq!(m.counts()[0], at_mark, "no request to the tombstoned host");
+    // It restarts: same address, new instance id.
+    m.ups[0].set_closing(false);
+    m.ups[0].set_instance("a2");
+    let restarted = Instant::now();
+    let a = m.ups[0].counters.clone();
+    load_until(m.outbound, 4, Duration::from_secs(10), move || {
+        a.app_requests.load(std::sync::atomic::Ordering::SeqCst) > at_mark
+    })
+    .await;
+    let took = restarted.elapsed();
+    assert!(m.counts()[0] > at_mark, "readmitted");
+    assert!(
+        took < Duration::from_secs(5),
+        "readmission took {took:?} with a 60s TTL"
+    );
+    assert_eq!(m.stat("graceful_consumer_readmitted").await, 1);
+    eventually(
+        "tombstones gauge back to 0",
+        Duration::from_secs(5),
+        || async { (m.stat("graceful_consumer_tombstones").await == 0).then_some(()) },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn it_keeps_a_tombstoned_host_out_while_the_registry_flaps() {
+    let cfg =
+        r#"{"admin_cluster":"envoy_admin","tombstone_ttl":"5s","membership_refresh":"200ms"}"#;
+    let m = ConsumerSidecar::start("late-eds", cfg, 2).await;
+    load(m.outbound, 4, 10, "/").await;
+    m.ups[0].set_closing(true);
+    let marked_at = m.until_marked().await;
+    let at_mark = m.counts()[0];
+    // The instance stops marking (drained, not restarted: same id).
+    m.ups[0].set_closing(false);
+    // The registry flaps while load runs: dropped, re-added (a late update
+    // resurrecting it), five times over.
+    let all: Vec<SocketAddr> = m.ups.iter().map(|u| u.addr).collect();
+    let until =
+        Duration::from_secs(5).saturating_sub(marked_at.elapsed() + Duration::from_millis(300));
+    let traffic = tokio::spawn(load_until(m.outbound, 6, until, || false));
+    for _ in 0..5 {
+        write_eds(&m.eds, "providers", &all[1..]);
+        m.wait_members(2).await;
+        write_eds(&m.eds, "providers", &all);
+        m.wait_members(3).await;
+    }
+    let (ok, failed) = traffic.await.unwrap();
+    assert_eq!(failed, 0);
+    assert!(ok > 50);
+    assert_eq!(
+        m.counts()[0],
+        at_mark,
+        "re-added host got traffic within its tombstone's life"
+    );
+    // After the TTL it is back.
+    let a = m.ups[0].counters.clone();
+    load_until(m.outbound, 4, Duration::from_secs(8), move || {
+        a.app_requests.load(std::sync::atomic::Ordering::SeqCst) > at_mark
+    })
+    .await;
+    assert!(m.counts()[0] > at_mark, "traffic returns after the TTL");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn it_evicts_a_host_that_refuses_connections_for_the_failure_ttl() {
+    // No retries, so a connect failure reaches the filter as a local reply
+    // (with retries Envoy carries the request elsewhere and the filter sees
+    // only the final answer).
+    let cfg = r#"{"admin_cluster":"envoy_admin","failure_tombstone_ttl":"2s","membership_refresh":"200ms"}"#;
+    let mut ups = Vec::new();
+    for id in ["b1", "c1"] {
+        let u = Upstream::start().await;
+        u.set_instance(id);
+        ups.push(u);
+    }
+    let dead = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let endpoints = [dead, ups[0].addr, ups[1].addr];
+    let m = ConsumerSidecar::with_endpoints("refused", cfg, 0, ups, &endpoints).await;
+    let conns = 4;
+    let started = Instant::now();
+    let (ok, failed) = load_until(m.outbound, conns, Duration::from_secs(5), || false).await;
+    let secs = started.elapsed().as_secs_f64();
+    // Without eviction a third of the requests would fail. With it, only
+    // the requests in flight when the host was first picked: the consumer's
+    // probes then meet the refusal too and keep the tombstone alive for as
+    // long as the host refuses (longer than the 2 s failure TTL).
+    assert!(ok > 200, "load ran: {ok} ok in {secs:.1}s");
+    assert!(failed >= 1, "the dead host was tried");
+    assert!(
+        failed <= conns as u64,
+        "{failed} failures in {secs:.1}s ({ok} ok)"
+    );
+    assert_eq!(m.stat("graceful_consumer_evictions").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn it_ignores_override_headers_sent_by_clients() {
+    let cfg = r#"{"admin_cluster":"envoy_admin","tombstone_ttl":"60s","membership_refresh":"200ms","probe_path":""}"#;
+    let m = ConsumerSidecar::start("forged-override", cfg, 2).await;
+    let a = m.ups[0].addr.to_string();
+    let mut conn = Conn::http1(m.outbound).await.unwrap();
+    for _ in 0..60 {
+        let r = conn
+            .send("GET", "/", &[(OVERRIDE, a.as_str())], Default::default())
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200);
+    }
+    let c = m.counts();
+    assert!(
+        c[0] < 40 && c[1] > 10 && c[2] > 10,
+        "a client picked the host: {c:?}"
+    );
+    // With the host tombstoned, a client naming it still cannot reach it.
+    m.ups[0].set_closing(true);
+    m.until_marked().await;
+    let at_mark = m.counts()[0];
+    for _ in 0..60 {
+        let r = conn
+            .send("GET", "/", &[(OVERRIDE, a.as_str())], Default::default())
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200);
+    }
+    assert_eq!(m.counts()[0], at_mark);
+    let r = client::request(m.outbound, "GET", "/", &[(CLOSING, "true")])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "a closing header in a request means nothing");
+    assert_eq!(m.stat("graceful_consumer_evictions").await, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn it_keeps_tombstone_memory_bounded_while_10000_hosts_churn() {
+    // 10,000 endpoints that refuse connections (loopback, nothing listening),
+    // no retries: every request evicts a host the consumer has not seen.
+    let port = free_port();
+    let endpoints: Vec<SocketAddr> = (0..10_000u32)
+        .map(|i| SocketAddr::from(([127, 1, (i / 250) as u8, (i % 250 + 1) as u8], port)))
+        .collect();
+    let cfg = r#"{"failure_tombstone_ttl":"60s","max_tombstones":64,"probe_path":""}"#;
+    let m = ConsumerSidecar::with_endpoints("churn", cfg, 0, Vec::new(), &endpoints).await;
+    let mut samples = Vec::new();
+    for round in 0..5 {
+        let rs = load(m.outbound, 8, 250, "/").await;
+        assert!(rs.iter().all(|r| r.status == 503), "every host refuses");
+        let evictions = m.stat("graceful_consumer_evictions").await;
+        let live = m.stat("graceful_consumer_tombstones").await;
+        let bytes = m.stat("graceful_consumer_tombstone_bytes").await;
+        samples.push((evictions, live, bytes));
+        assert!(live <= 64, "round {round}: {live} tombstones kept");
+        assert!(
+            bytes <= 64 * 64,
+            "round {round}: tombstone value {bytes} bytes"
+        );
+    }
+    let (evictions, _, bytes) = samples[samples.len() - 1];
+    // Each worker's round robin starts at a random host. Usually the two
+    // walks are far apart and all 10,000 hosts are evicted; when one walk
+    // trails the other by less than max_tombstones, it meets hosts still
+    // tombstoned, so at least one worker's 5,000 are new.
+    assert!(
+        evictions >= 4_900,
+        "thousands of distinct hosts evicted: {evictions}"
+    );
+    eprintln!("(evictions, live tombstones, tombstone bytes) per 2,000 requests: {samples:?}");
+    assert!(bytes > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn it_evicts_a_refusing_host_even_when_retries_hide_the_failure() {
+    // With retries, the client never sees the refused connection; the
+    // upstream instance of the filter (one per attempt) still does.
+    let cfg = r#"{"admin_cluster":"envoy_admin","failure_tombstone_ttl":"3s","membership_refresh":"200ms"}"#;
+    let mut ups = Vec::new();
+    for id in ["b1", "c1"] {
+        let u = Upstream::start().await;
+        u.set_instance(id);
+        ups.push(u);
+    }
+    let dead = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let endpoints = [dead, ups[0].addr, ups[1].addr];
+    let m = ConsumerSidecar::with_endpoints("refused-retried", cfg, 2, ups, &endpoints).await;
+    let (ok, failed) = load_until(m.outbound, 4, Duration::from_secs(2), || false).await;
+    assert_eq!(failed, 0, "retries carried every request");
+    assert!(ok > 200, "load ran: {ok}");
+    assert_eq!(
+        m.stat("graceful_consumer_evictions").await,
+        1,
+        "evicted on its first refused connection"
+    );
+    // Only the requests in flight when the dead host was first picked met
+    // it (and were retried); after that no request was sent its way.
+    // (Its refused connections go on: the consumer's probes, which keep the
+    // tombstone alive while it refuses.)
+    let retried = m
+        .envoy
+        .stat("cluster.providers.upstream_rq_retry")
+        .await
+        .unwrap_or(0);
+    assert!(
+        retried <= 4,
+        "{retried} requests retried off the dead host, of {ok}"
+    );
+}

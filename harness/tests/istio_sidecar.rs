@@ -1,0 +1,950 @@
+//! The Istio example on Envoy configured like Istio's sidecar (not Istio:
+//! see `graceful_harness::istio` for what is kept and what differs).
+//!
+//! Each pod is a network namespace with Istio's iptables capture
+//! (`graceful_harness::netns`), its sidecar runs as uid 1337 with the
+//! listeners, admin, clusters and retry policy Istio gives it, and the
+//! filters are the example's WasmPlugins translated as istiod translates
+//! them. A provider is shut down through the example's own preStop hooks
+//! and readiness probe, read from `examples/istio/provider.yaml` and run
+//! inside its pod, while a consumer pod calls the provider Service.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use graceful_core::duration::parse_duration;
+use graceful_harness::client;
+use graceful_harness::demo::demo_app_binary;
+use graceful_harness::demo::load::{Load, Protocol, Sample};
+use graceful_harness::envoy::{envoy_binary, repo_root, wasm_dir, write_eds};
+use graceful_harness::istio;
+use graceful_harness::netns::{self, Node, Pod};
+use serde_json::Value;
+
+const SERVICE: &str = "provider.default.svc.cluster.local";
+const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
+const APP_PORT: u16 = 8080;
+
+/// Whether this machine can make pods; in CI it must.
+fn pods_available() -> bool {
+    match netns::available() {
+        Ok(()) => true,
+        Err(why) if std::env::var_os("CI").is_none() => {
+            eprintln!("skipped: the Istio-shaped suite needs network namespaces: {why}");
+            false
+        }
+        Err(why) => panic!("CI must run the Istio-shaped suite: {why}"),
+    }
+}
+
+/// A process in a pod, killed on drop; its output goes to `log`, printed
+/// when the test fails.
+struct Proc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    fn spawn(name: &str, mut cmd: Command, dir: &Path) -> Proc {
+        let log = dir.join(format!("{name}.log"));
+        let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+        // The sidecar runs as uid 1337 and opens /dev/stdout itself.
+        chown_proxy(&log);
+        let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
+        let child = cmd
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        Proc {
+            name: name.into(),
+            child,
+            log,
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGTERM (what the kubelet sends after the hooks), then wait.
+    fn terminate(&mut self) {
+        if let Ok(pid) = i32::try_from(self.child.id()) {
+            // `ip netns exec` replaces itself with the program (and setpriv
+            // too), so the pid is the program's.
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if self.child.try_wait().ok().flatten().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            eprintln!(
+                "===== {} ({}) =====\n{}",
+                self.name,
+                self.log.display(),
+                self.log()
+            );
+        }
+    }
+}
+
+fn chown_proxy(path: &Path) {
+    std::os::unix::fs::chown(path, Some(netns::PROXY_UID), Some(netns::PROXY_UID))
+        .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
+}
+
+fn run_dir(name: &str) -> PathBuf {
+    let dir = repo_root()
+        .join("target/e2e")
+        .join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    chown_proxy(&dir);
+    dir
+}
+
+fn write_config(dir: &Path, name: &str, config: &Value) -> PathBuf {
+    let path = dir.join(format!("{name}.json"));
+    let text = serde_json::to_string_pretty(config).unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&path, text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    path
+}
+
+fn sidecar(pod: &Pod, config: &Path, dir: &Path) -> Proc {
+    let mut cmd = pod.proxy_command(&envoy_binary().display().to_string());
+    cmd.arg("-c")
+        .arg(config)
+        .args(["--concurrency", "2", "--disable-hot-restart"])
+        .args(["--log-format", "[%Y-%m-%d %T.%e][%t][%l][%n] %v"])
+        .args(["--file-flush-interval-msec", "100"]);
+    Proc::spawn(&format!("{}-envoy", pod.name), cmd, dir)
+}
+
+fn app(pod: &Pod, name: &str, dir: &Path) -> Proc {
+    let mut cmd = pod.command(&demo_app_binary().display().to_string());
+    cmd.args(["--listen", &format!("0.0.0.0:{APP_PORT}"), "--name", name]);
+    Proc::spawn(&format!("{}-app", pod.name), cmd, dir)
+}
+
+/// The provider Deployment's pod template from the example.
+fn provider_pod_spec() -> Value {
+    istio::of_kind("Deployment")
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == "provider")
+        .map(|d| d["spec"]["template"].clone())
+        .unwrap_or_else(|| panic!("examples/istio/provider.yaml has no provider Deployment"))
+}
+
+fn container<'a>(template: &'a Value, name: &str) -> &'a Value {
+    template["spec"]["containers"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no container {name} in the provider pod"))
+}
+
+fn exec_command(container: &Value, what: &str, pointer: &str) -> Vec<String> {
+    let command: Vec<String> = container
+        .pointer(pointer)
+        .and_then(Value::as_array)
+        .map(|c| {
+            c.iter()
+                .filter_map(|a| a.as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(!command.is_empty(), "{what}: no exec command at {pointer}");
+    command
+}
+
+/// A container's exec command run inside `pod`: the demo image's
+/// `demo-app` is the built binary, istio-proxy's commands run as its uid.
+fn in_pod(pod: &Pod, container: &str, command: &[String]) -> Command {
+    let program = match command[0].as_str() {
+        "demo-app" => demo_app_binary().display().to_string(),
+        other => other.to_string(),
+    };
+    let mut cmd = if container == "istio-proxy" {
+        pod.proxy_command(&program)
+    } else {
+        pod.command(&program)
+    };
+    cmd.args(&command[1..]);
+    cmd
+}
+
+/// A metric from a sidecar's Prometheus listener (what a scraper on the
+/// node reads): `name` without labels, None if absent.
+async fn prometheus(pod_ip: Ipv4Addr, name: &str) -> Option<u64> {
+    let r = client::get(
+        SocketAddr::from((pod_ip, istio::PROMETHEUS_PORT)),
+        "/stats/prometheus",
+    )
+    .await
+    .ok()?;
+    r.text().lines().find_map(|line| {
+        let rest = line.strip_prefix(name)?;
+        let value = rest.strip_prefix("{}").unwrap_or(rest).trim();
+        value.parse::<f64>().ok().map(|v| v as u64)
+    })
+}
+
+/// The consumer's retries to `cluster` from its Prometheus listener.
+/// Envoy's default tag extractor cuts a cluster name at its first dot, so
+/// the line for `outbound|80||provider.default...` is found by its parts.
+async fn retries_of(pod_ip: Ipv4Addr, cluster: &str) -> u64 {
+    let Ok(r) = client::get(
+        SocketAddr::from((pod_ip, istio::PROMETHEUS_PORT)),
+        "/stats/prometheus",
+    )
+    .await
+    else {
+        return 0;
+    };
+    let head = cluster.split('.').next().unwrap_or(cluster);
+    let lines: Vec<String> = r
+        .text()
+        .lines()
+        .filter(|l| l.contains("upstream_rq_retry{") && l.contains(&format!("\"{head}\"")))
+        .map(String::from)
+        .collect();
+    assert_eq!(lines.len(), 1, "one retry line for {cluster}: {lines:?}");
+    lines[0]
+        .rsplit(' ')
+        .next()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no value in {}", lines[0]))
+}
+
+async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let end = Instant::now() + deadline;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(Instant::now() < end, "timed out after {deadline:?}: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Runs `f` on a thread of its own inside `netns` (sockets it opens
+/// belong there), on a runtime of its own.
+fn in_netns<T: Send + 'static>(
+    netns: &str,
+    f: impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = T>>> + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let netns = netns.to_string();
+    std::thread::spawn(move || {
+        netns::enter(&netns);
+        runtime().block_on(f())
+    })
+}
+
+struct Provider {
+    pod: Pod,
+    envoy: Proc,
+    app: Proc,
+}
+
+fn start_provider(pod: Pod, n: usize, dir: &Path) -> Provider {
+    let config = istio::provider_sidecar(&pod.ip.to_string(), APP_PORT, &wasm_dir(), "/dev/stdout");
+    let path = write_config(dir, &format!("{}-{n}", pod.name), &config);
+    let app = app(&pod, &pod.name, dir);
+    let envoy = sidecar(&pod, &path, dir);
+    Provider { pod, envoy, app }
+}
+
+fn samples_of(samples: &[Sample], served_by: u8) -> usize {
+    samples.iter().filter(|s| s.served_by == served_by).count()
+}
+
+/// Three provider pods and a consumer pod on one node, their sidecars
+/// configured like Istio's, the providers in the consumer's (file) EDS.
+struct Mesh {
+    node: Node,
+    consumer_pod: Pod,
+    providers: Vec<Provider>,
+    eds: PathBuf,
+    cluster: String,
+    endpoints: Vec<SocketAddr>,
+    consumer_envoy: Proc,
+}
+
+impl Mesh {
+    /// `upstream_instance`: also run graceful_consumer as an upstream
+    /// filter of the outbound cluster (what the shipped consumer sidecar
+    /// does and Istio cannot deliver), for the comparison.
+    fn start(dir: &Path, upstream_instance: bool) -> Mesh {
+        let mut node = Node::new();
+        let consumer_pod = node.pod("c", 2);
+        // Pod names double as the apps' names: p1..p3 (x-served-by).
+        let providers: Vec<Provider> = (1..=3u8)
+            .map(|i| {
+                let pod = node.pod(&format!("p{i}"), 10 + i);
+                pod.capture_like_istio();
+                start_provider(pod, 0, dir)
+            })
+            .collect();
+        consumer_pod.capture_like_istio();
+        let eds = dir.join("eds.yaml");
+        let cluster = format!("outbound|80||{SERVICE}");
+        let endpoints: Vec<SocketAddr> = providers
+            .iter()
+            .map(|p| SocketAddr::from((p.pod.ip, APP_PORT)))
+            .collect();
+        write_eds(&eds, &cluster, &endpoints);
+        let mut consumer_config = istio::consumer_sidecar(
+            &consumer_pod.ip.to_string(),
+            SERVICE,
+            &VIP.to_string(),
+            80,
+            &eds.display().to_string(),
+            &wasm_dir(),
+            "/dev/stdout",
+        );
+        if upstream_instance {
+            istio::add_upstream_instance(&mut consumer_config, &cluster);
+        }
+        let consumer_path = write_config(dir, "consumer", &consumer_config);
+        let consumer_envoy = sidecar(&consumer_pod, &consumer_path, dir);
+        let mesh = Mesh {
+            node,
+            consumer_pod,
+            providers,
+            eds,
+            cluster,
+            endpoints,
+            consumer_envoy,
+        };
+        mesh.wait_filters();
+        mesh
+    }
+
+    /// Every sidecar up with its filters loaded, as a scraper on the node
+    /// sees it.
+    fn wait_filters(&self) {
+        let mut pods: Vec<(Ipv4Addr, &'static str)> = self
+            .providers
+            .iter()
+            .map(|p| (p.pod.ip, "graceful_drain_phase"))
+            .collect();
+        pods.push((self.consumer_pod.ip, "graceful_consumer_tombstones"));
+        let node = self.node.netns.clone();
+        in_netns(&node, move || {
+            Box::pin(async move {
+                for (ip, metric) in pods {
+                    eventually(
+                        &format!("{ip}: {metric} on :15090"),
+                        Duration::from_secs(60),
+                        || async move { prometheus(ip, metric).await },
+                    )
+                    .await;
+                }
+            })
+        })
+        .join()
+        .unwrap_or_else(|_| panic!("the sidecars did not come up"));
+    }
+}
+
+#[test]
+fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_policy() {
+    if !pods_available() {
+        return;
+    }
+    let dir = run_dir("istio");
+    let Mesh {
+        node,
+        consumer_pod,
+        mut providers,
+        eds,
+        cluster,
+        endpoints,
+        consumer_envoy,
+    } = Mesh::start(&dir, false);
+
+    let template = provider_pod_spec();
+    let app_spec = container(&template, "app");
+    let proxy_spec = container(&template, "istio-proxy");
+    let ready_probe = exec_command(app_spec, "app readiness", "/readinessProbe/exec/command");
+    let app_hook = exec_command(app_spec, "app preStop", "/lifecycle/preStop/exec/command");
+    let proxy_hook = exec_command(
+        proxy_spec,
+        "istio-proxy preStop",
+        "/lifecycle/preStop/exec/command",
+    );
+
+    node.enter();
+    let rt = runtime();
+    let ips: Vec<Ipv4Addr> = providers.iter().map(|p| p.pod.ip).collect();
+    rt.block_on(async {
+        // The kubelet's view: the pod address on the app port reaches the
+        // sidecar's inbound chain, graceful_drain answers its endpoints.
+        let status = client::get(SocketAddr::from((ips[0], APP_PORT)), "/graceful/status")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            status.text().contains("\"phase\":\"serving\""),
+            "{}",
+            status.text()
+        );
+    });
+
+    // Why the example's hooks use the admin: inside the pod (not uid 1337),
+    // 15006 is the blackhole chain and the pod's own address is the app.
+    let p1_ip = ips[0];
+    let inside = in_netns(&providers[0].pod.netns, move || {
+        Box::pin(async move {
+            let direct = client::get(
+                SocketAddr::from(([127, 0, 0, 1], istio::INBOUND_PORT)),
+                "/graceful/status",
+            )
+            .await;
+            let own_ip = client::get(SocketAddr::from((p1_ip, APP_PORT)), "/graceful/status").await;
+            let admin = client::get(
+                SocketAddr::from(([127, 0, 0, 1], istio::ADMIN_PORT)),
+                "/ready",
+            )
+            .await;
+            (
+                direct.map(|r| r.status),
+                own_ip.map(|r| r.text()),
+                admin.map(|r| r.status),
+            )
+        })
+    })
+    .join()
+    .unwrap_or_else(|_| panic!("pod thread"));
+    assert!(
+        inside.0.is_err(),
+        "127.0.0.1:15006 from the pod should be blackholed: {:?}",
+        inside.0
+    );
+    assert_eq!(
+        inside.1.as_deref().map(str::trim).ok(),
+        Some("ok"),
+        "the pod's own address should reach the app, not the sidecar"
+    );
+    assert_eq!(
+        inside.2.ok(),
+        Some(200),
+        "the admin should answer inside the pod"
+    );
+
+    // The readiness probe passes while serving.
+    let probe = |pod: &Pod| {
+        in_pod(pod, "app", &ready_probe)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .unwrap_or_else(|e| panic!("{e}"))
+            .success()
+    };
+    assert!(
+        probe(&providers[0].pod),
+        "readiness should pass while serving"
+    );
+
+    // Load from the consumer pod to the Service: captured to 15001.
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let epoch = Instant::now();
+    let load = in_netns(&consumer_pod.netns, move || {
+        Box::pin(async move {
+            let load = Load::start(SocketAddr::from((VIP, 80)), Protocol::Http1, 200, 8, epoch);
+            while stop_rx.try_recv().is_err() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            load.stop().await
+        })
+    });
+
+    rt.block_on(async {
+        // Every provider serves through the consumer first.
+        eventually(
+            "the consumer reaches three members",
+            Duration::from_secs(20),
+            || async {
+                (prometheus(consumer_pod.ip, "graceful_consumer_tombstones")
+                    .await
+                    .is_some()
+                    && epoch.elapsed() > Duration::from_secs(2))
+                .then_some(())
+            },
+        )
+        .await;
+    });
+
+    // Pod deletion: the hooks of both containers start at once.
+    let closing_at = Instant::now();
+    let hook = |container: &str, command: &[String]| {
+        in_pod(&providers[0].pod, container, command)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{container} hook: {e}"))
+    };
+    let app_child = hook("app", &app_hook);
+    let proxy_child = hook("istio-proxy", &proxy_hook);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while probe(&providers[0].pod) {
+        assert!(
+            Instant::now() < deadline,
+            "readiness still passes 10 s after the hooks started"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // The registry drops the pod (Kubernetes at deletion, here once it is
+    // closing, so the consumer meets it closing first); istiod's push
+    // reaches the consumer a moment later.
+    std::thread::sleep(Duration::from_millis(1500));
+    write_eds(&eds, &cluster, &endpoints[1..]);
+    let app_out = app_child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let proxy_out = proxy_child
+        .wait_with_output()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let drained_after = closing_at.elapsed();
+    let app_said = String::from_utf8_lossy(&app_out.stderr).to_string();
+    let proxy_said = String::from_utf8_lossy(&proxy_out.stdout).to_string();
+    // Then SIGTERM: Envoy and the app stop.
+    providers[0].envoy.terminate();
+    providers[0].app.terminate();
+    let stopped_at = Instant::now();
+
+    // The same address comes back as a new pod (a new instance id).
+    let p1 = providers.remove(0);
+    let pod = p1.pod;
+    drop((p1.envoy, p1.app));
+    let restarted = start_provider(pod, 1, &dir);
+    rt.block_on(async {
+        eventually(
+            "the restarted provider's filters",
+            Duration::from_secs(60),
+            || async { prometheus(p1_ip, "graceful_drain_phase").await },
+        )
+        .await;
+    });
+    write_eds(&eds, &cluster, &endpoints);
+    let back = Instant::now();
+    let readmitted = rt.block_on(async {
+        eventually(
+            "the consumer readmits the restarted provider",
+            Duration::from_secs(20),
+            || async {
+                prometheus(consumer_pod.ip, "graceful_consumer_readmitted")
+                    .await
+                    .filter(|n| *n >= 1)
+            },
+        )
+        .await
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let _ = stop_tx.send(());
+    let samples = load.join().unwrap_or_else(|_| panic!("load thread"));
+    let (evictions, steered) = rt.block_on(async {
+        (
+            prometheus(consumer_pod.ip, "graceful_consumer_evictions")
+                .await
+                .unwrap_or(0),
+            prometheus(consumer_pod.ip, "graceful_consumer_steered")
+                .await
+                .unwrap_or(0),
+        )
+    });
+
+    let failed = samples.iter().filter(|s| !s.ok).count();
+    let marked = samples.iter().filter(|s| s.marked).count();
+    let closing_ms = u64::try_from(closing_at.duration_since(epoch).as_millis()).unwrap_or(0);
+    let back_ms = u64::try_from(back.duration_since(epoch).as_millis()).unwrap_or(0);
+    let p1_after_back = samples
+        .iter()
+        .filter(|s| s.served_by == 1 && s.due_ms > back_ms)
+        .count();
+    eprintln!(
+        "istio-shaped: {} requests, {failed} failed, {marked} marked, p1 {} p2 {} p3 {}, drained after {drained_after:?}, evictions {evictions}, steered {steered}, readmitted {readmitted}, p1 after return {p1_after_back}",
+        samples.len(),
+        samples_of(&samples, 1),
+        samples_of(&samples, 2),
+        samples_of(&samples, 3),
+    );
+    eprintln!("app hook: {app_said}istio-proxy hook: {proxy_said}");
+    assert!(
+        samples.len() > 1000,
+        "the load ran: {} requests",
+        samples.len()
+    );
+    assert_eq!(failed, 0, "no request may fail during the shutdown");
+    assert!(
+        app_out.status.success() && proxy_out.status.success(),
+        "hooks: app {} istio-proxy {}",
+        app_out.status,
+        proxy_out.status
+    );
+    assert!(
+        app_said.contains("prestop: drained") && !app_said.contains("forced"),
+        "app hook: {app_said}"
+    );
+    assert!(
+        proxy_said.contains("graceful: drained"),
+        "istio-proxy hook: {proxy_said}"
+    );
+    assert!(
+        samples
+            .iter()
+            .any(|s| s.served_by == 1 && s.due_ms < closing_ms),
+        "p1 served before closing"
+    );
+    assert!(marked > 0, "the consumer saw closing marks");
+    assert!(
+        evictions >= 1,
+        "the consumer evicted p1 (evictions {evictions})"
+    );
+    assert!(p1_after_back > 0, "the restarted p1 serves again");
+    let _ = (stopped_at, consumer_envoy, restarted);
+}
+
+/// The numbers of the example that must agree, read from where they are.
+#[test]
+fn it_relates_the_grace_period_hooks_and_drain_timeout_of_the_istio_example() {
+    let template = provider_pod_spec();
+    let grace = template["spec"]["terminationGracePeriodSeconds"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no terminationGracePeriodSeconds"));
+    let drain = istio::of_kind("WasmPlugin")
+        .into_iter()
+        .find(|p| p["spec"]["pluginName"] == "graceful_drain")
+        .unwrap_or_else(|| panic!("no graceful_drain WasmPlugin"));
+    let timeout_text = drain["spec"]["pluginConfig"]["timeout"]
+        .as_str()
+        .unwrap_or("60s");
+    let timeout =
+        parse_duration(timeout_text).unwrap_or_else(|e| panic!("timeout {timeout_text:?}: {e:?}"));
+    let app_hook = exec_command(
+        container(&template, "app"),
+        "app preStop",
+        "/lifecycle/preStop/exec/command",
+    );
+    let app_wait = parse_duration(app_hook.last().map_or("", String::as_str))
+        .unwrap_or_else(|e| panic!("the app hook's wait: {e:?}"));
+    let proxy_hook = exec_command(
+        container(&template, "istio-proxy"),
+        "istio-proxy preStop",
+        "/lifecycle/preStop/exec/command",
+    );
+    let script = proxy_hook.last().cloned().unwrap_or_default();
+    let proxy_wait_s: u64 = script
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("wait=").and_then(|v| v.parse().ok()))
+        .unwrap_or_else(|| panic!("no wait=N in the istio-proxy hook: {script}"));
+    let proxy_wait = Duration::from_secs(proxy_wait_s);
+    let annotation = template["metadata"]["annotations"]["proxy.istio.io/config"]
+        .as_str()
+        .unwrap_or("{}");
+    let proxy_config: Value =
+        serde_json::from_str(annotation).unwrap_or_else(|e| panic!("{annotation}: {e}"));
+    // Istio's default terminationDrainDuration is 5s.
+    let termination_drain = parse_duration(
+        proxy_config["terminationDrainDuration"]
+            .as_str()
+            .unwrap_or("5s"),
+    )
+    .unwrap_or_else(|e| panic!("terminationDrainDuration: {e:?}"));
+    // Closing starts at graceful_drain's next admin poll (once a second)
+    // after the hook's POST /healthcheck/fail, so the forced gate can pass
+    // up to `timeout` + 1 s after the hooks started.
+    let latest_gate = timeout + Duration::from_secs(1);
+    for (what, wait) in [("app", app_wait), ("istio-proxy", proxy_wait)] {
+        assert!(
+            wait > latest_gate,
+            "the {what} hook waits {wait:?}, not more than graceful_drain's timeout {timeout:?} + 1 s admin poll: it could give up before the forced gate"
+        );
+    }
+    let longest = app_wait.max(proxy_wait);
+    let needed = longest + termination_drain + Duration::from_secs(5);
+    assert!(
+        Duration::from_secs(grace) >= needed,
+        "terminationGracePeriodSeconds {grace} < longest hook {longest:?} + terminationDrainDuration {termination_drain:?} + 5 s for SIGTERM"
+    );
+}
+
+/// The EnvoyFilter's cluster patch, merged into an Istio-shaped outbound
+/// cluster as Istio merges it: Envoy accepts it; with the locality LB
+/// config Istio adds for `distribute` or failover, Envoy refuses it (the
+/// case the README tells users to keep the patch away from).
+#[test]
+fn it_accepts_the_steering_patch_and_refuses_it_beside_locality_lb() {
+    let patches = istio::cluster_patches();
+    assert_eq!(
+        patches.len(),
+        1,
+        "one CLUSTER patch in the example: {patches:?}"
+    );
+    let (matcher, value) = &patches[0];
+    assert_eq!(matcher["context"], "SIDECAR_OUTBOUND");
+    assert_eq!(matcher["cluster"]["service"], SERVICE);
+    let dir = run_dir("istio-patch");
+    let validate = |cluster: Value, name: &str| {
+        let config = serde_json::json!({
+            "node": {"id": "sidecar~10.66.0.2~consumer.default~default.svc.cluster.local", "cluster": "consumer.default"},
+            "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
+            "static_resources": {"clusters": [cluster]},
+        });
+        let path = write_config(&dir, name, &config);
+        Command::new(envoy_binary())
+            .args(["--mode", "validate", "-c"])
+            .arg(&path)
+            .output()
+            .unwrap_or_else(|e| panic!("envoy: {e}"))
+    };
+    let eds = dir.join("eds.yaml");
+    write_eds(&eds, "x", &[]);
+    let name = format!("outbound|80||{SERVICE}");
+    let mut plain = istio::outbound_cluster(&name, &eds.display().to_string());
+    istio::merge_patch(&mut plain, value);
+    assert!(plain["load_balancing_policy"].is_object(), "{plain}");
+    let out = validate(plain.clone(), "patched");
+    assert!(
+        out.status.success(),
+        "envoy refused the patched cluster: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut locality = plain;
+    locality["common_lb_config"]["locality_weighted_lb_config"] = serde_json::json!({});
+    let out = validate(locality, "locality");
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !out.status.success(),
+        "envoy accepted load_balancing_policy beside locality_weighted_lb_config"
+    );
+    assert!(
+        said.contains("cannot be combined with partial fields"),
+        "{said}"
+    );
+}
+
+/// The WasmPlugins as a cluster applies them: FAIL_OPEN everywhere (a
+/// fetch failure must not become deny-all), plugin names the modules'
+/// root ids, configs the filters accept, drain before provider.
+#[test]
+fn it_translates_the_wasmplugins_as_istiod_does_and_they_configure() {
+    let plugins = istio::of_kind("WasmPlugin");
+    assert_eq!(plugins.len(), 3, "three WasmPlugins");
+    for p in &plugins {
+        let spec = &p["spec"];
+        assert_eq!(
+            spec["failStrategy"], "FAIL_OPEN",
+            "{}",
+            p["metadata"]["name"]
+        );
+        let url = spec["url"].as_str().unwrap_or_default();
+        let name = spec["pluginName"].as_str().unwrap_or_default();
+        assert!(url.starts_with("oci://REGISTRY/"), "{url}");
+        assert!(
+            url.contains(&format!("/{name}:")),
+            "{url} should name the module {name} (make push)"
+        );
+    }
+    let server = istio::wasm_filters("provider", istio::Side::Server, &wasm_dir());
+    let names: Vec<&str> = server
+        .iter()
+        .filter_map(|f| f["typed_config"]["config"]["root_id"].as_str())
+        .collect();
+    assert_eq!(names, ["graceful_drain", "graceful_provider"]);
+    let client_side = istio::wasm_filters("consumer", istio::Side::Client, &wasm_dir());
+    assert_eq!(client_side.len(), 1);
+    for f in server.iter().chain(&client_side) {
+        let config = &f["typed_config"]["config"];
+        assert!(
+            config["vm_config"].get("vm_id").is_none(),
+            "istiod sets no vm_id"
+        );
+        assert_eq!(config["failure_policy"], "FAIL_OPEN");
+    }
+    // Envoy runs each filter's configuration check.
+    let dir = run_dir("istio-validate");
+    let eds = dir.join("eds.yaml");
+    write_eds(&eds, &format!("outbound|80||{SERVICE}"), &[]);
+    for (name, config) in [
+        (
+            "provider",
+            istio::provider_sidecar("10.66.0.11", APP_PORT, &wasm_dir(), "/dev/null"),
+        ),
+        (
+            "consumer",
+            istio::consumer_sidecar(
+                "10.66.0.2",
+                SERVICE,
+                &VIP.to_string(),
+                80,
+                &eds.display().to_string(),
+                &wasm_dir(),
+                "/dev/null",
+            ),
+        ),
+    ] {
+        let path = write_config(&dir, name, &config);
+        let out = Command::new(envoy_binary())
+            .args(["--mode", "validate", "-c"])
+            .arg(&path)
+            .output()
+            .unwrap_or_else(|e| panic!("envoy: {e}"));
+        assert!(
+            out.status.success(),
+            "{name}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// What one kill costs, seen from the consumer.
+#[derive(Debug)]
+struct KillRun {
+    requests: usize,
+    failed: usize,
+    retries: u64,
+    evictions: u64,
+}
+
+/// Load from the consumer pod to the Service for `duration` (captured to
+/// 15001), at 200 req/s over 8 connections; every sample.
+fn load_for(consumer: &Pod, duration: Duration) -> Vec<Sample> {
+    in_netns(&consumer.netns, move || {
+        Box::pin(async move {
+            let load = Load::start(
+                SocketAddr::from((VIP, 80)),
+                Protocol::Http1,
+                200,
+                8,
+                Instant::now(),
+            );
+            tokio::time::sleep(duration).await;
+            load.stop().await
+        })
+    })
+    .join()
+    .unwrap_or_else(|_| panic!("load thread"))
+}
+
+/// SIGKILL of one provider's sidecar and app (an OOM kill or a node loss)
+/// while nothing is in flight on it, then load for 5 s before the registry
+/// drops it, with Istio's default retry policy: what the consumer pays.
+/// (With a request in flight, its reset reaches the listener's filter as a
+/// UC local reply and evicts the host; `faults.rs` covers that case.)
+fn kill_run(name: &str, upstream_instance: bool) -> KillRun {
+    let dir = run_dir(name);
+    let mut mesh = Mesh::start(&dir, upstream_instance);
+    // Warm: every provider has served through the consumer.
+    let warm = load_for(&mesh.consumer_pod, Duration::from_secs(2));
+    assert!(
+        (1..=3).all(|p| samples_of(&warm, p) > 0),
+        "all providers served"
+    );
+    let victim = &mut mesh.providers[1];
+    let _ = victim.envoy.child.kill();
+    let _ = victim.app.child.kill();
+    let _ = victim.envoy.child.wait();
+    let _ = victim.app.child.wait();
+    // The registry lags a killed pod by seconds (kubelet, then istiod).
+    let samples = load_for(&mesh.consumer_pod, Duration::from_secs(5));
+    let consumer_ip = mesh.consumer_pod.ip;
+    let cluster = mesh.cluster.clone();
+    let (retries, evictions) = in_netns(&mesh.node.netns, move || {
+        Box::pin(async move {
+            (
+                retries_of(consumer_ip, &cluster).await,
+                prometheus(consumer_ip, "graceful_consumer_evictions")
+                    .await
+                    .unwrap_or(0),
+            )
+        })
+    })
+    .join()
+    .unwrap_or_else(|_| panic!("node thread"));
+    KillRun {
+        requests: samples.len(),
+        failed: samples.iter().filter(|s| !s.ok).count(),
+        retries,
+        evictions,
+    }
+}
+
+/// Istio cannot run graceful_consumer as an upstream filter, so the
+/// listener's instance sees only each request's final answer: a refused
+/// connection that a retry hid never tombstones the host, and every request
+/// that picks the dead host pays a failed attempt until the registry drops
+/// it. Measured here beside the upstream instance the shipped consumer
+/// sidecar has (which Istio cannot deliver).
+#[test]
+fn it_measures_what_the_missing_upstream_instance_costs_when_a_provider_is_killed() {
+    if !pods_available() {
+        return;
+    }
+    let without = kill_run("istio-kill-listener-only", false);
+    let with = kill_run("istio-kill-upstream", true);
+    eprintln!("SIGKILL of one of three providers (idle), then 200 req/s for 5 s before the registry drops it, Istio's default retry policy:");
+    eprintln!("  listener instance only (Istio): {without:?}");
+    eprintln!("  with the upstream instance:     {with:?}");
+    for run in [&without, &with] {
+        assert!(
+            run.requests > 800,
+            "the load ran (5 s at 200 req/s): {run:?}"
+        );
+    }
+    assert!(
+        without.failed == 0 && with.failed == 0,
+        "nothing was in flight at the kill: {without:?} {with:?}"
+    );
+    assert_eq!(
+        without.evictions, 0,
+        "retries hide every refused attempt from the listener's filter: {without:?}"
+    );
+    assert!(
+        without.retries > 50,
+        "every request that picks the dead host pays a retry: {without:?}"
+    );
+    assert!(
+        with.evictions >= 1,
+        "the upstream instance evicts the killed host: {with:?}"
+    );
+    assert!(
+        with.retries <= 10,
+        "then steers every request away: {with:?}"
+    );
+}

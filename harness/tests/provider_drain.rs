@@ -1,0 +1,514 @@
+//! Real Envoy (`--concurrency 2`) running `envoy/provider-sidecar.yaml`:
+//! graceful_drain + graceful_provider in front of the test upstream.
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use graceful_core::status::Status;
+use graceful_harness::client::{self, abort_after, load, Conn};
+use graceful_harness::envoy::{eventually, free_port, Envoy, EnvoySpec};
+use graceful_harness::mesh::{self, status_of};
+use graceful_harness::upstream::{Counters, Upstream};
+use std::sync::atomic::Ordering::SeqCst;
+use std::sync::Arc;
+
+const CLOSING: &str = "x-graceful-closing";
+const INSTANCE: &str = "x-graceful-instance";
+
+/// Test timings: short waits, and a step timeout long enough that the slow
+/// requests below never force the gate.
+const DRAIN_CONFIG: &str = r#"{"consumer_update_wait":"1s","quiet_window":"500ms","step_timeout":"20s","timeout":"60s","admin_cluster":"envoy_admin"}"#;
+const QUIET_WINDOW: Duration = Duration::from_millis(500);
+
+struct Sidecar {
+    envoy: Envoy,
+    inbound: SocketAddr,
+    _upstream: Upstream,
+}
+
+async fn sidecar(
+    name: &str,
+    drain_config: &str,
+    provider_config: &str,
+) -> (Sidecar, Arc<Counters>) {
+    let upstream = Upstream::start().await;
+    let counters = upstream.counters.clone();
+    let inbound_port = free_port();
+    let envoy = EnvoySpec::new(name, "provider-sidecar.yaml")
+        .set("LISTEN_ADDRESS", "127.0.0.1")
+        .set("INBOUND_PORT", inbound_port)
+        .set("APP_PORT", upstream.addr.port())
+        .set("DRAIN_CONFIG", drain_config)
+        .set("PROVIDER_CONFIG", provider_config)
+        .start()
+        .await;
+    let inbound = SocketAddr::from(([127, 0, 0, 1], inbound_port));
+    (
+        Sidecar {
+            envoy,
+            inbound,
+            _upstream: upstream,
+        },
+        counters,
+    )
+}
+
+async fn status(s: &Sidecar) -> Status {
+    mesh::status(s.inbound).await
+}
+
+async fn inflight_gauge_is_zero(envoy: &Envoy) {
+    eventually(
+        "graceful_provider_inflight back to 0",
+        Duration::from_secs(10),
+        || async {
+            (envoy.stat("wasmcustom.graceful_provider_inflight").await == Some(0)).then_some(())
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn it_marks_counts_and_drains_under_load() {
+    let (s, upstream) = sidecar("drain-under-load", DRAIN_CONFIG, "{}").await;
+
+    // Serving: every response names the instance, the same id on both
+    // workers, and none is marked closing.
+    let responses = load(s.inbound, 8, 40, "/delay/2").await;
+    assert_eq!(responses.len(), 320);
+    let ids: std::collections::HashSet<_> = responses.iter().map(|r| r.header(INSTANCE)).collect();
+    assert_eq!(ids.len(), 1, "one instance id across workers: {ids:?}");
+    let instance_id = ids
+        .into_iter()
+        .next()
+        .flatten()
+        .expect("instance header present");
+    assert!(responses
+        .iter()
+        .all(|r| r.status == 200 && r.header(CLOSING).is_none()));
+
+    // Client aborts in the middle of slow requests must not leak a count.
+    let aborts: Vec<_> = (0..10)
+        .map(|_| {
+            tokio::spawn(abort_after(
+                s.inbound,
+                "/delay/3000",
+                Duration::from_millis(150),
+            ))
+        })
+        .collect();
+    for a in aborts {
+        a.await.unwrap().unwrap();
+    }
+    inflight_gauge_is_zero(&s.envoy).await;
+    assert_eq!(status(&s).await.inflight_inbound, 0);
+    let served_before = upstream.requests.load(SeqCst);
+    assert!(
+        served_before >= 330,
+        "the upstream saw the load: {served_before}"
+    );
+
+    // Readiness flips with closing; closing answers 202 with the status.
+    assert_eq!(
+        client::get(s.inbound, "/graceful/ready")
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    let closing = client::post(s.inbound, "/graceful/closing").await.unwrap();
+    assert_eq!(closing.status, 202, "{}", closing.text());
+    assert_eq!(status_of(&closing).phase, "closing");
+    let ready = client::get(s.inbound, "/graceful/ready").await.unwrap();
+    assert_eq!(
+        (ready.status, ready.text().as_str()),
+        (503, "NOT_SERVING\n")
+    );
+    let long_poll = tokio::spawn(client::get(s.inbound, "/graceful/drained?wait=30s"));
+
+    // Closing: every response is marked, on both workers.
+    let responses = load(s.inbound, 8, 25, "/delay/2").await;
+    assert!(
+        responses.iter().all(|r| r.status == 200),
+        "still serving while closing"
+    );
+    let unmarked = responses
+        .iter()
+        .filter(|r| r.header(CLOSING).as_deref() != Some("true"))
+        .count();
+    assert_eq!(unmarked, 0, "responses without the closing mark");
+    assert!(responses
+        .iter()
+        .all(|r| r.header(INSTANCE).as_deref() == Some(instance_id.as_str())));
+
+    // Slow requests in flight hold the gate, whatever the clock says; a
+    // quick request sent near their end restarts the quiet window.
+    let slow: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(client::get(s.inbound, "/delay/1500")))
+        .collect();
+    let inbound = s.inbound;
+    let late = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(1100)).await;
+        let sent = Instant::now();
+        (sent, client::get(inbound, "/").await)
+    });
+    eventually(
+        "2 slow requests counted",
+        Duration::from_secs(5),
+        || async { (status(&s).await.inflight_inbound >= 2).then_some(()) },
+    )
+    .await;
+    let mut polls_while_slow = 0;
+    while !slow.iter().all(|t| t.is_finished()) {
+        let r = client::get(s.inbound, "/graceful/drained").await.unwrap();
+        if !slow.iter().all(|t| t.is_finished()) {
+            assert_eq!(
+                r.status,
+                503,
+                "drained while slow requests in flight: {}",
+                r.text()
+            );
+            polls_while_slow += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        polls_while_slow >= 5,
+        "polled only {polls_while_slow} times during the slow requests"
+    );
+    for t in slow {
+        let r = t.await.unwrap().unwrap();
+        assert_eq!(
+            (r.status, r.header(CLOSING).as_deref()),
+            (200, Some("true"))
+        );
+    }
+    let (late_sent, late_response) = late.await.unwrap();
+    let late_response = late_response.unwrap();
+    assert_eq!(
+        (
+            late_response.status,
+            late_response.header(CLOSING).as_deref()
+        ),
+        (200, Some("true"))
+    );
+
+    // No 200 from drained before the quiet window after the late request.
+    let drained = eventually(
+        "drained after the quiet window",
+        Duration::from_secs(10),
+        || async {
+            let r = client::get(s.inbound, "/graceful/drained").await.unwrap();
+            if r.status == 200 {
+                return Some(r);
+            }
+            assert_eq!(r.status, 503);
+            None
+        },
+    )
+    .await;
+    let waited = late_sent.elapsed();
+    assert!(
+        waited >= QUIET_WINDOW,
+        "drained {waited:?} after a request, window {QUIET_WINDOW:?}"
+    );
+    let st = status_of(&drained);
+    assert!(st.drained && !st.forced && st.phase == "drained", "{st:?}");
+    assert_eq!(st.inflight_inbound, 0);
+
+    // The long-poll resolved with the gate.
+    let lp = long_poll.await.unwrap().unwrap();
+    assert_eq!(lp.status, 200, "{}", lp.text());
+    assert!(status_of(&lp).drained);
+
+    // After the gate: a local 503 carrying the closing mark; the app never sees it.
+    let served = upstream.requests.load(SeqCst);
+    let rejected = client::get(s.inbound, "/anything").await.unwrap();
+    assert_eq!(rejected.status, 503);
+    assert_eq!(rejected.header(CLOSING).as_deref(), Some("true"));
+    assert_eq!(
+        rejected.header(INSTANCE).as_deref(),
+        Some(instance_id.as_str())
+    );
+    assert_eq!(upstream.requests.load(SeqCst), served);
+
+    inflight_gauge_is_zero(&s.envoy).await;
+    assert!(s.envoy.stat("wasmcustom.graceful_provider_rejected").await >= Some(1));
+    assert!(
+        s.envoy
+            .stat("wasmcustom.graceful_provider_closing_marked")
+            .await
+            >= Some(203)
+    );
+    assert_eq!(
+        s.envoy.stat("wasmcustom.graceful_drain_phase").await,
+        Some(2)
+    );
+    assert_eq!(
+        s.envoy.stat("wasmcustom.graceful_drain_forced").await,
+        Some(0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn it_marks_grpc_trailers_and_answers_grpc_health() {
+    let (s, _) = sidecar("grpc", DRAIN_CONFIG, "{}").await;
+    let mut h2 = Conn::http2(s.inbound).await.unwrap();
+
+    // Serving: health is the app's own answer; no marks anywhere.
+    let health = h2.grpc("/grpc.health.v1.Health/Check", b"").await.unwrap();
+    assert_eq!(health.grpc_status().as_deref(), Some("0"));
+    assert_eq!(
+        &health.body[5..],
+        &[0x08, 0x01],
+        "the app's SERVING message"
+    );
+    let r = h2.grpc("/grpc/trailers", b"hi").await.unwrap();
+    assert_eq!(r.grpc_status().as_deref(), Some("0"));
+    assert_eq!(r.trailer(CLOSING), None);
+
+    assert_eq!(
+        client::post(s.inbound, "/graceful/closing")
+            .await
+            .unwrap()
+            .status,
+        202
+    );
+
+    // Upstream trailers get the mark next to grpc-status.
+    let r = h2.grpc("/grpc/trailers", b"hi").await.unwrap();
+    assert_eq!(r.header(CLOSING).as_deref(), Some("true"));
+    assert_eq!(
+        r.trailer(CLOSING).as_deref(),
+        Some("true"),
+        "trailers: {:?}",
+        r.trailers
+    );
+    assert_eq!(r.trailer("grpc-status").as_deref(), Some("0"));
+    // No upstream trailers: the filter creates them at the end of the body.
+    let r = h2.grpc("/grpc/no-trailers", b"hi").await.unwrap();
+    assert_eq!(
+        r.trailer(CLOSING).as_deref(),
+        Some("true"),
+        "trailers: {:?}",
+        r.trailers
+    );
+    assert_eq!(&r.body[5..], b"hello", "body intact");
+
+    // Closing: health is answered by the filter, UNAVAILABLE / NOT_SERVING.
+    let health = h2.grpc("/grpc.health.v1.Health/Check", b"").await.unwrap();
+    assert_eq!(health.grpc_status().as_deref(), Some("14"), "{health:?}");
+    assert_eq!(
+        health.header("grpc-message").as_deref(),
+        Some("NOT_SERVING")
+    );
+
+    // HTTP/1.1 on the same listener still gets the header mark.
+    let r = client::get(s.inbound, "/").await.unwrap();
+    assert_eq!(r.header(CLOSING).as_deref(), Some("true"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn it_starts_closing_on_envoy_healthcheck_fail() {
+    let (s, _) = sidecar("healthcheck-fail", DRAIN_CONFIG, "{}").await;
+    // Envoy answers /ready 503 while it starts up; the filter must not take
+    // that for a shutdown. By now it is LIVE: still serving.
+    assert_eq!(status(&s).await.phase, "serving");
+    assert_eq!(s.envoy.admin_post("/healthcheck/fail").await.status, 200);
+    eventually(
+        "readiness NOT_SERVING after /healthcheck/fail",
+        Duration::from_secs(10),
+        || async {
+            (client::get(s.inbound, "/graceful/ready").await.ok()?.status == 503).then_some(())
+        },
+    )
+    .await;
+    assert_eq!(status(&s).await.phase, "closing");
+    let r = client::get(s.inbound, "/").await.unwrap();
+    assert_eq!(r.header(CLOSING).as_deref(), Some("true"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn it_forces_the_gate_at_step_timeout_and_counts_it() {
+    let cfg = r#"{"consumer_update_wait":"200ms","quiet_window":"100ms","step_timeout":"500ms","timeout":"60s"}"#;
+    let (s, _) = sidecar("step-timeout", cfg, "{}").await;
+    let slow = tokio::spawn(client::get(s.inbound, "/delay/4000"));
+    eventually("slow request counted", Duration::from_secs(5), || async {
+        (status(&s).await.inflight_inbound == 1).then_some(())
+    })
+    .await;
+    let started = Instant::now();
+    assert_eq!(
+        client::post(s.inbound, "/graceful/closing")
+            .await
+            .unwrap()
+            .status,
+        202
+    );
+    let r = client::get(s.inbound, "/graceful/drained?wait=10s")
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let st = status_of(&r);
+    assert!(st.forced && st.inflight_inbound == 1, "{st:?}");
+    assert!(
+        took >= Duration::from_millis(700),
+        "forced before wait + step: {took:?}"
+    );
+    assert!(
+        took < Duration::from_millis(3500),
+        "forced long after wait + step: {took:?}"
+    );
+    assert_eq!(
+        s.envoy.stat("wasmcustom.graceful_drain_forced").await,
+        Some(1),
+        "counted once, not per VM"
+    );
+    // The in-flight request is not cut by the gate; it finishes and is counted out.
+    assert_eq!(slow.await.unwrap().unwrap().status, 200);
+    inflight_gauge_is_zero(&s.envoy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn it_refuses_closing_from_sources_outside_allowed_sources() {
+    let cfg = r#"{"allowed_sources":["10.0.0.0/8"]}"#;
+    let (s, _) = sidecar("allowed-sources", cfg, "{}").await;
+    let r = client::request(
+        s.inbound,
+        "POST",
+        "/graceful/closing",
+        &[("x-forwarded-for", "10.1.2.3")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        r.status, 403,
+        "a forwarded-for header is not the source address"
+    );
+    assert_eq!(status(&s).await.phase, "serving");
+    assert_eq!(
+        client::get(s.inbound, "/graceful/ready")
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    // Wrong method and bad wait are answered, never forwarded.
+    let r = client::get(s.inbound, "/graceful/closing").await.unwrap();
+    assert_eq!(
+        (r.status, r.header("allow").as_deref()),
+        (405, Some("POST"))
+    );
+    assert_eq!(
+        client::get(s.inbound, "/graceful/drained?wait=soon")
+            .await
+            .unwrap()
+            .status,
+        400
+    );
+}
+
+async fn refused(name: &str, drain_config: &str, provider_config: &str, expect: &[&str]) {
+    let upstream_port = free_port();
+    let mut envoy = EnvoySpec::new(name, "provider-sidecar.yaml")
+        .set("LISTEN_ADDRESS", "127.0.0.1")
+        .set("INBOUND_PORT", free_port())
+        .set("APP_PORT", upstream_port)
+        .set("DRAIN_CONFIG", drain_config)
+        .set("PROVIDER_CONFIG", provider_config)
+        .spawn();
+    let status = envoy.wait_exit(Duration::from_secs(60)).await;
+    let log = envoy.log();
+    assert!(
+        status.is_some_and(|s| !s.success()),
+        "envoy must refuse to start ({status:?}); log:\n{log}"
+    );
+    for needle in expect {
+        assert!(
+            log.contains(needle),
+            "log should contain {needle:?}; log:\n{log}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn it_refuses_bad_config_and_names_the_field() {
+    refused(
+        "bad-provider",
+        "{}",
+        r#"{"closing_header": ""}"#,
+        &[
+            r#"invalid configuration: field "closing_header": header name is empty"#,
+            "Unable to create Wasm plugin graceful_provider",
+        ],
+    )
+    .await;
+    refused(
+        "bad-drain-duration",
+        r#"{"quiet_window": "5"}"#,
+        "{}",
+        &[
+            r#"field "quiet_window": invalid duration "5": missing unit"#,
+            "Unable to create Wasm plugin graceful_drain",
+        ],
+    )
+    .await;
+    refused(
+        "bad-drain-unknown",
+        r#"{"quiet_windw": "5s"}"#,
+        "{}",
+        &["unknown field `quiet_windw`"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn it_keeps_request_bodies_and_methods_intact() {
+    // The filters sit on every request: a POST with a body passes unchanged.
+    let (s, upstream) = sidecar("passthrough", DRAIN_CONFIG, r#"{"instance_id":"pod-a"}"#).await;
+    let mut conn = Conn::http1(s.inbound).await.unwrap();
+    let r = conn
+        .send(
+            "POST",
+            "/echo",
+            &[("content-type", "text/plain")],
+            Bytes::from_static(b"payload"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        r.header(INSTANCE).as_deref(),
+        Some("pod-a"),
+        "configured instance_id wins"
+    );
+    assert_eq!(upstream.requests.load(SeqCst), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn it_drains_through_the_kubernetes_prestop_hook_of_the_examples() {
+    // examples/kubernetes runs `demo-app prestop` as the app's preStop hook:
+    // it must start closing and return only once the gate has passed.
+    let cfg = r#"{"consumer_update_wait":"1s","quiet_window":"200ms"}"#;
+    let (s, _) = sidecar("prestop", cfg, "{}").await;
+    let bin = graceful_harness::demo::demo_app_binary();
+    let started = Instant::now();
+    let out = tokio::process::Command::new(&bin)
+        .args(["prestop", &format!("http://{}", s.inbound), "10s"])
+        .output()
+        .await
+        .unwrap_or_else(|e| panic!("{}: {e} (build it: cargo build -p demo-app)", bin.display()));
+    assert!(
+        out.status.success(),
+        "prestop failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "returned before consumer_update_wait"
+    );
+    let st = status(&s).await;
+    assert!(st.drained && !st.forced, "{st:?}");
+}
