@@ -66,8 +66,11 @@ help: ## list the targets
 	  | sed -e 's/$$(APT_TOOLS)/$(APT_TOOLS)/' -e 's/$$(ENVOY_VERSION)/$(ENVOY_VERSION)/'
 
 .PHONY: build
-build: ## build the filters into dist/*.wasm (installs the wasm target if missing)
+.PHONY: wasm-target
+wasm-target:
 	@rustup target list --installed | grep -qx $(WASM_TARGET) || rustup target add $(WASM_TARGET)
+
+build: wasm-target ## build the filters into dist/*.wasm (installs the wasm target if missing)
 	$(CARGO) build --release --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS)))
 	@mkdir -p dist
 	@for f in $(FILTERS); do cp target/$(WASM_TARGET)/release/$$f.wasm dist/; done
@@ -158,7 +161,7 @@ bench-tools: ## install what make bench drives the load with: wrk (Debian)
 	$(call apt_install,$(BENCH_APT_TOOLS))
 
 .PHONY: lint
-lint: ## rustfmt check and clippy (native and wasm) with warnings as errors
+lint: wasm-target ## rustfmt check and clippy (native and wasm) with warnings as errors
 	$(CARGO) fmt --all --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS))) -p bench-wasm-header -- -D warnings
