@@ -24,7 +24,7 @@
 //! Where it differs: the readiness listener answers `/healthz/ready` with
 //! a direct 200 (pilot-agent's job), EDS is a file, there is no mTLS.
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::envoy::repo_root;
 
@@ -493,14 +493,6 @@ pub fn consumer_sidecar(
             json!({"name": "PassthroughCluster", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED", "connect_timeout": "10s"}),
         ],
     )
-}
-
-/// Keys of a JSON object, for error messages.
-pub fn keys(v: &Value) -> Vec<String> {
-    v.as_object()
-        .map(Map::keys)
-        .map(|k| k.cloned().collect())
-        .unwrap_or_default()
 }
 
 /// Adds graceful_consumer as an upstream HTTP filter of `cluster` in a
