@@ -91,6 +91,27 @@ impl Metric {
             let _ = hostcalls::record_metric(id, value);
         }
     }
+
+    /// The current value (counters: total; gauges: value), None if the
+    /// metric was never defined or the host refuses. One of the cheapest
+    /// hostcalls: an atomic load in Envoy, no guest allocation.
+    pub fn get(&self) -> Option<u64> {
+        hostcalls::get_metric(self.0?).ok()
+    }
+
+    /// Whether Envoy keeps this stat: a stat its `stats_matcher` rejects is
+    /// a null stat that reads 0 whatever is added. Probed with +1, a read
+    /// and −1 (a gauge only: the probe is invisible to every reader but one
+    /// that reads in between, which sees one more than there is).
+    pub fn gauge_is_kept(&self) -> bool {
+        if self.0.is_none() {
+            return false;
+        }
+        self.add(1);
+        let seen = self.get();
+        self.add(-1);
+        seen.is_some_and(|v| v >= 1)
+    }
 }
 
 /// A request or response header as raw bytes; None if absent or if the map
