@@ -797,11 +797,13 @@ fn proxy_define_metric(c: &mut C, kind: i32, name_ptr: i32, name_len: i32, id_pt
         if let Some(i) = w.metrics.iter().position(|m| m.name == name) {
             return i + 1;
         }
+        let null = w.rejected_stats.contains(&name);
         w.metrics.push(Metric {
             name: name.clone(),
             kind,
             value: 0,
             samples: Vec::new(),
+            null,
         });
         w.metrics.len()
     });
@@ -821,6 +823,9 @@ fn proxy_increment_metric(c: &mut C, id: i32, offset: i64) -> Hc {
     with_world(c, |w, _| {
         let now = w.elapsed();
         let m = metric_mut(w, id)?;
+        if m.null {
+            return Ok(format!("{} (null stat) += {offset}", m.name));
+        }
         match m.kind {
             // Envoy: counters only go up.
             MetricKind::Counter if offset <= 0 => {
@@ -846,6 +851,9 @@ fn proxy_increment_metric(c: &mut C, id: i32, offset: i64) -> Hc {
 fn proxy_record_metric(c: &mut C, id: i32, value: i64) -> Hc {
     with_world(c, |w, _| {
         let m = metric_mut(w, id)?;
+        if m.null {
+            return Ok(format!("{} (null stat) = {value}", m.name));
+        }
         let value = value as u64;
         match m.kind {
             MetricKind::Counter => m.value += value as i64,

@@ -82,6 +82,34 @@ impl Host {
             .map(|m| m.value)
     }
 
+    /// Sets a gauge as another filter in the process would (defining it
+    /// if no VM copy has yet): e.g. graceful_drain's phase or gate, for a
+    /// provider tested alone.
+    pub fn set_gauge(&mut self, name: &str, value: i64) {
+        let mut w = self.world.borrow_mut();
+        w.note("host", format!("gauge {name} = {value}"));
+        match w.metrics.iter_mut().find(|m| m.name == name) {
+            Some(m) => m.value = value,
+            None => w.metrics.push(crate::world::Metric {
+                name: name.to_string(),
+                kind: crate::world::MetricKind::Gauge,
+                value,
+                samples: Vec::new(),
+                null: false,
+            }),
+        }
+    }
+
+    /// Makes `name` a null stat for VM copies that define it from now on,
+    /// as Envoy does for a name its `stats_matcher` rejects: it reads 0
+    /// whatever is added or set.
+    pub fn reject_stats(&mut self, name: &str) {
+        self.world
+            .borrow_mut()
+            .rejected_stats
+            .push(name.to_string());
+    }
+
     /// Every log line so far.
     pub fn logs(&self) -> Vec<LogLine> {
         self.world.borrow().logs.clone()

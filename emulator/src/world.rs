@@ -200,6 +200,8 @@ pub(crate) struct Metric {
     /// negative gauge instead of a wrapped u64).
     pub value: i64,
     pub samples: Vec<u64>,
+    /// A null stat: reads 0, whatever is added or set.
+    pub null: bool,
 }
 
 /// Which VM callback is running.
@@ -384,6 +386,8 @@ pub(crate) struct World {
     pub store: SharedData,
     pub races: Vec<Race>,
     pub metrics: Vec<Metric>,
+    /// Stat names Envoy would turn into null stats (its `stats_matcher`).
+    pub rejected_stats: Vec<String>,
     pub logs: Vec<LogLine>,
     pub trace: Trace,
     pub vms: Vec<VmState>,
@@ -403,6 +407,7 @@ impl World {
             store: SharedData::new(),
             races: Vec::new(),
             metrics: Vec::new(),
+            rejected_stats: Vec::new(),
             logs: Vec::new(),
             trace: Trace {
                 lines: VecDeque::new(),

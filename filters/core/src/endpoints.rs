@@ -398,7 +398,7 @@ mod tests {
         assert_eq!(Reply::ready(Phase::Serving).body, "SERVING\n");
         assert_eq!(Reply::ready(Phase::Closing).status, 503);
         assert_eq!(Reply::ready(Phase::Drained).body, "NOT_SERVING\n");
-        let serving = Status::new(&Default::default(), &Default::default(), 0);
+        let serving = Status::new(&Default::default(), &Default::default(), 0, 0);
         assert_eq!(Reply::drained(&serving).status, 503);
         assert_eq!(Reply::closing(&serving).status, 202);
         assert_eq!(Reply::status(&serving).status, 200);

@@ -14,11 +14,15 @@
 //! Shared data (state every VM copy of an Envoy process sees):
 //! - [`store`]: the shared-data trait with the host's CAS semantics.
 //! - [`keys`]: every shared-data key, its encoding and its initial value.
-//! - [`record`]: the instance record (phase and inbound counters) and the
-//!   shutdown state machine with its drain gate.
+//! - [`record`]: the instance record (phase, closing and drained times) and
+//!   the shutdown state machine with its drain gate.
 //! - [`traffic`]: in-flight counters and the last request's start.
 //! - [`instance`]: the instance id, one per Envoy process.
 //! - [`tombstone`]: the hosts a consumer must not send new requests to.
+//!
+//! Envoy stats (process-wide atomics, the cheapest shared state):
+//! - [`gate`]: admission, the in-flight counts and the drain gate's
+//!   protocol without compare-and-swap.
 //!
 //! What each filter decides:
 //! - [`status`], [`endpoints`]: what graceful_drain's endpoints answer.
@@ -31,6 +35,7 @@ pub mod config;
 pub mod consumer;
 pub mod duration;
 pub mod endpoints;
+pub mod gate;
 pub mod headers;
 pub mod instance;
 pub mod keys;

@@ -1,28 +1,28 @@
-//! The instance record: one shared-data value holding the shutdown phase and
-//! the inbound request counters, so that admitting a request and passing the
-//! drain gate are decided on the same atomic value. Consequences: no request
-//! is admitted after the gate has passed (when rejecting is on), and an
-//! unforced pass happens only on a value that says nothing is in flight.
+//! The instance record: one shared-data value holding the shutdown phase,
+//! when closing started and when (and why) the drain gate passed. Requests
+//! never touch it: admission and the in-flight count are Envoy stats (see
+//! [`crate::gate`], whose protocol makes a pass safe without CAS); the record
+//! is written twice in an instance's life, when closing starts and when the
+//! gate passes, and its CAS decides which VM copy reports the pass.
 //!
 //! # Transition table
 //!
 //! `elapsed` = now − closing_since; `quiet` = nothing in flight (inbound and
-//! outbound) and no request started within `quiet_window`.
+//! outbound) and no request started within `quiet_window`, as the evaluating
+//! copy sees the stats ([`Seen`]). A quiet pass is written only after the
+//! gate protocol's attempt held ([`crate::gate::GateHold::try_pass`]); a
+//! forced one after the gate was put up ([`crate::gate::GateHold::hold`]).
 //!
 //! | phase    | event                  | condition                              | next phase / effect                          |
 //! |----------|------------------------|----------------------------------------|----------------------------------------------|
-//! | serving  | admit                  |                                        | serving, inflight + 1, last_start = now      |
-//! | closing  | admit                  |                                        | closing, inflight + 1, last_start = now      |
-//! | drained  | admit                  | reject_when_drained                    | drained, request rejected, nothing written   |
-//! | drained  | admit                  | not reject_when_drained                | drained, inflight + 1, last_start = now      |
-//! | any      | finish                 |                                        | same phase, inflight − 1 (never below 0)     |
 //! | serving  | start closing          |                                        | closing, closing_since = now                 |
 //! | closing  | start closing          |                                        | closing (idempotent)                         |
 //! | drained  | start closing          |                                        | drained (idempotent)                         |
-//! | closing  | evaluate gate          | elapsed ≥ consumer_update_wait, quiet  | drained, forced = false                      |
-//! | closing  | evaluate gate          | elapsed ≥ timeout, not quiet           | drained, forced = true (overall timeout)     |
-//! | closing  | evaluate gate          | elapsed ≥ wait + step_timeout, !quiet  | drained, forced = true (step timeout)        |
+//! | closing  | evaluate gate          | elapsed ≥ consumer_update_wait, quiet  | pass: quiet (drained, forced = false)        |
+//! | closing  | evaluate gate          | elapsed ≥ timeout, not quiet           | pass: forced = true (overall timeout)        |
+//! | closing  | evaluate gate          | elapsed ≥ wait + step_timeout, !quiet  | pass: forced = true (step timeout)           |
 //! | closing  | evaluate gate          | otherwise                              | closing                                      |
+//! | closing  | pass written           | (CAS: exactly one copy's write lands)  | drained, drained_at = now                    |
 //! | serving  | evaluate gate          |                                        | serving                                      |
 //! | drained  | evaluate gate          |                                        | drained                                      |
 //!
@@ -32,7 +32,6 @@
 use std::time::Duration;
 
 use crate::store::{update, SharedStore, StoreError, UpdateError};
-use crate::traffic::Traffic;
 
 /// Shared-data key of the instance record.
 pub const RECORD_KEY: &str = crate::keys::RECORD.name;
@@ -111,15 +110,7 @@ impl GatePass {
     }
 }
 
-/// What [`InstanceRecord::admit`] decided for a new request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
-    Admitted,
-    /// The gate has passed: answer 503 with the closing mark.
-    Rejected,
-}
-
-/// Shutdown phase plus inbound traffic, stored under [`RECORD_KEY`].
+/// Shutdown phase and its times, stored under [`RECORD_KEY`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct InstanceRecord {
     pub phase: Phase,
@@ -129,8 +120,16 @@ pub struct InstanceRecord {
     pub closing_since_us: u64,
     /// When the gate passed (µs since the epoch); 0 before.
     pub drained_at_us: u64,
-    /// Inbound requests (the provider filter's count).
-    pub inbound: Traffic,
+}
+
+/// The traffic as the evaluating copy sees it (from the stats).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Seen {
+    /// Nothing in flight, inbound or outbound.
+    pub idle: bool,
+    /// When the latest request started as far as this copy knows (µs since
+    /// the epoch, 0 = none): never earlier than the real start.
+    pub last_start_us: u64,
 }
 
 fn micros(d: Duration) -> u64 {
@@ -138,28 +137,6 @@ fn micros(d: Duration) -> u64 {
 }
 
 impl InstanceRecord {
-    /// Admission of a request starting at `now_us`.
-    pub fn admit(self, now_us: u64, reject_when_drained: bool) -> (InstanceRecord, Admission) {
-        if self.phase == Phase::Drained && reject_when_drained {
-            return (self, Admission::Rejected);
-        }
-        (
-            InstanceRecord {
-                inbound: self.inbound.started(now_us),
-                ..self
-            },
-            Admission::Admitted,
-        )
-    }
-
-    /// A counted request ended.
-    pub fn finish(self) -> InstanceRecord {
-        InstanceRecord {
-            inbound: self.inbound.ended(),
-            ..self
-        }
-    }
-
     /// Starts closing at `now_us`; idempotent once closing.
     pub fn start_closing(self, now_us: u64) -> InstanceRecord {
         match self.phase {
@@ -172,20 +149,18 @@ impl InstanceRecord {
         }
     }
 
-    /// True when nothing is in flight (inbound here, `outbound` given) and
-    /// no request started within the quiet window.
-    pub fn is_quiet(&self, outbound: &Traffic, quiet_window: Duration, now_us: u64) -> bool {
-        let inflight = self.inbound.inflight.saturating_add(outbound.inflight);
-        let last_start = self.inbound.last_start_us.max(outbound.last_start_us);
-        inflight == 0 && now_us.saturating_sub(last_start) >= micros(quiet_window)
+    /// True when nothing is in flight and no request started within the
+    /// quiet window.
+    pub fn is_quiet(seen: &Seen, quiet_window: Duration, now_us: u64) -> bool {
+        seen.idle && now_us.saturating_sub(seen.last_start_us) >= micros(quiet_window)
     }
 
-    /// Evaluates the drain gate at `now_us`. Returns the record after the
-    /// evaluation and, if the gate passed just now, why.
+    /// Evaluates the drain gate at `now_us`: why it may pass now, if it
+    /// may. Returns the record a pass would write too.
     pub fn evaluate(
         self,
         gate: &GateTimings,
-        outbound: &Traffic,
+        seen: &Seen,
         now_us: u64,
     ) -> (InstanceRecord, Option<GatePass>) {
         if self.phase != Phase::Closing {
@@ -193,7 +168,7 @@ impl InstanceRecord {
         }
         let elapsed = now_us.saturating_sub(self.closing_since_us);
         let waited = elapsed >= micros(gate.consumer_update_wait);
-        let pass = if waited && self.is_quiet(outbound, gate.quiet_window, now_us) {
+        let pass = if waited && InstanceRecord::is_quiet(seen, gate.quiet_window, now_us) {
             Some(GatePass::Quiet)
         } else if elapsed >= micros(gate.timeout) {
             Some(GatePass::Timeout)
@@ -219,8 +194,10 @@ impl InstanceRecord {
     }
 
     /// Fixed layout: version u8, phase u8, flags u8 (bit 0 forced), 5 zero
-    /// bytes, then closing_since_us, drained_at_us, inflight, last_start_us
-    /// as little-endian u64.
+    /// bytes, then closing_since_us, drained_at_us as little-endian u64, and
+    /// 16 bytes that held the inbound counters before they became stats:
+    /// written as zero, ignored when read (a record an older build wrote
+    /// still decodes).
     pub fn encode(&self) -> [u8; RECORD_LEN] {
         let mut out = [0u8; RECORD_LEN];
         out[0] = RECORD_VERSION;
@@ -228,7 +205,6 @@ impl InstanceRecord {
         out[2] = u8::from(self.forced);
         out[8..16].copy_from_slice(&self.closing_since_us.to_le_bytes());
         out[16..24].copy_from_slice(&self.drained_at_us.to_le_bytes());
-        out[24..40].copy_from_slice(&self.inbound.encode());
         out
     }
 
@@ -244,7 +220,6 @@ impl InstanceRecord {
             forced: bytes[2] == 1,
             closing_since_us: u64_at(8)?,
             drained_at_us: u64_at(16)?,
-            inbound: Traffic::decode(bytes.get(24..)?)?,
         })
     }
 }
@@ -286,26 +261,6 @@ fn modify<T>(
     })
 }
 
-/// Admits or rejects a request starting at `now_us` (see the table).
-pub fn admit(
-    store: &dyn SharedStore,
-    now_us: u64,
-    reject_when_drained: bool,
-) -> Result<(Admission, InstanceRecord), UpdateError> {
-    modify(store, |r| {
-        let (next, admission) = r.admit(now_us, reject_when_drained);
-        (Some(next), (admission, next))
-    })
-}
-
-/// Ends a counted request; returns the record after it.
-pub fn finish(store: &dyn SharedStore) -> Result<InstanceRecord, UpdateError> {
-    modify(store, |r| {
-        let next = r.finish();
-        (Some(next), next)
-    })
-}
-
 /// Starts closing. Returns the record and whether this call started it.
 pub fn start_closing(
     store: &dyn SharedStore,
@@ -317,17 +272,25 @@ pub fn start_closing(
     })
 }
 
-/// Evaluates the gate and stores a pass. Of all callers racing on the same
-/// record, exactly one gets `Some(pass)`: the one whose write made it.
-pub fn advance(
+/// Writes a pass decided at `now_us` (the gate is already up, see the
+/// table). Of all copies racing on the record, exactly one gets `true`: the
+/// one whose write made it drained.
+pub fn pass(
     store: &dyn SharedStore,
-    gate: &GateTimings,
-    outbound: &Traffic,
+    why: GatePass,
     now_us: u64,
-) -> Result<(InstanceRecord, Option<GatePass>), UpdateError> {
+) -> Result<(InstanceRecord, bool), UpdateError> {
     modify(store, |r| {
-        let (next, pass) = r.evaluate(gate, outbound, now_us);
-        (pass.map(|_| next), (next, pass))
+        if r.phase != Phase::Closing {
+            return (None, (r, false));
+        }
+        let next = InstanceRecord {
+            phase: Phase::Drained,
+            forced: why.forced(),
+            drained_at_us: now_us,
+            ..r
+        };
+        (Some(next), (next, true))
     })
 }
 
@@ -353,42 +316,23 @@ mod tests {
         InstanceRecord::default().start_closing(t)
     }
 
-    const NO_OUTBOUND: Traffic = Traffic {
-        inflight: 0,
+    const IDLE: Seen = Seen {
+        idle: true,
         last_start_us: 0,
     };
 
-    #[test]
-    fn admit_counts_in_every_phase_but_drained() {
-        let (r, a) = InstanceRecord::default().admit(10, true);
-        assert_eq!(a, Admission::Admitted);
-        assert_eq!(
-            r.inbound,
-            Traffic {
-                inflight: 1,
-                last_start_us: 10
-            }
-        );
-        let (r, a) = closing_at(0).admit(20, true);
-        assert_eq!(a, Admission::Admitted);
-        assert_eq!(r.inbound.inflight, 1);
-        let drained = InstanceRecord {
-            phase: Phase::Drained,
-            ..Default::default()
-        };
-        assert_eq!(drained.admit(30, true), (drained, Admission::Rejected));
-        let (r, a) = drained.admit(30, false);
-        assert_eq!(
-            a,
-            Admission::Admitted,
-            "reject_when_drained: false keeps serving"
-        );
-        assert_eq!(r.inbound.inflight, 1);
+    fn busy() -> Seen {
+        Seen {
+            idle: false,
+            last_start_us: 100 * MS,
+        }
     }
 
-    #[test]
-    fn finish_never_goes_below_zero() {
-        assert_eq!(InstanceRecord::default().finish().inbound.inflight, 0);
+    fn idle_since(t: u64) -> Seen {
+        Seen {
+            idle: true,
+            last_start_us: t,
+        }
     }
 
     #[test]
@@ -407,22 +351,19 @@ mod tests {
 
     #[test]
     fn gate_never_passes_while_serving_or_twice() {
-        let (r, pass) = InstanceRecord::default().evaluate(&gate(), &NO_OUTBOUND, 100 * S);
+        let (r, pass) = InstanceRecord::default().evaluate(&gate(), &IDLE, 100 * S);
         assert_eq!((r.phase, pass), (Phase::Serving, None));
-        let (drained, pass) = closing_at(0).evaluate(&gate(), &NO_OUTBOUND, 3 * S);
+        let (drained, pass) = closing_at(0).evaluate(&gate(), &IDLE, 3 * S);
         assert_eq!(pass, Some(GatePass::Quiet));
-        assert_eq!(
-            drained.evaluate(&gate(), &NO_OUTBOUND, 4 * S),
-            (drained, None)
-        );
+        assert_eq!(drained.evaluate(&gate(), &IDLE, 4 * S), (drained, None));
     }
 
     #[test]
     fn gate_waits_consumer_update_wait_even_when_idle() {
         let r = closing_at(10 * S);
-        assert_eq!(r.evaluate(&gate(), &NO_OUTBOUND, 10 * S).1, None);
-        assert_eq!(r.evaluate(&gate(), &NO_OUTBOUND, 13 * S - 1).1, None);
-        let (d, pass) = r.evaluate(&gate(), &NO_OUTBOUND, 13 * S);
+        assert_eq!(r.evaluate(&gate(), &IDLE, 10 * S).1, None);
+        assert_eq!(r.evaluate(&gate(), &IDLE, 13 * S - 1).1, None);
+        let (d, pass) = r.evaluate(&gate(), &IDLE, 13 * S);
         assert_eq!(pass, Some(GatePass::Quiet));
         assert_eq!(
             (d.phase, d.forced, d.drained_at_us),
@@ -432,69 +373,33 @@ mod tests {
 
     #[test]
     fn gate_waits_for_the_quiet_window_after_the_last_start() {
-        // A request started at 2.8 s and ended: quiet from 3.3 s.
-        let (r, _) = closing_at(0).admit(2_800 * MS, true);
-        let r = r.finish();
-        assert_eq!(r.evaluate(&gate(), &NO_OUTBOUND, 3 * S).1, None);
-        assert_eq!(r.evaluate(&gate(), &NO_OUTBOUND, 3_300 * MS - 1).1, None);
-        assert_eq!(
-            r.evaluate(&gate(), &NO_OUTBOUND, 3_300 * MS).1,
-            Some(GatePass::Quiet)
-        );
-    }
-
-    #[test]
-    fn late_request_slides_the_quiet_window() {
-        let (r, _) = closing_at(0).admit(3_200 * MS, true);
-        let r = r.finish();
-        assert_eq!(r.evaluate(&gate(), &NO_OUTBOUND, 3_600 * MS).1, None);
-        assert_eq!(
-            r.evaluate(&gate(), &NO_OUTBOUND, 3_700 * MS).1,
-            Some(GatePass::Quiet)
-        );
-    }
-
-    #[test]
-    fn gate_holds_while_inbound_requests_are_in_flight() {
-        let (r, _) = closing_at(0).admit(100 * MS, true);
-        assert_eq!(r.evaluate(&gate(), &NO_OUTBOUND, 5 * S).1, None);
-        assert_eq!(
-            r.finish().evaluate(&gate(), &NO_OUTBOUND, 5 * S).1,
-            Some(GatePass::Quiet)
-        );
-    }
-
-    #[test]
-    fn gate_holds_while_outbound_requests_are_in_flight() {
         let r = closing_at(0);
-        let busy = Traffic {
-            inflight: 1,
-            last_start_us: 100 * MS,
-        };
-        assert_eq!(r.evaluate(&gate(), &busy, 5 * S).1, None);
-        let recent = Traffic {
-            inflight: 0,
-            last_start_us: 4_800 * MS,
-        };
+        let seen = idle_since(2_800 * MS);
+        assert_eq!(r.evaluate(&gate(), &seen, 3 * S).1, None);
+        assert_eq!(r.evaluate(&gate(), &seen, 3_300 * MS - 1).1, None);
         assert_eq!(
-            r.evaluate(&gate(), &recent, 5 * S).1,
-            None,
-            "outbound starts count for the window"
+            r.evaluate(&gate(), &seen, 3_300 * MS).1,
+            Some(GatePass::Quiet)
         );
+    }
+
+    #[test]
+    fn gate_holds_while_requests_are_in_flight() {
+        let r = closing_at(0);
+        assert_eq!(r.evaluate(&gate(), &busy(), 5 * S).1, None);
         assert_eq!(
-            r.evaluate(&gate(), &recent, 5_300 * MS).1,
+            r.evaluate(&gate(), &idle_since(100 * MS), 5 * S).1,
             Some(GatePass::Quiet)
         );
     }
 
     #[test]
     fn step_timeout_forces_the_gate() {
-        let (r, _) = closing_at(0).admit(S, true); // never finishes
-        assert_eq!(r.evaluate(&gate(), &NO_OUTBOUND, 6 * S - 1).1, None);
-        let (d, pass) = r.evaluate(&gate(), &NO_OUTBOUND, 6 * S);
+        let r = closing_at(0);
+        assert_eq!(r.evaluate(&gate(), &busy(), 6 * S - 1).1, None);
+        let (d, pass) = r.evaluate(&gate(), &busy(), 6 * S);
         assert_eq!(pass, Some(GatePass::StepTimeout));
         assert!(d.forced);
-        assert_eq!(d.inbound.inflight, 1, "the count is kept for the status");
     }
 
     #[test]
@@ -503,9 +408,9 @@ mod tests {
             timeout: Duration::from_secs(4),
             ..gate()
         };
-        let (r, _) = closing_at(0).admit(S, true);
-        assert_eq!(r.evaluate(&gate, &NO_OUTBOUND, 4 * S - 1).1, None);
-        let (d, pass) = r.evaluate(&gate, &NO_OUTBOUND, 4 * S);
+        let r = closing_at(0);
+        assert_eq!(r.evaluate(&gate, &busy(), 4 * S - 1).1, None);
+        let (d, pass) = r.evaluate(&gate, &busy(), 4 * S);
         assert_eq!(pass, Some(GatePass::Timeout));
         assert!(d.forced);
     }
@@ -517,8 +422,9 @@ mod tests {
             ..gate()
         };
         assert_eq!(
-            closing_at(0).evaluate(&gate, &NO_OUTBOUND, 3 * S).1,
-            Some(GatePass::Quiet)
+            closing_at(0).evaluate(&gate, &IDLE, 3 * S).1,
+            Some(GatePass::Quiet),
+            "quiet wins over a timeout that runs out at the same moment"
         );
     }
 
@@ -531,12 +437,11 @@ mod tests {
             timeout: Duration::ZERO,
         };
         assert_eq!(
-            closing_at(7).evaluate(&zero, &NO_OUTBOUND, 7).1,
+            closing_at(7).evaluate(&zero, &IDLE, 7).1,
             Some(GatePass::Quiet)
         );
-        let (busy, _) = closing_at(7).admit(7, true);
         assert_eq!(
-            busy.evaluate(&zero, &NO_OUTBOUND, 7).1,
+            closing_at(7).evaluate(&zero, &busy(), 7).1,
             Some(GatePass::Timeout)
         );
     }
@@ -544,7 +449,7 @@ mod tests {
     #[test]
     fn clock_going_backwards_does_not_pass_the_gate() {
         let r = closing_at(10 * S);
-        assert_eq!(r.evaluate(&gate(), &NO_OUTBOUND, 9 * S).1, None);
+        assert_eq!(r.evaluate(&gate(), &IDLE, 9 * S).1, None);
     }
 
     #[test]
@@ -555,13 +460,18 @@ mod tests {
                 forced: phase == Phase::Drained,
                 closing_since_us: 1,
                 drained_at_us: u64::MAX,
-                inbound: Traffic {
-                    inflight: 3,
-                    last_start_us: 4,
-                },
             };
             assert_eq!(InstanceRecord::decode(&r.encode()), Some(r));
         }
+    }
+
+    #[test]
+    fn a_record_with_the_old_counters_still_decodes() {
+        let mut old = closing_at(5).encode();
+        old[24..32].copy_from_slice(&3u64.to_le_bytes());
+        old[32..40].copy_from_slice(&4u64.to_le_bytes());
+        assert_eq!(InstanceRecord::decode(&old), Some(closing_at(5)));
+        assert_eq!(closing_at(5).encode()[24..], [0; 16], "written as zero");
     }
 
     #[test]
@@ -587,8 +497,10 @@ mod tests {
     fn store_ops_follow_the_table() {
         let store = MemStore::new();
         ensure(&store).unwrap();
-        let (a, r) = admit(&store, S, true).unwrap();
-        assert_eq!((a, r.inbound.inflight), (Admission::Admitted, 1));
+        assert!(
+            !pass(&store, GatePass::Quiet, S).unwrap().1,
+            "no pass while serving"
+        );
         let (r, started) = start_closing(&store, 2 * S).unwrap();
         assert!(started);
         assert_eq!(r.phase, Phase::Closing);
@@ -596,30 +508,24 @@ mod tests {
             !start_closing(&store, 3 * S).unwrap().1,
             "second call does not start it again"
         );
+        let (r, mine) = pass(&store, GatePass::StepTimeout, 6 * S).unwrap();
+        assert!(mine);
         assert_eq!(
-            advance(&store, &gate(), &NO_OUTBOUND, 6 * S).unwrap().1,
-            None,
-            "one in flight"
+            (r.phase, r.forced, r.drained_at_us),
+            (Phase::Drained, true, 6 * S)
         );
-        finish(&store).unwrap();
-        let (r, pass) = advance(&store, &gate(), &NO_OUTBOUND, 6 * S).unwrap();
-        assert_eq!((r.phase, pass), (Phase::Drained, Some(GatePass::Quiet)));
         assert_eq!(read(&store).unwrap(), r);
-        assert_eq!(admit(&store, 7 * S, true).unwrap().0, Admission::Rejected);
-        assert_eq!(
-            read(&store).unwrap().inbound.inflight,
-            0,
-            "a rejected request is not counted"
-        );
+        assert!(!pass(&store, GatePass::Quiet, 7 * S).unwrap().1, "once");
+        assert_eq!(read(&store).unwrap(), r, "the first pass stays");
     }
 
     #[test]
     fn ensure_does_not_reset_a_live_record() {
         let store = MemStore::new();
         ensure(&store).unwrap();
-        admit(&store, 1, true).unwrap();
+        start_closing(&store, 1).unwrap();
         ensure(&store).unwrap();
-        assert_eq!(read(&store).unwrap().inbound.inflight, 1);
+        assert_eq!(read(&store).unwrap().phase, Phase::Closing);
     }
 
     /// Two workers: when worker A reads the record, worker B gets a whole
@@ -642,78 +548,26 @@ mod tests {
         }
     }
 
-    fn interleaved<'a>(other_worker: impl FnOnce(&MemStore) + 'a) -> Interleaved<'a> {
-        let store = MemStore::new();
-        ensure(&store).unwrap();
-        Interleaved {
-            store,
-            on_first_get: Cell::new(Some(Box::new(other_worker))),
-        }
-    }
-
-    #[test]
-    fn cas_race_between_two_workers_loses_no_count() {
-        let racing = interleaved(|store| {
-            admit(store, 2, true).unwrap();
-        });
-        admit(&racing, 1, true).unwrap();
-        let r = read(&racing.store).unwrap();
-        assert_eq!(r.inbound.inflight, 2, "both admissions counted");
-        assert_eq!(r.inbound.last_start_us, 2);
-    }
-
-    #[test]
-    fn cas_race_between_finish_and_admit_stays_exact() {
-        let store = MemStore::new();
-        ensure(&store).unwrap();
-        admit(&store, 1, true).unwrap();
-        let racing = Interleaved {
-            store,
-            on_first_get: Cell::new(Some(Box::new(|s: &MemStore| {
-                admit(s, 2, true).unwrap();
-            }))),
-        };
-        finish(&racing).unwrap();
-        assert_eq!(read(&racing.store).unwrap().inbound.inflight, 1);
-    }
-
     #[test]
     fn gate_pass_is_reported_to_exactly_one_of_two_racing_tickers() {
         let store = MemStore::new();
         ensure(&store).unwrap();
         start_closing(&store, 0).unwrap();
-        let other_pass = Cell::new(None);
+        let other = Cell::new(None);
         let racing = Interleaved {
             store,
             on_first_get: Cell::new(Some(Box::new(|s: &MemStore| {
-                other_pass.set(advance(s, &gate(), &NO_OUTBOUND, 4 * S).unwrap().1);
+                other.set(Some(pass(s, GatePass::Quiet, 4 * S).unwrap().1));
             }))),
         };
-        let (r, mine) = advance(&racing, &gate(), &NO_OUTBOUND, 4 * S).unwrap();
+        let (r, mine) = pass(&racing, GatePass::Timeout, 5 * S).unwrap();
         assert_eq!(r.phase, Phase::Drained);
         assert_eq!(
-            other_pass.get(),
-            Some(GatePass::Quiet),
+            other.get(),
+            Some(true),
             "the worker that wrote first reports it"
         );
-        assert_eq!(mine, None, "the loser re-reads and sees it drained");
-    }
-
-    #[test]
-    fn admission_racing_the_gate_is_either_counted_before_or_rejected_after() {
-        // A request admitted between the ticker's read and write makes the
-        // ticker's CAS fail; on re-read it is not quiet, so no pass.
-        let store = MemStore::new();
-        ensure(&store).unwrap();
-        start_closing(&store, 0).unwrap();
-        let racing = Interleaved {
-            store,
-            on_first_get: Cell::new(Some(Box::new(|s: &MemStore| {
-                assert_eq!(admit(s, 4 * S, true).unwrap().0, Admission::Admitted);
-            }))),
-        };
-        let (r, pass) = advance(&racing, &gate(), &NO_OUTBOUND, 4 * S).unwrap();
-        assert_eq!(pass, None);
-        assert_eq!((r.phase, r.inbound.inflight), (Phase::Closing, 1));
+        assert!(!mine, "the loser re-reads and sees it drained");
+        assert!(!r.forced, "the first pass's reason stays");
     }
 }

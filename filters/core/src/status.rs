@@ -3,8 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::gate::Traffic;
 use crate::record::{InstanceRecord, Phase};
-use crate::traffic::Traffic;
 
 /// Field names and meanings are fixed by the public contract.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -25,20 +25,25 @@ pub struct Status {
 }
 
 impl Status {
-    pub fn new(record: &InstanceRecord, outbound: &Traffic, now_us: u64) -> Status {
-        let latest = Traffic {
-            inflight: 0,
-            last_start_us: record.inbound.last_start_us.max(outbound.last_start_us),
-        };
+    /// `last_start_us`: the latest request start as the answering copy
+    /// knows it (0 = none), see [`crate::gate::StartWatch`].
+    pub fn new(
+        record: &InstanceRecord,
+        traffic: &Traffic,
+        last_start_us: u64,
+        now_us: u64,
+    ) -> Status {
+        let (inbound, outbound) = traffic.inflight();
         Status {
             phase: record.phase.name().to_string(),
             closing_for_ms: record
                 .phase
                 .is_closing()
                 .then(|| now_us.saturating_sub(record.closing_since_us) / 1000),
-            inflight_inbound: record.inbound.inflight,
-            inflight_outbound: outbound.inflight,
-            last_request_ms_ago: latest.idle_us(now_us).map(|us| us / 1000),
+            inflight_inbound: inbound,
+            inflight_outbound: outbound,
+            last_request_ms_ago: (last_start_us != 0)
+                .then(|| now_us.saturating_sub(last_start_us) / 1000),
             drained: record.phase == Phase::Drained,
             forced: record.forced,
         }
@@ -57,7 +62,12 @@ mod tests {
 
     #[test]
     fn serving_status_has_nulls_for_what_has_not_happened() {
-        let s = Status::new(&InstanceRecord::default(), &Traffic::default(), 5_000_000);
+        let s = Status::new(
+            &InstanceRecord::default(),
+            &Traffic::default(),
+            0,
+            5_000_000,
+        );
         assert_eq!(
             s.to_json(),
             r#"{"phase":"serving","closing_for_ms":null,"inflight_inbound":0,"inflight_outbound":0,"last_request_ms_ago":null,"drained":false,"forced":false}"#
@@ -71,23 +81,20 @@ mod tests {
             forced: true,
             closing_since_us: 1_000_000,
             drained_at_us: 4_000_000,
-            inbound: Traffic {
-                inflight: 2,
-                last_start_us: 3_000_000,
-            },
         };
-        let outbound = Traffic {
-            inflight: 1,
-            last_start_us: 3_500_000,
+        let traffic = Traffic {
+            inflight_inbound: Some(2),
+            inflight_outbound: Some(1),
+            started: Some(9),
         };
-        let s = Status::new(&record, &outbound, 5_000_000);
+        let s = Status::new(&record, &traffic, 3_500_000, 5_000_000);
         assert_eq!(s.phase, "drained");
         assert_eq!(s.closing_for_ms, Some(4_000));
         assert_eq!((s.inflight_inbound, s.inflight_outbound), (2, 1));
         assert_eq!(
             s.last_request_ms_ago,
             Some(1_500),
-            "the latest of inbound and outbound"
+            "from the latest start the copy saw"
         );
         assert!(s.drained && s.forced);
     }
@@ -99,7 +106,7 @@ mod tests {
             closing_since_us: 1,
             ..Default::default()
         };
-        let s = Status::new(&record, &Traffic::default(), 2_000_001);
+        let s = Status::new(&record, &Traffic::default(), 0, 2_000_001);
         let back: Status = serde_json::from_str(&s.to_json()).unwrap();
         assert_eq!(back, s);
     }

@@ -63,17 +63,13 @@ fn any_record() -> impl Strategy<Value = InstanceRecord> {
     (
         prop::sample::select(vec![Phase::Serving, Phase::Closing, Phase::Drained]),
         any::<bool>(),
-        any::<[u64; 4]>(),
+        any::<[u64; 2]>(),
     )
-        .prop_map(|(phase, forced, [c, d, i, l])| InstanceRecord {
+        .prop_map(|(phase, forced, [c, d])| InstanceRecord {
             phase,
             forced,
             closing_since_us: c,
             drained_at_us: d,
-            inbound: Traffic {
-                inflight: i,
-                last_start_us: l,
-            },
         })
 }
 

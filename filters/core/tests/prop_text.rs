@@ -13,10 +13,10 @@ use std::time::Duration;
 use graceful_core::config::Paths;
 use graceful_core::duration::{format_duration, parse_duration, MAX_DURATION};
 use graceful_core::endpoints::{route, Endpoint, Route, MAX_WAIT};
+use graceful_core::gate::Traffic;
 use graceful_core::net::{trusted_peer_ip, Cidr};
 use graceful_core::record::{InstanceRecord, Phase};
 use graceful_core::status::Status;
-use graceful_core::traffic::Traffic;
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 
@@ -160,21 +160,13 @@ fn any_record() -> impl Strategy<Value = InstanceRecord> {
         any::<bool>(),
         any::<u64>(),
         any::<u64>(),
-        any::<u64>(),
-        any::<u64>(),
     )
         .prop_map(
-            |(phase, forced, closing_since_us, drained_at_us, inflight, last_start_us)| {
-                InstanceRecord {
-                    phase,
-                    forced,
-                    closing_since_us,
-                    drained_at_us,
-                    inbound: Traffic {
-                        inflight,
-                        last_start_us,
-                    },
-                }
+            |(phase, forced, closing_since_us, drained_at_us)| InstanceRecord {
+                phase,
+                forced,
+                closing_since_us,
+                drained_at_us,
             },
         )
 }
@@ -487,16 +479,16 @@ proptest! {
     #[test]
     fn status_of_any_record_is_consistent_and_round_trips(
         record in any_record(),
-        outbound in (any::<u64>(), any::<u64>()).prop_map(|(inflight, last_start_us)| Traffic { inflight, last_start_us }),
+        traffic in (any::<Option<u64>>(), any::<Option<u64>>(), any::<Option<u64>>()).prop_map(|(i, o, s)| Traffic { inflight_inbound: i, inflight_outbound: o, started: s }),
+        latest in any::<u64>(),
         now_us in any::<u64>(),
     ) {
-        let s = Status::new(&record, &outbound, now_us);
+        let s = Status::new(&record, &traffic, latest, now_us);
         prop_assert_eq!(s.phase.as_str(), record.phase.name());
         prop_assert_eq!(s.drained, record.phase == Phase::Drained);
         prop_assert_eq!(s.forced, record.forced);
         prop_assert_eq!(s.closing_for_ms.is_some(), record.phase != Phase::Serving);
-        prop_assert_eq!((s.inflight_inbound, s.inflight_outbound), (record.inbound.inflight, outbound.inflight));
-        let latest = record.inbound.last_start_us.max(outbound.last_start_us);
+        prop_assert_eq!((s.inflight_inbound, s.inflight_outbound), (traffic.inflight_inbound.unwrap_or(0), traffic.inflight_outbound.unwrap_or(0)));
         prop_assert_eq!(s.last_request_ms_ago.is_some(), latest != 0);
         let back: Status = serde_json::from_str(&s.to_json()).unwrap();
         prop_assert_eq!(back, s);

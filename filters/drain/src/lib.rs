@@ -1,9 +1,10 @@
 //! `graceful_drain`: the control surface. Starts closing (`POST` from an
 //! allowed source, or Envoy's own `/healthcheck/fail` seen through the admin
 //! cluster), answers readiness, status and gRPC health, and evaluates the
-//! drain gate on every tick of every VM copy. The gate's pass is written to
-//! the shared instance record with CAS, so exactly one copy sees it happen
-//! and counts it, however many tick at once.
+//! drain gate on every tick of every VM copy. A pass puts up the gate stat
+//! the provider reads on every request ([`graceful_core::gate`]: safe
+//! without CAS), then is written to the shared instance record with CAS, so
+//! exactly one copy reports it and counts it, however many tick at once.
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -11,6 +12,7 @@ use std::time::Duration;
 
 use graceful_core::config::DrainConfig;
 use graceful_core::endpoints::{is_endpoint_path, route, Endpoint, Reply, Route, Waiters};
+use graceful_core::gate::{GateHold, StartWatch, Stat, Stats, Traffic};
 use graceful_core::headers::{
     ADDRESS as ADDRESS_HEADER, ADMIN_AUTHORITY, AUTHORITY, CONTENT_TYPE, FORWARDED_FOR, METHOD,
     PATH, STATUS,
@@ -18,11 +20,10 @@ use graceful_core::headers::{
 use graceful_core::instance;
 use graceful_core::keys::{self, Owner};
 use graceful_core::net::trusted_peer_ip;
-use graceful_core::record::{self, GatePass, InstanceRecord, Phase};
+use graceful_core::record::{self, GatePass, InstanceRecord, Phase, Seen};
 use graceful_core::status::Status;
 use graceful_core::store::{self, add_bounded, take_lease, SharedStore, UpdateError};
-use graceful_core::traffic::{self, Traffic};
-use graceful_guest::{header, now_us, property, send_reply, HostStore, Metric};
+use graceful_guest::{header, now_us, property, send_reply, GuestStats, HostStore, Metric};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MapType};
@@ -44,49 +45,118 @@ const ADMIN_POLL_TIMEOUT: Duration = Duration::from_secs(1);
 struct Shared {
     config: DrainConfig,
     phase: Metric,
-    /// graceful_provider's in-flight gauge, kept here from the record on
-    /// every tick: exact, and two hostcalls a request cheaper than the
-    /// provider moving it up and down.
-    provider_inflight: Metric,
+    /// The in-flight and started stats of both filters, and the gate.
+    stats: GuestStats,
+    /// When this copy last saw a request start.
+    starts: RefCell<StartWatch>,
+    /// This copy's own 1 in the gate stat.
+    hold: RefCell<GateHold>,
     forced: Metric,
     callback_failed: Metric,
     /// Long-polls held by this VM copy.
     waiters: RefCell<Waiters>,
 }
 
-impl Shared {
-    fn outbound(&self) -> Traffic {
-        traffic::read(&HostStore, keys::OUTBOUND.name).unwrap_or_default()
-    }
+/// What one evaluation saw: the record after it, the traffic, and the
+/// latest start this copy knows of.
+struct Evaluation {
+    rec: InstanceRecord,
+    traffic: Traffic,
+    last_start_us: u64,
+}
 
+impl Shared {
     /// Evaluates the gate now and reports a pass if this copy made it.
-    /// Returns the record and, for the caller that made the pass, why.
-    fn advance(&self, now: u64) -> Result<(InstanceRecord, Option<GatePass>), UpdateError> {
-        let (rec, pass) = record::advance(&HostStore, &self.config.gate, &self.outbound(), now)?;
-        self.phase.set(rec.phase.gauge());
-        self.provider_inflight.set(rec.inbound.inflight);
-        if let Some(why) = pass {
-            let closing_ms = now.saturating_sub(rec.closing_since_us) / 1000;
-            match why {
-                GatePass::Quiet => {
-                    log::info!("drain gate passed after {closing_ms} ms closing: quiet")
+    fn advance(&self, now: u64) -> Result<(Evaluation, Option<GatePass>), UpdateError> {
+        let rec = record::read(&HostStore).map_err(|e| match e {
+            graceful_core::store::StoreError::Host(code) => UpdateError::Host(code),
+            graceful_core::store::StoreError::CasMismatch => UpdateError::Contended,
+        })?;
+        let traffic = Traffic::read(&self.stats);
+        let last_start_us = self.starts.borrow_mut().observe(traffic.started, now);
+        let seen = Seen {
+            idle: traffic.idle(),
+            last_start_us,
+        };
+        let mut out = Evaluation {
+            rec,
+            traffic,
+            last_start_us,
+        };
+        self.raise_phase(rec.phase);
+        match rec.phase {
+            Phase::Serving => return Ok((out, None)),
+            // Drained: the gate stays up (put back if the stats were made
+            // again, e.g. after a listener came back).
+            Phase::Drained => {
+                if self.stats.get(Stat::Gate) == Some(0) {
+                    self.hold.borrow_mut().hold_again(&self.stats);
                 }
-                GatePass::StepTimeout | GatePass::Timeout => {
-                    self.forced.add(1);
-                    log::warn!(
-                        "drain gate forced after {closing_ms} ms closing by {}: {} inbound, {} outbound still in flight",
-                        if why == GatePass::Timeout { "timeout" } else { "step_timeout" },
-                        rec.inbound.inflight,
-                        self.outbound().inflight,
-                    );
-                }
+                return Ok((out, None));
+            }
+            Phase::Closing => {}
+        }
+        let Some(why) = rec.evaluate(&self.config.gate, &seen, now).1 else {
+            return Ok((out, None));
+        };
+        let up = match why {
+            GatePass::Quiet => self.hold.borrow_mut().try_pass(&self.stats, &traffic),
+            GatePass::StepTimeout | GatePass::Timeout => {
+                self.hold.borrow_mut().hold(&self.stats);
+                true
+            }
+        };
+        if !up {
+            // A request slipped in between the look and the gate: next tick.
+            return Ok((out, None));
+        }
+        let (rec, mine) = record::pass(&HostStore, why, now)?;
+        out.rec = rec;
+        self.raise_phase(rec.phase);
+        if !mine {
+            return Ok((out, None));
+        }
+        let closing_ms = now.saturating_sub(rec.closing_since_us) / 1000;
+        match why {
+            GatePass::Quiet => {
+                log::info!("drain gate passed after {closing_ms} ms closing: quiet")
+            }
+            GatePass::StepTimeout | GatePass::Timeout => {
+                self.forced.add(1);
+                let (inbound, outbound) = traffic.inflight();
+                log::warn!(
+                    "drain gate forced after {closing_ms} ms closing by {}: {inbound} inbound, {outbound} outbound still in flight",
+                    if why == GatePass::Timeout { "timeout" } else { "step_timeout" },
+                );
             }
         }
-        Ok((rec, pass))
+        Ok((out, Some(why)))
     }
 
-    fn status(&self, rec: &InstanceRecord, now: u64) -> Status {
-        Status::new(rec, &self.outbound(), now)
+    /// Sets `graceful_drain_phase` (which graceful_provider reads on every
+    /// response) if `phase` is further along. The phase only moves forward,
+    /// so a copy that read the record before another moved it cannot set it
+    /// back, except by a read-then-write race, which the next tick heals.
+    fn raise_phase(&self, phase: Phase) {
+        if self.phase.get().is_none_or(|p| p < phase.gauge()) {
+            self.phase.set(phase.gauge());
+        }
+    }
+
+    fn status(&self, e: &Evaluation, now: u64) -> Status {
+        Status::new(&e.rec, &e.traffic, e.last_start_us, now)
+    }
+
+    /// The record with the traffic as this copy sees it now (no gate
+    /// evaluation), for answers made outside [`Shared::advance`].
+    fn look(&self, rec: InstanceRecord, now: u64) -> Evaluation {
+        let traffic = Traffic::read(&self.stats);
+        let last_start_us = self.starts.borrow_mut().observe(traffic.started, now);
+        Evaluation {
+            rec,
+            traffic,
+            last_start_us,
+        }
     }
 }
 
@@ -157,7 +227,7 @@ impl Context for DrainRoot {
             if status.as_deref() == Some(b"503") && body.starts_with(b"DRAINING") {
                 match record::start_closing(&HostStore, now_us()) {
                     Ok((_, true)) => {
-                        shared.phase.set(Phase::Closing.gauge());
+                        shared.raise_phase(Phase::Closing);
                         log::info!(
                             "closing started: Envoy admin /ready says DRAINING (/healthcheck/fail)"
                         );
@@ -261,7 +331,15 @@ impl RootContext for DrainRoot {
         self.shared = Some(Rc::new(Shared {
             config,
             phase: Metric::gauge("graceful_drain_phase"),
-            provider_inflight: Metric::gauge("graceful_provider_inflight"),
+            stats: GuestStats::define(&[
+                Stat::Inflight,
+                Stat::Started,
+                Stat::Gate,
+                Stat::OutboundInflight,
+                Stat::OutboundStarted,
+            ]),
+            starts: RefCell::new(StartWatch::default()),
+            hold: RefCell::new(GateHold::default()),
             forced: Metric::counter("graceful_drain_forced"),
             callback_failed: Metric::counter("graceful_drain_callback_failed"),
             waiters: RefCell::new(Waiters::default()),
@@ -275,13 +353,13 @@ impl RootContext for DrainRoot {
             return;
         };
         let now = now_us();
-        let rec = match shared.advance(now) {
-            Ok((rec, pass)) => {
+        let eval = match shared.advance(now) {
+            Ok((eval, pass)) => {
                 if pass.is_some() {
-                    let body = shared.status(&rec, now).to_json();
+                    let body = shared.status(&eval, now).to_json();
                     self.call_on_drained(&shared, &body);
                 }
-                rec
+                eval
             }
             Err(e) => {
                 log::warn!("drain gate not evaluated this tick: {e:?}");
@@ -291,9 +369,9 @@ impl RootContext for DrainRoot {
         let due = shared
             .waiters
             .borrow_mut()
-            .take_due(rec.phase == Phase::Drained, now);
+            .take_due(eval.rec.phase == Phase::Drained, now);
         if !due.is_empty() {
-            let reply = Reply::drained(&shared.status(&rec, now));
+            let reply = Reply::drained(&shared.status(&eval, now));
             for context_id in due {
                 let _ = add_bounded(&HostStore, keys::WAITERS.name, -1, u64::MAX);
                 // The stream may have gone meanwhile: then the host refuses
@@ -303,7 +381,7 @@ impl RootContext for DrainRoot {
                 }
             }
         }
-        if rec.phase == Phase::Serving {
+        if eval.rec.phase == Phase::Serving {
             self.poll_admin(&shared, now);
         }
     }
@@ -335,12 +413,12 @@ impl DrainStream {
                 Err(e) => Reply::unavailable(&format!("{e:?}")),
             },
             Endpoint::Status => match shared.advance(now) {
-                Ok((rec, _)) => Reply::status(&shared.status(&rec, now)),
+                Ok((eval, _)) => Reply::status(&shared.status(&eval, now)),
                 Err(e) => Reply::unavailable(&format!("{e:?}")),
             },
             Endpoint::Drained { wait } => match shared.advance(now) {
-                Ok((rec, _)) if rec.phase == Phase::Drained || wait.is_none() => {
-                    Reply::drained(&shared.status(&rec, now))
+                Ok((eval, _)) if eval.rec.phase == Phase::Drained || wait.is_none() => {
+                    Reply::drained(&shared.status(&eval, now))
                 }
                 Ok(_) => match self.hold(shared, now, wait.unwrap_or_default()) {
                     Some(reply) => reply,
@@ -377,13 +455,13 @@ impl DrainStream {
         match record::start_closing(&HostStore, now) {
             Ok((rec, started)) => {
                 if started {
-                    shared.phase.set(Phase::Closing.gauge());
+                    shared.raise_phase(Phase::Closing);
                     log::info!(
                         "closing started by POST from {}",
                         ip.map_or(String::new(), |ip| ip.to_string())
                     );
                 }
-                Reply::closing(&shared.status(&rec, now))
+                Reply::closing(&shared.status(&shared.look(rec, now), now))
             }
             Err(e) => Reply::unavailable(&format!("{e:?}")),
         }

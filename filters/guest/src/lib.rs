@@ -154,3 +154,50 @@ pub fn set_tick_period(period: Duration) {
         log::error!("cannot set tick period: {status:?}");
     }
 }
+
+/// [`graceful_core::gate::Stats`] over Envoy stats: the metrics a filter
+/// defines at configure time (a stat it did not define reads as unknown).
+#[derive(Default)]
+pub struct GuestStats {
+    defined: Vec<(graceful_core::gate::Stat, Metric)>,
+}
+
+impl GuestStats {
+    /// Defines `stats` (gauges, except the `*_started` counters).
+    pub fn define(stats: &[graceful_core::gate::Stat]) -> GuestStats {
+        use graceful_core::gate::Stat;
+        GuestStats {
+            defined: stats
+                .iter()
+                .map(|&s| {
+                    let metric = match s {
+                        Stat::Started | Stat::OutboundStarted => Metric::counter(s.name()),
+                        Stat::Inflight | Stat::Gate | Stat::OutboundInflight => {
+                            Metric::gauge(s.name())
+                        }
+                    };
+                    (s, metric)
+                })
+                .collect(),
+        }
+    }
+
+    pub fn metric(&self, stat: graceful_core::gate::Stat) -> Option<Metric> {
+        self.defined
+            .iter()
+            .find(|(s, _)| *s == stat)
+            .map(|(_, m)| *m)
+    }
+}
+
+impl graceful_core::gate::Stats for GuestStats {
+    fn add(&self, stat: graceful_core::gate::Stat, delta: i64) {
+        if let Some(m) = self.metric(stat) {
+            m.add(delta);
+        }
+    }
+
+    fn get(&self, stat: graceful_core::gate::Stat) -> Option<u64> {
+        self.metric(stat)?.get()
+    }
+}

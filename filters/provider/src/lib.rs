@@ -1,20 +1,27 @@
 //! `graceful_provider`: the provider's inbound sidecar filter.
 //!
-//! Per stream: admit (count in the shared instance record, or reject with a
-//! local 503 once the drain gate has passed), mark the response while the
-//! instance is closing (headers, and gRPC trailers), and count the stream
-//! out exactly once in `on_log`, which Envoy 1.40 calls for every stream
-//! that reached the filter, client aborts and local replies included.
+//! Per stream: admit (count in the in-flight gauge, or reject with a local
+//! 503 once the drain gate has passed: [`graceful_core::gate`]), mark the
+//! response while the instance is closing (headers, and gRPC trailers), and
+//! count the stream out exactly once in `on_log`, which Envoy 1.40 calls for
+//! every stream that reached the filter, client aborts and local replies
+//! included.
+//!
+//! An ordinary request costs the cheapest hostcalls only: gauge +1, one
+//! gauge read (the gate), counter +1; on the response the instance header
+//! and one gauge read (the phase), one more at the end of the body; gauge −1
+//! at the end. No shared data, no clock; the content type is read only
+//! while closing.
 
 use std::rc::Rc;
 
 use graceful_core::config::ProviderConfig;
+use graceful_core::gate::{self, Admission, Stat};
 use graceful_core::headers::{CONTENT_TYPE, IMMEDIATE_HC_FAIL};
 use graceful_core::instance;
 use graceful_core::keys::{self, Owner};
-use graceful_core::record::{self, Admission};
 use graceful_core::store::{self, SharedStore};
-use graceful_guest::{header, now_us, replace_header, send_reply, HostStore, Metric};
+use graceful_guest::{header, now_us, replace_header, send_reply, GuestStats, HostStore, Metric};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MapType};
 
@@ -26,8 +33,20 @@ proxy_wasm::main! {{
 struct Shared {
     config: ProviderConfig,
     instance_id: String,
+    /// In flight, started, and the drain gate.
+    stats: GuestStats,
+    /// `graceful_drain_phase`, kept by graceful_drain: > 0 once closing.
+    phase: Metric,
     closing_marked: Metric,
     rejected: Metric,
+}
+
+impl Shared {
+    /// Unreadable reads as serving: an unmarked response is harmless, a
+    /// false mark would evict a healthy instance.
+    fn is_closing(&self) -> bool {
+        self.phase.get().is_some_and(|p| p > 0)
+    }
 }
 
 struct ProviderRoot {
@@ -76,12 +95,24 @@ impl RootContext for ProviderRoot {
                 0,
             );
         }
-        // The in-flight gauge is defined here but kept by graceful_drain,
-        // which sets it from the shared record on every tick.
-        let _ = Metric::gauge("graceful_provider_inflight");
+        let stats = GuestStats::define(&[Stat::Inflight, Stat::Started, Stat::Gate]);
+        // A stat Envoy's stats_matcher rejects counts nothing: the gate
+        // would pass with requests in flight. Refuse rather than pretend.
+        if !stats
+            .metric(Stat::Inflight)
+            .is_some_and(|m| m.gauge_is_kept())
+        {
+            log::error!(
+                "graceful_provider: Envoy does not keep the stat {} (reads 0 after +1): its stats_matcher must keep the wasmcustom.graceful_ stats",
+                Stat::Inflight.name()
+            );
+            return false;
+        }
         self.shared = Some(Rc::new(Shared {
             config,
             instance_id,
+            stats,
+            phase: Metric::gauge("graceful_drain_phase"),
             closing_marked: Metric::counter("graceful_provider_closing_marked"),
             rejected: Metric::counter("graceful_provider_rejected"),
         }));
@@ -95,6 +126,7 @@ impl RootContext for ProviderRoot {
             shared: self.shared.clone(),
             counted: false,
             grpc: false,
+            trailers_done: false,
             marked: false,
         }))
     }
@@ -108,16 +140,12 @@ struct ProviderStream {
     shared: Option<Rc<Shared>>,
     /// This stream is in the in-flight count and must leave it in `on_log`.
     counted: bool,
-    /// The response is gRPC with a body: trailers will carry the mark.
+    /// The response is gRPC (known only if its headers came while closing).
     grpc: bool,
+    /// The trailers were marked, or there are none to come.
+    trailers_done: bool,
     /// The closing mark was set on this response (counted once).
     marked: bool,
-}
-
-fn is_closing() -> bool {
-    // Unreadable shared data reads as serving: an unmarked response is
-    // harmless, a false mark would evict a healthy instance.
-    record::read(&HostStore).is_ok_and(|r| r.phase.is_closing())
 }
 
 impl ProviderStream {
@@ -128,19 +156,25 @@ impl ProviderStream {
         }
     }
 
-    /// Marks the trailers of a gRPC response if the instance is closing now.
-    /// Called from the trailers callback, or from the body callback at end
-    /// of stream when the upstream sent no trailers: Envoy creates the
-    /// trailer map there and only there (observed on Envoy 1.40; elsewhere
-    /// adding a trailer fails with BadArgument).
-    fn mark_trailers(&mut self) {
+    /// Marks the trailers of a response if the instance is closing now:
+    /// from the trailers callback (any response with trailers: gRPC, or
+    /// HTTP with chunked trailers, where the mark is as harmless as in
+    /// headers), or from the body callback at end of stream when a gRPC
+    /// upstream sent no trailers: Envoy creates the trailer map there and
+    /// only there (observed on Envoy 1.40; elsewhere adding a trailer fails
+    /// with BadArgument). Only a response whose headers were seen while
+    /// closing is known to be gRPC there: the header map is not readable
+    /// from the body callback, and reading the content type of every
+    /// response while serving would cost every request a data-returning
+    /// hostcall.
+    fn mark_trailers(&mut self, from_body: bool) {
         let Some(shared) = self.shared.clone() else {
             return;
         };
-        if !self.grpc || !is_closing() {
+        if self.trailers_done || (from_body && !self.grpc) || !shared.is_closing() {
             return;
         }
-        self.grpc = false;
+        self.trailers_done = true;
         if replace_header(
             MapType::HttpResponseTrailers,
             &shared.config.closing_header,
@@ -158,12 +192,12 @@ impl HttpContext for ProviderStream {
         let Some(shared) = self.shared.clone() else {
             return Action::Continue;
         };
-        match record::admit(&HostStore, now_us(), shared.config.reject_when_drained) {
-            Ok((Admission::Admitted, _)) => {
+        match gate::admit(&shared.stats, shared.config.reject_when_drained) {
+            Admission::Admitted => {
                 self.counted = true;
                 Action::Continue
             }
-            Ok((Admission::Rejected, _)) => {
+            Admission::Rejected => {
                 shared.rejected.add(1);
                 let mut headers = vec![(shared.config.closing_header.as_str(), "true")];
                 if shared.config.immediate_health_check_fail {
@@ -178,12 +212,6 @@ impl HttpContext for ProviderStream {
                     Action::Continue
                 }
             }
-            Err(e) => {
-                // Fail open: serving the request uncounted beats a 503 over
-                // contention on shared data.
-                log::warn!("graceful_provider: request not counted: {e:?}");
-                Action::Continue
-            }
         }
     }
 
@@ -195,7 +223,7 @@ impl HttpContext for ProviderStream {
         if let Some(h) = &cfg.instance_header {
             replace_header(MapType::HttpResponseHeaders, h, &shared.instance_id);
         }
-        if is_closing() {
+        if shared.is_closing() {
             let mut ok = replace_header(MapType::HttpResponseHeaders, &cfg.closing_header, "true");
             if cfg.immediate_health_check_fail {
                 ok &= replace_header(MapType::HttpResponseHeaders, IMMEDIATE_HC_FAIL, "true");
@@ -203,34 +231,38 @@ impl HttpContext for ProviderStream {
             if ok {
                 self.note_marked(&shared);
             }
+            if !end_of_stream {
+                // A gRPC response with a body ends in trailers, or in a body
+                // at end of stream, where the host lets us create them.
+                self.grpc = header(MapType::HttpResponseHeaders, CONTENT_TYPE)
+                    .is_some_and(|ct| ct.starts_with(b"application/grpc"));
+            }
         }
-        if !end_of_stream {
-            // A gRPC response with a body ends in trailers (or in a body at
-            // end of stream, where the host lets us create them).
-            self.grpc = header(MapType::HttpResponseHeaders, CONTENT_TYPE)
-                .is_some_and(|ct| ct.starts_with(b"application/grpc"));
+        if end_of_stream {
+            // Headers only (a trailers-only gRPC answer included): marked
+            // above if closing; there are no trailers to come.
+            self.trailers_done = true;
         }
         Action::Continue
     }
 
     fn on_http_response_body(&mut self, _size: usize, end_of_stream: bool) -> Action {
         if end_of_stream {
-            self.mark_trailers();
+            self.mark_trailers(true);
         }
         Action::Continue
     }
 
     fn on_http_response_trailers(&mut self, _trailers: usize) -> Action {
-        self.mark_trailers();
+        self.mark_trailers(false);
         Action::Continue
     }
 
     fn on_log(&mut self) {
-        if !std::mem::take(&mut self.counted) {
-            return;
-        }
-        if let Err(e) = record::finish(&HostStore) {
-            log::error!("graceful_provider: in-flight count not decremented: {e:?}");
+        if std::mem::take(&mut self.counted) {
+            if let Some(shared) = &self.shared {
+                gate::finish(&shared.stats);
+            }
         }
     }
 }
