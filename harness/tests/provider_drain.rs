@@ -512,3 +512,86 @@ async fn it_drains_through_the_kubernetes_prestop_hook_of_the_examples() {
     let st = status(&s).await;
     assert!(st.drained && !st.forced, "{st:?}");
 }
+
+/// The gate protocol on real Envoy: with no quiet window and no wait, every
+/// tick of both workers' drain copies whose look sees nothing in flight
+/// tries to pass while requests keep arriving on both workers. The pass
+/// must be unforced, every request admitted before it must have ended (the
+/// app's count no longer moves once the gate reads drained), and every
+/// later request gets the marked 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn it_never_admits_a_request_after_an_unforced_pass_under_racing_load() {
+    let config =
+        r#"{"consumer_update_wait":"0s","quiet_window":"0s","step_timeout":"30s","timeout":"60s"}"#;
+    let (s, upstream) = sidecar("gate-race", config, "{}").await;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let addr = s.inbound;
+    let workers: Vec<_> = (0..6)
+        .map(|_| {
+            let stop = stop.clone();
+            tokio::spawn(async move {
+                let mut conn = Conn::http1(addr).await.unwrap();
+                let mut seen = Vec::new();
+                while !stop.load(SeqCst) {
+                    let r = conn.get("/").await.unwrap();
+                    seen.push((Instant::now(), r.status, r.header(CLOSING)));
+                    if r.header("connection").as_deref() == Some("close") {
+                        conn = Conn::http1(addr).await.unwrap();
+                    }
+                    tokio::time::sleep(Duration::from_micros(300)).await;
+                }
+                seen
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let closing = client::post(s.inbound, "/graceful/closing").await.unwrap();
+    assert_eq!(closing.status, 202, "{}", closing.text());
+    let drained = client::get(s.inbound, "/graceful/drained?wait=30s")
+        .await
+        .unwrap();
+    let drained_seen = Instant::now();
+    assert_eq!(drained.status, 200, "{}", drained.text());
+    let st = status_of(&drained);
+    assert!(
+        !st.forced,
+        "the pass must be the protocol's, not a timeout: {st:?}"
+    );
+    let served_at_pass = upstream.requests.load(SeqCst);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.store(true, SeqCst);
+    let mut after = 0;
+    let mut rejected_before = 0;
+    let mut total = 0;
+    for w in workers {
+        for (at, status, closing) in w.await.unwrap() {
+            total += 1;
+            assert!(
+                status == 200 || (status == 503 && closing.as_deref() == Some("true")),
+                "status {status} closing {closing:?}"
+            );
+            if at > drained_seen {
+                after += 1;
+                assert_eq!(status, 503, "served after the gate passed");
+            } else if status == 503 {
+                rejected_before += 1;
+            }
+        }
+    }
+    assert_eq!(
+        upstream.requests.load(SeqCst),
+        served_at_pass,
+        "the app saw a request after the gate read drained"
+    );
+    assert!(after >= 50, "only {after} requests after the pass");
+    println!(
+        "{total} requests; pass at closing + {} ms; {rejected_before} rejected before the drained answer arrived, {after} after",
+        st.closing_for_ms.unwrap_or(0)
+    );
+    inflight_gauge_is_zero(&s.envoy).await;
+    assert_eq!(
+        s.envoy.stat("wasmcustom.graceful_drain_forced").await,
+        Some(0)
+    );
+    assert!(s.envoy.stat("wasmcustom.graceful_drain_gate").await >= Some(1));
+}
