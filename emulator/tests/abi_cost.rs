@@ -160,8 +160,6 @@ fn an_ordinary_request_costs_each_filter_exactly_its_pinned_count() {
                 "proxy_on_context_create",
                 "proxy_on_request_headers",
                 "proxy_on_response_headers",
-                "proxy_on_response_body",
-                "proxy_on_log",
                 "proxy_on_delete",
             ],
             &[
@@ -172,9 +170,7 @@ fn an_ordinary_request_costs_each_filter_exactly_its_pinned_count() {
                 // response headers: the instance id, the phase
                 "proxy_replace_header_map_value",
                 "proxy_get_metric",
-                // end of body: nothing (not gRPC, or not closing when the
-                // headers came)
-                // log: in flight -1
+                // delete: in flight -1
                 "proxy_increment_metric",
             ],
         ),

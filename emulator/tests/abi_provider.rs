@@ -226,7 +226,10 @@ fn it_marks_closing_on_headers_and_on_grpc_trailers() {
     assert_eq!(r.body, b"\0\0\0\0\x02ok", "body untouched");
     host.log(s);
 
-    // gRPC, no upstream trailers: created at the end of the body.
+    // A "gRPC" response that ends in its body, without trailers (not valid
+    // gRPC): marked in its headers; no trailers are made up for it (that
+    // would need the body callback, entered for every chunk of every
+    // response, which the module does not export).
     let s = grpc_call(&mut host, w0);
     host.response_headers(
         s,
@@ -237,8 +240,13 @@ fn it_marks_closing_on_headers_and_on_grpc_trailers() {
         false,
     );
     host.response_body(s, b"\0\0\0\0\x01x", true);
-    assert_eq!(host.response_trailer(s, CLOSING).as_deref(), Some("true"));
+    assert_eq!(host.response_header(s, CLOSING).as_deref(), Some("true"));
+    assert_eq!(host.response(s).trailers, None);
     host.log(s);
+
+    // A long gRPC stream whose headers came while serving gets the mark in
+    // its trailers once closing has started: see
+    // `a_stream_that_outlives_serving_gets_the_mark_in_its_trailers`.
 
     // gRPC trailers-only: headers only, no trailer map to write to.
     let s = grpc_call(&mut host, w0);
@@ -260,6 +268,24 @@ fn it_marks_closing_on_headers_and_on_grpc_trailers() {
     // the filter never touched a map Envoy would not have given it.
     assert_eq!(host.metric("graceful_provider_closing_marked"), 4);
     assert!(!host.trace().contains("BadArgument"), "{}", host.trace());
+}
+
+#[test]
+fn a_stream_that_outlives_serving_gets_the_mark_in_its_trailers() {
+    let (mut host, w0, _) = process("");
+    let s = grpc_call(&mut host, w0);
+    host.response_headers(
+        s,
+        &[(":status", "200"), ("content-type", "application/grpc")],
+        false,
+    );
+    assert_eq!(host.response_header(s, CLOSING), None, "serving");
+    host.response_body(s, b"\0\0\0\0\x02ok", false);
+    start_closing(&mut host);
+    host.response_trailers(s, &[("grpc-status", "0")]);
+    assert_eq!(host.response_trailer(s, CLOSING).as_deref(), Some("true"));
+    host.log(s);
+    assert_eq!(host.metric("graceful_provider_closing_marked"), 1);
 }
 
 #[test]

@@ -3,25 +3,26 @@
 //! Per stream: admit (count in the in-flight gauge, or reject with a local
 //! 503 once the drain gate has passed: [`graceful_core::gate`]), mark the
 //! response while the instance is closing (headers, and gRPC trailers), and
-//! count the stream out exactly once in `on_log`, which Envoy 1.40 calls for
-//! every stream that reached the filter, client aborts and local replies
-//! included.
+//! count the stream out exactly once when Envoy deletes its context, which
+//! Envoy 1.40 does for every stream that reached the filter, client aborts
+//! and local replies included.
 //!
-//! An ordinary request costs the cheapest hostcalls only: gauge +1, one
+//! An ordinary request enters the VM four times (context create, request
+//! headers, response headers, delete: one more than a filter that only adds
+//! a response header) and makes only the cheapest hostcalls: gauge +1, one
 //! gauge read (the gate), counter +1; on the response the instance header
-//! and one gauge read (the phase), one more at the end of the body; gauge −1
-//! at the end. No shared data, no clock; the content type is read only
-//! while closing.
+//! and one gauge read (the phase); gauge −1 at the end. No shared data, no
+//! clock, no header read.
 
 use std::rc::Rc;
 
 use graceful_core::config::ProviderConfig;
 use graceful_core::gate::{self, Admission, Stat};
-use graceful_core::headers::{CONTENT_TYPE, IMMEDIATE_HC_FAIL};
+use graceful_core::headers::IMMEDIATE_HC_FAIL;
 use graceful_core::instance;
 use graceful_core::keys::{self, Owner};
 use graceful_core::store::{self, SharedStore};
-use graceful_guest::{header, now_us, replace_header, send_reply, GuestStats, HostStore, Metric};
+use graceful_guest::{now_us, replace_header, send_reply, GuestStats, HostStore, Metric};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel, MapType};
 
@@ -125,8 +126,6 @@ impl RootContext for ProviderRoot {
         Some(Box::new(ProviderStream {
             shared: self.shared.clone(),
             counted: false,
-            grpc: false,
-            trailers_done: false,
             marked: false,
         }))
     }
@@ -140,10 +139,6 @@ struct ProviderStream {
     shared: Option<Rc<Shared>>,
     /// This stream is in the in-flight count and must leave it in `on_log`.
     counted: bool,
-    /// The response is gRPC (known only if its headers came while closing).
-    grpc: bool,
-    /// The trailers were marked, or there are none to come.
-    trailers_done: bool,
     /// The closing mark was set on this response (counted once).
     marked: bool,
 }
@@ -157,24 +152,19 @@ impl ProviderStream {
     }
 
     /// Marks the trailers of a response if the instance is closing now:
-    /// from the trailers callback (any response with trailers: gRPC, or
-    /// HTTP with chunked trailers, where the mark is as harmless as in
-    /// headers), or from the body callback at end of stream when a gRPC
-    /// upstream sent no trailers: Envoy creates the trailer map there and
-    /// only there (observed on Envoy 1.40; elsewhere adding a trailer fails
-    /// with BadArgument). Only a response whose headers were seen while
-    /// closing is known to be gRPC there: the header map is not readable
-    /// from the body callback, and reading the content type of every
-    /// response while serving would cost every request a data-returning
-    /// hostcall.
-    fn mark_trailers(&mut self, from_body: bool) {
+    /// any response with trailers (gRPC, or HTTP with chunked trailers,
+    /// where the mark is as harmless as in headers). A gRPC response always
+    /// ends in trailers, or is trailers-only (headers, marked above); one
+    /// that ends in its body instead is not valid gRPC, and carries the mark
+    /// in its headers only: creating trailers there would need the body
+    /// callback, entered for every chunk of every response.
+    fn mark_trailers(&mut self) {
         let Some(shared) = self.shared.clone() else {
             return;
         };
-        if self.trailers_done || (from_body && !self.grpc) || !shared.is_closing() {
+        if !shared.is_closing() {
             return;
         }
-        self.trailers_done = true;
         if replace_header(
             MapType::HttpResponseTrailers,
             &shared.config.closing_header,
@@ -215,7 +205,7 @@ impl HttpContext for ProviderStream {
         }
     }
 
-    fn on_http_response_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
+    fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
         let Some(shared) = self.shared.clone() else {
             return Action::Continue;
         };
@@ -231,34 +221,23 @@ impl HttpContext for ProviderStream {
             if ok {
                 self.note_marked(&shared);
             }
-            if !end_of_stream {
-                // A gRPC response with a body ends in trailers, or in a body
-                // at end of stream, where the host lets us create them.
-                self.grpc = header(MapType::HttpResponseHeaders, CONTENT_TYPE)
-                    .is_some_and(|ct| ct.starts_with(b"application/grpc"));
-            }
-        }
-        if end_of_stream {
-            // Headers only (a trailers-only gRPC answer included): marked
-            // above if closing; there are no trailers to come.
-            self.trailers_done = true;
-        }
-        Action::Continue
-    }
-
-    fn on_http_response_body(&mut self, _size: usize, end_of_stream: bool) -> Action {
-        if end_of_stream {
-            self.mark_trailers(true);
         }
         Action::Continue
     }
 
     fn on_http_response_trailers(&mut self, _trailers: usize) -> Action {
-        self.mark_trailers(false);
+        self.mark_trailers();
         Action::Continue
     }
+}
 
-    fn on_log(&mut self) {
+/// The stream is over: leave the in-flight count, exactly once. Envoy
+/// deletes the context of every stream that reached the filter (client
+/// resets and local replies included), so the SDK drops it in
+/// `proxy_on_delete`, a VM entry every stream pays anyway: counting out here
+/// instead of in `on_log` saves one.
+impl Drop for ProviderStream {
+    fn drop(&mut self) {
         if std::mem::take(&mut self.counted) {
             if let Some(shared) = &self.shared {
                 gate::finish(&shared.stats);
