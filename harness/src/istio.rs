@@ -305,7 +305,41 @@ fn bootstrap(node_id: &str, listeners: Vec<Value>, clusters: Vec<Value>) -> Valu
         "node": {"id": node_id, "cluster": node_id},
         "admin": {"address": socket("127.0.0.1", ADMIN_PORT)},
         "static_resources": {"listeners": all_listeners, "clusters": all_clusters},
+        "stats_config": stats_config(),
     })
+}
+
+/// Istio's default `stats_matcher`: only these stats are real, every other
+/// name is a null stat that reads 0 (`tools/packaging/common/envoy_bootstrap.json`
+/// and `pkg/bootstrap/config.go`'s required inclusions, with no proxy
+/// config extras). The filters' counts live in `wasmcustom.*` stats, kept
+/// by the `wasm` prefix; the suite running under it shows they still count.
+/// Plus `cluster.outbound`, which the suite's pods ask for the way a user
+/// does (`proxyStatsMatcher.inclusionPrefixes` in `proxy.istio.io/config`),
+/// to read the consumer's retry counts.
+fn stats_config() -> Value {
+    let prefixes = [
+        "cluster.outbound",
+        "reporter=",
+        "cluster_manager",
+        "listener_manager",
+        "server",
+        "cluster.xds-grpc",
+        "wasm",
+        "component",
+        "istio",
+    ];
+    let suffixes = [
+        "rbac.allowed",
+        "rbac.denied",
+        "shadow_allowed",
+        "shadow_denied",
+        "downstream_cx_active",
+    ];
+    let mut patterns: Vec<Value> = prefixes.iter().map(|p| json!({"prefix": p})).collect();
+    patterns.extend(suffixes.iter().map(|s| json!({"suffix": s})));
+    patterns.push(json!({"safe_regex": {"regex": r"vhost\..*\.route\..*"}}));
+    json!({"stats_matcher": {"inclusion_list": {"patterns": patterns}}})
 }
 
 /// A provider pod's sidecar: the app on `app_port` behind `virtualInbound`
