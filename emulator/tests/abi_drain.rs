@@ -617,3 +617,61 @@ fn it_copes_with_clusters_that_do_not_exist() {
         1
     );
 }
+
+/// The gate protocol with both filters' `.wasm` at one virtual instant, in
+/// both orders: a request counted before a worker's tick holds the gate;
+/// a request after the pass is rejected; the gate stat keeps exactly one 1
+/// per passing copy and none from attempts that backed off.
+#[test]
+fn a_request_and_a_gate_attempt_at_the_same_instant_in_either_order() {
+    let mut p = process(
+        r#"{"consumer_update_wait":"0s","quiet_window":"0s","step_timeout":"30s","timeout":"60s"}"#,
+    );
+    for vm in p.drains.clone() {
+        p.host.hold_ticks(vm, true);
+    }
+    closing_at(&mut p, ms(100));
+    // The POST itself made no pass: closing had only just started.
+    assert_eq!(record(&p.host).phase, Phase::Closing);
+
+    // Worker 0 admits a request; worker 1's copy ticks at the same instant.
+    let held = request(&mut p.host, &p.w[0], "GET", "/work");
+    assert!(p.host.reached_upstream(held));
+    p.host.tick(p.drains[2]);
+    assert_eq!(record(&p.host).phase, Phase::Closing, "one in flight");
+    assert_eq!(
+        p.host.metric("graceful_drain_gate"),
+        0,
+        "the look saw it: no attempt"
+    );
+
+    // It ends; a tick at that same instant on the other worker: the look
+    // sees it ended (started moved since this copy last looked: quiet for
+    // a zero window), the attempt's second look agrees, and it passes.
+    p.host.response_headers(held, &[(":status", "200")], true);
+    p.host.log(held);
+    p.host.tick(p.drains[1]);
+    let r = record(&p.host);
+    assert_eq!((r.phase, r.forced), (Phase::Drained, false));
+    assert_eq!(p.host.metric("graceful_drain_gate"), 1);
+
+    // The next request, same instant, either worker: the marked 503.
+    for w in 0..2 {
+        let late = request(&mut p.host, &p.w[w], "GET", "/late");
+        assert!(!p.host.reached_upstream(late));
+        assert_eq!(p.host.response(late).status(), 503);
+        p.host.log(late);
+    }
+    // Other copies' ticks find it drained: no second 1, no second report.
+    p.host.tick(p.drains[2]);
+    p.host.tick(p.drains[0]);
+    assert_eq!(p.host.metric("graceful_drain_gate"), 1);
+    assert_eq!(
+        p.host.logs_containing("drain gate passed").len(),
+        1,
+        "{:?}",
+        p.host.logs()
+    );
+    assert_eq!(inflight(&p.host), 0);
+    assert_eq!(p.host.metric("graceful_provider_rejected"), 2);
+}
