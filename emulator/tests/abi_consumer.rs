@@ -1,11 +1,13 @@
 //! graceful_consumer's `.wasm` on the test host: a tombstone written by one
 //! worker steers the others, expires at exactly its TTL, is cleared by a
 //! new instance id (in a response or a probe), membership comes from a
-//! scripted admin answer, and a client cannot steer hosts itself.
+//! scripted admin answer, a client cannot steer hosts itself, and the
+//! outbound requests are counted in Envoy stats for the drain gate.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use graceful_core::consumer::OBSERVE_EVERY;
 use graceful_core::store::SharedStore;
 use graceful_core::tombstone::{
     Cause, Change, Observation, Tombstone, Tombstones, Ttls, TOMBSTONES_KEY,
@@ -63,6 +65,17 @@ fn exchange(host: &mut Host, vm: Vm, upstream: &str, id: &str, closing: bool) ->
     s
 }
 
+/// `vm` sees each of `members` answer. Without live tombstones a VM copy
+/// records who answered for its first response and then one in
+/// OBSERVE_EVERY, so each member answers that many times.
+fn learn(host: &mut Host, vm: Vm, members: &[(&str, &str)]) {
+    for (addr, id) in members {
+        for _ in 0..OBSERVE_EVERY {
+            exchange(host, vm, addr, id, false);
+        }
+    }
+}
+
 fn tombstones(host: &Host) -> Vec<Tombstone> {
     host.shared_data(TOMBSTONES_KEY)
         .map(|b| {
@@ -91,9 +104,7 @@ fn it_steers_every_worker_by_a_tombstone_one_worker_wrote() {
     let (mut host, w0, w1) = process(r#"{"tombstone_ttl":"5s","probe_path":""}"#);
     // Each worker learns the members from answers it sees.
     for vm in [w0, w1] {
-        for (addr, id) in [(A, "a1"), (B, "b1"), (C, "c1")] {
-            exchange(&mut host, vm, addr, id, false);
-        }
+        learn(&mut host, vm, &[(A, "a1"), (B, "b1"), (C, "c1")]);
     }
     assert_eq!(
         steering(&mut host, w1),
@@ -130,9 +141,7 @@ fn it_steers_every_worker_by_a_tombstone_one_worker_wrote() {
 #[test]
 fn it_expires_a_tombstone_at_exactly_its_ttl() {
     let (mut host, w0, w1) = process(r#"{"tombstone_ttl":"5s","probe_path":""}"#);
-    for (addr, id) in [(A, "a1"), (B, "b1")] {
-        exchange(&mut host, w1, addr, id, false);
-    }
+    learn(&mut host, w1, &[(A, "a1"), (B, "b1")]);
     host.advance(ms(250));
     exchange(&mut host, w0, A, "a1", true);
     host.advance(Duration::from_secs(5) - Duration::from_micros(1));
@@ -144,9 +153,7 @@ fn it_expires_a_tombstone_at_exactly_its_ttl() {
 #[test]
 fn it_readmits_an_address_that_answers_with_a_new_instance_id() {
     let (mut host, w0, w1) = process(r#"{"tombstone_ttl":"30s","probe_path":""}"#);
-    for (addr, id) in [(A, "a1"), (B, "b1")] {
-        exchange(&mut host, w1, addr, id, false);
-    }
+    learn(&mut host, w1, &[(A, "a1"), (B, "b1")]);
     exchange(&mut host, w0, A, "a1", true);
     // The same instance answering without the mark stays tombstoned.
     exchange(&mut host, w1, A, "a1", false);
@@ -196,9 +203,7 @@ fn it_removes_an_override_header_a_client_sent() {
     assert!(host.request_headers_map(s).get_all(OVERRIDE).is_empty());
     host.reset(s);
     // With a tombstone, the filter's own list replaces the client's.
-    for (addr, id) in [(A, "a1"), (B, "b1")] {
-        exchange(&mut host, w0, addr, id, false);
-    }
+    learn(&mut host, w0, &[(A, "a1"), (B, "b1")]);
     exchange(&mut host, w0, A, "a1", true);
     let s = send(&mut host, w0, &[(OVERRIDE, "10.9.9.9:80")]);
     assert_eq!(
@@ -269,9 +274,7 @@ fn it_learns_membership_from_a_scripted_admin_answer() {
 fn it_probes_a_tombstoned_host_and_readmits_its_new_instance() {
     let (mut host, w0, w1) = process(r#"{"tombstone_ttl":"30s","membership_refresh":"1s"}"#);
     host.add_cluster("providers");
-    for (addr, id) in [(A, "a1"), (B, "b1")] {
-        exchange(&mut host, w1, addr, id, false);
-    }
+    learn(&mut host, w1, &[(A, "a1"), (B, "b1")]);
     host.advance_to(ms(500));
     exchange(&mut host, w0, A, "a1", true);
     let expires = tombstones(&host)[0].expires_us;
@@ -425,38 +428,43 @@ fn it_counts_one_eviction_when_two_workers_see_the_first_failure_at_once() {
 }
 
 #[test]
-fn it_counts_outbound_requests_for_the_drain_gate() {
-    // Consumer and drain in one process (same vm_id): the drain status
-    // reports the consumer's outbound requests.
-    let mut host = Host::new();
-    host.start_vm(Filter::Consumer, r#"{"probe_path":""}"#);
-    let drain = host.start_vm(Filter::Drain, "");
-    let w0 = host.start_vm(Filter::Consumer, r#"{"probe_path":""}"#);
-    let w1 = host.start_vm(Filter::Consumer, r#"{"probe_path":""}"#);
-    let outbound = |host: &Host| host.with_store(|s| traffic::read(s, OUTBOUND_KEY).unwrap());
-
+fn it_counts_outbound_requests_in_envoy_stats_for_the_drain_gate() {
+    // graceful_drain on the same Envoy reads the in-flight gauge and the
+    // started counter (get_metric): process-wide stats every copy updates.
+    let (mut host, w0, w1) = process(r#"{"probe_path":""}"#);
+    let started = host.metric("graceful_consumer_started");
     let a = send(&mut host, w0, &[]);
     host.advance(ms(7));
     let b = send(&mut host, w1, &[]);
-    let t = outbound(&host);
-    assert_eq!((t.inflight, t.last_start_us), (2, host.now_us()));
-    // The gauge follows the shared count on each copy's tick
-    // (membership_refresh, 1 s by default), not on every request.
-    host.advance(ms(1000));
+    // At once, not on a tick.
     assert_eq!(host.metric("graceful_consumer_inflight"), 2);
-    let s = host.stream(drain);
-    host.request_headers(
-        s,
-        &[(":method", "GET"), (":path", "/graceful/status")],
-        true,
-    );
-    let st: graceful_core::status::Status =
-        serde_json::from_slice(&host.local_reply(s).unwrap().body).unwrap();
-    assert_eq!(st.inflight_outbound, 2);
-
+    assert_eq!(host.metric("graceful_consumer_started"), started + 2);
     host.reset(a);
+    assert_eq!(host.metric("graceful_consumer_inflight"), 1);
     answer(&mut host, b, B, &[(":status", "200")]);
-    assert_eq!(outbound(&host).inflight, 0);
-    host.advance(ms(1000));
     assert_eq!(host.metric("graceful_consumer_inflight"), 0);
+    assert_eq!(host.metric("graceful_consumer_started"), started + 2);
+    // Shared data carries no outbound count any more (the key keeps the
+    // value it was created with).
+    let t = host.with_store(|s| traffic::read(s, OUTBOUND_KEY).unwrap());
+    assert_eq!((t.inflight, t.last_start_us), (0, 0));
+}
+
+#[test]
+fn it_moves_the_change_signal_after_each_shared_write() {
+    let (mut host, w0, w1) = process(r#"{"probe_path":"","tombstone_ttl":"5s"}"#);
+    learn(&mut host, w1, &[(A, "a1"), (B, "b1")]);
+    let before = host.metric("graceful_consumer_generation");
+    exchange(&mut host, w0, A, "a1", true);
+    assert!(
+        host.metric("graceful_consumer_generation") > before,
+        "a tombstone moves it"
+    );
+    // The trace shows the order: the shared write, then the bump.
+    let trace = host.trace();
+    let write = trace.rfind("proxy_set_shared_data(\"graceful.v1.consumer.tombstones\"");
+    let bump = trace.rfind("graceful_consumer_generation += 1");
+    assert!(write.is_some() && bump > write, "{trace}");
+    // And the other worker steers from its next request.
+    assert_eq!(steering(&mut host, w1), Some(vec![B.to_string()]));
 }

@@ -14,7 +14,6 @@ use graceful_core::keys::{self, Owner};
 use graceful_core::record;
 use graceful_core::steering::MEMBERS_KEY;
 use graceful_core::tombstone::{Tombstones, TOMBSTONES_KEY};
-use graceful_core::traffic::{self, OUTBOUND_KEY};
 use graceful_emulated_host::{CallAnswer, Filter, Host, Level, StreamId, Vm};
 
 type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
@@ -77,10 +76,8 @@ const ADMIN_JSON: &str = r#"{"cluster_statuses":[{"name":"providers","host_statu
 fn assert_counts_zero(p: &Proc, case: &str) {
     let h = &p.host;
     let inbound = h.metric("graceful_provider_inflight") as u64;
-    let outbound = h
-        .with_store(|s| traffic::read(s, OUTBOUND_KEY).unwrap())
-        .inflight;
-    // (The in-flight gauges are views of these counts, set on ticks.)
+    let outbound = h.metric("graceful_consumer_inflight") as u64;
+    // (Both counts are Envoy stats, moved by every request.)
     assert_eq!((inbound, outbound), (0, 0), "{case}: in-flight counts");
     let panics: Vec<_> = h
         .logs()
@@ -620,11 +617,11 @@ fn garbage_values() -> Vec<Vec<u8>> {
 }
 
 /// Requests, endpoints, ticks, tombstones and steering: everything that
-/// reads shared data. Its own streams all end; the counts in shared data
-/// must then be `inbound`, `outbound`, and the in-flight gauges, which are
-/// views of those counts set on ticks (graceful_drain's every 50 ms, the
-/// consumer's every `membership_refresh`, 1 s, after the streams ended),
-/// the same.
+/// reads shared data. Its own streams all end; the inbound count in shared
+/// data must then be `inbound` and the consumer's in-flight gauge (the
+/// outbound count itself) `outbound`, and the provider's in-flight gauge, a
+/// view of its count set on graceful_drain's ticks (every 50 ms, after the
+/// streams ended), the same.
 fn exercise(p: &mut Proc, case: &str, inbound: u64, outbound: u64) {
     let mut open = Vec::new();
     for w in 0..2 {
@@ -672,8 +669,7 @@ fn exercise(p: &mut Proc, case: &str, inbound: u64, outbound: u64) {
     let h = &p.host;
     let counts = (
         h.metric("graceful_provider_inflight") as u64,
-        h.with_store(|s| traffic::read(s, OUTBOUND_KEY).unwrap())
-            .inflight,
+        h.metric("graceful_consumer_inflight") as u64,
     );
     assert_eq!(
         counts,
@@ -708,11 +704,9 @@ fn garbage_in(keys: &[&str]) {
             p.host
                 .request_headers(out, &[(":method", "GET"), (":path", "/")], true);
             p.host.set_shared_data(key, &value);
-            // Garbage in a counter's own key loses that count (it reads as
-            // fresh); garbage anywhere else leaves both counts alone. The
-            // inbound count is a stat, out of shared data's reach.
+            // Both counts are Envoy stats: no shared-data key touches them.
             let inbound = 1;
-            let outbound = u64::from(*key != keys::OUTBOUND.name);
+            let outbound = 1;
             exercise(&mut p, &case, inbound, outbound);
             p.host.response_headers(s, &[(":status", "200")], true);
             p.host.log(s);

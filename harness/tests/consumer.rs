@@ -349,3 +349,81 @@ async fn it_evicts_a_refusing_host_even_when_retries_hide_the_failure() {
         "{retried} requests retried off the dead host, of {ok}"
     );
 }
+
+#[test]
+fn it_refuses_to_start_when_the_stats_matcher_drops_its_stats() {
+    // The outbound count (graceful_consumer_inflight) and the change signal
+    // (graceful_consumer_generation) are Envoy stats; one that the
+    // stats_matcher rejects is a null stat reading 0, so the filter refuses
+    // to configure, saying so, and Envoy does not start with it.
+    let wasm = graceful_harness::envoy::wasm_dir().join("graceful_consumer.wasm");
+    for dropped in ["graceful_consumer_inflight", "graceful_consumer_generation"] {
+        let config = serde_json::json!({
+            "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": free_port()}}},
+            "stats_config": {"stats_matcher": {"exclusion_list": {"patterns": [{"prefix": format!("wasmcustom.{dropped}")}]}}},
+            "static_resources": {"listeners": [{
+                "name": "l",
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": free_port()}},
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "l",
+                        "route_config": {"virtual_hosts": [{"name": "a", "domains": ["*"], "routes": [{"match": {"prefix": "/"}, "direct_response": {"status": 200}}]}]},
+                        "http_filters": [
+                            {"name": "graceful_consumer", "typed_config": {
+                                "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                                "config": {
+                                    "name": "graceful_consumer",
+                                    "root_id": "graceful_consumer",
+                                    "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": "{}"},
+                                    "vm_config": {"vm_id": "graceful", "runtime": "envoy.wasm.runtime.v8", "code": {"local": {"filename": wasm.display().to_string()}}}
+                                }
+                            }},
+                            {"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}
+                        ]
+                    }
+                }]}]
+            }]}
+        });
+        let path =
+            graceful_harness::envoy::scratch_path(&format!("stats-matcher-{dropped}"), "json");
+        std::fs::write(&path, config.to_string()).unwrap();
+        let mut child = std::process::Command::new(graceful_harness::envoy::envoy_binary())
+            .arg("-c")
+            .arg(&path)
+            .args(["--concurrency", "1", "--disable-hot-restart"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                panic!("Envoy started with {dropped} dropped by its stats_matcher");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let out = child.wait_with_output().unwrap();
+        let log = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!status.success(), "{log}");
+        let line = log
+            .lines()
+            .find(|l| l.contains("graceful_consumer: Envoy drops the stat(s)"))
+            .unwrap_or_else(|| panic!("no refusal line:\n{log}"));
+        assert!(
+            line.contains(dropped)
+                && line.contains("stats_matcher")
+                && line.contains("wasmcustom.graceful_"),
+            "{line}"
+        );
+    }
+}

@@ -3,21 +3,23 @@
 //! [`graceful_core::consumer`]; this file reads what those decisions ask of
 //! the host (properties, headers, the clock), carries out what they return
 //! (metrics, log lines, header writes, HTTP calls) and counts the request
-//! in the outbound in-flight counter.
+//! in the outbound in-flight gauge. What each callback reads, and why that
+//! is enough, is the per-request protocol in [`graceful_core::consumer`].
 
 use std::cell::RefCell;
 use std::rc::Rc;
 
 use graceful_core::config::ConsumerConfig;
 use graceful_core::consumer::{
-    self, Call, CallKind, Consumer, Counter, Effect, Exchange, Gauge, Level, Part, MAX_ADMIN_BODY,
+    self, Call, CallKind, Consumer, Counter, Effect, Exchange, Gauge, Level, Part, Response,
+    MAX_ADMIN_BODY,
 };
 use graceful_core::headers;
 use graceful_core::keys::{self, Owner};
 use graceful_core::store;
-use graceful_core::traffic;
 use graceful_guest::{
-    header, now_us, property, property_u64, remove_header, replace_header, HostStore, Metric,
+    header, header_map_bytes, map_pairs, now_us, property, property_u64, remove_header,
+    replace_header, HostStore, Metric,
 };
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -36,7 +38,13 @@ struct Metrics {
     evictions: Metric,
     steered: Metric,
     readmitted: Metric,
+    /// Outbound requests in flight (+1 at request headers, −1 at done), and
+    /// requests started: read by graceful_drain's gate.
     inflight: Metric,
+    started: Metric,
+    /// The change signal: bumped after every shared write the other VM
+    /// copies must see; read on every request.
+    generation: Metric,
 }
 
 struct Shared {
@@ -51,12 +59,12 @@ impl Shared {
                 Effect::Set(gauge, value) => match gauge {
                     Gauge::Tombstones => &self.metrics.tombstones,
                     Gauge::TombstoneBytes => &self.metrics.tombstone_bytes,
-                    Gauge::Inflight => &self.metrics.inflight,
                 }
                 .set(value),
                 Effect::Add(counter, n) => match counter {
                     Counter::Evictions => &self.metrics.evictions,
                     Counter::Readmitted => &self.metrics.readmitted,
+                    Counter::Generation => &self.metrics.generation,
                 }
                 .add(i64::try_from(n).unwrap_or(i64::MAX)),
                 Effect::Log(Level::Debug, line) => log::debug!("{line}"),
@@ -68,10 +76,12 @@ impl Shared {
 }
 
 /// The host's side of one stream, read lazily: a property lookup is among
-/// the dearer hostcalls.
+/// the dearer hostcalls. The cluster and the address are read at most once
+/// per stream, the clock once per callback.
 struct View<'a> {
     cluster: &'a mut Option<String>,
-    map: MapType,
+    address: &'a mut Option<Option<String>>,
+    now: Option<u64>,
 }
 
 impl Exchange for View<'_> {
@@ -86,12 +96,20 @@ impl Exchange for View<'_> {
             .clone()
     }
 
-    fn header(&mut self, name: &str) -> Option<Vec<u8>> {
-        header(self.map, name)
+    fn address(&mut self) -> Option<String> {
+        self.address
+            .get_or_insert_with(|| {
+                property(&["upstream", "address"]).and_then(|a| String::from_utf8(a).ok())
+            })
+            .clone()
     }
 
     fn response_flags(&mut self) -> Option<u64> {
         property_u64(&["response", "flags"])
+    }
+
+    fn now(&mut self) -> u64 {
+        *self.now.get_or_insert_with(now_us)
     }
 }
 
@@ -216,16 +234,36 @@ impl RootContext for ConsumerRoot {
         if !self.upstream {
             graceful_guest::set_tick_period(config.membership_refresh);
         }
+        let metrics = Metrics {
+            tombstones: Metric::gauge("graceful_consumer_tombstones"),
+            tombstone_bytes: Metric::gauge("graceful_consumer_tombstone_bytes"),
+            evictions: Metric::counter("graceful_consumer_evictions"),
+            steered: Metric::counter("graceful_consumer_steered"),
+            readmitted: Metric::counter("graceful_consumer_readmitted"),
+            inflight: Metric::gauge("graceful_consumer_inflight"),
+            started: Metric::counter("graceful_consumer_started"),
+            generation: Metric::counter("graceful_consumer_generation"),
+        };
+        // The outbound count and the change signal are Envoy stats: one that
+        // Envoy's stats_matcher rejects is a null stat reading 0, which would
+        // hide every request from the drain gate and every other copy's
+        // writes from this one. The signal is probed with a bump (every
+        // copy then looks at shared data once: harmless).
+        let mut rejected = Vec::new();
+        if !metrics.inflight.gauge_is_kept() {
+            rejected.push("graceful_consumer_inflight");
+        }
+        metrics.generation.add(1);
+        if metrics.generation.get().unwrap_or(0) == 0 {
+            rejected.push("graceful_consumer_generation");
+        }
+        if let Some(line) = consumer::stats_refused(&rejected) {
+            log::error!("{line}");
+            return false;
+        }
         self.shared = Some(Rc::new(Shared {
             core: RefCell::new(Consumer::new(config, self.upstream)),
-            metrics: Metrics {
-                tombstones: Metric::gauge("graceful_consumer_tombstones"),
-                tombstone_bytes: Metric::gauge("graceful_consumer_tombstone_bytes"),
-                evictions: Metric::counter("graceful_consumer_evictions"),
-                steered: Metric::counter("graceful_consumer_steered"),
-                readmitted: Metric::counter("graceful_consumer_readmitted"),
-                inflight: Metric::gauge("graceful_consumer_inflight"),
-            },
+            metrics,
         }));
         true
     }
@@ -244,7 +282,7 @@ impl RootContext for ConsumerRoot {
             shared: self.shared.clone(),
             counted: false,
             cluster: None,
-            attempt: None,
+            address: None,
             answered: false,
         }))
     }
@@ -256,38 +294,35 @@ impl RootContext for ConsumerRoot {
 
 struct ConsumerStream {
     shared: Option<Rc<Shared>>,
-    /// In the outbound in-flight count; leaves it in `on_done`.
+    /// In the outbound in-flight gauge; leaves it in `on_done`.
     counted: bool,
     /// The route's cluster, once read.
     cluster: Option<String>,
-    /// As an upstream filter: the host this attempt goes to.
-    attempt: Option<String>,
+    /// `upstream.address`, once read.
+    address: Option<Option<String>>,
     /// Response headers arrived for this stream.
     answered: bool,
 }
 
 impl ConsumerStream {
-    fn view(&mut self, map: MapType) -> View<'_> {
+    fn view(&mut self) -> View<'_> {
         View {
             cluster: &mut self.cluster,
-            map,
+            address: &mut self.address,
+            now: None,
         }
     }
 
+    /// One read of the whole map, scanned in the guest; the rest only if
+    /// the core asks.
     fn observe_response(&mut self, shared: &Shared, map: MapType, part: Part) {
-        let Some(address) =
-            property(&["upstream", "address"]).and_then(|a| String::from_utf8(a).ok())
-        else {
+        let Some(bytes) = header_map_bytes(map) else {
             return;
         };
-        let now = now_us();
-        let effects = shared.core.borrow_mut().observe_response(
-            &HostStore,
-            &mut self.view(map),
-            &address,
-            part,
-            now,
-        );
+        let mut core = shared.core.borrow_mut();
+        let seen = Response::scan(core.config(), map_pairs(&bytes));
+        let effects = core.observe_response(&HostStore, &mut self.view(), &seen, part);
+        drop(core);
         shared.carry_out(effects);
     }
 }
@@ -296,36 +331,34 @@ impl Context for ConsumerStream {
     /// Envoy calls `on_done` once when it destroys the filter of every
     /// stream, downstream and upstream (`on_log` never reaches an upstream
     /// filter, and is one more VM entry per stream: the module does not
-    /// export it). Downstream: the request leaves the outbound count. As an
+    /// export it). Downstream: the request leaves the in-flight gauge. As an
     /// upstream filter: an attempt that ends without response headers and
     /// with a transport failure reason could not connect, even if a retry
-    /// then succeeded.
+    /// then succeeded; only then is `upstream.address` read.
     fn on_done(&mut self) -> bool {
-        if std::mem::take(&mut self.counted) {
-            if let Err(e) = traffic::record_end(&HostStore, keys::OUTBOUND.name) {
-                log::error!("outbound in-flight count not decremented: {e:?}");
-            }
-        }
         let Some(shared) = self.shared.clone() else {
             return true;
         };
+        if std::mem::take(&mut self.counted) {
+            shared.metrics.inflight.add(-1);
+        }
         if !shared.core.borrow().attempt_may_have_failed(self.answered) {
             return true;
         }
-        let Some(address) = self.attempt.take() else {
-            return true;
-        };
         let failed_to_connect =
             property(&["upstream", "transport_failure_reason"]).is_some_and(|r| !r.is_empty());
-        if failed_to_connect {
-            let effects = shared.core.borrow_mut().connect_failed(
-                &HostStore,
-                &mut self.view(MapType::HttpResponseHeaders),
-                &address,
-                now_us(),
-            );
-            shared.carry_out(effects);
+        if !failed_to_connect {
+            return true;
         }
+        let mut view = self.view();
+        let Some(address) = view.address() else {
+            return true;
+        };
+        let effects = shared
+            .core
+            .borrow_mut()
+            .connect_failed(&HostStore, &mut view, &address);
+        shared.carry_out(effects);
         true
     }
 }
@@ -344,20 +377,18 @@ impl HttpContext for ConsumerStream {
             &core.config().override_host_header,
         );
         if core.is_upstream() {
-            // One stream per attempt, after host selection (an upstream filter
-            // sees `upstream.address` already in its request headers):
-            // note where it goes; counting and steering are the downstream
-            // filter's.
-            self.attempt =
-                property(&["upstream", "address"]).and_then(|a| String::from_utf8(a).ok());
+            // One stream per attempt: counting and steering are the
+            // downstream filter's; the host is read only if the attempt
+            // answers closing or fails (`on_done`).
             return Action::Continue;
         }
-        let now = now_us();
-        match traffic::record_start(&HostStore, keys::OUTBOUND.name, now) {
-            Ok(_) => self.counted = true,
-            Err(e) => log::warn!("outbound request not counted: {e:?}"),
-        }
-        let steer = core.steer(&HostStore, &mut self.view(MapType::HttpRequestHeaders), now);
+        // Counted exactly once: `on_done` takes it out. (The gauge is real:
+        // on_configure refused a rejected one.)
+        shared.metrics.inflight.add(1);
+        self.counted = true;
+        shared.metrics.started.add(1);
+        let signal = shared.metrics.generation.get();
+        let steer = core.steer(&HostStore, &mut self.view(), signal);
         if let Some(list) = steer {
             if replace_header(
                 MapType::HttpRequestHeaders,

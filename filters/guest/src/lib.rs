@@ -12,7 +12,7 @@ use graceful_core::store::{SharedStore, StoreError, Versioned};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{MapType, MetricType, Status};
 
-pub use abi::{add_header, remove_header, replace_header, send_reply};
+pub use abi::{add_header, header_map_bytes, map_pairs, remove_header, replace_header, send_reply};
 
 /// Shared data of this VM id, through hostcalls.
 pub struct HostStore;

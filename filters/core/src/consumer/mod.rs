@@ -11,13 +11,81 @@
 //! tombstoned address readmits it. Every worker steers by the same shared
 //! tombstones.
 //!
-//! Shared values are decoded once per change, found by a generation
-//! counter beside each ([`crate::keys`]), so a request reads 8 bytes when
-//! nothing changed; the steering plan is kept until a generation moves or a
-//! tombstone in it expires, so a steered request costs a rotation, not a
-//! scan. A write that another copy must see bumps its generation; a bump
-//! that fails is logged once per VM copy and otherwise ignored (fail open:
-//! the other copies see the change at the next bump).
+//! # The per-request protocol
+//!
+//! Envoy charges about 1 µs per VM entry and 0.1–2.3 µs per hostcall (a
+//! call that returns data makes the host call back into the guest to
+//! allocate), so what a request reads is the filter's cost. An ordinary
+//! request (no live tombstone) through the listener's instance:
+//!
+//! | callback | hostcalls |
+//! |---|---|
+//! | request headers | remove the client's override header; `graceful_consumer_inflight` +1; `graceful_consumer_started` +1; read `graceful_consumer_generation` |
+//! | response headers | one `get_header_map_pairs`, scanned in the guest ([`Response::scan`]) for the closing headers, `:status` and the instance header |
+//! | done | `graceful_consumer_inflight` −1 |
+//!
+//! The upstream instance (one stream per attempt) removes the override
+//! header in request headers and reads the response's pairs; nothing else
+//! unless something happens.
+//!
+//! What is read only when something is happening, and why skipping it
+//! otherwise is safe:
+//!
+//! - **Shared data** is read only when `graceful_consumer_generation` moved
+//!   since this VM copy last looked. Every write another copy must see (the
+//!   tombstones, the admin membership, the observed membership) bumps that
+//!   counter *after* the shared-data write (the [`Effect::Add`] of
+//!   [`Counter::Generation`] the write returns; Envoy counters are
+//!   process-wide atomics, so a reader that sees the bump sees the write).
+//!   The counter is read before any shared data, so a copy that saw it
+//!   unchanged has every write made before that read. A tombstone written
+//!   by one worker therefore steers every worker from its next request.
+//!   When it moved, the generation key beside each value ([`crate::keys`])
+//!   says which value to decode again, as before. The counter counts bumps
+//!   exactly, so when it moved by just this copy's own bumps no other copy
+//!   wrote, and nothing is read (this copy keeps its own writes: it decodes
+//!   its tombstone writes at once and reads the membership it wrote when
+//!   steering next needs it). If the counter cannot be read, every request
+//!   checks the generation keys (the old protocol).
+//! - **The clock** is read only while the cached tombstone list may hold a
+//!   live entry: the list's latest expiry, once passed, stays passed (a
+//!   tombstone never comes back to life without a write, which bumps the
+//!   generation and is decoded again).
+//! - **The route's cluster** and the steering plan only while tombstones
+//!   may be live (the plan is kept until a generation moves or a tombstone
+//!   in it expires, so a steered request costs a rotation, not a scan).
+//! - **`upstream.address`, the cluster, the clock** on a response only for
+//!   a closing mark; a 503 (then `response.flags` first, for a connect
+//!   failure); a response while tombstones may be live (is it a tombstoned
+//!   host answering with a new instance id? A steered request normally went
+//!   to one that is not, but `override_host` falls back to its own pick
+//!   when the listed hosts are unavailable: the check is a lookup in the
+//!   cached list once the address is read); or a sampled membership
+//!   observation.
+//! - **Membership observations are sampled**: the first response of each
+//!   VM copy, then one in [`OBSERVE_EVERY`], and every response while
+//!   tombstones may be live. Observed membership is what steering uses only
+//!   before Envoy's admin membership is known or without an `admin_cluster`
+//!   (every shipped configuration has one, refreshed every
+//!   `membership_refresh`); it also registers the route's cluster for that
+//!   refresh, which the first response does. A member not yet observed only
+//!   narrows the steering list (never widens it to a tombstoned host) until
+//!   a sampled response or the admin names it.
+//! - **The upstream instance** reads `upstream.address` only when an
+//!   attempt answered closing, or in `on_done` when it got no response
+//!   headers and Envoy recorded a transport failure.
+//!
+//! The outbound in-flight count is Envoy stats, not shared data: the gauge
+//! `graceful_consumer_inflight` (+1 in request headers, −1 in `on_done`,
+//! exactly once per counted stream) and the counter
+//! `graceful_consumer_started`, both process-wide atomics that graceful_drain
+//! on the same Envoy reads with `get_metric` for its gate (in flight) and
+//! quiet window (a start moved it). The glue refuses to configure if
+//! Envoy's `stats_matcher` rejects them (a rejected stat reads 0).
+//!
+//! A write that another copy must see bumps its generation; a bump that
+//! fails is logged once per VM copy and otherwise ignored (fail open: the
+//! other copies see the change at the next bump).
 //!
 //! One VM copy per `membership_refresh` (a lease) refreshes membership from
 //! the admin and probes tombstoned hosts (`refresh.rs`).
@@ -42,19 +110,82 @@ use crate::tombstone::{Change, Observation, Tombstones, Ttls};
 pub const FLAG_UF: u64 = 0x20;
 pub const FLAG_UC: u64 = 0x40;
 
+/// Without live tombstones, one response in this many (after each VM
+/// copy's first) records the answering address in the observed membership.
+pub const OBSERVE_EVERY: u64 = 64;
+
 /// What the glue reads from the host for one stream, asked for only when a
-/// decision needs it (property and header lookups are hostcalls).
+/// decision needs it (property lookups and the clock are hostcalls). The
+/// glue reads each at most once per stream (the clock once per callback).
 pub trait Exchange {
-    /// The route's cluster (`xds.cluster_name`), empty if unknown. The
-    /// glue reads it once per stream.
+    /// The route's cluster (`xds.cluster_name`), empty if unknown.
     fn cluster(&mut self) -> String;
-    /// A header (or trailer) of the response part being observed.
-    fn header(&mut self, name: &str) -> Option<Vec<u8>>;
+    /// The host that answered (`upstream.address`), None if unknown.
+    fn address(&mut self) -> Option<String>;
     /// Envoy's `response.flags`.
     fn response_flags(&mut self) -> Option<u64>;
+    /// The clock, µs since the epoch.
+    fn now(&mut self) -> u64;
 }
 
-/// Gauges the consumer sets.
+/// What one response part's headers (or trailers) say, from one read of
+/// the whole map.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Response {
+    /// A closing header said `true`.
+    pub closing: bool,
+    /// `:status` was 503.
+    pub status_503: bool,
+    /// The first value of the instance header, if a valid instance id.
+    pub instance: Option<String>,
+}
+
+impl Response {
+    /// Scans a header map's pairs for what the consumer looks at: the first
+    /// value of each closing header (a closing mark if it says `true`), the
+    /// first `:status` and the first instance header: what Envoy's
+    /// single-value lookup returns for duplicated headers. Names compare
+    /// case-insensitively.
+    pub fn scan<'a>(
+        config: &ConsumerConfig,
+        pairs: impl IntoIterator<Item = (&'a [u8], &'a [u8])>,
+    ) -> Response {
+        let instance_header = config.instance_header.as_deref().map(str::as_bytes);
+        let mut seen = Response::default();
+        let (mut status_seen, mut instance_seen) = (false, false);
+        // Closing headers already seen (the first 64 configured; any later
+        // one counts at every occurrence).
+        let mut closing_seen: u64 = 0;
+        for (name, value) in pairs {
+            if !status_seen && name == crate::headers::STATUS.as_bytes() {
+                status_seen = true;
+                seen.status_503 = value == b"503";
+            }
+            if !instance_seen && instance_header.is_some_and(|h| name.eq_ignore_ascii_case(h)) {
+                instance_seen = true;
+                seen.instance = instance_id(Some(value.to_vec()));
+            }
+            let closing = config
+                .closing_headers
+                .iter()
+                .position(|h| name.eq_ignore_ascii_case(h.as_bytes()));
+            if let Some(i) = closing {
+                let bit = u32::try_from(i)
+                    .ok()
+                    .and_then(|i| 1u64.checked_shl(i))
+                    .unwrap_or(0);
+                if closing_seen & bit == 0 {
+                    closing_seen |= bit;
+                    seen.closing |= is_true(value);
+                }
+            }
+        }
+        seen
+    }
+}
+
+/// Gauges the consumer sets (`graceful_consumer_inflight` is the glue's:
+/// +1 and −1 per stream).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Gauge {
     /// `graceful_consumer_tombstones`: live tombstones.
@@ -62,16 +193,18 @@ pub enum Gauge {
     /// `graceful_consumer_tombstone_bytes`: size of the shared list (shows
     /// it stays bounded).
     TombstoneBytes,
-    /// `graceful_consumer_inflight`: the shared outbound count.
-    Inflight,
 }
 
-/// Counters the consumer adds to (`graceful_consumer_steered` is the
-/// glue's: it counts header writes the host accepted).
+/// Counters the consumer adds to (`graceful_consumer_steered` and
+/// `graceful_consumer_started` are the glue's: it counts header writes the
+/// host accepted, and streams).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Counter {
     Evictions,
     Readmitted,
+    /// `graceful_consumer_generation`: bumped after every shared write the
+    /// other VM copies must see (see the module doc).
+    Generation,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,7 +214,7 @@ pub enum Level {
     Warn,
 }
 
-/// Something for the glue to do: a metric change or a log line.
+/// Something for the glue to do, in order: a metric change or a log line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
     Set(Gauge, u64),
@@ -96,9 +229,13 @@ pub enum Part {
     Trailers,
 }
 
-/// A shared-data value decoded once per change of its generation counter.
+/// A shared-data value decoded once per change of its generation key,
+/// whose generation key is read only when the change signal moved (or
+/// when a caller outside the request path asks for a check).
 struct Cached<T> {
     gen: Option<u64>,
+    /// The generation key was read since the change signal last moved.
+    checked: bool,
     value: T,
 }
 
@@ -106,35 +243,47 @@ impl<T: Default> Cached<T> {
     fn new() -> Self {
         Cached {
             gen: None,
+            checked: false,
             value: T::default(),
         }
     }
 
-    /// The value, decoded again only if the generation moved. Unreadable
-    /// or foreign bytes read as "nothing yet" (the filter fails open).
+    /// Makes the next [`Cached::refresh`] read the generation key.
+    fn stale(&mut self) {
+        self.checked = false;
+    }
+
+    /// Reads the generation key unless checked since the signal moved, and
+    /// decodes the value again if it moved; true if it did. Unreadable or
+    /// foreign bytes read as "nothing yet" (the filter fails open).
     fn refresh(
         &mut self,
         store: &dyn SharedStore,
         gen_key: &str,
         key: &str,
         decode: fn(&[u8]) -> Option<T>,
-    ) -> &T {
+    ) -> bool {
+        if self.checked {
+            return false;
+        }
+        self.checked = true;
         let gen = store
             .get(gen_key)
             .ok()
             .flatten()
             .and_then(|(b, _)| store::read_u64(&b))
             .unwrap_or(0);
-        if self.gen != Some(gen) {
-            self.value = store
-                .get(key)
-                .ok()
-                .flatten()
-                .and_then(|(b, _)| decode(&b))
-                .unwrap_or_default();
-            self.gen = Some(gen);
+        if self.gen == Some(gen) {
+            return false;
         }
-        &self.value
+        self.value = store
+            .get(key)
+            .ok()
+            .flatten()
+            .and_then(|(b, _)| decode(&b))
+            .unwrap_or_default();
+        self.gen = Some(gen);
+        true
     }
 }
 
@@ -158,12 +307,24 @@ pub struct Consumer {
     /// [`Consumer::connect_failed`].
     upstream: bool,
     ttls: Ttls,
+    /// `graceful_consumer_generation` when this copy last synced its
+    /// caches (None: never, or unreadable).
+    signal: Option<u64>,
+    /// Bumps of the signal this copy made since it last looked: the signal
+    /// at `signal + own_bumps` means no other copy wrote (the counter is an
+    /// exact count), and this copy keeps its own writes in its caches.
+    own_bumps: u64,
     tombstones: Cached<Tombstones>,
+    /// The latest expiry in the cached tombstone list; 0 once the clock
+    /// has passed it (nothing in the list can be live until it changes).
+    live_until: u64,
     members: Cached<Membership>,
     /// Addresses that answered, as every copy saw them (without admin).
     shared_observed: Cached<Membership>,
     /// Addresses this copy saw answer (and told the others about).
     observed: Observed,
+    /// Responses seen, for sampling membership observations.
+    responses: u64,
     /// Clusters this VM copy has already added to the shared cluster set.
     registered: Vec<String>,
     /// The last steering plan, valid while tombstones and membership keep
@@ -194,6 +355,18 @@ pub fn upstream_from_vm_config(vm_config: &[u8]) -> Result<bool, String> {
     }
 }
 
+/// The configure-time log line when Envoy does not keep the stats the
+/// outbound count lives in (`rejected`: their names), None if it does.
+pub fn stats_refused(rejected: &[&str]) -> Option<String> {
+    if rejected.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "graceful_consumer: Envoy drops the stat(s) {}: the outbound in-flight count and the change signal live in them, so Envoy's stats_matcher must keep the wasmcustom.graceful_ stats (e.g. an inclusion_list prefix wasmcustom.graceful_)",
+        rejected.join(", ")
+    ))
+}
+
 /// True for a header value of `true` (case-insensitive). Duplicate headers
 /// may arrive joined with commas: any `true` among them counts.
 pub fn is_true(value: &[u8]) -> bool {
@@ -221,10 +394,14 @@ impl Consumer {
             },
             config,
             upstream,
+            signal: None,
+            own_bumps: 0,
             tombstones: Cached::new(),
+            live_until: 0,
             members: Cached::new(),
             shared_observed: Cached::new(),
             observed: Observed::default(),
+            responses: 0,
             registered: Vec::new(),
             plan: None,
             rotation: 0,
@@ -243,27 +420,73 @@ impl Consumer {
         self.upstream
     }
 
+    /// Takes the change signal (`graceful_consumer_generation`, read before
+    /// any shared data): if it moved, or cannot be read, the cached values
+    /// check their generation keys when next used.
+    pub fn sync(&mut self, signal: Option<u64>) {
+        let own = std::mem::take(&mut self.own_bumps);
+        let unchanged = self.signal.and_then(|s| s.checked_add(own));
+        if signal.is_some() && signal == unchanged {
+            self.signal = signal;
+            return;
+        }
+        self.signal = signal;
+        self.tombstones.stale();
+        self.members.stale();
+        self.shared_observed.stale();
+    }
+
+    /// Brings the cached tombstones up to date (reads only if stale).
+    fn refresh_tombstones(&mut self, store: &dyn SharedStore) {
+        let changed = self.tombstones.refresh(
+            store,
+            keys::TOMBSTONES_GEN.name,
+            keys::TOMBSTONES.name,
+            Tombstones::decode,
+        );
+        if changed {
+            self.live_until = self
+                .tombstones
+                .value
+                .entries()
+                .iter()
+                .map(|t| t.expires_us)
+                .max()
+                .unwrap_or(0);
+        }
+    }
+
+    /// Whether the cached list may hold a live tombstone; reads the clock
+    /// only if it has an entry not yet seen expired.
+    fn may_be_live(&mut self, x: &mut dyn Exchange) -> bool {
+        if self.live_until == 0 {
+            return false;
+        }
+        if x.now() >= self.live_until {
+            self.live_until = 0;
+            return false;
+        }
+        true
+    }
+
     /// The override header value for a request, or None to leave the load
     /// balancer alone (no live tombstone for the cluster, or every known
-    /// member tombstoned: nothing better to offer). The glue sets it and
-    /// counts `steered` if the host took it.
+    /// member tombstoned: nothing better to offer). `signal` is
+    /// `graceful_consumer_generation` as just read. The glue sets the
+    /// header and counts `steered` if the host took it.
     pub fn steer(
         &mut self,
         store: &dyn SharedStore,
         x: &mut dyn Exchange,
-        now: u64,
+        signal: Option<u64>,
     ) -> Option<String> {
-        let any_live = self
-            .tombstones
-            .refresh(
-                store,
-                keys::TOMBSTONES_GEN.name,
-                keys::TOMBSTONES.name,
-                Tombstones::decode,
-            )
-            .live_count(now)
-            > 0;
-        if !any_live {
+        self.sync(signal);
+        self.refresh_tombstones(store);
+        if !self.may_be_live(x) {
+            return None;
+        }
+        let now = x.now();
+        if self.tombstones.value.live_count(now) == 0 {
             return None;
         }
         let cluster = x.cluster();
@@ -275,61 +498,76 @@ impl Consumer {
         }
     }
 
-    /// What a response's headers or trailers say about the host at
-    /// `address` that sent them.
+    /// What a response's headers or trailers (`seen`, scanned by
+    /// [`Response::scan`]) say about the host that sent them.
     pub fn observe_response(
         &mut self,
         store: &dyn SharedStore,
         x: &mut dyn Exchange,
-        address: &str,
+        seen: &Response,
         part: Part,
-        now: u64,
     ) -> Vec<Effect> {
-        let closing = self
-            .config
-            .closing_headers
-            .iter()
-            .any(|h| x.header(h).is_some_and(|v| is_true(&v)));
-        if closing {
-            let instance = self.instance_of(x);
+        if seen.closing {
+            let Some(address) = x.address() else {
+                return Vec::new();
+            };
             let cluster = x.cluster();
             let obs = Observation::Closing {
                 cluster: &cluster,
-                address,
-                instance: instance.as_deref(),
+                address: &address,
+                instance: seen.instance.as_deref(),
             };
+            let now = x.now();
             return self.apply(store, &obs, now);
         }
-        if part != Part::Headers {
+        // As an upstream filter only closing marks are observed: connect
+        // failures end the attempt instead (`connect_failed`), and the
+        // listener's instance sees the final answer.
+        if part != Part::Headers || self.upstream {
             return Vec::new();
         }
-        // A local 503 for a connect failure: as an upstream filter no such
-        // reply is seen (the attempt ends instead, see `connect_failed`).
-        let failed = !self.upstream
+        // A local 503 for a connect failure.
+        if seen.status_503
             && self.config.evict_on_connect_failure
-            && x.header(crate::headers::STATUS).as_deref() == Some(b"503")
             && x.response_flags()
-                .is_some_and(|f| f & (FLAG_UF | FLAG_UC) != 0);
-        if failed {
+                .is_some_and(|f| f & (FLAG_UF | FLAG_UC) != 0)
+        {
+            let Some(address) = x.address() else {
+                return Vec::new();
+            };
             let cluster = x.cluster();
             let obs = Observation::ConnectFailure {
                 cluster: &cluster,
-                address,
+                address: &address,
             };
+            let now = x.now();
             return self.apply(store, &obs, now);
         }
+        // While tombstones may be live every response is observed (the
+        // address is read anyway), and asked whether it is a tombstoned host
+        // answering with a new instance id: usually not (a steered request
+        // went to a host that is not tombstoned), a lookup in the cached
+        // list.
+        let live = self.may_be_live(x);
+        let sample = self.responses.is_multiple_of(OBSERVE_EVERY);
+        self.responses = self.responses.wrapping_add(1);
+        if !(live || sample) {
+            return Vec::new();
+        }
+        let Some(address) = x.address() else {
+            return Vec::new();
+        };
+        let now = x.now();
         // What answered is membership (used until the admin's is known, and
         // always without an admin cluster); the cluster goes in the shared
         // set the admin refresh reads.
         let cluster = x.cluster();
-        let mut effects = self.answered(store, &cluster, address, now);
+        let mut effects = self.answered(store, &cluster, &address, now);
         self.register_cluster(store, &cluster);
-        // Readmission is only a question for a tombstoned address.
-        if self.is_tombstoned(store, address, now) {
-            let instance = self.instance_of(x);
+        if live && self.is_tombstoned(&address, now) {
             let obs = Observation::Answered {
-                address,
-                instance: instance.as_deref(),
+                address: &address,
+                instance: seen.instance.as_deref(),
             };
             effects.extend(self.apply(store, &obs, now));
         }
@@ -350,18 +588,14 @@ impl Consumer {
         store: &dyn SharedStore,
         x: &mut dyn Exchange,
         address: &str,
-        now: u64,
     ) -> Vec<Effect> {
         let cluster = x.cluster();
         let obs = Observation::ConnectFailure {
             cluster: &cluster,
             address,
         };
+        let now = x.now();
         self.apply(store, &obs, now)
-    }
-
-    fn instance_of(&self, x: &mut dyn Exchange) -> Option<String> {
-        instance_id(x.header(self.config.instance_header.as_deref()?))
     }
 
     /// Adds the route's cluster to the shared set the membership refresh
@@ -383,32 +617,35 @@ impl Consumer {
         }
     }
 
-    /// Bumps a generation counter; a failure is logged once per VM copy.
-    fn bump(&mut self, store: &dyn SharedStore, gen_key: &str) -> Option<Effect> {
-        let e = add_bounded(store, gen_key, 1, u64::MAX).err()?;
-        if std::mem::replace(&mut self.bump_warned, true) {
-            return None;
+    /// Bumps a generation key, then the change signal (whatever the key's
+    /// bump did: the other copies then at least look); a failure is logged
+    /// once per VM copy.
+    fn bump(&mut self, store: &dyn SharedStore, gen_key: &str) -> Vec<Effect> {
+        let mut effects = Vec::new();
+        if let Err(e) = add_bounded(store, gen_key, 1, u64::MAX) {
+            if !std::mem::replace(&mut self.bump_warned, true) {
+                effects.push(Effect::Log(
+                    Level::Warn,
+                    format!(
+                        "{gen_key} not bumped ({e:?}): other VM copies keep their cached value until the next change (logged once per VM copy)"
+                    ),
+                ));
+            }
         }
-        Some(Effect::Log(
-            Level::Warn,
-            format!(
-                "{gen_key} not bumped ({e:?}): other VM copies keep their cached value until the next change (logged once per VM copy)"
-            ),
-        ))
+        effects.push(Effect::Add(Counter::Generation, 1));
+        self.own_bumps = self.own_bumps.saturating_add(1);
+        effects
     }
 
-    /// Applies an observation to the shared tombstones. Reads the cached
-    /// list first so the common cases (an answer from a host that is not
-    /// tombstoned, a closing mark already recorded) cost no write.
+    /// Applies an observation to the shared tombstones. Reads the list's
+    /// generation first (always: this is not the request path) so the
+    /// common cases (an answer from a host that is not tombstoned, a
+    /// closing mark already recorded) cost no write.
     fn apply(&mut self, store: &dyn SharedStore, obs: &Observation, now: u64) -> Vec<Effect> {
         let max = self.config.max_tombstones as usize;
-        let current = self.tombstones.refresh(
-            store,
-            keys::TOMBSTONES_GEN.name,
-            keys::TOMBSTONES.name,
-            Tombstones::decode,
-        );
-        if !current.worth_writing(obs, &self.ttls, now) {
+        self.tombstones.stale();
+        self.refresh_tombstones(store);
+        if !self.tombstones.value.worth_writing(obs, &self.ttls, now) {
             return Vec::new();
         }
         let ttls = self.ttls;
@@ -432,10 +669,11 @@ impl Consumer {
         if change == Change::Unchanged {
             return Vec::new();
         }
-        let mut effects: Vec<Effect> = self
-            .bump(store, keys::TOMBSTONES_GEN.name)
-            .into_iter()
-            .collect();
+        let mut effects = self.bump(store, keys::TOMBSTONES_GEN.name);
+        // This copy knows its own write at once (its next response may be a
+        // readmission question): two reads, on a path as rare as writes.
+        self.tombstones.stale();
+        self.refresh_tombstones(store);
         effects.push(Effect::Set(Gauge::Tombstones, live as u64));
         effects.push(Effect::Set(Gauge::TombstoneBytes, size as u64));
         let line = match (change, obs) {
@@ -480,29 +718,23 @@ impl Consumer {
     /// nothing yet still steers from the first tombstone).
     fn members(&mut self, store: &dyn SharedStore, cluster: &str, now: u64) -> Vec<Member> {
         if self.config.admin_cluster.is_some() {
-            if let Some(m) = self
-                .members
-                .refresh(
-                    store,
-                    keys::MEMBERS_GEN.name,
-                    keys::MEMBERS.name,
-                    Membership::decode,
-                )
-                .cluster(cluster)
-            {
+            self.members.refresh(
+                store,
+                keys::MEMBERS_GEN.name,
+                keys::MEMBERS.name,
+                Membership::decode,
+            );
+            if let Some(m) = self.members.value.cluster(cluster) {
                 return m.to_vec();
             }
         }
-        match self
-            .shared_observed
-            .refresh(
-                store,
-                keys::OBSERVED_GEN.name,
-                keys::OBSERVED.name,
-                Membership::decode,
-            )
-            .cluster(cluster)
-        {
+        self.shared_observed.refresh(
+            store,
+            keys::OBSERVED_GEN.name,
+            keys::OBSERVED.name,
+            Membership::decode,
+        );
+        match self.shared_observed.value.cluster(cluster) {
             Some(m) => m.to_vec(),
             None => self.observed.members(cluster, now),
         }
@@ -553,18 +785,9 @@ impl Consumer {
         steering
     }
 
-    /// True if `address` has a live tombstone (from the cached list: one
-    /// 8-byte read when nothing changed).
-    fn is_tombstoned(&mut self, store: &dyn SharedStore, address: &str, now: u64) -> bool {
-        self.tombstones
-            .refresh(
-                store,
-                keys::TOMBSTONES_GEN.name,
-                keys::TOMBSTONES.name,
-                Tombstones::decode,
-            )
-            .get_live(address, now)
-            .is_some()
+    /// True if `address` has a live tombstone in the cached list.
+    fn is_tombstoned(&self, address: &str, now: u64) -> bool {
+        self.tombstones.value.get_live(address, now).is_some()
     }
 
     /// Notes that `address` answered; tells the other copies the first time
@@ -585,10 +808,10 @@ impl Consumer {
             (new.then(|| m.encode()), new)
         });
         if added == Ok(true) {
-            return self
-                .bump(store, keys::OBSERVED_GEN.name)
-                .into_iter()
-                .collect();
+            // Read again when steering next needs it (this copy's own write
+            // does not make its signal move).
+            self.shared_observed.stale();
+            return self.bump(store, keys::OBSERVED_GEN.name);
         }
         Vec::new()
     }

@@ -14,7 +14,6 @@ use crate::steering::{
 };
 use crate::store::{take_lease, SharedStore};
 use crate::tombstone::Tombstones;
-use crate::traffic;
 
 /// Timeout of every call the consumer makes (admin and probes).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
@@ -59,14 +58,10 @@ impl Call {
 }
 
 impl Consumer {
-    /// A tick: the outbound gauge follows the shared count (here, not per
-    /// request: exact, and two hostcalls a request cheaper), and the copy
-    /// that takes the lease refreshes membership and probes.
+    /// A tick: the copy that takes the lease refreshes membership and
+    /// probes.
     pub fn on_tick(&mut self, store: &dyn SharedStore, now: u64) -> (Vec<Effect>, Vec<Call>) {
         let mut effects = Vec::new();
-        if let Ok(t) = traffic::read(store, keys::OUTBOUND.name) {
-            effects.push(Effect::Set(Gauge::Inflight, t.inflight));
-        }
         let interval = micros(self.config.membership_refresh);
         let mut calls = Vec::new();
         if take_lease(store, keys::REFRESH_LEASE.name, now, interval).unwrap_or(false) {
@@ -81,15 +76,10 @@ impl Consumer {
         now: u64,
         effects: &mut Vec<Effect>,
     ) -> Vec<Call> {
-        let tombstones = self
-            .tombstones
-            .refresh(
-                store,
-                keys::TOMBSTONES_GEN.name,
-                keys::TOMBSTONES.name,
-                Tombstones::decode,
-            )
-            .clone();
+        // Not the request path: check the generation whatever the signal.
+        self.tombstones.stale();
+        self.refresh_tombstones(store);
+        let tombstones = self.tombstones.value.clone();
         effects.push(Effect::Set(
             Gauge::Tombstones,
             tombstones.live_count(now) as u64,
@@ -213,14 +203,17 @@ impl Consumer {
             Ok(m) => {
                 // Written only when it changed: every change makes each
                 // worker decode it again.
-                let changed = self.members.refresh(
+                self.members.stale();
+                self.members.refresh(
                     store,
                     keys::MEMBERS_GEN.name,
                     keys::MEMBERS.name,
                     Membership::decode,
-                ) != &m;
+                );
+                let changed = self.members.value != m;
                 if changed && store.set(keys::MEMBERS.name, &m.encode(), 0).is_ok() {
                     effects.extend(self.bump(store, keys::MEMBERS_GEN.name));
+                    self.members.stale();
                 }
                 m
             }

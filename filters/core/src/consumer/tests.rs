@@ -1,16 +1,22 @@
 use super::*;
 use crate::config::ConsumerConfig;
 use crate::store::MemStore;
+use std::cell::Cell;
 use std::time::Duration;
 
-/// A stream as the glue would show it: fixed headers, a cluster, flags;
-/// counts the lookups, which are hostcalls in the filter.
+/// A stream as the glue would show it: fixed headers, a cluster, the
+/// answering address, flags, the clock; counts the lookups, which are
+/// hostcalls in the filter.
 #[derive(Default)]
 struct Stream {
     cluster: String,
+    address: Option<String>,
     headers: Vec<(&'static str, Vec<u8>)>,
     flags: Option<u64>,
+    now: u64,
     cluster_reads: usize,
+    address_reads: usize,
+    clock_reads: usize,
 }
 
 impl Stream {
@@ -25,6 +31,21 @@ impl Stream {
         self.headers.push((name, value.as_bytes().to_vec()));
         self
     }
+
+    fn at(mut self, now: u64) -> Stream {
+        self.now = now;
+        self
+    }
+
+    /// What the glue's one read of the header map gives the core.
+    fn scanned(&self, config: &ConsumerConfig) -> Response {
+        Response::scan(
+            config,
+            self.headers
+                .iter()
+                .map(|(n, v)| (n.as_bytes(), v.as_slice())),
+        )
+    }
 }
 
 impl Exchange for Stream {
@@ -32,15 +53,67 @@ impl Exchange for Stream {
         self.cluster_reads += 1;
         self.cluster.clone()
     }
-    fn header(&mut self, name: &str) -> Option<Vec<u8>> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.clone())
+    fn address(&mut self) -> Option<String> {
+        self.address_reads += 1;
+        self.address.clone()
     }
     fn response_flags(&mut self) -> Option<u64> {
         self.flags
     }
+    fn now(&mut self) -> u64 {
+        self.clock_reads += 1;
+        self.now
+    }
+}
+
+thread_local! {
+    /// `graceful_consumer_generation` of the simulated process (each test
+    /// runs on a thread of its own).
+    static SIGNAL: Cell<u64> = const { Cell::new(0) };
+}
+
+/// Carries out the generation bumps among `fx`, as the glue does.
+fn carry(fx: &[Effect]) {
+    for e in fx {
+        if let Effect::Add(Counter::Generation, n) = e {
+            SIGNAL.with(|s| s.set(s.get() + n));
+        }
+    }
+}
+
+/// `stream`'s response from `address` at `now`, observed by `c` (as the
+/// glue would: one scan of the map, then the decision).
+fn observe_with(
+    c: &mut Consumer,
+    store: &dyn SharedStore,
+    stream: &mut Stream,
+    address: &str,
+    part: Part,
+    now: u64,
+) -> Vec<Effect> {
+    stream.address = Some(address.to_string());
+    stream.now = now;
+    let seen = stream.scanned(c.config());
+    let fx = c.observe_response(store, stream, &seen, part);
+    carry(&fx);
+    fx
+}
+
+fn observe(
+    c: &mut Consumer,
+    store: &dyn SharedStore,
+    mut stream: Stream,
+    address: &str,
+    part: Part,
+    now: u64,
+) -> Vec<Effect> {
+    observe_with(c, store, &mut stream, address, part, now)
+}
+
+/// A request to `cluster` at `now` through `c`, with the signal as it is.
+fn steer(c: &mut Consumer, store: &dyn SharedStore, cluster: &str, now: u64) -> Option<String> {
+    let signal = SIGNAL.with(Cell::get);
+    c.steer(store, &mut Stream::to(cluster).at(now), Some(signal))
 }
 
 fn config(json: &str) -> ConsumerConfig {
@@ -79,17 +152,17 @@ fn a_closing_mark_tombstones_and_every_copy_steers_away() {
     let (store, mut c) = copies("", 2);
     // Copy 0 sees both hosts answer, then b closing.
     for a in ["a:1", "b:1"] {
-        c[0].observe_response(&store, &mut ok("i"), a, Part::Headers, S);
+        observe(&mut c[0], &store, ok("i"), a, Part::Headers, S);
     }
-    let fx = c[0].observe_response(&store, &mut closing("i"), "b:1", Part::Headers, S);
+    let fx = observe(&mut c[0], &store, closing("i"), "b:1", Part::Headers, S);
     assert!(fx.contains(&Effect::Add(Counter::Evictions, 1)), "{fx:?}");
     assert!(fx.contains(&Effect::Set(Gauge::Tombstones, 1)));
     assert_eq!(gen(&store, keys::TOMBSTONES_GEN), 1);
     // Copy 1 never saw an answer: it steers from the shared observed set.
-    let list = c[1].steer(&store, &mut Stream::to("svc"), 2 * S);
+    let list = steer(&mut c[1], &store, "svc", 2 * S);
     assert_eq!(list.as_deref(), Some("a:1"));
     assert_eq!(
-        c[0].steer(&store, &mut Stream::to("other"), 2 * S),
+        steer(&mut c[0], &store, "other", 2 * S),
         None,
         "another cluster"
     );
@@ -98,16 +171,23 @@ fn a_closing_mark_tombstones_and_every_copy_steers_away() {
 #[test]
 fn a_repeated_mark_is_written_only_when_it_adds_a_second() {
     let (store, mut c) = copies("", 1);
-    c[0].observe_response(&store, &mut closing("i"), "b:1", Part::Headers, S);
+    observe(&mut c[0], &store, closing("i"), "b:1", Part::Headers, S);
     let cas = store.get(keys::TOMBSTONES.name).unwrap().unwrap().1;
-    let fx = c[0].observe_response(&store, &mut closing("i"), "b:1", Part::Headers, S + S / 2);
+    let fx = observe(
+        &mut c[0],
+        &store,
+        closing("i"),
+        "b:1",
+        Part::Headers,
+        S + S / 2,
+    );
     assert!(fx.is_empty(), "{fx:?}");
     assert_eq!(
         store.get(keys::TOMBSTONES.name).unwrap().unwrap().1,
         cas,
         "no write"
     );
-    c[0].observe_response(&store, &mut closing("i"), "b:1", Part::Headers, 3 * S);
+    observe(&mut c[0], &store, closing("i"), "b:1", Part::Headers, 3 * S);
     assert_ne!(
         store.get(keys::TOMBSTONES.name).unwrap().unwrap().1,
         cas,
@@ -119,12 +199,12 @@ fn a_repeated_mark_is_written_only_when_it_adds_a_second() {
 #[test]
 fn a_new_instance_answering_readmits() {
     let (store, mut c) = copies("", 1);
-    c[0].observe_response(&store, &mut closing("old"), "b:1", Part::Headers, S);
-    let same = c[0].observe_response(&store, &mut ok("old"), "b:1", Part::Headers, 2 * S);
+    observe(&mut c[0], &store, closing("old"), "b:1", Part::Headers, S);
+    let same = observe(&mut c[0], &store, ok("old"), "b:1", Part::Headers, 2 * S);
     assert!(!same.contains(&Effect::Add(Counter::Readmitted, 1)));
-    let fx = c[0].observe_response(&store, &mut ok("new"), "b:1", Part::Headers, 3 * S);
+    let fx = observe(&mut c[0], &store, ok("new"), "b:1", Part::Headers, 3 * S);
     assert!(fx.contains(&Effect::Add(Counter::Readmitted, 1)), "{fx:?}");
-    assert_eq!(c[0].steer(&store, &mut Stream::to("svc"), 4 * S), None);
+    assert_eq!(steer(&mut c[0], &store, "svc", 4 * S), None);
 }
 
 #[test]
@@ -132,18 +212,16 @@ fn connect_failures_evict_downstream_as_local_503s_and_upstream_as_failed_attemp
     let (store, mut c) = copies("", 1);
     let mut reply = Stream::to("svc").with(":status", "503");
     reply.flags = Some(FLAG_UF);
-    let fx = c[0].observe_response(&store, &mut reply, "b:1", Part::Headers, S);
+    let fx = observe(&mut c[0], &store, reply, "b:1", Part::Headers, S);
     assert!(fx.contains(&Effect::Add(Counter::Evictions, 1)), "{fx:?}");
 
     let mut up = Consumer::new(config(""), true);
     let mut reply = Stream::to("svc").with(":status", "503");
     reply.flags = Some(FLAG_UF);
-    assert!(up
-        .observe_response(&store, &mut reply, "c:1", Part::Headers, S)
-        .is_empty());
+    assert!(observe(&mut up, &store, reply, "c:1", Part::Headers, S).is_empty());
     assert!(up.attempt_may_have_failed(false));
     assert!(!up.attempt_may_have_failed(true), "it answered");
-    let fx = up.connect_failed(&store, &mut Stream::to("svc"), "c:1", S);
+    let fx = up.connect_failed(&store, &mut Stream::to("svc").at(S), "c:1");
     assert!(fx.contains(&Effect::Add(Counter::Evictions, 1)), "{fx:?}");
     assert!(!c[0].attempt_may_have_failed(false), "downstream: never");
 }
@@ -151,41 +229,232 @@ fn connect_failures_evict_downstream_as_local_503s_and_upstream_as_failed_attemp
 #[test]
 fn marks_in_trailers_count_and_other_trailers_are_not_answers() {
     let (store, mut c) = copies("", 1);
-    let fx = c[0].observe_response(&store, &mut ok("i"), "a:1", Part::Trailers, S);
+    let fx = observe(&mut c[0], &store, ok("i"), "a:1", Part::Trailers, S);
     assert!(fx.is_empty());
     assert_eq!(
         store.get(keys::OBSERVED.name).unwrap().unwrap().0,
         [1, 0, 0]
     );
-    let mut t = Stream::to("svc").with("closing", "false, TRUE");
-    let fx = c[0].observe_response(&store, &mut t, "a:1", Part::Trailers, S);
+    let t = Stream::to("svc").with("closing", "false, TRUE");
+    let fx = observe(&mut c[0], &store, t, "a:1", Part::Trailers, S);
     assert!(fx.contains(&Effect::Add(Counter::Evictions, 1)), "{fx:?}");
 }
 
-#[test]
-fn an_ordinary_request_reads_one_generation_and_no_cluster() {
-    struct Counting<'a>(&'a MemStore, std::cell::Cell<usize>);
-    impl SharedStore for Counting<'_> {
-        fn get(&self, key: &str) -> Result<Option<store::Versioned>, store::StoreError> {
-            self.1.set(self.1.get() + 1);
-            self.0.get(key)
-        }
-        fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), store::StoreError> {
-            self.1.set(self.1.get() + 1);
-            self.0.set(key, value, cas)
-        }
+/// Counts shared-data reads and writes.
+struct Counting<'a>(&'a MemStore, Cell<usize>);
+impl SharedStore for Counting<'_> {
+    fn get(&self, key: &str) -> Result<Option<store::Versioned>, store::StoreError> {
+        self.1.set(self.1.get() + 1);
+        self.0.get(key)
     }
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), store::StoreError> {
+        self.1.set(self.1.get() + 1);
+        self.0.set(key, value, cas)
+    }
+}
+
+#[test]
+fn an_ordinary_request_reads_no_shared_data_no_clock_and_no_cluster() {
     let (store, mut c) = copies("", 1);
     let counting = Counting(&store, 0.into());
     let mut s = Stream::to("svc");
-    c[0].steer(&counting, &mut s, S);
+    assert_eq!(c[0].steer(&counting, &mut s, Some(0)), None);
     let first = counting.1.get();
-    c[0].steer(&counting, &mut s, S);
-    assert_eq!(counting.1.get() - first, 1, "the generation only");
     assert_eq!(
-        s.cluster_reads, 0,
-        "no tombstone: the cluster is not needed"
+        first, 2,
+        "the first look: the tombstones and their generation"
     );
+    assert_eq!(c[0].steer(&counting, &mut s, Some(0)), None);
+    assert_eq!(counting.1.get(), first, "the signal did not move: nothing");
+    assert_eq!(
+        (s.cluster_reads, s.clock_reads),
+        (0, 0),
+        "no tombstone: neither the cluster nor the clock"
+    );
+    // Unreadable signal: every request checks the generation (fail open).
+    c[0].steer(&counting, &mut s, None);
+    c[0].steer(&counting, &mut s, None);
+    assert_eq!(counting.1.get(), first + 2);
+}
+
+#[test]
+fn an_ordinary_response_reads_nothing_but_the_scan_after_the_first() {
+    let (store, mut c) = copies(r#"{"admin_cluster":"admin"}"#, 1);
+    let counting = Counting(&store, 0.into());
+    let mut first = ok("i");
+    observe_with(&mut c[0], &counting, &mut first, "a:1", Part::Headers, S);
+    assert_eq!(
+        (first.address_reads, first.cluster_reads),
+        (1, 1),
+        "the copy's first response is observed (membership, cluster set)"
+    );
+    let writes = counting.1.get();
+    for i in 1..OBSERVE_EVERY {
+        let mut s = ok("i");
+        let fx = observe_with(&mut c[0], &counting, &mut s, "a:1", Part::Headers, S + i);
+        assert!(fx.is_empty());
+        assert_eq!(
+            (s.address_reads, s.cluster_reads, s.clock_reads),
+            (0, 0, 0),
+            "response {i}"
+        );
+    }
+    assert_eq!(counting.1.get(), writes, "no shared data either");
+    let mut sampled = ok("i");
+    observe_with(
+        &mut c[0],
+        &counting,
+        &mut sampled,
+        "b:1",
+        Part::Headers,
+        2 * S,
+    );
+    assert_eq!(sampled.address_reads, 1, "one in {OBSERVE_EVERY}");
+    assert_eq!(gen(&store, keys::OBSERVED_GEN), 2, "a:1, then b:1");
+}
+
+#[test]
+fn a_write_is_seen_by_every_copy_at_its_next_request_through_the_signal() {
+    let (store, mut c) = copies("", 2);
+    observe(&mut c[1], &store, ok("i"), "a:1", Part::Headers, S);
+    assert_eq!(steer(&mut c[1], &store, "svc", S), None);
+    assert_eq!(steer(&mut c[0], &store, "svc", S), None);
+    let before = SIGNAL.with(Cell::get);
+    let fx = observe(&mut c[0], &store, closing("i"), "b:1", Part::Headers, S);
+    // The shared write first, then the signal: the bump is among the
+    // effects the glue carries out after the core returned.
+    let bumps = fx
+        .iter()
+        .filter(|e| **e == Effect::Add(Counter::Generation, 1))
+        .count();
+    assert_eq!(bumps, 1, "{fx:?}");
+    assert_eq!(SIGNAL.with(Cell::get), before + 1);
+    assert_eq!(
+        steer(&mut c[1], &store, "svc", 2 * S).as_deref(),
+        Some("a:1")
+    );
+    // A copy that missed the bump (signal unchanged) keeps its cache: the
+    // protocol relies on every write bumping it.
+    let (store2, mut d) = copies("", 1);
+    assert_eq!(
+        d[0].steer(&store2, &mut Stream::to("svc").at(S), Some(5)),
+        None
+    );
+    observe(&mut d[0], &store2, ok("i"), "a:1", Part::Headers, S);
+    let mut other = Consumer::new(config(""), false);
+    observe(&mut other, &store2, closing("i"), "b:1", Part::Headers, S);
+    // 6: d's own bump (its observation of a:1), as if other's were lost.
+    assert_eq!(
+        d[0].steer(&store2, &mut Stream::to("svc").at(S), Some(6)),
+        None
+    );
+    assert_eq!(
+        d[0].steer(&store2, &mut Stream::to("svc").at(S), Some(7))
+            .as_deref(),
+        Some("a:1")
+    );
+}
+
+#[test]
+fn a_copy_skips_the_reads_its_own_bumps_would_cause_but_not_another_copys() {
+    let (store, mut c) = copies("", 2);
+    let counting = Counting(&store, 0.into());
+    steer(&mut c[0], &counting, "svc", S);
+    steer(&mut c[1], &counting, "svc", S);
+    // Copy 0's first response is observed: a write and a bump.
+    observe(&mut c[0], &counting, ok("i"), "a:1", Part::Headers, S);
+    let reads = counting.1.get();
+    steer(&mut c[0], &counting, "svc", S);
+    assert_eq!(
+        counting.1.get(),
+        reads,
+        "only its own bump: nothing to read"
+    );
+    steer(&mut c[1], &counting, "svc", S);
+    assert_eq!(
+        counting.1.get(),
+        reads + 1,
+        "another copy's: one generation"
+    );
+    // Both bump: copy 0 cannot tell, and looks.
+    observe(&mut c[0], &counting, closing("i"), "b:1", Part::Headers, S);
+    observe(&mut c[1], &counting, ok("i"), "c:1", Part::Headers, S);
+    let list = steer(&mut c[0], &counting, "svc", 2 * S).unwrap_or_default();
+    let mut hosts: Vec<&str> = list.split(',').collect();
+    hosts.sort_unstable();
+    assert_eq!(hosts, ["a:1", "c:1"], "another copy's observation is seen");
+}
+
+#[test]
+fn the_clock_is_read_only_while_a_tombstone_may_be_live() {
+    let (store, mut c) = copies(r#"{"failure_tombstone_ttl":"5s"}"#, 1);
+    let mut reply = Stream::to("svc").with(":status", "503");
+    reply.flags = Some(FLAG_UF);
+    observe(&mut c[0], &store, reply, "b:1", Part::Headers, S);
+    let signal = Some(SIGNAL.with(Cell::get));
+    let mut s = Stream::to("svc").at(2 * S);
+    c[0].steer(&store, &mut s, signal);
+    assert!(s.clock_reads > 0, "live: the clock decides");
+    // Expired (6 s): one more look at the clock, then none.
+    let mut s = Stream::to("svc").at(6 * S);
+    assert_eq!(c[0].steer(&store, &mut s, signal), None);
+    assert_eq!(s.clock_reads, 1);
+    let mut s = Stream::to("svc").at(7 * S);
+    assert_eq!(c[0].steer(&store, &mut s, signal), None);
+    assert_eq!((s.clock_reads, s.cluster_reads), (0, 0));
+}
+
+#[test]
+fn while_live_every_response_is_observed_and_checked_for_readmission() {
+    let (store, mut c) = copies(r#"{"tombstone_ttl":"30s"}"#, 1);
+    observe(&mut c[0], &store, closing("old"), "b:1", Part::Headers, S);
+    for i in 0..3 {
+        let mut s = ok("i");
+        let fx = observe_with(&mut c[0], &store, &mut s, "a:1", Part::Headers, 2 * S + i);
+        assert!(fx.iter().all(|e| *e != Effect::Add(Counter::Readmitted, 1)));
+        assert_eq!(s.address_reads, 1, "live: membership is observed");
+    }
+    let fx = observe(&mut c[0], &store, ok("new"), "b:1", Part::Headers, 3 * S);
+    assert!(fx.contains(&Effect::Add(Counter::Readmitted, 1)), "{fx:?}");
+}
+
+#[test]
+fn the_scan_finds_marks_status_and_instance_in_one_pass() {
+    let cfg = config("");
+    let pairs: &[(&[u8], &[u8])] = &[
+        (b":status", b"503"),
+        (b"X-Graceful-Instance", b"i1"),
+        (b"x-graceful-instance", b"i2"),
+        (b"closing", b"false"),
+        (b"closing", b"true"),
+    ];
+    assert_eq!(
+        Response::scan(&cfg, pairs.iter().copied()),
+        Response {
+            closing: false,
+            status_503: true,
+            instance: Some("i1".into())
+        },
+        "the first of duplicates, as Envoy's single-value lookup"
+    );
+    let pairs: &[(&[u8], &[u8])] = &[(b"x-graceful-closing", b"no"), (b"closing", b"false, TRUE")];
+    assert!(
+        Response::scan(&cfg, pairs.iter().copied()).closing,
+        "either header, joined values"
+    );
+    let pairs: &[(&[u8], &[u8])] = &[(b":status", b"200"), (b"x-graceful-instance", b"a b")];
+    assert_eq!(
+        Response::scan(&cfg, pairs.iter().copied()),
+        Response::default()
+    );
+}
+
+#[test]
+fn refused_stats_name_themselves_and_the_matcher() {
+    assert_eq!(stats_refused(&[]), None);
+    let line = stats_refused(&["graceful_consumer_inflight"]).unwrap_or_default();
+    assert!(line.contains("graceful_consumer_inflight"), "{line}");
+    assert!(line.contains("stats_matcher") && line.contains("wasmcustom.graceful_"));
 }
 
 /// A store whose counters refuse to move: generation bumps fail.
@@ -211,13 +480,13 @@ fn a_failed_generation_bump_is_logged_once_and_the_change_still_counts() {
             .filter(|e| matches!(e, Effect::Log(Level::Warn, l) if l.contains("not bumped")))
             .count()
     };
-    let fx = c[0].observe_response(&store, &mut closing("i"), "b:1", Part::Headers, S);
+    let fx = observe(&mut c[0], &store, closing("i"), "b:1", Part::Headers, S);
     assert_eq!(warns(&fx), 1, "{fx:?}");
     assert!(
         fx.contains(&Effect::Add(Counter::Evictions, 1)),
         "fail open"
     );
-    let fx = c[0].observe_response(&store, &mut closing("j"), "b:1", Part::Headers, 2 * S);
+    let fx = observe(&mut c[0], &store, closing("j"), "b:1", Part::Headers, 2 * S);
     assert_eq!(warns(&fx), 0, "once per VM copy: {fx:?}");
     assert!(fx.contains(&Effect::Add(Counter::Evictions, 1)));
 }
@@ -226,10 +495,16 @@ fn a_failed_generation_bump_is_logged_once_and_the_change_still_counts() {
 fn the_refresh_asks_the_admin_then_probes_what_is_still_a_member() {
     let json = r#"{"admin_cluster":"admin","membership_refresh":"1s"}"#;
     let (store, mut c) = copies(json, 2);
-    c[0].observe_response(&store, &mut ok("i"), "10.0.0.1:80", Part::Headers, S);
-    c[0].observe_response(&store, &mut closing("i"), "10.0.0.2:80", Part::Headers, S);
+    observe(&mut c[0], &store, ok("i"), "10.0.0.1:80", Part::Headers, S);
+    observe(
+        &mut c[0],
+        &store,
+        closing("i"),
+        "10.0.0.2:80",
+        Part::Headers,
+        S,
+    );
     let (fx, calls) = c[1].on_tick(&store, 2 * S);
-    assert!(fx.contains(&Effect::Set(Gauge::Inflight, 0)));
     assert!(fx.contains(&Effect::Set(Gauge::Tombstones, 1)));
     let [admin] = calls.as_slice() else {
         panic!("{calls:?}")
@@ -253,7 +528,11 @@ fn the_refresh_asks_the_admin_then_probes_what_is_still_a_member() {
         {"address":{"socket_address":{"address":"10.0.0.1","port_value":80}}},
         {"address":{"socket_address":{"address":"10.0.0.2","port_value":80}}}]}]}"#;
     let (fx, probes) = c[1].admin_answered(&store, &wanted, Some(b"200"), || body.to_vec(), 4 * S);
-    assert!(fx.is_empty(), "{fx:?}");
+    assert_eq!(
+        fx,
+        [Effect::Add(Counter::Generation, 1)],
+        "the signal moves"
+    );
     assert_eq!(
         gen(&store, keys::MEMBERS_GEN),
         1,
@@ -291,7 +570,14 @@ fn the_refresh_asks_the_admin_then_probes_what_is_still_a_member() {
 fn a_failed_admin_answer_probes_from_the_last_known_membership() {
     let json = r#"{"admin_cluster":"admin"}"#;
     let (store, mut c) = copies(json, 1);
-    c[0].observe_response(&store, &mut closing("i"), "10.0.0.2:80", Part::Headers, S);
+    observe(
+        &mut c[0],
+        &store,
+        closing("i"),
+        "10.0.0.2:80",
+        Part::Headers,
+        S,
+    );
     // The tick that sent the admin call read the tombstones the answer
     // works from.
     let (_, calls) = c[0].on_tick(&store, 2 * S);
@@ -323,7 +609,7 @@ fn a_failed_admin_answer_probes_from_the_last_known_membership() {
 #[test]
 fn without_an_admin_the_tick_probes_directly_and_skips_probes_in_flight() {
     let (store, mut c) = copies("", 1);
-    c[0].observe_response(&store, &mut closing("i"), "b:1", Part::Headers, S);
+    observe(&mut c[0], &store, closing("i"), "b:1", Part::Headers, S);
     let (_, calls) = c[0].on_tick(&store, 2 * S);
     let [probe] = calls.as_slice() else {
         panic!("{calls:?}")
