@@ -7,7 +7,6 @@ use graceful_core::instance::{decode_identity, encode_identity, is_valid};
 use graceful_core::record::InstanceRecord;
 use graceful_core::steering::{ClusterSet, Membership, MAX_CLUSTERS};
 use graceful_core::tombstone::Tombstones;
-use graceful_core::traffic::Traffic;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -15,14 +14,12 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     match which % 6 {
-        0 => {
-            if let Some(t) = Traffic::decode(bytes) {
-                assert_eq!(&t.encode()[..], bytes);
-            }
-        }
-        1 => {
+        0 | 1 => {
+            // The last 16 bytes held counters an older build wrote:
+            // ignored when read, written as zero.
             if let Some(r) = InstanceRecord::decode(bytes) {
-                assert_eq!(&r.encode()[..], bytes);
+                assert_eq!(&r.encode()[..24], &bytes[..24]);
+                assert_eq!(&r.encode()[24..], &[0u8; 16][..]);
             }
         }
         2 => {

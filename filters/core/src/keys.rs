@@ -15,7 +15,6 @@
 use crate::record::InstanceRecord;
 use crate::steering::{ClusterSet, Membership};
 use crate::tombstone::Tombstones;
-use crate::traffic::Traffic;
 
 /// The filter a key belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -30,8 +29,6 @@ pub enum Owner {
 pub enum Encoding {
     /// [`InstanceRecord::encode`].
     InstanceRecord,
-    /// [`Traffic::encode`].
-    Traffic,
     /// [`Tombstones::encode`].
     Tombstones,
     /// [`Membership::encode`].
@@ -67,7 +64,6 @@ impl Key {
         }
         Some(match self.encoding {
             Encoding::InstanceRecord => InstanceRecord::default().encode().to_vec(),
-            Encoding::Traffic => Traffic::default().encode().to_vec(),
             Encoding::Tombstones => Tombstones::default().encode(),
             Encoding::Membership => Membership::default().encode(),
             Encoding::ClusterSet => ClusterSet::default().encode(),
@@ -93,20 +89,14 @@ const fn key(
 
 use Owner::{Consumer, Drain, Provider};
 
-/// The instance record: phase, times and the inbound count. Admission and
-/// the drain gate both update it, so either filter may be first to start.
+/// The instance record: phase and times (the counts are Envoy stats, see
+/// [`crate::gate`]). graceful_drain writes it; graceful_provider creates it
+/// too, as either filter may be first to start.
 pub const RECORD: Key = key(
     "graceful.v1.instance",
     Provider,
     Encoding::InstanceRecord,
     &[Provider, Drain],
-);
-/// Outbound traffic, counted by the consumer, read by the drain gate.
-pub const OUTBOUND: Key = key(
-    "graceful.v1.traffic.outbound",
-    Consumer,
-    Encoding::Traffic,
-    &[Consumer],
 );
 /// The process's instance id, agreed at configure time.
 pub const INSTANCE_ID: Key = key(
@@ -190,7 +180,6 @@ pub const REFRESH_LEASE: Key = key(
 /// Every key, in the order filters create them.
 pub const ALL: &[Key] = &[
     RECORD,
-    OUTBOUND,
     INSTANCE_ID,
     IDENTITY,
     WAITERS,
@@ -238,7 +227,6 @@ mod tests {
                 Encoding::InstanceRecord => {
                     InstanceRecord::decode(&v) == Some(InstanceRecord::default())
                 }
-                Encoding::Traffic => Traffic::decode(&v) == Some(Traffic::default()),
                 Encoding::Tombstones => Tombstones::decode(&v) == Some(Tombstones::default()),
                 Encoding::Membership => Membership::decode(&v) == Some(Membership::default()),
                 Encoding::ClusterSet => ClusterSet::decode(&v) == Some(ClusterSet::default()),
@@ -264,7 +252,6 @@ mod tests {
         assert_eq!(
             names(Consumer),
             [
-                "graceful.v1.traffic.outbound",
                 "graceful.v1.consumer.tombstones",
                 "graceful.v1.consumer.tombstones.gen",
                 "graceful.v1.consumer.members",

@@ -16,7 +16,6 @@
 //! - [`keys`]: every shared-data key, its encoding and its initial value.
 //! - [`record`]: the instance record (phase, closing and drained times) and
 //!   the shutdown state machine with its drain gate.
-//! - [`traffic`]: in-flight counters and the last request's start.
 //! - [`instance`]: the instance id, one per Envoy process.
 //! - [`tombstone`]: the hosts a consumer must not send new requests to.
 //!
@@ -45,4 +44,3 @@ pub mod status;
 pub mod steering;
 pub mod store;
 pub mod tombstone;
-pub mod traffic;

@@ -16,12 +16,6 @@ fn the_registry_holds_exactly_the_documented_keys() {
             InstanceRecord,
             &[Provider, Drain],
         ),
-        (
-            "graceful.v1.traffic.outbound",
-            Consumer,
-            Traffic,
-            &[Consumer],
-        ),
         ("graceful.v1.instance_id", Provider, InstanceId, &[]),
         ("graceful.v1.identity", Provider, Identity, &[]),
         ("graceful.v1.drain.waiters", Drain, U64, &[Drain]),
@@ -90,7 +84,6 @@ fn initial_values_are_the_documented_bytes() {
         let want = match name {
             // phase serving, times and count zero: 40 bytes (README).
             "graceful.v1.instance" => Some(graceful_core::record::initial().1),
-            "graceful.v1.traffic.outbound" => Some(vec![0u8; 16]),
             "graceful.v1.instance_id" | "graceful.v1.identity" => None,
             "graceful.v1.consumer.tombstones" => Some(vec![1, 0, 0, 0, 0]),
             "graceful.v1.consumer.members" | "graceful.v1.consumer.observed" => Some(vec![1, 0, 0]),

@@ -16,7 +16,6 @@ use graceful_core::steering::{
     admin_clusters_path, ClusterSet, Membership, MAX_CLUSTERS, MAX_MEMBERS,
 };
 use graceful_core::tombstone::{Observation, Tombstones, Ttls};
-use graceful_core::traffic::{Traffic, TRAFFIC_LEN};
 use proptest::prelude::*;
 use proptest::test_runner::Config;
 use serde_json::{json, Value};
@@ -185,22 +184,6 @@ fn cluster_name() -> impl Strategy<Value = String> {
 
 proptest! {
     #![proptest_config(config(256))]
-
-    // ---- traffic ---------------------------------------------------------
-
-    #[test]
-    fn traffic_round_trips(inflight in any::<u64>(), last_start_us in any::<u64>()) {
-        let t = Traffic { inflight, last_start_us };
-        prop_assert_eq!(Traffic::decode(&t.encode()), Some(t));
-    }
-
-    #[test]
-    fn traffic_decodes_exactly_its_own_length(b in bytes(40)) {
-        match Traffic::decode(&b) {
-            Some(t) => prop_assert_eq!(&t.encode()[..], &b[..]),
-            None => prop_assert_ne!(b.len(), TRAFFIC_LEN),
-        }
-    }
 
     // ---- instance record -------------------------------------------------
 
