@@ -40,6 +40,19 @@ fn wasm(name: &str, config: &str) -> Value {
     )
 }
 
+/// `BENCH_BEFORE`: a directory with the three `.wasm` of an earlier build,
+/// measured beside this one in the same run (`*_before` sets), so a change's
+/// effect is read with the same noise on both sides.
+pub fn before_dir() -> Option<std::path::PathBuf> {
+    std::env::var_os("BENCH_BEFORE")
+        .filter(|d| !d.is_empty())
+        .map(std::path::PathBuf::from)
+}
+
+fn wasm_before(dir: &std::path::Path, name: &str, config: &str) -> Value {
+    wasm_module(&dir.join(format!("{name}.wasm")), name, "graceful", config)
+}
+
 fn wasm_module(code: &std::path::Path, name: &str, vm_id: &str, config: &str) -> Value {
     json!({
         "name": name,
@@ -115,7 +128,7 @@ pub fn filter_sets() -> Vec<FilterSet> {
         closing: false,
         tombstones: 0,
     };
-    vec![
+    let mut sets = vec![
         set("none", vec![router()]),
         set("provider_drain", vec![drain(), provider(), router()]),
         set(
@@ -144,7 +157,30 @@ pub fn filter_sets() -> Vec<FilterSet> {
                 vec![drain(), provider(), consumer(), router()],
             )
         },
-    ]
+        FilterSet {
+            tombstones: 100,
+            ..set("consumer_100_tombstones", vec![consumer(), router()])
+        },
+    ];
+    if let Some(dir) = before_dir() {
+        let drain = || {
+            let mut f = wasm_before(&dir, "graceful_drain", DRAIN_CONFIG);
+            f["disabled"] = json!(true);
+            f
+        };
+        let provider = || wasm_before(&dir, "graceful_provider", "{}");
+        let consumer = || wasm_before(&dir, "graceful_consumer", CONSUMER_CONFIG);
+        sets.push(set(
+            "provider_drain_before",
+            vec![drain(), provider(), router()],
+        ));
+        sets.push(set("consumer_before", vec![consumer(), router()]));
+        sets.push(set(
+            "all_before",
+            vec![drain(), provider(), consumer(), router()],
+        ));
+    }
+    sets
 }
 
 /// One wrk run's numbers.
