@@ -1,0 +1,355 @@
+//! `graceful-entrypoint`: PID 1 of a container that runs an Envoy sidecar
+//! with graceful_drain and the app behind it, for platforms without preStop
+//! hooks (Docker, Compose, Nomad, ECS): they send SIGTERM, wait a grace
+//! period, then SIGKILL.
+//!
+//! ```text
+//! graceful-entrypoint [--drain URL] [--wait 30s] [--stop-timeout 10s] \
+//!     -- envoy -c /etc/envoy.yaml --- demo-app --listen 0.0.0.0:8080
+//! ```
+//!
+//! Starts each command (`---` separates them) and then, on SIGTERM or
+//! SIGINT:
+//!
+//! | step | what | on failure |
+//! |---|---|---|
+//! | 1 | `POST URL/graceful/closing` (URL defaults to `http://127.0.0.1:15006`, an allowed source) | logged; step 2 still waits |
+//! | 2 | `GET URL/graceful/drained?wait=WAIT`: the gate's long-poll | not drained by then: exit 1 after step 3 |
+//! | 3 | SIGTERM to each command in the order given (Envoy first: once it is gone nothing reaches the app; then the app), each SIGKILLed after `--stop-timeout` | exit 1 |
+//! | 4 | exit 0 if the gate passed quiet; 1 with one line saying why if it was forced, ran out, or a command had to be killed | |
+//!
+//! A command that exits on its own stops the others; the entrypoint then
+//! exits with its code (1 if it died by a signal). Set the platform's grace
+//! period above `WAIT` + `--stop-timeout` (Compose: `stop_grace_period`).
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, Command};
+use tokio::signal::unix::{signal, SignalKind};
+
+const USAGE: &str = "usage: graceful-entrypoint [--drain http://127.0.0.1:15006] [--wait 30s] [--stop-timeout 10s] -- CMD [ARGS..] [--- CMD [ARGS..]]..";
+
+#[derive(Debug)]
+struct Options {
+    drain: String,
+    wait: Duration,
+    stop_timeout: Duration,
+    commands: Vec<Vec<String>>,
+}
+
+/// `25s`, `1500ms` or `2m`.
+fn parse_duration(text: &str) -> Option<Duration> {
+    let at = text.find(|c: char| !c.is_ascii_digit())?;
+    let (number, unit) = text.split_at(at);
+    let n: u64 = number.parse().ok()?;
+    match unit {
+        "ms" => Some(Duration::from_millis(n)),
+        "s" => Some(Duration::from_secs(n)),
+        "m" => Some(Duration::from_secs(n.checked_mul(60)?)),
+        _ => None,
+    }
+}
+
+fn parse(args: &[String]) -> Result<Options, String> {
+    let mut o = Options {
+        drain: "http://127.0.0.1:15006".into(),
+        wait: Duration::from_secs(30),
+        stop_timeout: Duration::from_secs(10),
+        commands: Vec::new(),
+    };
+    let mut i = 0;
+    while i < args.len() {
+        let flag = args[i].as_str();
+        if flag == "--" {
+            i += 1;
+            break;
+        }
+        let value = args
+            .get(i + 1)
+            .ok_or_else(|| format!("{flag} needs a value"))?;
+        match flag {
+            "--drain" => {
+                if !value.starts_with("http://") {
+                    return Err(format!("--drain {value:?}: must start with http://"));
+                }
+                o.drain = value.trim_end_matches('/').to_string();
+            }
+            "--wait" => {
+                o.wait = parse_duration(value)
+                    .ok_or_else(|| format!("--wait {value:?}: e.g. 30s, 1500ms, 2m"))?
+            }
+            "--stop-timeout" => {
+                o.stop_timeout = parse_duration(value)
+                    .ok_or_else(|| format!("--stop-timeout {value:?}: e.g. 10s"))?
+            }
+            other => return Err(format!("unknown flag {other:?}")),
+        }
+        i += 2;
+    }
+    if args[i..].is_empty() {
+        return Err("no command after --".into());
+    }
+    for part in args[i..].split(|a| a == "---") {
+        if part.is_empty() {
+            return Err("an empty command".into());
+        }
+        o.commands.push(part.to_vec());
+    }
+    if o.commands.is_empty() {
+        return Err("no command after --".into());
+    }
+    Ok(o)
+}
+
+/// One HTTP/1.1 request on a fresh connection: (status, body).
+async fn http(
+    method: &str,
+    base: &str,
+    path: &str,
+    timeout: Duration,
+) -> Result<(u16, String), String> {
+    let authority = base.strip_prefix("http://").unwrap_or(base);
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(authority)
+            .await
+            .map_err(|e| format!("{authority}: {e}"))?;
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+        );
+        stream
+            .write_all(request.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut answer = Vec::new();
+        stream
+            .read_to_end(&mut answer)
+            .await
+            .map_err(|e| e.to_string())?;
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        let status = answer
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .ok_or_else(|| format!("no status in {answer:?}"))?;
+        let body = answer
+            .split_once("\r\n\r\n")
+            .map_or("", |(_, b)| b)
+            .to_string();
+        Ok((status, body))
+    };
+    tokio::time::timeout(timeout, exchange)
+        .await
+        .map_err(|_| format!("no answer from {authority} within {timeout:?}"))?
+}
+
+fn log(line: &str) {
+    eprintln!("graceful-entrypoint: {line}");
+}
+
+/// SIGTERM to one child (std and tokio can only SIGKILL).
+fn terminate(child: &Child) {
+    if let Some(pid) = child.id().and_then(|p| i32::try_from(p).ok()) {
+        // SAFETY: kill(2) with a pid this process spawned and has not
+        // reaped (tokio reaps on wait): no memory is touched.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::kill(pid, libc::SIGTERM);
+        }
+    }
+}
+
+/// Steps 1–2: true when the gate passed quiet.
+async fn drain(o: &Options) -> bool {
+    let started = Instant::now();
+    log(&format!("SIGTERM: closing through {}", o.drain));
+    match http(
+        "POST",
+        &o.drain,
+        "/graceful/closing",
+        Duration::from_secs(5),
+    )
+    .await
+    {
+        Ok((202, _)) => log("closing"),
+        Ok((status, body)) => log(&format!(
+            "POST /graceful/closing answered {status}: {}",
+            body.trim()
+        )),
+        Err(e) => log(&format!("POST /graceful/closing: {e}")),
+    }
+    let wait_s = o.wait.as_secs().max(1);
+    let path = format!("/graceful/drained?wait={wait_s}s");
+    match http("GET", &o.drain, &path, o.wait + Duration::from_secs(5)).await {
+        Ok((200, body)) => {
+            let forced = serde_json::from_str::<serde_json::Value>(body.trim())
+                .ok()
+                .and_then(|v| v.get("forced").and_then(serde_json::Value::as_bool))
+                .unwrap_or(true);
+            let ms = started.elapsed().as_millis();
+            if forced {
+                log(&format!("drained after {ms} ms, FORCED: a drain timeout passed the gate with requests in flight"));
+            } else {
+                log(&format!("drained after {ms} ms"));
+            }
+            !forced
+        }
+        Ok((status, body)) => {
+            log(&format!(
+                "NOT DRAINED after {wait_s}s (answer {status}: {})",
+                body.trim()
+            ));
+            false
+        }
+        Err(e) => {
+            log(&format!("NOT DRAINED: {e}"));
+            false
+        }
+    }
+}
+
+/// Step 3: true when every command stopped within the timeout.
+async fn stop_all(children: &mut [(String, Child)], timeout: Duration) -> bool {
+    let mut clean = true;
+    for (name, child) in children.iter_mut() {
+        if matches!(child.try_wait(), Ok(Some(_))) {
+            continue;
+        }
+        terminate(child);
+        match tokio::time::timeout(timeout, child.wait()).await {
+            Ok(Ok(status)) => log(&format!("{name} stopped ({status})")),
+            Ok(Err(e)) => {
+                log(&format!("{name}: {e}"));
+                clean = false;
+            }
+            Err(_) => {
+                log(&format!("{name} still running after {timeout:?}: killed"));
+                let _ = child.kill().await;
+                clean = false;
+            }
+        }
+    }
+    clean
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let o = match parse(&args) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("graceful-entrypoint: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        log("cannot install signal handlers");
+        return ExitCode::from(2);
+    };
+    let mut children: Vec<(String, Child)> = Vec::new();
+    for command in &o.commands {
+        match Command::new(&command[0]).args(&command[1..]).spawn() {
+            Ok(child) => children.push((command[0].clone(), child)),
+            Err(e) => {
+                log(&format!("cannot start {}: {e}", command[0]));
+                stop_all(&mut children, o.stop_timeout).await;
+                return ExitCode::from(1);
+            }
+        }
+    }
+    log(&format!(
+        "started {}",
+        o.commands
+            .iter()
+            .map(|c| c[0].as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    // Either a signal, or a command exiting on its own.
+    let exited = async {
+        loop {
+            for (i, (_, child)) in children.iter_mut().enumerate() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return (i, status);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let outcome = tokio::select! {
+        _ = term.recv() => None,
+        _ = int.recv() => None,
+        (i, status) = exited => Some((i, status)),
+    };
+    if let Some((i, status)) = outcome {
+        let name = children[i].0.clone();
+        log(&format!(
+            "{name} exited on its own ({status}): stopping the others"
+        ));
+        stop_all(&mut children, o.stop_timeout).await;
+        return ExitCode::from(
+            status
+                .code()
+                .and_then(|c| u8::try_from(c).ok())
+                .filter(|&c| c != 0)
+                .unwrap_or(1),
+        );
+    }
+    let quiet = drain(&o).await;
+    // Envoy first (it takes no new requests once gone), then the app.
+    let stopped = stop_all(&mut children, o.stop_timeout).await;
+    match (quiet, stopped) {
+        (true, true) => {
+            log("exit 0");
+            ExitCode::SUCCESS
+        }
+        (false, _) => {
+            log("exit 1: the drain gate did not pass quiet (see above)");
+            ExitCode::from(1)
+        }
+        (true, false) => {
+            log("exit 1: a command had to be killed");
+            ExitCode::from(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn it_parses_flags_and_commands() {
+        let o = parse(&args(
+            "--wait 5s --drain http://h:1/ -- envoy -c x --- app --listen y",
+        ))
+        .unwrap();
+        assert_eq!(o.wait, Duration::from_secs(5));
+        assert_eq!(o.drain, "http://h:1");
+        assert_eq!(o.commands, vec![args("envoy -c x"), args("app --listen y")]);
+    }
+
+    #[test]
+    fn it_refuses_bad_input_and_names_it() {
+        assert!(parse(&args("--wait soon -- a"))
+            .unwrap_err()
+            .contains("--wait"));
+        assert!(parse(&args("--drain h:1 -- a"))
+            .unwrap_err()
+            .contains("--drain"));
+        assert!(parse(&args("--")).unwrap_err().contains("no command"));
+        assert!(parse(&args("-- a ---")).unwrap_err().contains("empty"));
+        assert!(parse(&args("-- --- b")).unwrap_err().contains("empty"));
+        assert!(parse(&args("--bogus 1 -- a"))
+            .unwrap_err()
+            .contains("--bogus"));
+    }
+}
