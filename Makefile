@@ -30,7 +30,6 @@ DURATION ?= 0
 # make bench BENCH_FLAGS="--rounds 3 --duration 10" (or --quick: cost only)
 BENCH_FLAGS ?=
 DEMO_FLAGS ?=
-ENVOY_IMAGE ?= envoyproxy/envoy:v1.40.0
 E2E_ENV = GRACEFUL_ENVOY=$(CURDIR)/$(ENVOY) GRACEFUL_DIST=$(CURDIR)/dist
 # Debian packages the tests use beyond Rust and Python (CI runs as root), and
 # the ones make bench adds.
@@ -122,13 +121,27 @@ validate-envoy: build envoy render ## envoy --mode validate on every shipped con
 compose: ## regenerate the docker harness (envoy/docker-compose.yaml, envoy/compose/) from the templates
 	$(CARGO) run --quiet --profile test -p graceful-harness --bin compose
 
+# Compose: the `docker compose` plugin if the docker CLI has it, else the
+# standalone docker-compose (Debian's 1.29). Both read the generated file.
+COMPOSE_CMD = $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
+COMPOSE_RUN = $(COMPOSE_CMD) -p graceful-wasm -f envoy/docker-compose.yaml
+SIDECAR_IMAGE_TAG := graceful-wasm/sidecar:local
+
+.PHONY: images
+images: build envoy ## build the images locally, no base image pulled: graceful-wasm/sidecar:local (Envoy from the wheel, the demo app, graceful-entrypoint, glibc from this machine) and graceful-wasm/demo-app:latest
+	$(CARGO) build --profile tools -p demo-app -p graceful-entrypoint
+	python3 tools/rootfs.py target/docker/sidecar - $$(readlink -f $(ENVOY))=/usr/local/bin/envoy target/tools/demo-app target/tools/graceful-entrypoint
+	docker build -q -t $(SIDECAR_IMAGE_TAG) target/docker/sidecar
+	python3 tools/rootfs.py target/docker/demo-app /usr/local/bin/demo-app target/tools/demo-app
+	docker build -q -t graceful-wasm/demo-app:latest target/docker/demo-app
+
 .PHONY: up
-up: build ## start the docker harness (needs a Docker engine); ENVOY_IMAGE picks the Envoy image
-	ENVOY_IMAGE=$(ENVOY_IMAGE) docker compose -f envoy/docker-compose.yaml up -d --build
+up: images ## start the docker harness (needs a Docker engine; pulls nothing); ENVOY_IMAGE picks the consumer's Envoy image
+	$(COMPOSE_RUN) up -d
 
 .PHONY: down
-down: ## stop the docker harness
-	docker compose -f envoy/docker-compose.yaml down
+down: ## stop the docker harness and remove its containers, network and volumes
+	$(COMPOSE_RUN) down --volumes --remove-orphans
 
 .PHONY: bench
 bench: build envoy bench-tools ## what the filters cost against plain Envoy (wrk), memory, and shutdown quality: bench/results/
@@ -173,6 +186,8 @@ unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core, 
 
 .PHONY: e2e
 e2e: build envoy test-tools ## the suites on the built .wasm: the ABI emulator (emulator/tests) and real Envoy (harness/tests)
+	@# The docker suite needs the harness image; without an engine it skips.
+	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory images; else echo "no Docker engine answers: the docker suite will skip"; fi
 	$(CARGO) build --profile test -p demo-app
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/debug/demo-app $(CARGO) test -p graceful-emulated-host -p graceful-harness --tests -- --test-threads 2
 

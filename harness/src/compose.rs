@@ -21,9 +21,10 @@ const GATEWAY_IP: &str = "172.28.0.1";
 fn provider_ip(i: usize) -> String {
     format!("172.28.0.{}", 10 + i)
 }
-fn app_ip(i: usize) -> String {
-    format!("172.28.0.{}", 20 + i)
-}
+/// The compose project (`-p`; Compose 1.29 has no top-level `name`).
+pub const PROJECT: &str = "graceful-wasm";
+/// The image `make images` builds with no base image to pull.
+pub const IMAGE: &str = "graceful-wasm/sidecar:local";
 
 const INBOUND_PORT: u16 = 15006;
 const APP_PORT: u16 = 8080;
@@ -61,7 +62,8 @@ pub fn files() -> Result<Vec<(PathBuf, String)>, String> {
             &values(&[
                 ("ADMIN_ADDRESS", "0.0.0.0".into()),
                 ("LISTEN_ADDRESS", "0.0.0.0".into()),
-                ("APP_ADDRESS", app_ip(i)),
+                // The app runs in the provider's container, as in a pod.
+                ("APP_ADDRESS", "127.0.0.1".into()),
                 ("APP_PORT", APP_PORT.to_string()),
                 ("DRAIN_CONFIG", drain_config()),
             ]),
@@ -103,15 +105,17 @@ fn compose_file() -> String {
     s.push_str(&format!(
         r#"#
 # The graceful-wasm mesh in containers: a consumer sidecar (host port 15001)
-# in front of three provider sidecars (host ports 15011-15013, admins
-# 9911-9913) in front of three demo apps. `make up` builds the filters and
-# starts it; `make down` stops it. The Envoy image is ENVOY_IMAGE.
+# in front of three providers (host ports 15011-15013, admins 9911-9913),
+# each a container running its Envoy sidecar and the demo app under
+# graceful-entrypoint, which turns `docker stop` (SIGTERM) into the graceful
+# shutdown. `make up` builds the filters and the image ({IMAGE}: no base
+# image, nothing pulled) and starts it; `make down` removes it all. A user
+# with a registry may run the consumer on another Envoy image: ENVOY_IMAGE.
 #
 #   curl -si localhost:15001/                              # through the consumer
-#   curl -s -X POST localhost:15011/graceful/closing       # provider 1 starts closing
-#   curl -si localhost:15001/ | grep x-graceful            # the others answer now
-#   curl -s 'localhost:15011/graceful/drained?wait=10s'    # its drain gate
-name: graceful-wasm
+#   docker stop {PROJECT}-provider1-1                     # provider 1 leaves gracefully
+#   docker logs {PROJECT}-provider1-1 | grep graceful      # closing, drained, exit 0
+#   curl -s -X POST localhost:15011/graceful/closing       # or start closing by hand
 networks:
   mesh:
     ipam:
@@ -121,60 +125,37 @@ services:
     ));
     for i in 1..=3 {
         s.push_str(&format!(
-            r#"  app{i}:
-    image: graceful-wasm/demo-app
-    build: {{context: .., dockerfile: examples/demo-app/Dockerfile}}
-    command: ["--listen", "0.0.0.0:{APP_PORT}", "--name", "p{i}", "--latency-ms", "5"]
-    networks: {{mesh: {{ipv4_address: "{app}"}}}}
-"#,
-            app = app_ip(i),
-        ));
-        s.push_str(&envoy_service(
-            &format!("provider{i}"),
-            &format!("provider-{i}.yaml"),
-            &provider_ip(i),
-            &[format!("1501{i}:{INBOUND_PORT}"), format!("991{i}:9901")],
-            &[format!("app{i}")],
-        ));
-    }
-    s.push_str(&envoy_service(
-        "consumer",
-        "consumer.yaml",
-        CONSUMER_IP,
-        &["15001:15001".into(), "9902:9902".into()],
-        &["provider1".into(), "provider2".into(), "provider3".into()],
-    ));
-    s
-}
-
-/// An Envoy service: the image, the filters and rendered configs mounted
-/// where the configs expect them (paths relative to /work).
-fn envoy_service(
-    name: &str,
-    config: &str,
-    ip: &str,
-    ports: &[String],
-    depends_on: &[String],
-) -> String {
-    let quoted = |v: &[String]| {
-        v.iter()
-            .map(|p| format!("\"{p}\""))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    format!(
-        r#"  {name}:
-    image: ${{ENVOY_IMAGE:-envoyproxy/envoy:v1.40.0}}
+            r#"  provider{i}:
+    image: ${{SIDECAR_IMAGE:-{IMAGE}}}
     working_dir: /work
     volumes: ["../dist:/work/dist:ro", "./compose:/work/envoy/compose:ro"]
-    command: ["envoy", "-c", "/work/envoy/compose/{config}", "--concurrency", "2"]
+    entrypoint: ["/usr/local/bin/graceful-entrypoint", "--wait", "30s", "--stop-timeout", "5s", "--"]
+    command: ["/usr/local/bin/envoy", "-c", "/work/envoy/compose/provider-{i}.yaml", "--concurrency", "2", "---", "/usr/local/bin/demo-app", "--listen", "127.0.0.1:{APP_PORT}", "--name", "p{i}", "--latency-ms", "5"]
+    stop_grace_period: 45s
+    healthcheck:
+      test: ["CMD", "/usr/local/bin/demo-app", "ready", "--admin", "http://127.0.0.1:9901"]
+      interval: 1s
+      timeout: 3s
+      retries: 60
     networks: {{mesh: {{ipv4_address: "{ip}"}}}}
-    ports: [{ports}]
-    depends_on: [{deps}]
+    ports: ["1501{i}:{INBOUND_PORT}", "991{i}:9901"]
 "#,
-        ports = quoted(ports),
-        deps = depends_on.join(", "),
-    )
+            ip = provider_ip(i),
+        ));
+    }
+    s.push_str(&format!(
+        r#"  consumer:
+    image: ${{ENVOY_IMAGE:-{IMAGE}}}
+    working_dir: /work
+    volumes: ["../dist:/work/dist:ro", "./compose:/work/envoy/compose:ro"]
+    entrypoint: ["/usr/local/bin/envoy"]
+    command: ["-c", "/work/envoy/compose/consumer.yaml", "--concurrency", "2"]
+    networks: {{mesh: {{ipv4_address: "{CONSUMER_IP}"}}}}
+    ports: ["15001:15001", "9902:9902"]
+    depends_on: [provider1, provider2, provider3]
+"#
+    ));
+    s
 }
 
 /// Writes every file; returns their paths.
