@@ -98,17 +98,23 @@ fn inspect(id: &str, format: &str) -> String {
         .to_string()
 }
 
+/// One harness at a time: it has one project name and fixed host ports.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// The harness up for one test, always taken down again (with every
 /// container's log printed if the test failed).
-struct Harness;
+struct Harness {
+    _turn: std::sync::MutexGuard<'static, ()>,
+}
 
 impl Harness {
     async fn up() -> Harness {
+        let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         docker(&["image", "inspect", IMAGE])
             .unwrap_or_else(|e| panic!("no image {IMAGE}: run `make images` ({e})"));
         let _ = compose(&["down", "--volumes", "--remove-orphans"]);
         compose(&["up", "-d"]).unwrap_or_else(|e| panic!("{e}"));
-        let h = Harness;
+        let h = Harness { _turn: turn };
         for i in 1..=3 {
             h.healthy(&format!("provider{i}")).await;
         }
@@ -289,4 +295,121 @@ async fn a_rolling_docker_stop_of_every_provider_loses_no_request() {
     ])
     .unwrap();
     assert!(volumes.trim().is_empty(), "volumes left: {volumes}");
+}
+
+/// A counter of the consumer's admin (`wasmcustom.NAME`), from the host.
+async fn consumer_stat(name: &str) -> u64 {
+    let admin = SocketAddr::from(([127, 0, 0, 1], 9902));
+    let Ok(r) =
+        graceful_harness::client::get(admin, &format!("/stats?filter=^wasmcustom.{name}$")).await
+    else {
+        return 0;
+    };
+    r.text()
+        .lines()
+        .find_map(|l| l.split_once(": ").and_then(|(_, v)| v.trim().parse().ok()))
+        .unwrap_or(0)
+}
+
+/// Requests that `p{i}` served, out of `n` through the consumer.
+async fn served_by(i: usize, n: usize) -> usize {
+    let Ok(mut conn) = Conn::http1(SocketAddr::from(CONSUMER)).await else {
+        return 0;
+    };
+    let mut count = 0;
+    for _ in 0..n {
+        if let Ok(r) = conn.get("/").await {
+            if r.header("x-served-by").as_deref() == Some(format!("p{i}").as_str()) {
+                count += 1;
+            }
+        }
+    }
+    count
+}
+
+/// The engine's faults: a provider killed with SIGKILL under load, and one
+/// cut off from the network while the consumer keeps sending. Failures stay
+/// within what was in flight on that provider, the consumer evicts it, and
+/// it serves again once it is back (a killed one with a new instance id).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_killed_or_disconnected_provider_costs_at_most_its_requests_in_flight() {
+    if !engine() {
+        return;
+    }
+    let harness = Harness::up().await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (tasks, ok, failed) = load(8, stop.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    // SIGKILL: no drain, the in-flight requests on it are lost at most.
+    let evictions = consumer_stat("graceful_consumer_evictions").await;
+    let id = container("provider1");
+    docker(&["kill", &id]).unwrap_or_else(|e| panic!("{e}"));
+    eventually(
+        "the consumer evicts the killed provider",
+        Duration::from_secs(10),
+        || async { (consumer_stat("graceful_consumer_evictions").await > evictions).then_some(()) },
+    )
+    .await;
+    let failed_kill = failed.load(SeqCst);
+    let before = ok.load(SeqCst);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(ok.load(SeqCst) > before + 100, "the others kept serving");
+    assert_eq!(
+        failed.load(SeqCst),
+        failed_kill,
+        "no failure after the eviction"
+    );
+    docker(&["start", &id]).unwrap_or_else(|e| panic!("{e}"));
+    harness.healthy("provider1").await;
+    eventually(
+        "the restarted provider serves again",
+        Duration::from_secs(30),
+        || async { (served_by(1, 30).await > 0).then_some(()) },
+    )
+    .await;
+
+    // Cut off the network: connections to it fail; it is evicted, then
+    // used again once reconnected.
+    let evictions = consumer_stat("graceful_consumer_evictions").await;
+    let id = container("provider2");
+    let network = format!("{PROJECT}_mesh");
+    let ip = inspect(
+        &id,
+        &format!("{{{{(index .NetworkSettings.Networks \"{network}\").IPAddress}}}}"),
+    );
+    assert!(!ip.is_empty(), "provider2 address on {network}");
+    docker(&["network", "disconnect", &network, &id]).unwrap_or_else(|e| panic!("{e}"));
+    eventually(
+        "the consumer evicts the cut-off provider",
+        Duration::from_secs(20),
+        || async { (consumer_stat("graceful_consumer_evictions").await > evictions).then_some(()) },
+    )
+    .await;
+    docker(&["network", "connect", "--ip", &ip, &network, &id]).unwrap_or_else(|e| panic!("{e}"));
+    eventually(
+        "the reconnected provider serves again",
+        Duration::from_secs(30),
+        || async { (served_by(2, 30).await > 0).then_some(()) },
+    )
+    .await;
+
+    stop.store(true, SeqCst);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let (ok, failed) = (ok.load(SeqCst), failed.load(SeqCst));
+    let failed_cut = failed - failed_kill;
+    println!(
+        "kill and network cut under load: {ok} requests, {failed} failed ({failed_kill} around the kill, {failed_cut} around the cut)"
+    );
+    // A kill: at most the requests in flight there (8 connections; the
+    // reset ones are mostly retried). A cut: the requests in flight there
+    // get no answer (504 at the route timeout), and a new connection to it
+    // times out instead of being refused (503) until the consumer's
+    // tombstone steers every worker away: at most one of each per
+    // connection.
+    assert!(failed_kill <= 8, "{failed_kill} failed around the kill");
+    assert!(failed_cut <= 16, "{failed_cut} failed around the cut");
+    drop(harness);
 }
