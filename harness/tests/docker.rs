@@ -19,18 +19,23 @@ use graceful_harness::envoy::{eventually, repo_root};
 
 const CONSUMER: ([u8; 4], u16) = ([127, 0, 0, 1], 15001);
 
-fn docker(args: &[&str]) -> Result<String, String> {
-    let out = Command::new("docker")
+/// Runs a command; its stdout and stderr, or an error naming it.
+fn run(program: &str, args: &[&str]) -> Result<String, String> {
+    let out = Command::new(program)
         .args(args)
         .output()
-        .map_err(|e| format!("docker: {e}"))?;
+        .map_err(|e| format!("{program}: {e}"))?;
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     if out.status.success() {
         Ok(text)
     } else {
-        Err(format!("docker {}: {}", args.join(" "), text.trim()))
+        Err(format!("{program} {}: {}", args.join(" "), text.trim()))
     }
+}
+
+fn docker(args: &[&str]) -> Result<String, String> {
+    run("docker", args)
 }
 
 /// Whether a Docker engine answers; on CI it must.
@@ -63,17 +68,7 @@ fn compose(args: &[&str]) -> Result<String, String> {
     };
     all.extend(["-p", PROJECT, "-f", &file]);
     all.extend(args);
-    let out = Command::new(program)
-        .args(&all)
-        .output()
-        .map_err(|e| format!("{program}: {e}"))?;
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    if out.status.success() {
-        Ok(text)
-    } else {
-        Err(format!("{program} {}: {}", all.join(" "), text.trim()))
-    }
+    run(program, &all)
 }
 
 /// The container of a compose service (either Compose's naming).
@@ -269,32 +264,13 @@ async fn a_rolling_docker_stop_of_every_provider_loses_no_request() {
 
     // Down leaves nothing behind.
     drop(harness);
-    let left = docker(&[
-        "ps",
-        "-aq",
-        "--filter",
-        &format!("label=com.docker.compose.project={PROJECT}"),
-    ])
-    .unwrap();
-    assert!(left.trim().is_empty(), "containers left: {left}");
-    let networks = docker(&[
-        "network",
-        "ls",
-        "-q",
-        "--filter",
-        &format!("label=com.docker.compose.project={PROJECT}"),
-    ])
-    .unwrap();
-    assert!(networks.trim().is_empty(), "networks left: {networks}");
-    let volumes = docker(&[
-        "volume",
-        "ls",
-        "-q",
-        "--filter",
-        &format!("label=com.docker.compose.project={PROJECT}"),
-    ])
-    .unwrap();
-    assert!(volumes.trim().is_empty(), "volumes left: {volumes}");
+    let project = format!("label=com.docker.compose.project={PROJECT}");
+    for kind in [&["ps", "-a"][..], &["network", "ls"], &["volume", "ls"]] {
+        let mut args = kind.to_vec();
+        args.extend(["-q", "--filter", &project]);
+        let left = docker(&args).unwrap();
+        assert!(left.trim().is_empty(), "{} left: {left}", kind[0]);
+    }
 }
 
 /// A counter of the consumer's admin (`wasmcustom.NAME`), from the host.

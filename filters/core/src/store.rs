@@ -91,7 +91,7 @@ pub fn update<T>(
     mut change: impl FnMut(Option<&[u8]>) -> (Option<Vec<u8>>, T),
 ) -> Result<T, UpdateError> {
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let current = store.get(key).map_err(host_error)?;
+        let current = store.get(key).map_err(UpdateError::from)?;
         let (bytes, cas) = match &current {
             Some((bytes, cas)) => (Some(bytes.as_slice()), *cas),
             // Absent key: the host ignores CAS, so this write is unconditional.
@@ -104,7 +104,7 @@ pub fn update<T>(
         match store.set(key, &value, cas) {
             Ok(()) => return Ok(out),
             Err(StoreError::CasMismatch) => continue,
-            Err(e) => return Err(host_error(e)),
+            Err(e) => return Err(UpdateError::from(e)),
         }
     }
     Err(UpdateError::Contended)
@@ -180,10 +180,12 @@ pub fn read_u64(bytes: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(bytes.try_into().ok()?))
 }
 
-fn host_error(e: StoreError) -> UpdateError {
-    match e {
-        StoreError::Host(code) => UpdateError::Host(code),
-        StoreError::CasMismatch => UpdateError::Contended,
+impl From<StoreError> for UpdateError {
+    fn from(e: StoreError) -> UpdateError {
+        match e {
+            StoreError::Host(code) => UpdateError::Host(code),
+            StoreError::CasMismatch => UpdateError::Contended,
+        }
     }
 }
 

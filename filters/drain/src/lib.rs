@@ -68,21 +68,13 @@ struct Evaluation {
 impl Shared {
     /// Evaluates the gate now and reports a pass if this copy made it.
     fn advance(&self, now: u64) -> Result<(Evaluation, Option<GatePass>), UpdateError> {
-        let rec = record::read(&HostStore).map_err(|e| match e {
-            graceful_core::store::StoreError::Host(code) => UpdateError::Host(code),
-            graceful_core::store::StoreError::CasMismatch => UpdateError::Contended,
-        })?;
-        let traffic = Traffic::read(&self.stats);
-        let last_start_us = self.starts.borrow_mut().observe(traffic.started, now);
+        let rec = record::read(&HostStore)?;
+        let mut out = self.look(rec, now);
         let seen = Seen {
-            idle: traffic.idle(),
-            last_start_us,
+            idle: out.traffic.idle(),
+            last_start_us: out.last_start_us,
         };
-        let mut out = Evaluation {
-            rec,
-            traffic,
-            last_start_us,
-        };
+        let traffic = out.traffic;
         self.raise_phase(rec.phase);
         match rec.phase {
             Phase::Serving => return Ok((out, None)),
@@ -148,7 +140,8 @@ impl Shared {
     }
 
     /// The record with the traffic as this copy sees it now (no gate
-    /// evaluation), for answers made outside [`Shared::advance`].
+    /// evaluation): the first step of [`Shared::advance`], and the answer
+    /// to a closing POST.
     fn look(&self, rec: InstanceRecord, now: u64) -> Evaluation {
         let traffic = Traffic::read(&self.stats);
         let last_start_us = self.starts.borrow_mut().observe(traffic.started, now);
