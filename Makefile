@@ -143,6 +143,11 @@ up: images ## start the docker harness (needs a Docker engine; pulls nothing); E
 down: ## stop the docker harness and remove its containers, network and volumes
 	$(COMPOSE_RUN) down --volumes --remove-orphans
 
+.PHONY: harness-demo
+harness-demo: images ## the docker harness on the engine: a rolling docker stop / docker start of each provider under load from the host, reported like make demo: target/harness-demo/ (HARNESS_DEMO_FLAGS: --rate N --conns N --warmup S --settle S --keep)
+	$(CARGO) build --profile tools -p graceful-harness --bin harness-demo
+	target/tools/harness-demo $(HARNESS_DEMO_FLAGS)
+
 .PHONY: bench
 bench: build envoy bench-tools ## what the filters cost against plain Envoy (wrk), memory, and shutdown quality: bench/results/
 	@# The floor: a Rust wasm filter that only adds a response header, exporting only what it uses.

@@ -7,40 +7,20 @@
 //! Without an engine (a laptop without Docker) each test says so in one line
 //! and passes; on CI (`CI` set) a missing engine fails instead.
 
-use std::net::SocketAddr;
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
 use graceful_harness::client::Conn;
 use graceful_harness::compose::{IMAGE, PROJECT};
-use graceful_harness::envoy::{eventually, repo_root};
-
-const CONSUMER: ([u8; 4], u16) = ([127, 0, 0, 1], 15001);
-
-/// Runs a command; its stdout and stderr, or an error naming it.
-fn run(program: &str, args: &[&str]) -> Result<String, String> {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{program}: {e}"))?;
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    if out.status.success() {
-        Ok(text)
-    } else {
-        Err(format!("{program} {}: {}", args.join(" "), text.trim()))
-    }
-}
-
-fn docker(args: &[&str]) -> Result<String, String> {
-    run("docker", args)
-}
+use graceful_harness::docker::{
+    self, consumer_stat, container, docker, inspect, Rolling, CONSUMER,
+};
+use graceful_harness::envoy::eventually;
 
 /// Whether a Docker engine answers; on CI it must.
 fn engine() -> bool {
-    match docker(&["info", "--format", "{{.ServerVersion}}"]) {
+    match docker::engine() {
         Ok(_) => true,
         Err(why) if std::env::var_os("CI").is_none() => {
             eprintln!(
@@ -51,46 +31,6 @@ fn engine() -> bool {
         }
         Err(why) => panic!("CI must run the docker suite: {why}"),
     }
-}
-
-/// `docker compose` if the CLI has the plugin, else docker-compose.
-fn compose(args: &[&str]) -> Result<String, String> {
-    let file = repo_root().join("envoy/docker-compose.yaml");
-    let file = file.display().to_string();
-    let plugin = Command::new("docker")
-        .args(["compose", "version"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    let (program, mut all): (&str, Vec<&str>) = if plugin {
-        ("docker", vec!["compose"])
-    } else {
-        ("docker-compose", vec![])
-    };
-    all.extend(["-p", PROJECT, "-f", &file]);
-    all.extend(args);
-    run(program, &all)
-}
-
-/// The container of a compose service (either Compose's naming).
-fn container(service: &str) -> String {
-    docker(&[
-        "ps",
-        "-aq",
-        "--filter",
-        &format!("label=com.docker.compose.project={PROJECT}"),
-        "--filter",
-        &format!("label=com.docker.compose.service={service}"),
-    ])
-    .unwrap_or_default()
-    .trim()
-    .to_string()
-}
-
-fn inspect(id: &str, format: &str) -> String {
-    docker(&["inspect", "-f", format, id])
-        .unwrap_or_default()
-        .trim()
-        .to_string()
 }
 
 /// One harness at a time: it has one project name and fixed host ports.
@@ -107,46 +47,24 @@ impl Harness {
         let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
         docker(&["image", "inspect", IMAGE])
             .unwrap_or_else(|e| panic!("no image {IMAGE}: run `make images` ({e})"));
-        let _ = compose(&["down", "--volumes", "--remove-orphans"]);
-        compose(&["up", "-d"]).unwrap_or_else(|e| panic!("{e}"));
         let h = Harness { _turn: turn };
-        for i in 1..=3 {
-            h.healthy(&format!("provider{i}")).await;
-        }
-        eventually("the consumer answers", Duration::from_secs(30), || async {
-            let mut c = Conn::http1(SocketAddr::from(CONSUMER)).await.ok()?;
-            (c.get("/").await.ok()?.status == 200).then_some(())
-        })
-        .await;
+        docker::up().await.unwrap_or_else(|e| panic!("{e}"));
         h
     }
 
     async fn healthy(&self, service: &str) {
-        let id = container(service);
-        assert!(!id.is_empty(), "no container for {service}");
-        eventually(
-            &format!("{service} healthy"),
-            Duration::from_secs(60),
-            || {
-                let id = id.clone();
-                async move { (inspect(&id, "{{.State.Health.Status}}") == "healthy").then_some(()) }
-            },
-        )
-        .await;
+        docker::healthy(service, Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 }
 
 impl Drop for Harness {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            for service in ["provider1", "provider2", "provider3", "consumer"] {
-                let id = container(service);
-                if let Ok(log) = docker(&["logs", "--tail", "60", &id]) {
-                    eprintln!("---- {service} ----\n{log}");
-                }
-            }
+            eprintln!("{}", docker::logs());
         }
-        let _ = compose(&["down", "--volumes", "--remove-orphans"]);
+        let _ = docker::down();
     }
 }
 
@@ -166,11 +84,11 @@ fn load(
         .map(|_| {
             let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
             tokio::spawn(async move {
-                let mut conn = Conn::http1(SocketAddr::from(CONSUMER)).await.ok();
+                let mut conn = Conn::http1(CONSUMER).await.ok();
                 while !stop.load(SeqCst) {
                     let Some(c) = conn.as_mut() else {
                         failed.fetch_add(1, SeqCst);
-                        conn = Conn::http1(SocketAddr::from(CONSUMER)).await.ok();
+                        conn = Conn::http1(CONSUMER).await.ok();
                         continue;
                     };
                     match c.get("/").await {
@@ -184,7 +102,7 @@ fn load(
                         Err(e) => {
                             eprintln!("failed: {e}");
                             failed.fetch_add(1, SeqCst);
-                            conn = Conn::http1(SocketAddr::from(CONSUMER)).await.ok();
+                            conn = Conn::http1(CONSUMER).await.ok();
                         }
                     }
                     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -203,7 +121,7 @@ async fn a_rolling_docker_stop_of_every_provider_loses_no_request() {
     let harness = Harness::up().await;
 
     // Up: requests through the consumer reach all three providers.
-    let mut conn = Conn::http1(SocketAddr::from(CONSUMER)).await.unwrap();
+    let mut conn = Conn::http1(CONSUMER).await.unwrap();
     let mut served_by = std::collections::BTreeSet::new();
     for _ in 0..60 {
         let r = conn.get("/").await.unwrap();
@@ -216,16 +134,14 @@ async fn a_rolling_docker_stop_of_every_provider_loses_no_request() {
         "every provider serves"
     );
 
-    let stop = Arc::new(AtomicBool::new(false));
-    let (tasks, ok, failed) = load(8, stop.clone());
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    for i in 1..=3 {
-        let service = format!("provider{i}");
-        let id = container(&service);
-        let before = ok.load(SeqCst);
-        // SIGTERM, and a grace period far beyond the drain.
-        docker(&["stop", "-t", "45", &id]).unwrap_or_else(|e| panic!("{e}"));
-        let log = docker(&["logs", &id]).unwrap_or_default();
+    // The rolling restart `make harness-demo` runs: open-loop load from the
+    // host, each provider stopped (SIGTERM, 45 s grace) and started again.
+    let (report, samples, stopped) = docker::rolling_restart(Rolling::default())
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    println!("{}", report.line("docker"));
+    assert_eq!(stopped.len(), 3, "every provider restarted");
+    for (s, ev) in stopped.iter().zip(&report.events) {
         for line in [
             "SIGTERM: closing",
             "graceful-entrypoint: closing",
@@ -233,34 +149,51 @@ async fn a_rolling_docker_stop_of_every_provider_loses_no_request() {
             "exit 0",
         ] {
             assert!(
-                log.contains(line),
-                "{service}: no {line:?} in its log:\n{log}"
+                s.log.contains(line),
+                "{}: no {line:?} in its log:\n{}",
+                s.service,
+                s.log
             );
         }
         assert!(
-            !log.contains("FORCED"),
-            "{service}: the gate was forced:\n{log}"
+            !s.log.contains("FORCED"),
+            "{}: the gate was forced:\n{}",
+            s.service,
+            s.log
+        );
+        assert_eq!(s.exit_code, "0", "{}: exit code", s.service);
+        assert!(
+            s.consumer_saw,
+            "{}: the consumer never evicted it while it closed",
+            s.service
+        );
+        assert!(
+            ev.drained_ms <= ev.down_ms && ev.down_ms < ev.up_ms,
+            "{}: events out of order: {ev:?}",
+            s.service
         );
         assert_eq!(
-            inspect(&id, "{{.State.ExitCode}}"),
-            "0",
-            "{service}: exit code"
+            ev.after_closing, 0,
+            "{}: served requests sent after the consumer learnt it was closing",
+            s.service
         );
-        docker(&["start", &id]).unwrap_or_else(|e| panic!("{e}"));
-        harness.healthy(&service).await;
+    }
+    assert_eq!(report.failed, 0, "failed requests during the rolling stop");
+    assert!(report.requests >= 1000, "only {} requests", report.requests);
+    // Every provider served before, and again after, its restart.
+    for i in 1..=3u8 {
         assert!(
-            ok.load(SeqCst) > before + 100,
-            "{service}: the load kept going"
+            samples
+                .iter()
+                .any(|s| s.served_by == i && s.due_ms > report.events[usize::from(i) - 1].up_ms),
+            "p{i} served no request after its restart"
         );
     }
-    stop.store(true, SeqCst);
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let (ok, failed) = (ok.load(SeqCst), failed.load(SeqCst));
-    println!("rolling docker stop of 3 providers: {ok} requests, {failed} failed");
-    assert_eq!(failed, 0, "failed requests during the rolling stop");
-    assert!(ok >= 500, "only {ok} requests");
+    assert_eq!(
+        report.consumer_inflight_end,
+        Some(0),
+        "consumer in flight after the load"
+    );
 
     // Down leaves nothing behind.
     drop(harness);
@@ -273,23 +206,16 @@ async fn a_rolling_docker_stop_of_every_provider_loses_no_request() {
     }
 }
 
-/// A counter of the consumer's admin (`wasmcustom.NAME`), from the host.
-async fn consumer_stat(name: &str) -> u64 {
-    let admin = SocketAddr::from(([127, 0, 0, 1], 9902));
-    let Ok(r) =
-        graceful_harness::client::get(admin, &format!("/stats?filter=^wasmcustom.{name}$")).await
-    else {
-        return 0;
-    };
-    r.text()
-        .lines()
-        .find_map(|l| l.split_once(": ").and_then(|(_, v)| v.trim().parse().ok()))
+/// A wasm counter of the consumer (`wasmcustom.NAME`), 0 if unreadable.
+async fn consumer_counter(name: &str) -> u64 {
+    consumer_stat(&format!("wasmcustom.{name}"))
+        .await
         .unwrap_or(0)
 }
 
 /// Requests that `p{i}` served, out of `n` through the consumer.
 async fn served_by(i: usize, n: usize) -> usize {
-    let Ok(mut conn) = Conn::http1(SocketAddr::from(CONSUMER)).await else {
+    let Ok(mut conn) = Conn::http1(CONSUMER).await else {
         return 0;
     };
     let mut count = 0;
@@ -318,13 +244,15 @@ async fn a_killed_or_disconnected_provider_costs_at_most_its_requests_in_flight(
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     // SIGKILL: no drain, the in-flight requests on it are lost at most.
-    let evictions = consumer_stat("graceful_consumer_evictions").await;
+    let evictions = consumer_counter("graceful_consumer_evictions").await;
     let id = container("provider1");
     docker(&["kill", &id]).unwrap_or_else(|e| panic!("{e}"));
     eventually(
         "the consumer evicts the killed provider",
         Duration::from_secs(10),
-        || async { (consumer_stat("graceful_consumer_evictions").await > evictions).then_some(()) },
+        || async {
+            (consumer_counter("graceful_consumer_evictions").await > evictions).then_some(())
+        },
     )
     .await;
     let failed_kill = failed.load(SeqCst);
@@ -347,7 +275,7 @@ async fn a_killed_or_disconnected_provider_costs_at_most_its_requests_in_flight(
 
     // Cut off the network: connections to it fail; it is evicted, then
     // used again once reconnected.
-    let evictions = consumer_stat("graceful_consumer_evictions").await;
+    let evictions = consumer_counter("graceful_consumer_evictions").await;
     let id = container("provider2");
     let network = format!("{PROJECT}_mesh");
     let ip = inspect(
@@ -359,7 +287,9 @@ async fn a_killed_or_disconnected_provider_costs_at_most_its_requests_in_flight(
     eventually(
         "the consumer evicts the cut-off provider",
         Duration::from_secs(20),
-        || async { (consumer_stat("graceful_consumer_evictions").await > evictions).then_some(()) },
+        || async {
+            (consumer_counter("graceful_consumer_evictions").await > evictions).then_some(())
+        },
     )
     .await;
     docker(&["network", "connect", "--ip", &ip, &network, &id]).unwrap_or_else(|e| panic!("{e}"));
