@@ -78,6 +78,13 @@ build: wasm-target ## build the filters into dist/*.wasm (installs the wasm targ
 	$(foreach f,$(FILTERS),python3 tools/strip_exports.py $(call filter_dir,$(f))/Cargo.toml dist/$(f).wasm$(newline))
 	@ls -l dist/*.wasm
 
+.PHONY: native
+native: ## build the native dynamic module dist/libgraceful.so (graceful_provider and graceful_drain for Envoy 1.40, ABI v0.2.0)
+	$(CARGO) build --profile native -p graceful-native
+	@mkdir -p dist
+	cp target/native/libgraceful.so dist/
+	@ls -l dist/libgraceful.so
+
 .PHONY: oci
 oci: build ## pack each filter as an OCI image layout dist/oci/<filter>/ (one tar+gzip layer with plugin.wasm), tagged TAG
 	python3 tools/oci.py --dist dist --out dist/oci --tag $(TAG) $(FILTERS)

@@ -13,6 +13,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::client;
+use crate::native::{to_native, Delivery};
 use crate::render::render;
 
 /// How long Envoy may take to load the wasm VMs and become ready.
@@ -56,6 +57,19 @@ pub fn wasm_dir() -> PathBuf {
         );
     }
     dir
+}
+
+/// The native module, `libgraceful.so` in the dist folder (`make native`).
+pub fn native_module() -> PathBuf {
+    let dir =
+        std::env::var_os("GRACEFUL_DIST").map_or_else(|| repo_root().join("dist"), PathBuf::from);
+    let module = dir.join("libgraceful.so");
+    assert!(
+        module.exists(),
+        "{} missing: run `make native` first",
+        module.display()
+    );
+    module
 }
 
 /// A TCP port free right now on 127.0.0.1 (bound, read, released), and
@@ -157,6 +171,14 @@ impl EnvoySpec {
             .unwrap_or_else(|e| panic!("{}: {e}", template_path.display()));
         let config =
             render(&template, &self.values).unwrap_or_else(|e| panic!("{}: {e}", self.template));
+        let config = match Delivery::from_env() {
+            Delivery::Wasm => config,
+            Delivery::Native => {
+                to_native(&config, &native_module())
+                    .unwrap_or_else(|e| panic!("{}: {e}", self.template))
+                    .0
+            }
+        };
         let seq = RUN_SEQ.fetch_add(1, Ordering::SeqCst);
         let dir = repo_root().join("target/e2e").join(format!(
             "{}-{}-{seq}",
@@ -186,7 +208,7 @@ impl EnvoySpec {
                 "--log-format",
                 "[%Y-%m-%d %T.%e][%t][%l][%n] %v",
             ])
-            .args(["--component-log-level", "wasm:debug"])
+            .args(["--component-log-level", "wasm:debug,dynamic_modules:debug"])
             .args(["--file-flush-interval-msec", "100"])
             .env("TZ", "UTC")
             .stdin(Stdio::null())

@@ -14,6 +14,7 @@ pub mod docker;
 pub mod envoy;
 pub mod istio;
 pub mod mesh;
+pub mod native;
 pub mod netns;
 pub mod render;
 pub mod upstream;

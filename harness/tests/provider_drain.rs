@@ -9,6 +9,7 @@ use graceful_core::status::Status;
 use graceful_harness::client::{self, abort_after, load, Conn};
 use graceful_harness::envoy::{eventually, free_port, Envoy, EnvoySpec};
 use graceful_harness::mesh::{self, status_of};
+use graceful_harness::native::Delivery;
 use graceful_harness::upstream::{Counters, Upstream};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
@@ -439,7 +440,7 @@ async fn it_refuses_bad_config_and_names_the_field() {
         r#"{"closing_header": ""}"#,
         &[
             r#"invalid configuration: field "closing_header": header name is empty"#,
-            "Unable to create Wasm plugin graceful_provider",
+            &Delivery::from_env().refusal("graceful_provider"),
         ],
     )
     .await;
@@ -449,7 +450,7 @@ async fn it_refuses_bad_config_and_names_the_field() {
         "{}",
         &[
             r#"field "quiet_window": invalid duration "5": missing unit"#,
-            "Unable to create Wasm plugin graceful_drain",
+            &Delivery::from_env().refusal("graceful_drain"),
         ],
     )
     .await;

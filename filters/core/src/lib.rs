@@ -24,6 +24,7 @@
 //!   protocol without compare-and-swap.
 //!
 //! What each filter decides:
+//! - [`drain`]: one graceful_drain copy's evaluation of the gate.
 //! - [`status`], [`endpoints`]: what graceful_drain's endpoints answer.
 //! - [`consumer`]: graceful_consumer's decisions per stream and per tick.
 //! - [`steering`]: steering requests away from tombstoned hosts (cluster
@@ -32,6 +33,7 @@
 
 pub mod config;
 pub mod consumer;
+pub mod drain;
 pub mod duration;
 pub mod endpoints;
 pub mod gate;

@@ -11,6 +11,8 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+use std::sync::Mutex;
 
 /// What a store operation can fail with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,6 +64,55 @@ impl SharedStore for MemStore {
         let next = self.next_cas.get().wrapping_add(1).max(1);
         self.next_cas.set(next);
         entries.insert(key.to_string(), (value.to_vec(), next));
+        Ok(())
+    }
+}
+
+/// Shared data with proxy-wasm-cpp-host's semantics (see
+/// `graceful_core::store`): a fresh non-zero CAS per successful set, a
+/// mismatching non-zero CAS fails, CAS 0 and a missing key always succeed.
+pub struct SyncStore {
+    entries: Mutex<Option<HashMap<String, Versioned>>>,
+    next_cas: AtomicU32,
+}
+
+impl SyncStore {
+    pub const fn new() -> SyncStore {
+        SyncStore {
+            entries: Mutex::new(None),
+            next_cas: AtomicU32::new(0),
+        }
+    }
+}
+
+impl Default for SyncStore {
+    fn default() -> Self {
+        SyncStore::new()
+    }
+}
+
+/// A poisoned lock (a panic while holding it, caught at a hook) is taken
+/// over: the map is still consistent, since every write is one insert.
+impl SharedStore for SyncStore {
+    fn get(&self, key: &str) -> Result<Option<Versioned>, StoreError> {
+        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(entries.as_ref().and_then(|m| m.get(key).cloned()))
+    }
+
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let map = entries.get_or_insert_with(HashMap::new);
+        if let Some((_, stored)) = map.get(key) {
+            if cas != 0 && cas != *stored {
+                return Err(StoreError::CasMismatch);
+            }
+        }
+        // Wrapping skips 0: a zero CAS means "unconditional".
+        let mut next = self.next_cas.fetch_add(1, SeqCst).wrapping_add(1);
+        if next == 0 {
+            next = self.next_cas.fetch_add(1, SeqCst).wrapping_add(1);
+        }
+        map.insert(key.to_string(), (value.to_vec(), next));
         Ok(())
     }
 }
@@ -298,5 +349,50 @@ mod tests {
         );
         assert_eq!(take_lease(&store, "l", 1_499, 500), Ok(false));
         assert_eq!(take_lease(&store, "l", 1_500, 500), Ok(true));
+    }
+}
+
+#[cfg(test)]
+mod sync_store_tests {
+    use super::*;
+
+    #[test]
+    fn the_store_has_the_hosts_cas_semantics() {
+        let s = SyncStore::new();
+        assert_eq!(s.get("k"), Ok(None));
+        // A missing key never mismatches, whatever CAS is given.
+        s.set("k", b"a", 77).unwrap();
+        let (v, cas) = s.get("k").unwrap().unwrap();
+        assert_eq!(v, b"a");
+        assert_ne!(cas, 0);
+        assert_eq!(s.set("k", b"b", cas + 1), Err(StoreError::CasMismatch));
+        s.set("k", b"b", cas).unwrap();
+        let (v, cas2) = s.get("k").unwrap().unwrap();
+        assert_eq!((v.as_slice(), cas2 != cas), (&b"b"[..], true));
+        // CAS 0 is unconditional.
+        s.set("k", b"c", 0).unwrap();
+        assert_eq!(s.get("k").unwrap().unwrap().0, b"c");
+    }
+
+    #[test]
+    fn racing_read_modify_writes_lose_nothing() {
+        // Four threads in a tight loop may exhaust the CAS attempts (an
+        // honest "contended"); every add that succeeded must be counted.
+        let s = std::sync::Arc::new(SyncStore::new());
+        crate::store::ensure(&*s, "n", &0u64.to_le_bytes()).unwrap();
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let s = s.clone();
+                std::thread::spawn(move || {
+                    (0..500)
+                        .filter(|_| crate::store::add_bounded(&*s, "n", 1, u64::MAX).is_ok())
+                        .count() as u64
+                })
+            })
+            .collect();
+        let done: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+        let (v, _) = s.get("n").unwrap().unwrap();
+        assert!(done > 0);
+        assert_eq!(crate::store::read_u64(&v), Some(done));
     }
 }

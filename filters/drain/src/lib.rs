@@ -11,8 +11,9 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use graceful_core::config::DrainConfig;
+use graceful_core::drain::{raise_phase, DrainCopy, Evaluation, Passed};
 use graceful_core::endpoints::{is_endpoint_path, route, Endpoint, Reply, Route, Waiters};
-use graceful_core::gate::{GateHold, StartWatch, Stat, Stats, Traffic};
+use graceful_core::gate::Stat;
 use graceful_core::headers::{
     ADDRESS as ADDRESS_HEADER, ADMIN_AUTHORITY, AUTHORITY, CONTENT_TYPE, FORWARDED_FOR, METHOD,
     PATH, STATUS,
@@ -20,8 +21,7 @@ use graceful_core::headers::{
 use graceful_core::instance;
 use graceful_core::keys::{self, Owner};
 use graceful_core::net::trusted_peer_ip;
-use graceful_core::record::{self, GatePass, InstanceRecord, Phase, Seen};
-use graceful_core::status::Status;
+use graceful_core::record::{self, InstanceRecord, Phase};
 use graceful_core::store::{self, add_bounded, take_lease, SharedStore, UpdateError};
 use graceful_guest::{header, now_us, property, send_reply, GuestStats, HostStore, Metric};
 use proxy_wasm::hostcalls;
@@ -47,109 +47,37 @@ struct Shared {
     phase: Metric,
     /// The in-flight and started stats of both filters, and the gate.
     stats: GuestStats,
-    /// When this copy last saw a request start.
-    starts: RefCell<StartWatch>,
-    /// This copy's own 1 in the gate stat.
-    hold: RefCell<GateHold>,
+    /// This copy's last start seen and its 1 in the gate.
+    copy: RefCell<DrainCopy>,
     forced: Metric,
     callback_failed: Metric,
     /// Long-polls held by this VM copy.
     waiters: RefCell<Waiters>,
 }
 
-/// What one evaluation saw: the record after it, the traffic, and the
-/// latest start this copy knows of.
-struct Evaluation {
-    rec: InstanceRecord,
-    traffic: Traffic,
-    last_start_us: u64,
-}
-
 impl Shared {
     /// Evaluates the gate now and reports a pass if this copy made it.
-    fn advance(&self, now: u64) -> Result<(Evaluation, Option<GatePass>), UpdateError> {
-        let rec = record::read(&HostStore)?;
-        let mut out = self.look(rec, now);
-        let seen = Seen {
-            idle: out.traffic.idle(),
-            last_start_us: out.last_start_us,
-        };
-        let traffic = out.traffic;
-        self.raise_phase(rec.phase);
-        match rec.phase {
-            Phase::Serving => return Ok((out, None)),
-            // Drained: the gate stays up (put back if the stats were made
-            // again, e.g. after a listener came back).
-            Phase::Drained => {
-                if self.stats.get(Stat::Gate) == Some(0) {
-                    self.hold.borrow_mut().hold_again(&self.stats);
-                }
-                return Ok((out, None));
-            }
-            Phase::Closing => {}
-        }
-        let Some(why) = rec.evaluate(&self.config.gate, &seen, now).1 else {
-            return Ok((out, None));
-        };
-        let up = match why {
-            GatePass::Quiet => self.hold.borrow_mut().try_pass(&self.stats, &traffic),
-            GatePass::StepTimeout | GatePass::Timeout => {
-                self.hold.borrow_mut().hold(&self.stats);
-                true
-            }
-        };
-        if !up {
-            // A request slipped in between the look and the gate: next tick.
-            return Ok((out, None));
-        }
-        let (rec, mine) = record::pass(&HostStore, why, now)?;
-        out.rec = rec;
-        self.raise_phase(rec.phase);
-        if !mine {
-            return Ok((out, None));
-        }
-        let closing_ms = now.saturating_sub(rec.closing_since_us) / 1000;
-        match why {
-            GatePass::Quiet => {
-                log::info!("drain gate passed after {closing_ms} ms closing: quiet")
-            }
-            GatePass::StepTimeout | GatePass::Timeout => {
+    fn advance(&self, now: u64) -> Result<(Evaluation, Option<Passed>), UpdateError> {
+        let (eval, passed) = self.copy.borrow_mut().advance(
+            &HostStore,
+            &self.stats,
+            &self.phase,
+            &self.config,
+            now,
+        )?;
+        if let Some(p) = &passed {
+            if p.forced() {
                 self.forced.add(1);
-                let (inbound, outbound) = traffic.inflight();
-                log::warn!(
-                    "drain gate forced after {closing_ms} ms closing by {}: {inbound} inbound, {outbound} outbound still in flight",
-                    if why == GatePass::Timeout { "timeout" } else { "step_timeout" },
-                );
+                log::warn!("{}", p.line());
+            } else {
+                log::info!("{}", p.line());
             }
         }
-        Ok((out, Some(why)))
+        Ok((eval, passed))
     }
 
-    /// Sets `graceful_drain_phase` (which graceful_provider reads on every
-    /// response) if `phase` is further along. The phase only moves forward,
-    /// so a copy that read the record before another moved it cannot set it
-    /// back, except by a read-then-write race, which the next tick heals.
-    fn raise_phase(&self, phase: Phase) {
-        if self.phase.get().is_none_or(|p| p < phase.gauge()) {
-            self.phase.set(phase.gauge());
-        }
-    }
-
-    fn status(&self, e: &Evaluation, now: u64) -> Status {
-        Status::new(&e.rec, &e.traffic, e.last_start_us, now)
-    }
-
-    /// The record with the traffic as this copy sees it now (no gate
-    /// evaluation): the first step of [`Shared::advance`], and the answer
-    /// to a closing POST.
     fn look(&self, rec: InstanceRecord, now: u64) -> Evaluation {
-        let traffic = Traffic::read(&self.stats);
-        let last_start_us = self.starts.borrow_mut().observe(traffic.started, now);
-        Evaluation {
-            rec,
-            traffic,
-            last_start_us,
-        }
+        self.copy.borrow_mut().look(&self.stats, rec, now)
     }
 }
 
@@ -220,7 +148,7 @@ impl Context for DrainRoot {
             if status.as_deref() == Some(b"503") && body.starts_with(b"DRAINING") {
                 match record::start_closing(&HostStore, now_us()) {
                     Ok((_, true)) => {
-                        shared.raise_phase(Phase::Closing);
+                        raise_phase(&shared.phase, Phase::Closing);
                         log::info!(
                             "closing started: Envoy admin /ready says DRAINING (/healthcheck/fail)"
                         );
@@ -331,8 +259,7 @@ impl RootContext for DrainRoot {
                 Stat::OutboundInflight,
                 Stat::OutboundStarted,
             ]),
-            starts: RefCell::new(StartWatch::default()),
-            hold: RefCell::new(GateHold::default()),
+            copy: RefCell::new(DrainCopy::default()),
             forced: Metric::counter("graceful_drain_forced"),
             callback_failed: Metric::counter("graceful_drain_callback_failed"),
             waiters: RefCell::new(Waiters::default()),
@@ -347,9 +274,9 @@ impl RootContext for DrainRoot {
         };
         let now = now_us();
         let eval = match shared.advance(now) {
-            Ok((eval, pass)) => {
-                if pass.is_some() {
-                    let body = shared.status(&eval, now).to_json();
+            Ok((eval, passed)) => {
+                if passed.is_some() {
+                    let body = eval.status(now).to_json();
                     self.call_on_drained(&shared, &body);
                 }
                 eval
@@ -364,7 +291,7 @@ impl RootContext for DrainRoot {
             .borrow_mut()
             .take_due(eval.rec.phase == Phase::Drained, now);
         if !due.is_empty() {
-            let reply = Reply::drained(&shared.status(&eval, now));
+            let reply = Reply::drained(&eval.status(now));
             for context_id in due {
                 let _ = add_bounded(&HostStore, keys::WAITERS.name, -1, u64::MAX);
                 // The stream may have gone meanwhile: then the host refuses
@@ -406,12 +333,12 @@ impl DrainStream {
                 Err(e) => Reply::unavailable(&format!("{e:?}")),
             },
             Endpoint::Status => match shared.advance(now) {
-                Ok((eval, _)) => Reply::status(&shared.status(&eval, now)),
+                Ok((eval, _)) => Reply::status(&eval.status(now)),
                 Err(e) => Reply::unavailable(&format!("{e:?}")),
             },
             Endpoint::Drained { wait } => match shared.advance(now) {
                 Ok((eval, _)) if eval.rec.phase == Phase::Drained || wait.is_none() => {
-                    Reply::drained(&shared.status(&eval, now))
+                    Reply::drained(&eval.status(now))
                 }
                 Ok(_) => match self.hold(shared, now, wait.unwrap_or_default()) {
                     Some(reply) => reply,
@@ -448,13 +375,13 @@ impl DrainStream {
         match record::start_closing(&HostStore, now) {
             Ok((rec, started)) => {
                 if started {
-                    shared.raise_phase(Phase::Closing);
+                    raise_phase(&shared.phase, Phase::Closing);
                     log::info!(
                         "closing started by POST from {}",
                         ip.map_or(String::new(), |ip| ip.to_string())
                     );
                 }
-                Reply::closing(&shared.status(&shared.look(rec, now), now))
+                Reply::closing(&shared.look(rec, now).status(now))
             }
             Err(e) => Reply::unavailable(&format!("{e:?}")),
         }

@@ -201,3 +201,13 @@ impl graceful_core::gate::Stats for GuestStats {
         self.metric(stat)?.get()
     }
 }
+
+impl graceful_core::drain::PhaseGauge for Metric {
+    fn get(&self) -> Option<u64> {
+        Metric::get(self)
+    }
+
+    fn set(&self, value: u64) {
+        Metric::set(self, value);
+    }
+}

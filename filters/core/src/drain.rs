@@ -1,0 +1,198 @@
+//! One graceful_drain copy's evaluation of the drain gate, the same for
+//! every delivery: a wasm VM copy on its tick, the native module on its
+//! timer. The copy reads the instance record and the traffic stats, and
+//! when the record's timings allow a pass it raises the gate
+//! ([`crate::gate::GateHold`]) and then records the pass with CAS
+//! ([`crate::record::pass`]), so exactly one copy reports it.
+//!
+//! | record phase | traffic | does |
+//! |---|---|---|
+//! | serving | any | nothing |
+//! | closing | timings allow no pass yet | nothing |
+//! | closing | quiet pass allowed | `try_pass`: gate up unless a request moved; then the record |
+//! | closing | step timeout or timeout | gate up (forced); then the record |
+//! | drained | gate stat reads 0 (stats made again) | puts its 1 back |
+//! | drained | otherwise | nothing |
+//!
+//! Every evaluation also raises `graceful_drain_phase` to the record's
+//! phase (it only moves forward).
+
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+
+use crate::config::DrainConfig;
+use crate::gate::{GateHold, StartWatch, Stat, Stats, Traffic};
+use crate::record::{self, GatePass, InstanceRecord, Phase, Seen};
+use crate::status::Status;
+use crate::store::{SharedStore, UpdateError};
+
+/// The `graceful_drain_phase` gauge, which graceful_provider reads on every
+/// response.
+pub trait PhaseGauge {
+    fn get(&self) -> Option<u64>;
+    fn set(&self, value: u64);
+}
+
+/// Sets the phase gauge if `phase` is further along. The phase only moves
+/// forward, so a copy that read the record before another moved it cannot
+/// set it back, except by a read-then-write race, which the next
+/// evaluation heals.
+pub fn raise_phase(gauge: &dyn PhaseGauge, phase: Phase) {
+    if gauge.get().is_none_or(|p| p < phase.gauge()) {
+        gauge.set(phase.gauge());
+    }
+}
+
+/// `graceful_drain_phase` as an atomic (the native module's).
+pub struct AtomicPhase(AtomicU64);
+
+impl AtomicPhase {
+    pub const fn new() -> AtomicPhase {
+        AtomicPhase(AtomicU64::new(0))
+    }
+
+    pub fn value(&self) -> u64 {
+        self.0.load(SeqCst)
+    }
+}
+
+impl Default for AtomicPhase {
+    fn default() -> Self {
+        AtomicPhase::new()
+    }
+}
+
+impl PhaseGauge for AtomicPhase {
+    fn get(&self) -> Option<u64> {
+        Some(self.value())
+    }
+
+    fn set(&self, value: u64) {
+        self.0.store(value, SeqCst);
+    }
+}
+
+/// What one evaluation saw: the record after it, the traffic, and the
+/// latest start this copy knows of.
+#[derive(Debug, Clone, Copy)]
+pub struct Evaluation {
+    pub rec: InstanceRecord,
+    pub traffic: Traffic,
+    pub last_start_us: u64,
+}
+
+impl Evaluation {
+    pub fn status(&self, now_us: u64) -> Status {
+        Status::new(&self.rec, &self.traffic, self.last_start_us, now_us)
+    }
+}
+
+/// The pass this copy recorded, for its one log line and counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Passed {
+    pub why: GatePass,
+    pub closing_ms: u64,
+    /// In flight when a forced pass was made (inbound, outbound).
+    pub inflight: (u64, u64),
+}
+
+impl Passed {
+    pub fn forced(&self) -> bool {
+        self.why.forced()
+    }
+
+    /// The log line (info when quiet, warn when forced).
+    pub fn line(&self) -> String {
+        let ms = self.closing_ms;
+        match self.why {
+            GatePass::Quiet => format!("drain gate passed after {ms} ms closing: quiet"),
+            GatePass::StepTimeout | GatePass::Timeout => {
+                let (inbound, outbound) = self.inflight;
+                format!(
+                    "drain gate forced after {ms} ms closing by {}: {inbound} inbound, {outbound} outbound still in flight",
+                    if self.why == GatePass::Timeout { "timeout" } else { "step_timeout" },
+                )
+            }
+        }
+    }
+}
+
+/// One copy's own state: when it last saw a request start, and its 1 in
+/// the gate stat.
+#[derive(Debug, Default)]
+pub struct DrainCopy {
+    starts: StartWatch,
+    hold: GateHold,
+}
+
+impl DrainCopy {
+    /// The record with the traffic as this copy sees it now, no gate
+    /// evaluation (the answer to a closing POST, and step one of
+    /// [`DrainCopy::advance`]).
+    pub fn look(&mut self, stats: &dyn Stats, rec: InstanceRecord, now_us: u64) -> Evaluation {
+        let traffic = Traffic::read(stats);
+        let last_start_us = self.starts.observe(traffic.started, now_us);
+        Evaluation {
+            rec,
+            traffic,
+            last_start_us,
+        }
+    }
+
+    /// Evaluates the gate now (the table above); `Some` if this copy made
+    /// and recorded the pass.
+    pub fn advance(
+        &mut self,
+        store: &dyn SharedStore,
+        stats: &dyn Stats,
+        phase: &dyn PhaseGauge,
+        config: &DrainConfig,
+        now_us: u64,
+    ) -> Result<(Evaluation, Option<Passed>), UpdateError> {
+        let rec = record::read(store)?;
+        let mut out = self.look(stats, rec, now_us);
+        let traffic = out.traffic;
+        raise_phase(phase, rec.phase);
+        match rec.phase {
+            Phase::Serving => return Ok((out, None)),
+            Phase::Drained => {
+                if stats.get(Stat::Gate) == Some(0) {
+                    self.hold.hold_again(stats);
+                }
+                return Ok((out, None));
+            }
+            Phase::Closing => {}
+        }
+        let seen = Seen {
+            idle: traffic.idle(),
+            last_start_us: out.last_start_us,
+        };
+        let Some(why) = rec.evaluate(&config.gate, &seen, now_us).1 else {
+            return Ok((out, None));
+        };
+        let up = match why {
+            GatePass::Quiet => self.hold.try_pass(stats, &traffic),
+            GatePass::StepTimeout | GatePass::Timeout => {
+                self.hold.hold(stats);
+                true
+            }
+        };
+        if !up {
+            // A request slipped in between the look and the gate: next time.
+            return Ok((out, None));
+        }
+        let (rec, mine) = record::pass(store, why, now_us)?;
+        out.rec = rec;
+        raise_phase(phase, rec.phase);
+        if !mine {
+            return Ok((out, None));
+        }
+        Ok((
+            out,
+            Some(Passed {
+                why,
+                closing_ms: now_us.saturating_sub(rec.closing_since_us) / 1000,
+                inflight: traffic.inflight(),
+            }),
+        ))
+    }
+}

@@ -1,0 +1,701 @@
+//! Envoy's dynamic-module ABI v0.2.0 (Envoy 1.40), the part this module
+//! uses: types and the callbacks Envoy exports, declared from
+//! `source/extensions/dynamic_modules/abi/abi.h`. The hooks Envoy calls are
+//! in `hooks.rs`. Enums cross the boundary as C `int`s: they are plain
+//! integer constants here, so a value Envoy adds later cannot be an invalid
+//! Rust enum.
+//!
+//! Safe wrappers are at the bottom: every pointer Envoy returns is read
+//! only within the hook that got it, as the header requires.
+
+#![allow(unsafe_code)]
+
+use std::ffi::c_void;
+
+/// The version string `envoy_dynamic_module_on_program_init` returns;
+/// Envoy logs "Dynamic module ABI version v0.2.0 matched." when it is its
+/// own, and a warning otherwise.
+pub const ABI_VERSION: &[u8] = b"v0.2.0\0";
+
+pub type ConfigEnvoyPtr = *mut c_void;
+pub type ConfigModulePtr = *const c_void;
+pub type FilterEnvoyPtr = *mut c_void;
+pub type FilterModulePtr = *const c_void;
+pub type SchedulerPtr = *mut c_void;
+pub type ConfigSchedulerPtr = *mut c_void;
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EnvoyBuffer {
+    pub ptr: *const u8,
+    pub length: usize,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ModuleBuffer {
+    pub ptr: *const u8,
+    pub length: usize,
+}
+
+impl ModuleBuffer {
+    pub fn of(bytes: &[u8]) -> ModuleBuffer {
+        ModuleBuffer {
+            ptr: bytes.as_ptr(),
+            length: bytes.len(),
+        }
+    }
+
+    pub const NULL: ModuleBuffer = ModuleBuffer {
+        ptr: std::ptr::null(),
+        length: 0,
+    };
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ModuleHeader {
+    pub key_ptr: *const u8,
+    pub key_length: usize,
+    pub value_ptr: *const u8,
+    pub value_length: usize,
+}
+
+impl ModuleHeader {
+    pub fn of(key: &str, value: &str) -> ModuleHeader {
+        ModuleHeader {
+            key_ptr: key.as_ptr(),
+            key_length: key.len(),
+            value_ptr: value.as_ptr(),
+            value_length: value.len(),
+        }
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct EnvoyHeader {
+    pub key_ptr: *const u8,
+    pub key_length: usize,
+    pub value_ptr: *const u8,
+    pub value_length: usize,
+}
+
+/// `envoy_dynamic_module_type_http_header_type`.
+pub type HeaderType = u32;
+pub const REQUEST_HEADERS: HeaderType = 0;
+pub const RESPONSE_HEADERS: HeaderType = 2;
+pub const RESPONSE_TRAILERS: HeaderType = 3;
+
+/// `envoy_dynamic_module_type_log_level`.
+pub type LogLevel = u32;
+pub const LOG_DEBUG: LogLevel = 1;
+pub const LOG_INFO: LogLevel = 2;
+pub const LOG_WARN: LogLevel = 3;
+pub const LOG_ERROR: LogLevel = 4;
+
+/// `envoy_dynamic_module_type_attribute_id`.
+pub type AttributeId = u32;
+pub const ATTR_RESPONSE_FLAGS: AttributeId = 17;
+pub const ATTR_SOURCE_ADDRESS: AttributeId = 24;
+pub const ATTR_DESTINATION_ADDRESS: AttributeId = 26;
+pub const ATTR_UPSTREAM_ADDRESS: AttributeId = 41;
+pub const ATTR_UPSTREAM_TRANSPORT_FAILURE_REASON: AttributeId = 52;
+
+/// The headers / body / trailers statuses the hooks return: 0 is
+/// Continue in each of them, 1 StopIteration in the headers and trailers
+/// ones.
+pub const CONTINUE: u32 = 0;
+pub const STOP_ITERATION: u32 = 1;
+
+/// `envoy_dynamic_module_type_http_callout_init_result`: 0 is Success.
+pub type CalloutInit = u32;
+/// `envoy_dynamic_module_type_metrics_result`: 0 is Success.
+pub type MetricsResult = u32;
+
+extern "C" {
+    fn envoy_dynamic_module_callback_log(level: LogLevel, message: ModuleBuffer);
+    fn envoy_dynamic_module_callback_log_enabled(level: LogLevel) -> bool;
+
+    fn envoy_dynamic_module_callback_http_get_header(
+        filter: FilterEnvoyPtr,
+        header_type: HeaderType,
+        key: ModuleBuffer,
+        result: *mut EnvoyBuffer,
+        index: usize,
+        optional_size: *mut usize,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_get_headers_size(
+        filter: FilterEnvoyPtr,
+        header_type: HeaderType,
+    ) -> usize;
+    fn envoy_dynamic_module_callback_http_get_headers(
+        filter: FilterEnvoyPtr,
+        header_type: HeaderType,
+        result: *mut EnvoyHeader,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_set_header(
+        filter: FilterEnvoyPtr,
+        header_type: HeaderType,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_send_response(
+        filter: FilterEnvoyPtr,
+        status_code: u32,
+        headers: *mut ModuleHeader,
+        headers_size: usize,
+        body: ModuleBuffer,
+        details: ModuleBuffer,
+    );
+    fn envoy_dynamic_module_callback_http_filter_get_attribute_string(
+        filter: FilterEnvoyPtr,
+        id: AttributeId,
+        result: *mut EnvoyBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_filter_get_attribute_int(
+        filter: FilterEnvoyPtr,
+        id: AttributeId,
+        result: *mut u64,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_get_cluster_name(
+        filter: FilterEnvoyPtr,
+        result: *mut EnvoyBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_set_upstream_override_host(
+        filter: FilterEnvoyPtr,
+        host: ModuleBuffer,
+        strict: bool,
+    ) -> bool;
+
+    fn envoy_dynamic_module_callback_http_filter_config_define_counter(
+        config: ConfigEnvoyPtr,
+        name: ModuleBuffer,
+        label_names: *mut ModuleBuffer,
+        label_names_length: usize,
+        id: *mut usize,
+    ) -> MetricsResult;
+    fn envoy_dynamic_module_callback_http_filter_config_define_gauge(
+        config: ConfigEnvoyPtr,
+        name: ModuleBuffer,
+        label_names: *mut ModuleBuffer,
+        label_names_length: usize,
+        id: *mut usize,
+    ) -> MetricsResult;
+    fn envoy_dynamic_module_callback_http_filter_increment_counter(
+        filter: FilterEnvoyPtr,
+        id: usize,
+        labels: *mut ModuleBuffer,
+        labels_length: usize,
+        value: u64,
+    ) -> MetricsResult;
+    fn envoy_dynamic_module_callback_http_filter_increment_gauge(
+        filter: FilterEnvoyPtr,
+        id: usize,
+        labels: *mut ModuleBuffer,
+        labels_length: usize,
+        value: u64,
+    ) -> MetricsResult;
+    fn envoy_dynamic_module_callback_http_filter_decrement_gauge(
+        filter: FilterEnvoyPtr,
+        id: usize,
+        labels: *mut ModuleBuffer,
+        labels_length: usize,
+        value: u64,
+    ) -> MetricsResult;
+    fn envoy_dynamic_module_callback_http_filter_set_gauge(
+        filter: FilterEnvoyPtr,
+        id: usize,
+        labels: *mut ModuleBuffer,
+        labels_length: usize,
+        value: u64,
+    ) -> MetricsResult;
+    fn envoy_dynamic_module_callback_http_filter_config_increment_counter(
+        config: ConfigEnvoyPtr,
+        id: usize,
+        labels: *mut ModuleBuffer,
+        labels_length: usize,
+        value: u64,
+    ) -> MetricsResult;
+    fn envoy_dynamic_module_callback_http_filter_config_set_gauge(
+        config: ConfigEnvoyPtr,
+        id: usize,
+        labels: *mut ModuleBuffer,
+        labels_length: usize,
+        value: u64,
+    ) -> MetricsResult;
+
+    fn envoy_dynamic_module_callback_http_filter_scheduler_new(
+        filter: FilterEnvoyPtr,
+    ) -> SchedulerPtr;
+    fn envoy_dynamic_module_callback_http_filter_scheduler_commit(
+        scheduler: SchedulerPtr,
+        event_id: u64,
+    );
+    fn envoy_dynamic_module_callback_http_filter_scheduler_delete(scheduler: SchedulerPtr);
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_new(
+        config: ConfigEnvoyPtr,
+    ) -> ConfigSchedulerPtr;
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_commit(
+        scheduler: ConfigSchedulerPtr,
+        event_id: u64,
+    );
+    fn envoy_dynamic_module_callback_http_filter_config_scheduler_delete(
+        scheduler: ConfigSchedulerPtr,
+    );
+    fn envoy_dynamic_module_callback_http_filter_config_http_callout(
+        config: ConfigEnvoyPtr,
+        callout_id: *mut u64,
+        cluster: ModuleBuffer,
+        headers: *mut ModuleHeader,
+        headers_size: usize,
+        body: ModuleBuffer,
+        timeout_ms: u64,
+    ) -> CalloutInit;
+}
+
+/// Bytes Envoy owns, valid until the current hook returns.
+///
+/// # Safety
+/// `b` must come from Envoy within this hook.
+pub unsafe fn envoy_bytes<'a>(b: EnvoyBuffer) -> &'a [u8] {
+    if b.ptr.is_null() || b.length == 0 {
+        &[]
+    } else {
+        // SAFETY: Envoy guarantees ptr..ptr+length is readable for the hook.
+        unsafe { std::slice::from_raw_parts(b.ptr, b.length) }
+    }
+}
+
+pub fn log(level: LogLevel, message: &str) {
+    // SAFETY: plain calls; the buffer is read during the call only.
+    unsafe {
+        if envoy_dynamic_module_callback_log_enabled(level) {
+            envoy_dynamic_module_callback_log(level, ModuleBuffer::of(message.as_bytes()));
+        }
+    }
+}
+
+/// One stream as Envoy hands it to a hook: the filter pointer is valid for
+/// the hook's duration.
+#[derive(Clone, Copy)]
+pub struct Stream(pub FilterEnvoyPtr);
+
+impl Stream {
+    /// The first value of a header, copied.
+    pub fn header(self, map: HeaderType, name: &str) -> Option<Vec<u8>> {
+        let mut out = EnvoyBuffer {
+            ptr: std::ptr::null(),
+            length: 0,
+        };
+        // SAFETY: a valid filter pointer for this hook; out is written by Envoy.
+        let found = unsafe {
+            envoy_dynamic_module_callback_http_get_header(
+                self.0,
+                map,
+                ModuleBuffer::of(name.as_bytes()),
+                &mut out,
+                0,
+                std::ptr::null_mut(),
+            )
+        };
+        // SAFETY: the buffer was just returned in this hook.
+        (found && !out.ptr.is_null()).then(|| unsafe { envoy_bytes(out) }.to_vec())
+    }
+
+    /// Every header of a map, copied as pairs.
+    pub fn headers(self, map: HeaderType) -> Vec<(Vec<u8>, Vec<u8>)> {
+        // SAFETY: valid filter pointer; the array is sized as Envoy says.
+        unsafe {
+            let n = envoy_dynamic_module_callback_http_get_headers_size(self.0, map);
+            if n == 0 {
+                return Vec::new();
+            }
+            let mut raw = vec![
+                EnvoyHeader {
+                    key_ptr: std::ptr::null(),
+                    key_length: 0,
+                    value_ptr: std::ptr::null(),
+                    value_length: 0,
+                };
+                n
+            ];
+            if !envoy_dynamic_module_callback_http_get_headers(self.0, map, raw.as_mut_ptr()) {
+                return Vec::new();
+            }
+            raw.iter()
+                .map(|h| {
+                    let k = envoy_bytes(EnvoyBuffer {
+                        ptr: h.key_ptr,
+                        length: h.key_length,
+                    });
+                    let v = envoy_bytes(EnvoyBuffer {
+                        ptr: h.value_ptr,
+                        length: h.value_length,
+                    });
+                    (k.to_vec(), v.to_vec())
+                })
+                .collect()
+        }
+    }
+
+    /// Sets a header (replacing every value); false if Envoy refused (the
+    /// map is not available in this phase).
+    pub fn set_header(self, map: HeaderType, name: &str, value: &str) -> bool {
+        // SAFETY: valid filter pointer; buffers read during the call.
+        unsafe {
+            envoy_dynamic_module_callback_http_set_header(
+                self.0,
+                map,
+                ModuleBuffer::of(name.as_bytes()),
+                ModuleBuffer::of(value.as_bytes()),
+            )
+        }
+    }
+
+    /// Removes a header (a set with a null value).
+    pub fn remove_header(self, map: HeaderType, name: &str) -> bool {
+        // SAFETY: as set_header; a null value removes the key.
+        unsafe {
+            envoy_dynamic_module_callback_http_set_header(
+                self.0,
+                map,
+                ModuleBuffer::of(name.as_bytes()),
+                ModuleBuffer::NULL,
+            )
+        }
+    }
+
+    /// Sends a local reply; `details` goes to `%RESPONSE_CODE_DETAILS%`.
+    pub fn send_response(self, status: u32, headers: &[(&str, &str)], body: &[u8], details: &str) {
+        let mut raw: Vec<ModuleHeader> = headers
+            .iter()
+            .map(|(k, v)| ModuleHeader::of(k, v))
+            .collect();
+        // SAFETY: valid filter pointer; every buffer outlives the call.
+        unsafe {
+            envoy_dynamic_module_callback_http_send_response(
+                self.0,
+                status,
+                raw.as_mut_ptr(),
+                raw.len(),
+                ModuleBuffer::of(body),
+                ModuleBuffer::of(details.as_bytes()),
+            );
+        }
+    }
+
+    pub fn attribute_string(self, id: AttributeId) -> Option<Vec<u8>> {
+        let mut out = EnvoyBuffer {
+            ptr: std::ptr::null(),
+            length: 0,
+        };
+        // SAFETY: valid filter pointer; the buffer is copied at once.
+        let ok = unsafe {
+            envoy_dynamic_module_callback_http_filter_get_attribute_string(self.0, id, &mut out)
+        };
+        // SAFETY: returned in this hook.
+        (ok && !out.ptr.is_null()).then(|| unsafe { envoy_bytes(out) }.to_vec())
+    }
+
+    pub fn attribute_int(self, id: AttributeId) -> Option<u64> {
+        let mut out = 0u64;
+        // SAFETY: valid filter pointer; out is a plain integer.
+        let ok = unsafe {
+            envoy_dynamic_module_callback_http_filter_get_attribute_int(self.0, id, &mut out)
+        };
+        ok.then_some(out)
+    }
+
+    pub fn cluster_name(self) -> Option<String> {
+        let mut out = EnvoyBuffer {
+            ptr: std::ptr::null(),
+            length: 0,
+        };
+        // SAFETY: valid filter pointer; copied at once.
+        let ok = unsafe { envoy_dynamic_module_callback_http_get_cluster_name(self.0, &mut out) };
+        // SAFETY: returned in this hook.
+        ok.then(|| String::from_utf8_lossy(unsafe { envoy_bytes(out) }).into_owned())
+    }
+
+    /// Asks the load balancer for `host` (`ip:port`), falling back to
+    /// ordinary balancing if it is not in the cluster (not strict).
+    pub fn set_override_host(self, host: &str) -> bool {
+        // SAFETY: valid filter pointer; the buffer is read during the call.
+        unsafe {
+            envoy_dynamic_module_callback_http_set_upstream_override_host(
+                self.0,
+                ModuleBuffer::of(host.as_bytes()),
+                false,
+            )
+        }
+    }
+
+    pub fn counter_add(self, id: Option<usize>, n: u64) {
+        if let Some(id) = id {
+            // SAFETY: valid filter pointer; a defined id with no labels.
+            unsafe {
+                envoy_dynamic_module_callback_http_filter_increment_counter(
+                    self.0,
+                    id,
+                    std::ptr::null_mut(),
+                    0,
+                    n,
+                );
+            }
+        }
+    }
+
+    pub fn gauge_add(self, id: Option<usize>, delta: i64) {
+        let Some(id) = id else { return };
+        // SAFETY: valid filter pointer; a defined id with no labels.
+        unsafe {
+            if delta >= 0 {
+                envoy_dynamic_module_callback_http_filter_increment_gauge(
+                    self.0,
+                    id,
+                    std::ptr::null_mut(),
+                    0,
+                    delta.unsigned_abs(),
+                );
+            } else {
+                envoy_dynamic_module_callback_http_filter_decrement_gauge(
+                    self.0,
+                    id,
+                    std::ptr::null_mut(),
+                    0,
+                    delta.unsigned_abs(),
+                );
+            }
+        }
+    }
+
+    pub fn gauge_set(self, id: Option<usize>, value: u64) {
+        if let Some(id) = id {
+            // SAFETY: valid filter pointer; a defined id with no labels.
+            unsafe {
+                envoy_dynamic_module_callback_http_filter_set_gauge(
+                    self.0,
+                    id,
+                    std::ptr::null_mut(),
+                    0,
+                    value,
+                );
+            }
+        }
+    }
+
+    /// A scheduler that brings work back to this stream's worker
+    /// (`on_http_filter_scheduled`); must be freed with [`scheduler_delete`].
+    pub fn scheduler(self) -> SchedulerPtr {
+        // SAFETY: valid filter pointer.
+        unsafe { envoy_dynamic_module_callback_http_filter_scheduler_new(self.0) }
+    }
+}
+
+/// # Safety
+/// `s` came from [`Stream::scheduler`] and was not deleted.
+pub unsafe fn scheduler_commit(s: SchedulerPtr, event: u64) {
+    // SAFETY: the caller keeps `s` alive; commit is safe from any thread.
+    unsafe { envoy_dynamic_module_callback_http_filter_scheduler_commit(s, event) }
+}
+
+/// # Safety
+/// `s` came from [`Stream::scheduler`]; it is not used again.
+pub unsafe fn scheduler_delete(s: SchedulerPtr) {
+    // SAFETY: the caller gives up `s`.
+    unsafe { envoy_dynamic_module_callback_http_filter_scheduler_delete(s) }
+}
+
+/// A filter config as Envoy hands it to `config_new` and the config hooks.
+#[derive(Clone, Copy)]
+pub struct Config(pub ConfigEnvoyPtr);
+
+// SAFETY: the config pointer is only dereferenced by Envoy, on the main
+// thread where it calls the config hooks; the module only carries it.
+unsafe impl Send for Config {}
+// SAFETY: as above.
+unsafe impl Sync for Config {}
+
+impl Config {
+    pub fn define_counter(self, name: &str) -> Option<usize> {
+        let mut id = 0usize;
+        // SAFETY: valid config pointer during config_new.
+        let r = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_define_counter(
+                self.0,
+                ModuleBuffer::of(name.as_bytes()),
+                std::ptr::null_mut(),
+                0,
+                &mut id,
+            )
+        };
+        (r == 0).then_some(id)
+    }
+
+    pub fn define_gauge(self, name: &str) -> Option<usize> {
+        let mut id = 0usize;
+        // SAFETY: valid config pointer during config_new.
+        let r = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_define_gauge(
+                self.0,
+                ModuleBuffer::of(name.as_bytes()),
+                std::ptr::null_mut(),
+                0,
+                &mut id,
+            )
+        };
+        (r == 0).then_some(id)
+    }
+
+    pub fn counter_add(self, id: Option<usize>, n: u64) {
+        if let Some(id) = id {
+            // SAFETY: valid config pointer on the main thread.
+            unsafe {
+                envoy_dynamic_module_callback_http_filter_config_increment_counter(
+                    self.0,
+                    id,
+                    std::ptr::null_mut(),
+                    0,
+                    n,
+                );
+            }
+        }
+    }
+
+    pub fn gauge_set(self, id: Option<usize>, value: u64) {
+        if let Some(id) = id {
+            // SAFETY: valid config pointer on the main thread.
+            unsafe {
+                envoy_dynamic_module_callback_http_filter_config_set_gauge(
+                    self.0,
+                    id,
+                    std::ptr::null_mut(),
+                    0,
+                    value,
+                );
+            }
+        }
+    }
+
+    /// A scheduler that brings work to the main thread
+    /// (`on_http_filter_config_scheduled`), from any thread.
+    pub fn scheduler(self) -> ConfigScheduler {
+        // SAFETY: valid config pointer during config_new.
+        ConfigScheduler(unsafe {
+            envoy_dynamic_module_callback_http_filter_config_scheduler_new(self.0)
+        })
+    }
+
+    /// An HTTP call to `cluster`; its answer comes to
+    /// `on_http_filter_config_http_callout_done` with the returned id.
+    pub fn callout(
+        self,
+        cluster: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        timeout_ms: u64,
+    ) -> Result<u64, u32> {
+        let mut raw: Vec<ModuleHeader> = headers
+            .iter()
+            .map(|(k, v)| ModuleHeader::of(k, v))
+            .collect();
+        let mut id = 0u64;
+        // SAFETY: valid config pointer on the main thread; buffers outlive the call.
+        let r = unsafe {
+            envoy_dynamic_module_callback_http_filter_config_http_callout(
+                self.0,
+                &mut id,
+                ModuleBuffer::of(cluster.as_bytes()),
+                raw.as_mut_ptr(),
+                raw.len(),
+                ModuleBuffer::of(body),
+                timeout_ms,
+            )
+        };
+        if r == 0 {
+            Ok(id)
+        } else {
+            Err(r)
+        }
+    }
+}
+
+/// A config scheduler: commit from any thread, delete once.
+pub struct ConfigScheduler(ConfigSchedulerPtr);
+
+// SAFETY: the header says commit may be called from any thread; delete is
+// called once, by the owner, after every committer stopped.
+unsafe impl Send for ConfigScheduler {}
+// SAFETY: as above.
+unsafe impl Sync for ConfigScheduler {}
+
+impl ConfigScheduler {
+    pub fn commit(&self, event: u64) {
+        if !self.0.is_null() {
+            // SAFETY: alive until Drop; commit is thread-safe.
+            unsafe {
+                envoy_dynamic_module_callback_http_filter_config_scheduler_commit(self.0, event)
+            }
+        }
+    }
+}
+
+impl Drop for ConfigScheduler {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: the last use; nobody commits after the owner drops it.
+            unsafe { envoy_dynamic_module_callback_http_filter_config_scheduler_delete(self.0) }
+        }
+    }
+}
+
+/// The pairs of a callout's answer headers, copied.
+///
+/// # Safety
+/// `headers` and `n` come from a `*_callout_done` hook being run.
+pub unsafe fn callout_headers(headers: *const EnvoyHeader, n: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
+    if headers.is_null() {
+        return Vec::new();
+    }
+    // SAFETY: Envoy passes n valid headers for the hook's duration.
+    let raw = unsafe { std::slice::from_raw_parts(headers, n) };
+    raw.iter()
+        .map(|h| {
+            // SAFETY: as above.
+            unsafe {
+                (
+                    envoy_bytes(EnvoyBuffer {
+                        ptr: h.key_ptr,
+                        length: h.key_length,
+                    })
+                    .to_vec(),
+                    envoy_bytes(EnvoyBuffer {
+                        ptr: h.value_ptr,
+                        length: h.value_length,
+                    })
+                    .to_vec(),
+                )
+            }
+        })
+        .collect()
+}
+
+/// A callout's answer body, concatenated, at most `max` bytes.
+///
+/// # Safety
+/// `chunks` and `n` come from a `*_callout_done` hook being run.
+pub unsafe fn callout_body(chunks: *const EnvoyBuffer, n: usize, max: usize) -> Vec<u8> {
+    if chunks.is_null() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    // SAFETY: Envoy passes n valid buffers for the hook's duration.
+    for c in unsafe { std::slice::from_raw_parts(chunks, n) } {
+        // SAFETY: as above.
+        let bytes = unsafe { envoy_bytes(*c) };
+        let room = max.saturating_sub(out.len());
+        out.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+    out
+}

@@ -1,0 +1,417 @@
+//! The event hooks Envoy calls (`envoy_dynamic_module_on_*`). Envoy refuses
+//! a module that lacks any required one, so every required HTTP-filter
+//! hook is here, most doing nothing. Each runs its body under
+//! [`fail_open`]: a panic is caught, logged once per hook, and the stream
+//! goes on as if the filter were not there (a shutdown helper never denies
+//! traffic over its own bug).
+//!
+//! Filter names (`filter_name` in the Envoy config): `graceful_provider`,
+//! `graceful_drain`. Any other name refuses the config, naming it.
+
+#![allow(unsafe_code)]
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+use crate::abi::{
+    self, envoy_bytes, ConfigEnvoyPtr, ConfigModulePtr, EnvoyBuffer, EnvoyHeader, FilterEnvoyPtr,
+    FilterModulePtr, Stream, CONTINUE,
+};
+use crate::{drain, log, provider};
+
+enum FilterConfig {
+    Provider(provider::Config),
+    Drain(drain::Config),
+}
+
+enum FilterStream {
+    Provider(provider::ProviderStream),
+    Drain(drain::DrainStream),
+}
+
+/// One stream's filter: its kind's state and its config, which Envoy keeps
+/// alive as long as any of its filters.
+struct Filter {
+    config: *const FilterConfig,
+    stream: FilterStream,
+}
+
+static PANICKED: AtomicBool = AtomicBool::new(false);
+
+/// Runs a hook's body; on a panic logs (once per process) and returns
+/// `fallback`.
+fn fail_open<T>(hook: &str, fallback: T, body: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(v) => v,
+        Err(_) => {
+            if !PANICKED.swap(true, Relaxed) {
+                log::error(&format!(
+                    "graceful: a panic in {hook} was caught; the stream goes on without the filter (failing open)"
+                ));
+            }
+            fallback
+        }
+    }
+}
+
+/// The stream's filter and its config, or None for a null pointer.
+///
+/// # Safety
+/// `ptr` is null or a pointer [`envoy_dynamic_module_on_http_filter_new`]
+/// returned and Envoy has not destroyed.
+unsafe fn filter<'a>(ptr: FilterModulePtr) -> Option<(&'a mut Filter, &'a FilterConfig)> {
+    let f = ptr.cast::<Filter>().cast_mut();
+    // SAFETY: as the caller promises; Envoy calls a filter's hooks on one
+    // thread, one at a time, so the &mut is unique.
+    let f = unsafe { f.as_mut()? };
+    // SAFETY: the config outlives its filters.
+    let c = unsafe { f.config.as_ref()? };
+    Some((f, c))
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const u8 {
+    abi::ABI_VERSION.as_ptr()
+}
+
+/// Parses the config for `name`; null (Envoy refuses the config) on any
+/// error, logged with the field it names.
+///
+/// # Safety
+/// Envoy passes buffers valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
+    envoy: ConfigEnvoyPtr,
+    name: EnvoyBuffer,
+    config: EnvoyBuffer,
+) -> ConfigModulePtr {
+    fail_open("config_new", std::ptr::null(), || {
+        // SAFETY: valid for this call.
+        let (name, json) = unsafe { (envoy_bytes(name).to_vec(), envoy_bytes(config).to_vec()) };
+        let name = String::from_utf8_lossy(&name).into_owned();
+        let envoy = abi::Config(envoy);
+        let made = match name.as_str() {
+            "graceful_provider" => provider::Config::new(envoy, &json).map(FilterConfig::Provider),
+            "graceful_drain" => drain::Config::new(envoy, &json).map(FilterConfig::Drain),
+            other => Err(format!(
+                "unknown filter_name {other:?}: this module has graceful_provider and graceful_drain"
+            )),
+        };
+        match made {
+            Ok(c) => Box::into_raw(Box::new(c))
+                .cast::<std::ffi::c_void>()
+                .cast_const(),
+            Err(e) => {
+                log::error(&format!("{name}: {e}"));
+                std::ptr::null()
+            }
+        }
+    })
+}
+
+/// # Safety
+/// `ptr` came from `config_new` and is destroyed once.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(ptr: ConfigModulePtr) {
+    fail_open("config_destroy", (), || {
+        if !ptr.is_null() {
+            // SAFETY: made by Box::into_raw in config_new, given back once.
+            drop(unsafe { Box::from_raw(ptr.cast::<FilterConfig>().cast_mut()) });
+        }
+    });
+}
+
+/// # Safety
+/// `config` came from `config_new`.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
+    config: ConfigModulePtr,
+    _envoy: FilterEnvoyPtr,
+) -> FilterModulePtr {
+    fail_open("filter_new", std::ptr::null(), || {
+        let c = config.cast::<FilterConfig>();
+        // SAFETY: a live config.
+        let stream = match unsafe { c.as_ref() } {
+            Some(FilterConfig::Provider(_)) => FilterStream::Provider(Default::default()),
+            Some(FilterConfig::Drain(_)) => FilterStream::Drain(Default::default()),
+            None => return std::ptr::null(),
+        };
+        Box::into_raw(Box::new(Filter { config: c, stream }))
+            .cast::<std::ffi::c_void>()
+            .cast_const()
+    })
+}
+
+/// # Safety
+/// Envoy's pointers for a live stream.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
+    envoy: FilterEnvoyPtr,
+    module: FilterModulePtr,
+    _end_of_stream: bool,
+) -> u32 {
+    fail_open("request_headers", CONTINUE, || {
+        // SAFETY: a live filter.
+        let Some((f, c)) = (unsafe { filter(module) }) else {
+            return CONTINUE;
+        };
+        let s = Stream(envoy);
+        match (&mut f.stream, c) {
+            (FilterStream::Provider(p), FilterConfig::Provider(pc)) => p.request_headers(pc, s),
+            (FilterStream::Drain(d), FilterConfig::Drain(dc)) => d.request_headers(dc, s),
+            _ => CONTINUE,
+        }
+    })
+}
+
+/// # Safety
+/// Envoy's pointers for a live stream.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
+    envoy: FilterEnvoyPtr,
+    module: FilterModulePtr,
+    _end_of_stream: bool,
+) -> u32 {
+    fail_open("response_headers", CONTINUE, || {
+        // SAFETY: a live filter.
+        let Some((f, c)) = (unsafe { filter(module) }) else {
+            return CONTINUE;
+        };
+        match (&mut f.stream, c) {
+            (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
+                p.response_headers(pc, Stream(envoy))
+            }
+            _ => CONTINUE,
+        }
+    })
+}
+
+/// # Safety
+/// Envoy's pointers for a live stream.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
+    envoy: FilterEnvoyPtr,
+    module: FilterModulePtr,
+) -> u32 {
+    fail_open("response_trailers", CONTINUE, || {
+        // SAFETY: a live filter.
+        let Some((f, c)) = (unsafe { filter(module) }) else {
+            return CONTINUE;
+        };
+        match (&mut f.stream, c) {
+            (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
+                p.response_trailers(pc, Stream(envoy))
+            }
+            _ => CONTINUE,
+        }
+    })
+}
+
+/// # Safety
+/// Envoy's pointers for a live stream.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
+    envoy: FilterEnvoyPtr,
+    module: FilterModulePtr,
+) {
+    fail_open("stream_complete", (), || {
+        // SAFETY: a live filter.
+        let Some((f, c)) = (unsafe { filter(module) }) else {
+            return;
+        };
+        if let (FilterStream::Provider(p), FilterConfig::Provider(pc)) = (&mut f.stream, c) {
+            p.stream_complete(pc, Stream(envoy));
+        }
+    });
+}
+
+/// # Safety
+/// `module` came from `filter_new` and is destroyed once.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: FilterModulePtr) {
+    fail_open("filter_destroy", (), || {
+        if module.is_null() {
+            return;
+        }
+        // SAFETY: made by Box::into_raw in filter_new, given back once.
+        let mut f = unsafe { Box::from_raw(module.cast::<Filter>().cast_mut()) };
+        // SAFETY: the config outlives its filters.
+        if let (FilterStream::Drain(d), Some(FilterConfig::Drain(dc))) =
+            (&mut f.stream, unsafe { f.config.as_ref() })
+        {
+            d.destroy(dc);
+        }
+    });
+}
+
+/// A held long-poll woken by the drain tick, on its worker.
+///
+/// # Safety
+/// Envoy's pointers for a live stream.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
+    envoy: FilterEnvoyPtr,
+    module: FilterModulePtr,
+    _event: u64,
+) {
+    fail_open("scheduled", (), || {
+        // SAFETY: a live filter.
+        let Some((f, c)) = (unsafe { filter(module) }) else {
+            return;
+        };
+        if let (FilterStream::Drain(d), FilterConfig::Drain(dc)) = (&mut f.stream, c) {
+            d.scheduled(dc, Stream(envoy));
+        }
+    });
+}
+
+/// The drain timer's tick, on the main thread.
+///
+/// # Safety
+/// `config` came from `config_new`.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
+    _envoy: ConfigEnvoyPtr,
+    config: ConfigModulePtr,
+    _event: u64,
+) {
+    fail_open("config_scheduled", (), || {
+        // SAFETY: a live config.
+        if let Some(FilterConfig::Drain(dc)) = unsafe { config.cast::<FilterConfig>().as_ref() } {
+            dc.tick();
+        }
+    });
+}
+
+/// An answer to a config's callout (the drain's admin poll or on_drained).
+///
+/// # Safety
+/// Envoy's pointers, valid for the call.
+#[no_mangle]
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
+    _envoy: ConfigEnvoyPtr,
+    config: ConfigModulePtr,
+    callout_id: u64,
+    _result: u32,
+    headers: *const EnvoyHeader,
+    headers_size: usize,
+    body: *const EnvoyBuffer,
+    body_size: usize,
+) {
+    fail_open("config_http_callout_done", (), || {
+        // SAFETY: a live config; buffers valid for this call.
+        if let Some(FilterConfig::Drain(dc)) = unsafe { config.cast::<FilterConfig>().as_ref() } {
+            let (h, b) = unsafe {
+                (
+                    abi::callout_headers(headers, headers_size),
+                    abi::callout_body(body, body_size, 64),
+                )
+            };
+            dc.callout_done(callout_id, &h, &b);
+        }
+    });
+}
+
+// Required hooks these filters do nothing in: the stream goes on.
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
+    _envoy: FilterEnvoyPtr,
+    _module: FilterModulePtr,
+    _end_of_stream: bool,
+) -> u32 {
+    CONTINUE
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
+    _envoy: FilterEnvoyPtr,
+    _module: FilterModulePtr,
+) -> u32 {
+    CONTINUE
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
+    _envoy: FilterEnvoyPtr,
+    _module: FilterModulePtr,
+    _end_of_stream: bool,
+) -> u32 {
+    CONTINUE
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
+    _envoy: FilterEnvoyPtr,
+    _module: FilterModulePtr,
+    _callout_id: u64,
+    _result: u32,
+    _headers: *const EnvoyHeader,
+    _headers_size: usize,
+    _body: *const EnvoyBuffer,
+    _body_size: usize,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
+    _envoy: FilterEnvoyPtr,
+    _module: FilterModulePtr,
+    _stream_id: u64,
+    _headers: *const EnvoyHeader,
+    _headers_size: usize,
+    _end_stream: bool,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
+    _envoy: FilterEnvoyPtr,
+    _module: FilterModulePtr,
+    _stream_id: u64,
+    _data: *const EnvoyBuffer,
+    _data_count: usize,
+    _end_stream: bool,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
+    _envoy: FilterEnvoyPtr,
+    _module: FilterModulePtr,
+    _stream_id: u64,
+    _trailers: *const EnvoyHeader,
+    _trailers_size: usize,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
+    _envoy: FilterEnvoyPtr,
+    _module: FilterModulePtr,
+    _stream_id: u64,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
+    _envoy: FilterEnvoyPtr,
+    _module: FilterModulePtr,
+    _stream_id: u64,
+    _reason: u32,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
+    _envoy: FilterEnvoyPtr,
+    _module: FilterModulePtr,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
+    _envoy: FilterEnvoyPtr,
+    _module: FilterModulePtr,
+) {
+}
