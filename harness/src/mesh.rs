@@ -82,6 +82,23 @@ impl ConsumerSidecar {
         .await;
     }
 
+    /// Waits until graceful_consumer has refreshed membership from the
+    /// admin since now: a request to Envoy's admin cluster completed (and,
+    /// the admin's stats being answered on the main thread after it, its
+    /// answer was read). Until the first refresh after a cluster's first
+    /// request, steering knows only the members it saw answer (sampled),
+    /// and with none but the closing host seen it has nothing to steer to.
+    pub async fn until_membership_refreshed(&self) {
+        let stat = "cluster.envoy_admin.upstream_rq_completed";
+        let before = self.envoy.stat(stat).await.unwrap_or(0);
+        eventually(
+            "a membership refresh from the admin",
+            Duration::from_secs(10),
+            || async { (self.envoy.stat(stat).await.unwrap_or(0) > before).then_some(()) },
+        )
+        .await;
+    }
+
     /// Requests each upstream's app has served, in `ups` order.
     pub fn counts(&self) -> Vec<u64> {
         self.ups.iter().map(Upstream::app_requests).collect()

@@ -46,7 +46,10 @@ async fn load_until(
                 while Instant::now() < end && !stop() {
                     match conn.get("/").await {
                         Ok(r) if r.status == 200 => ok += 1,
-                        Ok(_) => failed += 1,
+                        Ok(r) => {
+                            eprintln!("failed: {} {:?} {:?}", r.status, r.headers, r.text());
+                            failed += 1
+                        }
                         Err(e) => panic!("{e}"),
                     }
                 }
@@ -69,6 +72,7 @@ async fn it_steers_both_workers_away_from_a_closing_host_for_the_ttl() {
     let m = ConsumerSidecar::start("steer", cfg, 2).await;
     let warm = load(m.outbound, 6, 10, "/").await;
     assert!(warm.iter().all(|r| r.status == 200));
+    m.until_membership_refreshed().await;
     assert!(
         m.counts().iter().all(|&c| c > 5),
         "round robin reached all three: {:?}",
@@ -136,6 +140,7 @@ async fn it_readmits_a_new_instance_at_the_same_address_at_once() {
         r#"{"admin_cluster":"envoy_admin","tombstone_ttl":"60s","membership_refresh":"200ms"}"#;
     let m = ConsumerSidecar::start("readmit", cfg, 2).await;
     load(m.outbound, 4, 10, "/").await;
+    m.until_membership_refreshed().await;
     m.ups[0].set_closing(true);
     m.until_marked().await;
     let at_mark = m.counts()[0];
@@ -173,6 +178,7 @@ async fn it_keeps_a_tombstoned_host_out_while_the_registry_flaps() {
         r#"{"admin_cluster":"envoy_admin","tombstone_ttl":"5s","membership_refresh":"200ms"}"#;
     let m = ConsumerSidecar::start("late-eds", cfg, 2).await;
     load(m.outbound, 4, 10, "/").await;
+    m.until_membership_refreshed().await;
     m.ups[0].set_closing(true);
     let marked_at = m.until_marked().await;
     let at_mark = m.counts()[0];

@@ -100,7 +100,8 @@ pub const ATTR_RESPONSE_FLAGS: AttributeId = 17;
 pub const ATTR_SOURCE_ADDRESS: AttributeId = 24;
 pub const ATTR_DESTINATION_ADDRESS: AttributeId = 26;
 pub const ATTR_UPSTREAM_ADDRESS: AttributeId = 41;
-pub const ATTR_UPSTREAM_TRANSPORT_FAILURE_REASON: AttributeId = 52;
+pub const ATTR_UPSTREAM_REQUEST_ATTEMPT_COUNT: AttributeId = 53;
+pub const ATTR_XDS_CLUSTER_NAME: AttributeId = 57;
 
 /// The headers / body / trailers statuses the hooks return: 0 is
 /// Continue in each of them, 1 StopIteration in the headers and trailers
@@ -114,6 +115,8 @@ pub type CalloutInit = u32;
 pub type MetricsResult = u32;
 
 extern "C" {
+    fn envoy_dynamic_module_callback_get_concurrency() -> u32;
+    fn envoy_dynamic_module_callback_http_filter_get_worker_index(filter: FilterEnvoyPtr) -> u32;
     fn envoy_dynamic_module_callback_log(level: LogLevel, message: ModuleBuffer);
     fn envoy_dynamic_module_callback_log_enabled(level: LogLevel) -> bool;
 
@@ -162,12 +165,6 @@ extern "C" {
         filter: FilterEnvoyPtr,
         result: *mut EnvoyBuffer,
     ) -> bool;
-    fn envoy_dynamic_module_callback_http_set_upstream_override_host(
-        filter: FilterEnvoyPtr,
-        host: ModuleBuffer,
-        strict: bool,
-    ) -> bool;
-
     fn envoy_dynamic_module_callback_http_filter_config_define_counter(
         config: ConfigEnvoyPtr,
         name: ModuleBuffer,
@@ -303,40 +300,53 @@ impl Stream {
         (found && !out.ptr.is_null()).then(|| unsafe { envoy_bytes(out) }.to_vec())
     }
 
-    /// Every header of a map, copied as pairs.
-    pub fn headers(self, map: HeaderType) -> Vec<(Vec<u8>, Vec<u8>)> {
+    /// Runs `f` over every header of a map, borrowed from Envoy for the
+    /// call (no copy); `f` gets an empty list when the map is unavailable.
+    pub fn with_headers<T>(
+        self,
+        map: HeaderType,
+        f: impl for<'a> FnOnce(&mut dyn Iterator<Item = (&'a [u8], &'a [u8])>) -> T,
+    ) -> T {
+        const EMPTY: EnvoyHeader = EnvoyHeader {
+            key_ptr: std::ptr::null(),
+            key_length: 0,
+            value_ptr: std::ptr::null(),
+            value_length: 0,
+        };
         // SAFETY: valid filter pointer; the array is sized as Envoy says.
-        unsafe {
-            let n = envoy_dynamic_module_callback_http_get_headers_size(self.0, map);
-            if n == 0 {
-                return Vec::new();
-            }
-            let mut raw = vec![
-                EnvoyHeader {
-                    key_ptr: std::ptr::null(),
-                    key_length: 0,
-                    value_ptr: std::ptr::null(),
-                    value_length: 0,
-                };
-                n
-            ];
-            if !envoy_dynamic_module_callback_http_get_headers(self.0, map, raw.as_mut_ptr()) {
-                return Vec::new();
-            }
-            raw.iter()
-                .map(|h| {
-                    let k = envoy_bytes(EnvoyBuffer {
+        let n = unsafe { envoy_dynamic_module_callback_http_get_headers_size(self.0, map) };
+        let mut raw = vec![EMPTY; n];
+        // SAFETY: as above; Envoy fills at most n entries.
+        let ok = n > 0
+            && unsafe {
+                envoy_dynamic_module_callback_http_get_headers(self.0, map, raw.as_mut_ptr())
+            };
+        if !ok {
+            raw.clear();
+        }
+        let mut pairs = raw.iter().map(|h| {
+            // SAFETY: Envoy's buffers, valid until this hook returns (no
+            // setter runs while `f` reads them).
+            unsafe {
+                (
+                    envoy_bytes(EnvoyBuffer {
                         ptr: h.key_ptr,
                         length: h.key_length,
-                    });
-                    let v = envoy_bytes(EnvoyBuffer {
+                    }),
+                    envoy_bytes(EnvoyBuffer {
                         ptr: h.value_ptr,
                         length: h.value_length,
-                    });
-                    (k.to_vec(), v.to_vec())
-                })
-                .collect()
-        }
+                    }),
+                )
+            }
+        });
+        f(&mut pairs)
+    }
+
+    /// The worker this stream runs on (0-based).
+    pub fn worker_index(self) -> u32 {
+        // SAFETY: valid filter pointer.
+        unsafe { envoy_dynamic_module_callback_http_filter_get_worker_index(self.0) }
     }
 
     /// Sets a header (replacing every value); false if Envoy refused (the
@@ -418,19 +428,6 @@ impl Stream {
         ok.then(|| String::from_utf8_lossy(unsafe { envoy_bytes(out) }).into_owned())
     }
 
-    /// Asks the load balancer for `host` (`ip:port`), falling back to
-    /// ordinary balancing if it is not in the cluster (not strict).
-    pub fn set_override_host(self, host: &str) -> bool {
-        // SAFETY: valid filter pointer; the buffer is read during the call.
-        unsafe {
-            envoy_dynamic_module_callback_http_set_upstream_override_host(
-                self.0,
-                ModuleBuffer::of(host.as_bytes()),
-                false,
-            )
-        }
-    }
-
     pub fn counter_add(self, id: Option<usize>, n: u64) {
         if let Some(id) = id {
             // SAFETY: valid filter pointer; a defined id with no labels.
@@ -505,6 +502,12 @@ pub unsafe fn scheduler_commit(s: SchedulerPtr, event: u64) {
 pub unsafe fn scheduler_delete(s: SchedulerPtr) {
     // SAFETY: the caller gives up `s`.
     unsafe { envoy_dynamic_module_callback_http_filter_scheduler_delete(s) }
+}
+
+/// Envoy's worker count; main thread only (config_new).
+pub fn concurrency() -> u32 {
+    // SAFETY: called from config_new, on the main thread.
+    unsafe { envoy_dynamic_module_callback_get_concurrency() }
 }
 
 /// A filter config as Envoy hands it to `config_new` and the config hooks.

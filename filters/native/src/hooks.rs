@@ -6,7 +6,9 @@
 //! traffic over its own bug).
 //!
 //! Filter names (`filter_name` in the Envoy config): `graceful_provider`,
-//! `graceful_drain`. Any other name refuses the config, naming it.
+//! `graceful_drain`, `graceful_consumer`, and `graceful_consumer:upstream`
+//! for the consumer as a cluster's upstream filter. Any other name refuses
+//! the config, naming it.
 
 #![allow(unsafe_code)]
 
@@ -17,16 +19,18 @@ use crate::abi::{
     self, envoy_bytes, ConfigEnvoyPtr, ConfigModulePtr, EnvoyBuffer, EnvoyHeader, FilterEnvoyPtr,
     FilterModulePtr, Stream, CONTINUE,
 };
-use crate::{drain, log, provider};
+use crate::{consumer, drain, log, provider};
 
 enum FilterConfig {
     Provider(provider::Config),
     Drain(drain::Config),
+    Consumer(consumer::Config),
 }
 
 enum FilterStream {
     Provider(provider::ProviderStream),
     Drain(drain::DrainStream),
+    Consumer(consumer::ConsumerStream),
 }
 
 /// One stream's filter: its kind's state and its config, which Envoy keeps
@@ -93,8 +97,14 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
         let made = match name.as_str() {
             "graceful_provider" => provider::Config::new(envoy, &json).map(FilterConfig::Provider),
             "graceful_drain" => drain::Config::new(envoy, &json).map(FilterConfig::Drain),
+            "graceful_consumer" => {
+                consumer::Config::new(envoy, &json, false).map(FilterConfig::Consumer)
+            }
+            "graceful_consumer:upstream" => {
+                consumer::Config::new(envoy, &json, true).map(FilterConfig::Consumer)
+            }
             other => Err(format!(
-                "unknown filter_name {other:?}: this module has graceful_provider and graceful_drain"
+                "unknown filter_name {other:?}: this module has graceful_provider, graceful_drain, graceful_consumer and graceful_consumer:upstream"
             )),
         };
         match made {
@@ -134,6 +144,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
         let stream = match unsafe { c.as_ref() } {
             Some(FilterConfig::Provider(_)) => FilterStream::Provider(Default::default()),
             Some(FilterConfig::Drain(_)) => FilterStream::Drain(Default::default()),
+            Some(FilterConfig::Consumer(_)) => FilterStream::Consumer(Default::default()),
             None => return std::ptr::null(),
         };
         Box::into_raw(Box::new(Filter { config: c, stream }))
@@ -159,6 +170,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
         match (&mut f.stream, c) {
             (FilterStream::Provider(p), FilterConfig::Provider(pc)) => p.request_headers(pc, s),
             (FilterStream::Drain(d), FilterConfig::Drain(dc)) => d.request_headers(dc, s),
+            (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => k.request_headers(kc, s),
             _ => CONTINUE,
         }
     })
@@ -181,6 +193,9 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
             (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
                 p.response_headers(pc, Stream(envoy))
             }
+            (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {
+                k.response_headers(kc, Stream(envoy))
+            }
             _ => CONTINUE,
         }
     })
@@ -202,6 +217,9 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
             (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
                 p.response_trailers(pc, Stream(envoy))
             }
+            (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {
+                k.response_trailers(kc, Stream(envoy))
+            }
             _ => CONTINUE,
         }
     })
@@ -219,8 +237,14 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
         let Some((f, c)) = (unsafe { filter(module) }) else {
             return;
         };
-        if let (FilterStream::Provider(p), FilterConfig::Provider(pc)) = (&mut f.stream, c) {
-            p.stream_complete(pc, Stream(envoy));
+        match (&mut f.stream, c) {
+            (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
+                p.stream_complete(pc, Stream(envoy))
+            }
+            (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {
+                k.stream_complete(kc, Stream(envoy))
+            }
+            _ => {}
         }
     });
 }
@@ -236,10 +260,10 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: Fil
         // SAFETY: made by Box::into_raw in filter_new, given back once.
         let mut f = unsafe { Box::from_raw(module.cast::<Filter>().cast_mut()) };
         // SAFETY: the config outlives its filters.
-        if let (FilterStream::Drain(d), Some(FilterConfig::Drain(dc))) =
-            (&mut f.stream, unsafe { f.config.as_ref() })
-        {
-            d.destroy(dc);
+        match (&mut f.stream, unsafe { f.config.as_ref() }) {
+            (FilterStream::Drain(d), Some(FilterConfig::Drain(dc))) => d.destroy(dc),
+            (FilterStream::Consumer(k), Some(FilterConfig::Consumer(kc))) => k.destroy(kc),
+            _ => {}
         }
     });
 }
@@ -277,8 +301,10 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
 ) {
     fail_open("config_scheduled", (), || {
         // SAFETY: a live config.
-        if let Some(FilterConfig::Drain(dc)) = unsafe { config.cast::<FilterConfig>().as_ref() } {
-            dc.tick();
+        match unsafe { config.cast::<FilterConfig>().as_ref() } {
+            Some(FilterConfig::Drain(dc)) => dc.tick(),
+            Some(FilterConfig::Consumer(kc)) => kc.tick(),
+            _ => {}
         }
     });
 }
@@ -300,14 +326,23 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout
 ) {
     fail_open("config_http_callout_done", (), || {
         // SAFETY: a live config; buffers valid for this call.
-        if let Some(FilterConfig::Drain(dc)) = unsafe { config.cast::<FilterConfig>().as_ref() } {
-            let (h, b) = unsafe {
-                (
-                    abi::callout_headers(headers, headers_size),
-                    abi::callout_body(body, body_size, 64),
-                )
-            };
-            dc.callout_done(callout_id, &h, &b);
+        let c = unsafe { config.cast::<FilterConfig>().as_ref() };
+        let max_body = match c {
+            Some(FilterConfig::Drain(_)) => 64,
+            Some(FilterConfig::Consumer(kc)) => kc.max_body(),
+            _ => return,
+        };
+        // SAFETY: buffers valid for this call.
+        let (h, b) = unsafe {
+            (
+                abi::callout_headers(headers, headers_size),
+                abi::callout_body(body, body_size, max_body),
+            )
+        };
+        match c {
+            Some(FilterConfig::Drain(dc)) => dc.callout_done(callout_id, &h, &b),
+            Some(FilterConfig::Consumer(kc)) => kc.callout_done(callout_id, &h, &b),
+            _ => {}
         }
     });
 }

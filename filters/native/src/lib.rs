@@ -1,4 +1,4 @@
-//! graceful-native: graceful_provider and graceful_drain as one Envoy
+//! graceful-native: graceful_provider, graceful_consumer and graceful_drain as one Envoy
 //! dynamic module (`dist/libgraceful.so`, ABI v0.2.0, Envoy 1.40). The
 //! same core decides everything (`graceful_core`: the JSON configs, the
 //! gate protocol, the instance record, the endpoints' answers); this crate
@@ -20,6 +20,7 @@
 //! on as if the filter were not there.
 
 mod abi;
+mod consumer;
 mod drain;
 mod hooks;
 mod log;
