@@ -85,6 +85,10 @@ native: ## build the native dynamic module dist/libgraceful.so (graceful_provide
 	cp target/native/libgraceful.so dist/
 	@ls -l dist/libgraceful.so
 
+.PHONY: native-panic-probe
+native-panic-probe: ## the test build of the module with a filter that panics on purpose (target/native-panic-probe/native/libgraceful.so)
+	$(CARGO) build --profile native -p graceful-native --features panic-probe --target-dir target/native-panic-probe
+
 .PHONY: oci
 oci: build ## pack each filter as an OCI image layout dist/oci/<filter>/ (one tar+gzip layer with plugin.wasm), tagged TAG
 	python3 tools/oci.py --dist dist --out dist/oci --tag $(TAG) $(FILTERS)
@@ -121,8 +125,12 @@ target/envoy/%.yaml: envoy/%.yaml harness/src/render.rs
 	$(CARGO) run --quiet --profile test -p graceful-harness --bin render -- $< > $@
 
 .PHONY: validate-envoy
-validate-envoy: build envoy render ## envoy --mode validate on every shipped config (runs the filters' on_configure)
-	@for f in $(RENDERED) $(COMPOSE_CONFIGS); do echo "validate $$f"; $(ENVOY) --mode validate -c $$f --log-level warn >/dev/null || exit 1; done
+validate-envoy: build native envoy render ## envoy --mode validate on every shipped config (runs the filters' on_configure, and the native module's config_new)
+	@for f in $(RENDERED) $(COMPOSE_CONFIGS) $(wildcard envoy/native/*.yaml); do echo "validate $$f"; $(ENVOY) --mode validate -c $$f --log-level warn >/dev/null || exit 1; done
+
+.PHONY: native-configs
+native-configs: ## regenerate envoy/native/*.yaml (the sidecar templates with the native module) from the templates
+	$(CARGO) run --quiet --profile test -p graceful-harness --bin native_configs
 
 .PHONY: compose
 compose: ## regenerate the docker harness (envoy/docker-compose.yaml, envoy/compose/) from the templates
@@ -197,11 +205,20 @@ unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core, 
 	$(CARGO) test -p graceful-guest -p graceful-emulated-host -p graceful-harness --lib --bins
 
 .PHONY: e2e
-e2e: build envoy test-tools ## the suites on the built .wasm: the ABI emulator (emulator/tests) and real Envoy (harness/tests)
+e2e: build native native-panic-probe envoy test-tools ## the suites on the built .wasm: the ABI emulator (emulator/tests) and real Envoy (harness/tests)
 	@# The docker suite needs the harness image; without an engine it skips.
 	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory images; else echo "no Docker engine answers: the docker suite will skip"; fi
 	$(CARGO) build --profile test -p demo-app
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/debug/demo-app $(CARGO) test -p graceful-emulated-host -p graceful-harness --tests -- --test-threads 2
+
+# The suites that exercise the filters' behaviour, again on the native
+# module (Istio, Envoy Gateway and the docker harness deliver wasm only).
+NATIVE_SUITES := provider_drain consumer faults hostile demo
+
+.PHONY: e2e-native
+e2e-native: native envoy ## the behaviour suites again on the native module (GRACEFUL_DELIVERY=native); its own suite (ABI version, configs, a caught panic) is harness/tests/native.rs in make e2e
+	$(CARGO) build --profile test -p demo-app
+	GRACEFUL_DELIVERY=native $(E2E_ENV) DEMO_APP=$(CURDIR)/target/debug/demo-app $(CARGO) test -p graceful-harness $(addprefix --test ,$(NATIVE_SUITES)) -- --test-threads 2
 
 ifneq ($(filter test-one,$(MAKECMDGOALS)),)
 ifeq ($(strip $(T)),)
@@ -223,6 +240,7 @@ test: build envoy test-tools ## the tests CI runs (CI also runs make lint): unit
 	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory validate-envoy
 	$(MAKE) --no-print-directory e2e
+	$(MAKE) --no-print-directory e2e-native
 
 FUZZ_TARGETS := config_json duration net codecs admin_clusters status_json endpoints tombstone_ops record_ops
 FUZZ_TIME ?= 60

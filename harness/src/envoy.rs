@@ -108,6 +108,10 @@ pub struct EnvoySpec {
     pub template: String,
     pub values: HashMap<String, String>,
     pub concurrency: u32,
+    /// The filters' delivery (default: `GRACEFUL_DELIVERY`).
+    pub delivery: Delivery,
+    /// The native module to load (default: `dist/libgraceful.so`).
+    pub module: Option<PathBuf>,
 }
 
 impl EnvoySpec {
@@ -118,6 +122,8 @@ impl EnvoySpec {
             template: template.into(),
             values: HashMap::new(),
             concurrency: 2,
+            delivery: Delivery::from_env(),
+            module: None,
         };
         spec.values
             .insert("ADMIN_PORT".into(), free_port().to_string());
@@ -128,6 +134,14 @@ impl EnvoySpec {
 
     pub fn set(mut self, name: &str, value: impl ToString) -> EnvoySpec {
         self.values.insert(name.into(), value.to_string());
+        self
+    }
+
+    /// Runs this Envoy with the native module at `module` (whatever
+    /// `GRACEFUL_DELIVERY` says).
+    pub fn native(mut self, module: Option<PathBuf>) -> EnvoySpec {
+        self.delivery = Delivery::Native;
+        self.module = module;
         self
     }
 
@@ -171,10 +185,11 @@ impl EnvoySpec {
             .unwrap_or_else(|e| panic!("{}: {e}", template_path.display()));
         let config =
             render(&template, &self.values).unwrap_or_else(|e| panic!("{}: {e}", self.template));
-        let config = match Delivery::from_env() {
+        let config = match self.delivery {
             Delivery::Wasm => config,
             Delivery::Native => {
-                to_native(&config, &native_module())
+                let module = self.module.clone().unwrap_or_else(native_module);
+                to_native(&config, &module)
                     .unwrap_or_else(|e| panic!("{}: {e}", self.template))
                     .0
             }

@@ -100,7 +100,6 @@ pub const ATTR_RESPONSE_FLAGS: AttributeId = 17;
 pub const ATTR_SOURCE_ADDRESS: AttributeId = 24;
 pub const ATTR_DESTINATION_ADDRESS: AttributeId = 26;
 pub const ATTR_UPSTREAM_ADDRESS: AttributeId = 41;
-pub const ATTR_UPSTREAM_REQUEST_ATTEMPT_COUNT: AttributeId = 53;
 pub const ATTR_XDS_CLUSTER_NAME: AttributeId = 57;
 
 /// The headers / body / trailers statuses the hooks return: 0 is

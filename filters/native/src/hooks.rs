@@ -22,6 +22,8 @@ use crate::abi::{
 use crate::{consumer, drain, log, provider};
 
 enum FilterConfig {
+    #[cfg(feature = "panic-probe")]
+    PanicProbe,
     Provider(provider::Config),
     Drain(drain::Config),
     Consumer(consumer::Config),
@@ -97,6 +99,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
         let made = match name.as_str() {
             "graceful_provider" => provider::Config::new(envoy, &json).map(FilterConfig::Provider),
             "graceful_drain" => drain::Config::new(envoy, &json).map(FilterConfig::Drain),
+            #[cfg(feature = "panic-probe")]
+            "graceful_panic_probe" => Ok(FilterConfig::PanicProbe),
             "graceful_consumer" => {
                 consumer::Config::new(envoy, &json, false).map(FilterConfig::Consumer)
             }
@@ -145,6 +149,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
             Some(FilterConfig::Provider(_)) => FilterStream::Provider(Default::default()),
             Some(FilterConfig::Drain(_)) => FilterStream::Drain(Default::default()),
             Some(FilterConfig::Consumer(_)) => FilterStream::Consumer(Default::default()),
+            #[cfg(feature = "panic-probe")]
+            Some(FilterConfig::PanicProbe) => FilterStream::Provider(Default::default()),
             None => return std::ptr::null(),
         };
         Box::into_raw(Box::new(Filter { config: c, stream }))
@@ -167,6 +173,13 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
             return CONTINUE;
         };
         let s = Stream(envoy);
+        #[cfg(feature = "panic-probe")]
+        if matches!(c, FilterConfig::PanicProbe) {
+            #[allow(clippy::panic)]
+            {
+                panic!("graceful_panic_probe: a panic on purpose");
+            }
+        }
         match (&mut f.stream, c) {
             (FilterStream::Provider(p), FilterConfig::Provider(pc)) => p.request_headers(pc, s),
             (FilterStream::Drain(d), FilterConfig::Drain(dc)) => d.request_headers(dc, s),

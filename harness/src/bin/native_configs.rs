@@ -1,0 +1,28 @@
+//! `make native-configs`: writes `envoy/native/*.yaml`, the shipped
+//! sidecar configs in native form (see `graceful_harness::native`).
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let root = graceful_harness::envoy::repo_root();
+    let files = match graceful_harness::native::shipped_files() {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("native-configs: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    for (path, text) in files {
+        let full = root.join(&path);
+        let written = full
+            .parent()
+            .map_or(Ok(()), std::fs::create_dir_all)
+            .and_then(|()| std::fs::write(&full, text));
+        if let Err(e) = written {
+            eprintln!("native-configs: {}: {e}", path.display());
+            return ExitCode::FAILURE;
+        }
+        println!("wrote {}", path.display());
+    }
+    ExitCode::SUCCESS
+}
