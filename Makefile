@@ -164,7 +164,7 @@ harness-demo: images ## the docker harness on the engine: a rolling docker stop 
 	target/tools/harness-demo $(HARNESS_DEMO_FLAGS)
 
 .PHONY: bench
-bench: build envoy bench-tools ## what the filters cost against plain Envoy (wrk), memory, and shutdown quality: bench/results/
+bench: build native envoy bench-tools ## what the filters cost against plain Envoy (wrk), memory, and shutdown quality: bench/results/
 	@# The floor: a Rust wasm filter that only adds a response header, exporting only what it uses.
 	$(CARGO) build --release --target $(WASM_TARGET) -p bench-wasm-header
 	@mkdir -p target/bench

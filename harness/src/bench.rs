@@ -77,6 +77,25 @@ fn wasm_header(copy: usize) -> Value {
     wasm_module(&code, &name, &name, "")
 }
 
+/// A graceful filter as the native module (`dist/libgraceful.so`), with the
+/// same JSON config as its wasm set.
+fn native(name: &str, config: &str) -> Value {
+    let module = wasm_dir().join("libgraceful.so");
+    json!({
+        "name": name,
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
+            "dynamic_module_config": {
+                "module": {"local": {"filename": module.display().to_string()}},
+                "do_not_close": true,
+                "metrics_namespace": crate::native::METRICS_NAMESPACE
+            },
+            "filter_name": name,
+            "filter_config": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": config}
+        }
+    })
+}
+
 fn router() -> Value {
     json!({"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}})
 }
@@ -162,6 +181,42 @@ pub fn filter_sets() -> Vec<FilterSet> {
             ..set("consumer_100_tombstones", vec![consumer(), router()])
         },
     ];
+    // The native module: the same filters and configs, one set per wasm
+    // set above that a platform team compares.
+    let native_drain = || {
+        let mut f = native("graceful_drain", DRAIN_CONFIG);
+        f["disabled"] = json!(true);
+        f
+    };
+    let native_provider = || native("graceful_provider", "{}");
+    let native_consumer = || native("graceful_consumer", CONSUMER_CONFIG);
+    let native_all = || {
+        vec![
+            native_drain(),
+            native_provider(),
+            native_consumer(),
+            router(),
+        ]
+    };
+    sets.extend([
+        set(
+            "provider_drain_native",
+            vec![native_drain(), native_provider(), router()],
+        ),
+        set("consumer_native", vec![native_consumer(), router()]),
+        set("all_native", native_all()),
+        FilterSet {
+            closing: true,
+            ..set("all_closing_native", native_all())
+        },
+        FilterSet {
+            tombstones: 100,
+            ..set(
+                "consumer_100_tombstones_native",
+                vec![native_consumer(), router()],
+            )
+        },
+    ]);
     if let Some(dir) = before_dir() {
         let drain = || {
             let mut f = wasm_before(&dir, "graceful_drain", DRAIN_CONFIG);

@@ -196,3 +196,76 @@ impl DrainCopy {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gate::AtomicStats;
+    use crate::store::MemStore;
+
+    const S: u64 = 1_000_000;
+
+    fn config() -> DrainConfig {
+        DrainConfig::from_json(
+            br#"{"consumer_update_wait":"3s","quiet_window":"500ms","step_timeout":"3s"}"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn serving_passes_nothing_and_keeps_the_phase_at_zero() {
+        let (store, stats, phase) = (MemStore::new(), AtomicStats::new(), AtomicPhase::new());
+        let (eval, passed) = DrainCopy::default()
+            .advance(&store, &stats, &phase, &config(), 10 * S)
+            .unwrap();
+        assert_eq!((eval.rec.phase, passed), (Phase::Serving, None));
+        assert_eq!((phase.value(), stats.get(Stat::Gate)), (0, Some(0)));
+    }
+
+    #[test]
+    fn one_copy_records_a_quiet_pass_and_every_copy_sees_drained() {
+        let (store, stats, phase) = (MemStore::new(), AtomicStats::new(), AtomicPhase::new());
+        let cfg = config();
+        record::start_closing(&store, 100 * S).unwrap();
+        let (mut a, mut b) = (DrainCopy::default(), DrainCopy::default());
+        // Before consumer_update_wait: nothing, but the phase says closing.
+        let (_, passed) = a.advance(&store, &stats, &phase, &cfg, 101 * S).unwrap();
+        assert_eq!((passed, phase.value()), (None, 1));
+        let (eval, passed) = a.advance(&store, &stats, &phase, &cfg, 104 * S).unwrap();
+        let passed = passed.unwrap();
+        assert_eq!((passed.why, passed.closing_ms), (GatePass::Quiet, 4000));
+        assert!(!passed.forced() && passed.line().contains("quiet"));
+        assert_eq!((eval.rec.phase, phase.value()), (Phase::Drained, 2));
+        assert_eq!(stats.get(Stat::Gate), Some(1));
+        // Another copy only sees it: no second report, no second 1.
+        let (eval, passed) = b.advance(&store, &stats, &phase, &cfg, 104 * S).unwrap();
+        assert_eq!((eval.rec.phase, passed), (Phase::Drained, None));
+        assert_eq!(stats.get(Stat::Gate), Some(1));
+    }
+
+    #[test]
+    fn a_request_in_flight_holds_the_gate_until_the_step_timeout_forces_it() {
+        let (store, stats, phase) = (MemStore::new(), AtomicStats::new(), AtomicPhase::new());
+        let cfg = config();
+        record::start_closing(&store, 100 * S).unwrap();
+        assert_eq!(
+            crate::gate::admit(&stats, true),
+            crate::gate::Admission::Admitted
+        );
+        let mut copy = DrainCopy::default();
+        let (_, passed) = copy.advance(&store, &stats, &phase, &cfg, 105 * S).unwrap();
+        assert_eq!(passed, None, "not quiet: one in flight");
+        let (_, passed) = copy.advance(&store, &stats, &phase, &cfg, 106 * S).unwrap();
+        let passed = passed.unwrap();
+        assert_eq!(
+            (passed.why, passed.inflight),
+            (GatePass::StepTimeout, (1, 0))
+        );
+        assert!(passed.forced() && passed.line().contains("step_timeout: 1 inbound"));
+        // Drained now: a new request is rejected.
+        assert_eq!(
+            crate::gate::admit(&stats, true),
+            crate::gate::Admission::Rejected
+        );
+    }
+}

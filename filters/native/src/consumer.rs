@@ -48,7 +48,7 @@ use graceful_core::store;
 use crate::abi::{
     self, ConfigScheduler, Stream, CONTINUE, REQUEST_HEADERS, RESPONSE_HEADERS, RESPONSE_TRAILERS,
 };
-use crate::{log, now_us, COUNTS, STORE};
+use crate::{lock, log, now_us, COUNTS, STORE};
 
 /// The change signal: bumped after every shared write the other copies
 /// must see (see `graceful_core::consumer`).
@@ -112,12 +112,6 @@ pub struct Config {
     stop: Arc<AtomicBool>,
     timer: Mutex<Option<JoinHandle<()>>>,
     _scheduler: Option<Arc<ConfigScheduler>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Poisoned only by a panic caught at a hook; the consumer's state is
-    // caches and bookkeeping that the next shared-data read repairs.
-    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl Config {

@@ -37,7 +37,7 @@ use graceful_core::store::{self, add_bounded, take_lease, SharedStore};
 use crate::abi::{
     self, ConfigScheduler, SchedulerPtr, Stream, CONTINUE, REQUEST_HEADERS, STOP_ITERATION,
 };
-use crate::{log, now_us, COUNTS, PHASE, STORE};
+use crate::{lock, log, now_us, COUNTS, PHASE, STORE};
 
 /// How often the gate is evaluated and due long-polls answered.
 const TICK: Duration = Duration::from_millis(50);
@@ -83,12 +83,6 @@ pub struct Config {
 }
 
 static NEXT_WAITER: AtomicU32 = AtomicU32::new(1);
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic caught at a hook may poison a lock: the data is still whole
-    // (every change under these locks is a single step).
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 impl Config {
     pub fn new(envoy: abi::Config, json: &[u8]) -> Result<Config, String> {
@@ -322,6 +316,15 @@ fn send(s: Stream, reply: &Reply) {
     );
 }
 
+/// What an endpoint request gets.
+enum Answer {
+    Now(Reply),
+    /// A long-poll held until the tick wakes it.
+    Held,
+    /// Not the filter's to answer: the request goes on to the app.
+    App,
+}
+
 #[derive(Default)]
 pub struct DrainStream {
     /// A held long-poll: its id in the config's `held`.
@@ -343,24 +346,20 @@ impl DrainStream {
         let reply = match route(&c.config.paths, &method, &path) {
             Route::Pass => return CONTINUE,
             Route::Endpoint(endpoint) => match self.answer(c, s, endpoint) {
-                Some(reply) => reply,
-                None => return STOP_ITERATION,
+                Answer::Now(reply) => reply,
+                Answer::Held => return STOP_ITERATION,
+                Answer::App => return CONTINUE,
             },
             Route::MethodNotAllowed(allow) => Reply::method_not_allowed(allow),
             Route::BadRequest(reason) => Reply::bad_request(&reason),
         };
-        if reply.status == 0 {
-            return CONTINUE;
-        }
         send(s, &reply);
         STOP_ITERATION
     }
 
-    /// The reply now; None while a long-poll is held. A reply with status
-    /// 0 lets the request through (gRPC health while serving: the app's).
-    fn answer(&mut self, c: &Config, s: Stream, endpoint: Endpoint) -> Option<Reply> {
+    fn answer(&mut self, c: &Config, s: Stream, endpoint: Endpoint) -> Answer {
         let now = now_us();
-        Some(match endpoint {
+        Answer::Now(match endpoint {
             Endpoint::Closing => self.start_closing(c, s, now),
             Endpoint::Ready => match record::read(&STORE) {
                 Ok(rec) => Reply::ready(rec.phase),
@@ -374,16 +373,15 @@ impl DrainStream {
                 Ok(eval) if eval.rec.phase == Phase::Drained || wait.is_none() => {
                     Reply::drained(&eval.status(now))
                 }
-                Ok(_) => return self.hold(c, s, now, wait.unwrap_or_default()),
+                Ok(_) => match self.hold(c, s, now, wait.unwrap_or_default()) {
+                    Some(reply) => reply,
+                    None => return Answer::Held,
+                },
                 Err(e) => Reply::unavailable(&e),
             },
             Endpoint::GrpcHealth => match record::read(&STORE) {
-                Ok(rec) if rec.phase == Phase::Serving => Reply {
-                    status: 0,
-                    grpc_status: None,
-                    headers: Vec::new(),
-                    body: String::new(),
-                },
+                // While serving, the app's own health service answers.
+                Ok(rec) if rec.phase == Phase::Serving => return Answer::App,
                 _ => Reply::grpc_not_serving(),
             },
         })

@@ -37,6 +37,12 @@ pub static COUNTS: AtomicStats = AtomicStats::new();
 /// `graceful_drain_phase`.
 pub static PHASE: AtomicPhase = AtomicPhase::new();
 
+/// Takes a lock whatever a panic (caught at a hook) left: every change the
+/// module makes under a lock is one step, so the data is whole.
+pub fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// The wall clock in µs since the Unix epoch.
 pub fn now_us() -> u64 {
     std::time::SystemTime::now()
