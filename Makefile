@@ -175,7 +175,7 @@ bench: build native envoy bench-tools ## what the filters cost against plain Env
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/bench $(BENCH_FLAGS)
 
 .PHONY: demo
-demo: build envoy ## the main job: scenarios x approaches, each a rolling restart under load (about 10 min): target/demo/
+demo: build native envoy ## the main job: scenarios x approaches, each a rolling restart under load (about 10 min): target/demo/ (GRACEFUL_DELIVERY=native: the filters as the native module)
 	$(CARGO) build --profile tools -p demo-app
 	$(CARGO) build --profile tools -p graceful-harness --bin demo
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/demo $(if $(SCENARIOS),--scenarios $(SCENARIOS)) $(if $(APPROACHES),--approaches $(APPROACHES)) --protocols $(PROTOCOL) --rate $(RATE) --restarts $(RESTARTS) --duration $(DURATION) $(DEMO_FLAGS)
