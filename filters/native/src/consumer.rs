@@ -27,9 +27,10 @@
 //! Steering writes the same `override_host_header` as the wasm build, for
 //! Envoy's `override_host` load-balancing policy. ABI v0.2.0 also has
 //! `set_upstream_override_host`, which the native build does not use: it
-//! takes one host per stream, where steering names the ordered list of
-//! acceptable hosts that the policy walks for the first attempt and the
-//! retries; the header keeps one cluster config for both deliveries.
+//! takes one host per stream, where steering names an ordered list of
+//! acceptable hosts for the policy to choose from (one host, if
+//! unavailable, leaves the choice to the fallback policy, which may pick
+//! the tombstoned host); the header keeps one cluster config for both.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
