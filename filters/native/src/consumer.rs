@@ -32,6 +32,7 @@
 //! unavailable, leaves the choice to the fallback policy, which may pick
 //! the tombstoned host); the header keeps one cluster config for both.
 
+use std::cell::{Cell, RefCell, RefMut};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -403,15 +404,15 @@ impl Exchange for Fixed {
 /// the clock once per hook).
 struct View<'a> {
     stream: Stream,
-    cluster: &'a mut Option<String>,
-    address: &'a mut Option<Option<String>>,
+    lazy: RefMut<'a, Lazy>,
     now: Option<u64>,
 }
 
 impl Exchange for View<'_> {
     fn cluster(&mut self) -> String {
         let s = self.stream;
-        self.cluster
+        self.lazy
+            .cluster
             .get_or_insert_with(|| {
                 s.cluster_name()
                     .or_else(|| {
@@ -425,7 +426,8 @@ impl Exchange for View<'_> {
 
     fn address(&mut self) -> Option<String> {
         let s = self.stream;
-        self.address
+        self.lazy
+            .address
             .get_or_insert_with(|| {
                 s.attribute_string(abi::ATTR_UPSTREAM_ADDRESS)
                     .and_then(|a| String::from_utf8(a).ok())
@@ -442,14 +444,24 @@ impl Exchange for View<'_> {
     }
 }
 
+/// One stream's state, in cells (see `ProviderStream`): a nested hook
+/// that finds `lazy` borrowed panics, which the hook catches (fail open).
 #[derive(Default)]
 pub struct ConsumerStream {
-    counted: bool,
-    cluster: Option<String>,
-    address: Option<Option<String>>,
-    answered: bool,
+    counted: Cell<bool>,
+    answered: Cell<bool>,
+    /// What the stream read from Envoy once.
+    lazy: RefCell<Lazy>,
     /// Upstream instance: this attempt, for `destroy`.
-    attempt: Option<Attempt>,
+    attempt: RefCell<Option<Attempt>>,
+}
+
+#[derive(Default)]
+struct Lazy {
+    /// The route's cluster, once read.
+    cluster: Option<String>,
+    /// `upstream.address`, once read.
+    address: Option<Option<String>>,
 }
 
 /// An upstream attempt: where it went.
@@ -460,16 +472,15 @@ struct Attempt {
 }
 
 impl ConsumerStream {
-    fn view(&mut self, stream: Stream) -> View<'_> {
+    fn view(&self, stream: Stream) -> View<'_> {
         View {
             stream,
-            cluster: &mut self.cluster,
-            address: &mut self.address,
+            lazy: self.lazy.borrow_mut(),
             now: None,
         }
     }
 
-    pub fn request_headers(&mut self, c: &Config, s: Stream) -> u32 {
+    pub fn request_headers(&self, c: &Config, s: Stream) -> u32 {
         // No client may steer: its override header is dropped first (as an
         // upstream filter the header has done its work).
         s.remove_header(REQUEST_HEADERS, &c.config.override_host_header);
@@ -479,7 +490,7 @@ impl ConsumerStream {
         }
         COUNTS.add(Stat::OutboundInflight, 1);
         s.gauge_add(c.metrics.inflight, 1);
-        self.counted = true;
+        self.counted.set(true);
         COUNTS.add(Stat::OutboundStarted, 1);
         s.counter_add(c.metrics.started, 1);
         let signal = Some(GENERATION.load(SeqCst));
@@ -495,7 +506,7 @@ impl ConsumerStream {
 
     /// Upstream instance: notes this attempt's host, worker and cluster
     /// for [`ConsumerStream::destroy`].
-    fn attempt_started(&mut self, c: &Config, s: Stream) {
+    fn attempt_started(&self, c: &Config, s: Stream) {
         if !c.config.evict_on_connect_failure {
             return;
         }
@@ -503,7 +514,7 @@ impl ConsumerStream {
         let mut view = self.view(s);
         if let Some(address) = view.address() {
             let cluster = view.cluster();
-            self.attempt = Some(Attempt {
+            *self.attempt.borrow_mut() = Some(Attempt {
                 address,
                 cluster,
                 worker,
@@ -513,11 +524,11 @@ impl ConsumerStream {
 
     /// The stream's filter is destroyed: an upstream attempt that got no
     /// response headers tombstones its host (see the module doc).
-    pub fn destroy(&mut self, c: &Config) {
+    pub fn destroy(&self, c: &Config) {
         let Some(a) = self.attempt.take() else {
             return;
         };
-        if self.answered {
+        if self.answered.get() {
             return;
         }
         let mut x = Fixed {
@@ -528,7 +539,7 @@ impl ConsumerStream {
         c.carry_out(Sink::Config(c.envoy), effects);
     }
 
-    fn observe(&mut self, c: &Config, s: Stream, map: abi::HeaderType, part: Part) {
+    fn observe(&self, c: &Config, s: Stream, map: abi::HeaderType, part: Part) {
         let seen = s.with_headers(map, |pairs| Response::scan(&c.config, pairs));
         let worker = usize::try_from(s.worker_index()).unwrap_or(usize::MAX);
         let effects = c
@@ -537,23 +548,23 @@ impl ConsumerStream {
         c.carry_out(Sink::Stream(s), effects);
     }
 
-    pub fn response_headers(&mut self, c: &Config, s: Stream) -> u32 {
-        self.answered = true;
+    pub fn response_headers(&self, c: &Config, s: Stream) -> u32 {
+        self.answered.set(true);
         self.observe(c, s, RESPONSE_HEADERS, Part::Headers);
         c.settle(Sink::Stream(s));
         CONTINUE
     }
 
-    pub fn response_trailers(&mut self, c: &Config, s: Stream) -> u32 {
+    pub fn response_trailers(&self, c: &Config, s: Stream) -> u32 {
         self.observe(c, s, RESPONSE_TRAILERS, Part::Trailers);
         CONTINUE
     }
 
     /// The listener instance's stream is over: it leaves the outbound
     /// count. (Envoy does not call this for upstream filters.)
-    pub fn stream_complete(&mut self, c: &Config, s: Stream) {
+    pub fn stream_complete(&self, c: &Config, s: Stream) {
         c.settle(Sink::Stream(s));
-        if std::mem::take(&mut self.counted) {
+        if self.counted.take() {
             COUNTS.add(Stat::OutboundInflight, -1);
             s.gauge_add(c.metrics.inflight, -1);
         }
@@ -564,7 +575,7 @@ impl Drop for ConsumerStream {
     /// Destroyed without `stream_complete`: leave the count (the drain gate
     /// must not wait for it).
     fn drop(&mut self) {
-        if std::mem::take(&mut self.counted) {
+        if self.counted.take() {
             COUNTS.add(Stat::OutboundInflight, -1);
         }
     }

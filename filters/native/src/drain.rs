@@ -14,6 +14,7 @@
 //! A held long-poll's scheduler is committed and deleted under one lock,
 //! so a tick never commits a scheduler its stream has deleted.
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
@@ -325,14 +326,15 @@ enum Answer {
     App,
 }
 
+/// One stream's state, in a cell (see `ProviderStream`).
 #[derive(Default)]
 pub struct DrainStream {
     /// A held long-poll: its id in the config's `held`.
-    waiting: Option<u32>,
+    waiting: Cell<Option<u32>>,
 }
 
 impl DrainStream {
-    pub fn request_headers(&mut self, c: &Config, s: Stream) -> u32 {
+    pub fn request_headers(&self, c: &Config, s: Stream) -> u32 {
         // Most requests are the app's: one header read tells.
         let Some(path) = s.header(REQUEST_HEADERS, PATH) else {
             return CONTINUE;
@@ -357,7 +359,7 @@ impl DrainStream {
         STOP_ITERATION
     }
 
-    fn answer(&mut self, c: &Config, s: Stream, endpoint: Endpoint) -> Answer {
+    fn answer(&self, c: &Config, s: Stream, endpoint: Endpoint) -> Answer {
         let now = now_us();
         Answer::Now(match endpoint {
             Endpoint::Closing => self.start_closing(c, s, now),
@@ -419,7 +421,7 @@ impl DrainStream {
 
     /// Holds a long-poll until the gate passes or `wait` runs out; the
     /// reply to send at once when it cannot be held.
-    fn hold(&mut self, c: &Config, s: Stream, now: u64, wait: Duration) -> Option<Reply> {
+    fn hold(&self, c: &Config, s: Stream, now: u64, wait: Duration) -> Option<Reply> {
         match add_bounded(
             &STORE,
             keys::WAITERS.name,
@@ -434,7 +436,7 @@ impl DrainStream {
                 let mut held = lock(&c.held);
                 held.waiters.hold(id, deadline);
                 held.schedulers.insert(id, scheduler as usize);
-                self.waiting = Some(id);
+                self.waiting.set(Some(id));
                 None
             }
             Ok(None) => Some(Reply::too_many_waiters()),
@@ -443,8 +445,8 @@ impl DrainStream {
     }
 
     /// The tick woke this stream's long-poll: answer with the status now.
-    pub fn scheduled(&mut self, c: &Config, s: Stream) {
-        if self.waiting.is_none() {
+    pub fn scheduled(&self, c: &Config, s: Stream) {
+        if self.waiting.get().is_none() {
             return;
         }
         let now = now_us();
@@ -457,7 +459,7 @@ impl DrainStream {
 
     /// The stream is gone: a long-poll not answered yet frees its slot; its
     /// scheduler is deleted either way.
-    pub fn destroy(&mut self, c: &Config) {
+    pub fn destroy(&self, c: &Config) {
         let Some(id) = self.waiting.take() else {
             return;
         };

@@ -60,16 +60,17 @@ fn fail_open<T>(hook: &str, fallback: T, body: impl FnOnce() -> T) -> T {
     }
 }
 
-/// The stream's filter and its config, or None for a null pointer.
+/// The stream's filter and its config, or None for a null pointer. Shared
+/// references only: Envoy may run one of a stream's hooks inside another
+/// (a local reply runs the response hooks), so the stream state is in cells.
 ///
 /// # Safety
 /// `ptr` is null or a pointer [`envoy_dynamic_module_on_http_filter_new`]
 /// returned and Envoy has not destroyed.
-unsafe fn filter<'a>(ptr: FilterModulePtr) -> Option<(&'a mut Filter, &'a FilterConfig)> {
-    let f = ptr.cast::<Filter>().cast_mut();
-    // SAFETY: as the caller promises; Envoy calls a filter's hooks on one
-    // thread, one at a time, so the &mut is unique.
-    let f = unsafe { f.as_mut()? };
+unsafe fn filter<'a>(ptr: FilterModulePtr) -> Option<(&'a Filter, &'a FilterConfig)> {
+    let f = ptr.cast::<Filter>();
+    // SAFETY: as the caller promises; all on the stream's worker thread.
+    let f = unsafe { f.as_ref()? };
     // SAFETY: the config outlives its filters.
     let c = unsafe { f.config.as_ref()? };
     Some((f, c))
@@ -180,7 +181,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
                 panic!("graceful_panic_probe: a panic on purpose");
             }
         }
-        match (&mut f.stream, c) {
+        match (&f.stream, c) {
             (FilterStream::Provider(p), FilterConfig::Provider(pc)) => p.request_headers(pc, s),
             (FilterStream::Drain(d), FilterConfig::Drain(dc)) => d.request_headers(dc, s),
             (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => k.request_headers(kc, s),
@@ -202,7 +203,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
         let Some((f, c)) = (unsafe { filter(module) }) else {
             return CONTINUE;
         };
-        match (&mut f.stream, c) {
+        match (&f.stream, c) {
             (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
                 p.response_headers(pc, Stream(envoy))
             }
@@ -226,7 +227,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
         let Some((f, c)) = (unsafe { filter(module) }) else {
             return CONTINUE;
         };
-        match (&mut f.stream, c) {
+        match (&f.stream, c) {
             (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
                 p.response_trailers(pc, Stream(envoy))
             }
@@ -250,7 +251,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
         let Some((f, c)) = (unsafe { filter(module) }) else {
             return;
         };
-        match (&mut f.stream, c) {
+        match (&f.stream, c) {
             (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
                 p.stream_complete(pc, Stream(envoy))
             }
@@ -271,9 +272,9 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: Fil
             return;
         }
         // SAFETY: made by Box::into_raw in filter_new, given back once.
-        let mut f = unsafe { Box::from_raw(module.cast::<Filter>().cast_mut()) };
+        let f = unsafe { Box::from_raw(module.cast::<Filter>().cast_mut()) };
         // SAFETY: the config outlives its filters.
-        match (&mut f.stream, unsafe { f.config.as_ref() }) {
+        match (&f.stream, unsafe { f.config.as_ref() }) {
             (FilterStream::Drain(d), Some(FilterConfig::Drain(dc))) => d.destroy(dc),
             (FilterStream::Consumer(k), Some(FilterConfig::Consumer(kc))) => k.destroy(kc),
             _ => {}
@@ -296,7 +297,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
         let Some((f, c)) = (unsafe { filter(module) }) else {
             return;
         };
-        if let (FilterStream::Drain(d), FilterConfig::Drain(dc)) = (&mut f.stream, c) {
+        if let (FilterStream::Drain(d), FilterConfig::Drain(dc)) = (&f.stream, c) {
             d.scheduled(dc, Stream(envoy));
         }
     });
@@ -463,3 +464,12 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buf
     _module: FilterModulePtr,
 ) {
 }
+
+/// Every worker calls into one config at once: the configs must be `Sync`
+/// (checked here, since Envoy hands them over as raw pointers).
+const _: () = {
+    const fn shared_by_workers<T: Sync + Send>() {}
+    shared_by_workers::<provider::Config>();
+    shared_by_workers::<drain::Config>();
+    shared_by_workers::<consumer::Config>();
+};

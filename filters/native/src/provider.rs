@@ -5,6 +5,7 @@
 //! module's atomics; each change is mirrored to the contract's Envoy stat
 //! by the same hook, so `graceful_provider_inflight` is exact too.
 
+use std::cell::Cell;
 use std::sync::atomic::{AtomicI64, Ordering::SeqCst};
 
 use graceful_core::config::ProviderConfig;
@@ -96,12 +97,15 @@ impl Stats for Mirrored<'_> {
     }
 }
 
+/// One stream's state. Cells, not `&mut`: Envoy may run a hook of this
+/// stream inside another (a local reply runs the response hooks), so hooks
+/// share the state.
 #[derive(Default)]
 pub struct ProviderStream {
     /// In the in-flight count: leaves it once.
-    counted: bool,
+    counted: Cell<bool>,
     /// The closing mark was counted for this response.
-    marked: bool,
+    marked: Cell<bool>,
 }
 
 fn is_closing() -> bool {
@@ -109,14 +113,14 @@ fn is_closing() -> bool {
 }
 
 impl ProviderStream {
-    pub fn request_headers(&mut self, c: &Config, s: Stream) -> u32 {
+    pub fn request_headers(&self, c: &Config, s: Stream) -> u32 {
         let stats = Mirrored {
             stream: s,
             metrics: &c.metrics,
         };
         match gate::admit(&stats, c.config.reject_when_drained) {
             Admission::Admitted => {
-                self.counted = true;
+                self.counted.set(true);
                 CONTINUE
             }
             Admission::Rejected => {
@@ -139,13 +143,13 @@ impl ProviderStream {
         }
     }
 
-    fn note_marked(&mut self, c: &Config, s: Stream) {
-        if !std::mem::replace(&mut self.marked, true) {
+    fn note_marked(&self, c: &Config, s: Stream) {
+        if !self.marked.replace(true) {
             s.counter_add(c.metrics.closing_marked, 1);
         }
     }
 
-    pub fn response_headers(&mut self, c: &Config, s: Stream) -> u32 {
+    pub fn response_headers(&self, c: &Config, s: Stream) -> u32 {
         let cfg = &c.config;
         if let Some(h) = &cfg.instance_header {
             s.set_header(RESPONSE_HEADERS, h, &c.instance_id);
@@ -163,15 +167,15 @@ impl ProviderStream {
     }
 
     /// gRPC: the mark in the trailers too.
-    pub fn response_trailers(&mut self, c: &Config, s: Stream) -> u32 {
+    pub fn response_trailers(&self, c: &Config, s: Stream) -> u32 {
         if is_closing() && s.set_header(RESPONSE_TRAILERS, &c.config.closing_header, "true") {
             self.note_marked(c, s);
         }
         CONTINUE
     }
 
-    pub fn stream_complete(&mut self, c: &Config, s: Stream) {
-        if std::mem::take(&mut self.counted) {
+    pub fn stream_complete(&self, c: &Config, s: Stream) {
+        if self.counted.take() {
             gate::finish(&Mirrored {
                 stream: s,
                 metrics: &c.metrics,
@@ -184,7 +188,7 @@ impl Drop for ProviderStream {
     /// A stream Envoy destroyed without `stream_complete`: it leaves the
     /// count here (the gate must not wait for it forever).
     fn drop(&mut self) {
-        if std::mem::take(&mut self.counted) {
+        if self.counted.take() {
             COUNTS.add(Stat::Inflight, -1);
             GAUGE_OWED.fetch_sub(1, SeqCst);
             log::debug("graceful_provider: a stream ended without stream_complete");
