@@ -433,3 +433,38 @@ fn it_refuses_to_start_when_the_stats_matcher_drops_its_stats() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn it_tombstones_no_host_when_clients_cancel_slow_requests() {
+    // Clients that give up on slow requests (a gRPC deadline, a user
+    // closing the page) say nothing about the host: it stays in rotation.
+    let cfg = r#"{"admin_cluster":"envoy_admin","failure_tombstone_ttl":"60s","membership_refresh":"200ms"}"#;
+    let m = ConsumerSidecar::start("cancels", cfg, 2).await;
+    load(m.outbound, 4, 10, "/").await;
+    m.until_membership_refreshed().await;
+    let cancels: Vec<_> = (0..12)
+        .map(|_| {
+            tokio::spawn(graceful_harness::client::abort_after(
+                m.outbound,
+                "/delay/2000",
+                Duration::from_millis(150),
+            ))
+        })
+        .collect();
+    for c in cancels {
+        c.await.unwrap().unwrap();
+    }
+    // Every host still takes its share.
+    let before = m.counts();
+    let rs = load(m.outbound, 6, 30, "/").await;
+    assert!(rs.iter().all(|r| r.status == 200));
+    let after = m.counts();
+    for i in 0..3 {
+        assert!(
+            after[i] > before[i] + 20,
+            "host {i} left out after the cancels: {before:?} -> {after:?}"
+        );
+    }
+    assert_eq!(m.stat("graceful_consumer_evictions").await, 0);
+    assert_eq!(m.stat("graceful_consumer_steered").await, 0);
+}

@@ -16,13 +16,18 @@
 //! attempt ends without response headers (`stream_complete` is not called
 //! for upstream filters; `destroy` has no filter pointer), so the upstream
 //! instance cannot ask why the attempt ended. It reads the attempt's host
-//! when the attempt starts, and at `destroy` an attempt that got no
-//! response headers tombstones it for `failure_tombstone_ttl` as a connect
-//! failure: refused, reset before headers, out of per-try time, or (the
-//! difference from the wasm build) cancelled because the client went away.
-//! A host tombstoned so while healthy answers its next probe (every
-//! `membership_refresh`) and is readmitted; steering only ever moves
-//! traffic between healthy hosts, so the cost is a short detour.
+//! and request id (`x-request-id`) when the attempt starts. At `destroy`,
+//! an attempt that got no response headers while its request is still
+//! alive failed: refused, reset before headers, or out of per-try time, and
+//! the request goes on to a retry or a local reply. Its host is tombstoned
+//! for `failure_tombstone_ttl` as a connect failure. An attempt whose
+//! request is over was cancelled with it (the client went away): nothing.
+//! Which requests are alive the listener instance keeps per worker (the
+//! ids of its streams from request headers to `stream_complete`): Envoy
+//! completes a cancelled downstream stream before it deletes the attempt,
+//! and deletes a failed attempt (deferred) while its request waits. A
+//! request without an id counts as alive (the wasm-equivalent answer for
+//! a refusal; a cancel then tombstones, readmitted by the next probe).
 //!
 //! Steering writes the same `override_host_header` as the wasm build, for
 //! Envoy's `override_host` load-balancing policy. ABI v0.2.0 also has
@@ -57,6 +62,20 @@ use crate::{lock, log, now_us, COUNTS, STORE};
 pub static GENERATION: AtomicU64 = AtomicU64::new(0);
 
 const EVENT_TICK: u64 = 1;
+
+/// The request header both instances key a request by.
+const REQUEST_ID: &str = "x-request-id";
+
+thread_local! {
+    /// The request ids of this worker's listener-instance streams that are
+    /// under way (see the module doc). Bounded by the streams in flight.
+    static LIVE: std::cell::RefCell<std::collections::HashSet<Vec<u8>>> =
+        std::cell::RefCell::new(std::collections::HashSet::new());
+}
+
+fn request_is_live(id: &[u8]) -> bool {
+    LIVE.with(|l| l.borrow().contains(id))
+}
 
 /// Metric changes made by the upstream instance, owed to the listener
 /// instance's stats. A config's stats live in its scope: the upstream
@@ -454,6 +473,8 @@ pub struct ConsumerStream {
     lazy: RefCell<Lazy>,
     /// Upstream instance: this attempt, for `destroy`.
     attempt: RefCell<Option<Attempt>>,
+    /// Listener instance: this request's id while it is in `LIVE`.
+    live: RefCell<Option<Vec<u8>>>,
 }
 
 #[derive(Default)]
@@ -464,11 +485,12 @@ struct Lazy {
     address: Option<Option<String>>,
 }
 
-/// An upstream attempt: where it went.
+/// An upstream attempt: where it went, for which request.
 struct Attempt {
     address: String,
     cluster: String,
     worker: usize,
+    request_id: Option<Vec<u8>>,
 }
 
 impl ConsumerStream {
@@ -491,6 +513,12 @@ impl ConsumerStream {
         COUNTS.add(Stat::OutboundInflight, 1);
         s.gauge_add(c.metrics.inflight, 1);
         self.counted.set(true);
+        if c.config.evict_on_connect_failure {
+            if let Some(id) = s.header(REQUEST_HEADERS, REQUEST_ID) {
+                LIVE.with(|l| l.borrow_mut().insert(id.clone()));
+                *self.live.borrow_mut() = Some(id);
+            }
+        }
         COUNTS.add(Stat::OutboundStarted, 1);
         s.counter_add(c.metrics.started, 1);
         let signal = Some(GENERATION.load(SeqCst));
@@ -511,6 +539,7 @@ impl ConsumerStream {
             return;
         }
         let worker = usize::try_from(s.worker_index()).unwrap_or(usize::MAX);
+        let request_id = s.header(REQUEST_HEADERS, REQUEST_ID);
         let mut view = self.view(s);
         if let Some(address) = view.address() {
             let cluster = view.cluster();
@@ -518,6 +547,7 @@ impl ConsumerStream {
                 address,
                 cluster,
                 worker,
+                request_id,
             });
         }
     }
@@ -529,6 +559,13 @@ impl ConsumerStream {
             return;
         };
         if self.answered.get() {
+            return;
+        }
+        // Cancelled with its request: says nothing about the host.
+        if a.request_id
+            .as_deref()
+            .is_some_and(|id| !request_is_live(id))
+        {
             return;
         }
         let mut x = Fixed {
@@ -563,6 +600,7 @@ impl ConsumerStream {
     /// The listener instance's stream is over: it leaves the outbound
     /// count. (Envoy does not call this for upstream filters.)
     pub fn stream_complete(&self, c: &Config, s: Stream) {
+        self.leave_live();
         c.settle(Sink::Stream(s));
         if self.counted.take() {
             COUNTS.add(Stat::OutboundInflight, -1);
@@ -571,10 +609,19 @@ impl ConsumerStream {
     }
 }
 
+impl ConsumerStream {
+    fn leave_live(&self) {
+        if let Some(id) = self.live.take() {
+            LIVE.with(|l| l.borrow_mut().remove(&id));
+        }
+    }
+}
+
 impl Drop for ConsumerStream {
     /// Destroyed without `stream_complete`: leave the count (the drain gate
     /// must not wait for it).
     fn drop(&mut self) {
+        self.leave_live();
         if self.counted.take() {
             COUNTS.add(Stat::OutboundInflight, -1);
         }
