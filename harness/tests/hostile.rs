@@ -698,6 +698,8 @@ async fn it_keeps_consumer_steering_immune_to_request_headers_and_huge_answers()
     // Answers at the size limit: host a turns closing with a 50 KiB
     // instance id. It is evicted (once), its id stored bounded, and a
     // client claiming a new instance in requests cannot bring it back.
+    // (Once membership is known: see `until_membership_refreshed`.)
+    m.until_membership_refreshed().await;
     m.ups[0].set_instance(&"i".repeat(50 * 1024));
     m.ups[0].set_closing(true);
     let mut marked = false;
