@@ -263,6 +263,55 @@ pub unsafe fn envoy_bytes<'a>(b: EnvoyBuffer) -> &'a [u8] {
     }
 }
 
+/// The key and value of a header Envoy owns, borrowed.
+///
+/// # Safety
+/// `h` comes from Envoy within this hook.
+unsafe fn header_pair<'a>(h: &EnvoyHeader) -> (&'a [u8], &'a [u8]) {
+    // SAFETY: both buffers are Envoy's, valid for the hook.
+    unsafe {
+        (
+            envoy_bytes(EnvoyBuffer {
+                ptr: h.key_ptr,
+                length: h.key_length,
+            }),
+            envoy_bytes(EnvoyBuffer {
+                ptr: h.value_ptr,
+                length: h.value_length,
+            }),
+        )
+    }
+}
+
+/// Every metric change in the ABI has this shape, for a filter or for a
+/// config: (owner, id, label values, label count, value).
+type MetricCall =
+    unsafe extern "C" fn(*mut c_void, usize, *mut ModuleBuffer, usize, u64) -> MetricsResult;
+
+/// Applies `call` to a defined metric with no labels; nothing for an
+/// undefined one.
+///
+/// # Safety
+/// `owner` is the live filter or config pointer `call` expects.
+unsafe fn metric(call: MetricCall, owner: *mut c_void, id: Option<usize>, value: u64) {
+    if let Some(id) = id {
+        // SAFETY: as the caller promises; no labels.
+        unsafe {
+            call(owner, id, std::ptr::null_mut(), 0, value);
+        }
+    }
+}
+
+/// Every metric definition has this shape: (config, name, label names,
+/// label count, id out).
+type DefineCall = unsafe extern "C" fn(
+    ConfigEnvoyPtr,
+    ModuleBuffer,
+    *mut ModuleBuffer,
+    usize,
+    *mut usize,
+) -> MetricsResult;
+
 pub fn log(level: LogLevel, message: &str) {
     // SAFETY: plain calls; the buffer is read during the call only.
     unsafe {
@@ -323,22 +372,9 @@ impl Stream {
         if !ok {
             raw.clear();
         }
-        let mut pairs = raw.iter().map(|h| {
-            // SAFETY: Envoy's buffers, valid until this hook returns (no
-            // setter runs while `f` reads them).
-            unsafe {
-                (
-                    envoy_bytes(EnvoyBuffer {
-                        ptr: h.key_ptr,
-                        length: h.key_length,
-                    }),
-                    envoy_bytes(EnvoyBuffer {
-                        ptr: h.value_ptr,
-                        length: h.value_length,
-                    }),
-                )
-            }
-        });
+        // SAFETY: Envoy's buffers, valid until this hook returns (no setter
+        // runs while `f` reads them).
+        let mut pairs = raw.iter().map(|h| unsafe { header_pair(h) });
         f(&mut pairs)
     }
 
@@ -428,56 +464,36 @@ impl Stream {
     }
 
     pub fn counter_add(self, id: Option<usize>, n: u64) {
-        if let Some(id) = id {
-            // SAFETY: valid filter pointer; a defined id with no labels.
-            unsafe {
-                envoy_dynamic_module_callback_http_filter_increment_counter(
-                    self.0,
-                    id,
-                    std::ptr::null_mut(),
-                    0,
-                    n,
-                );
-            }
+        // SAFETY: a valid filter pointer for the filter-level call.
+        unsafe {
+            metric(
+                envoy_dynamic_module_callback_http_filter_increment_counter,
+                self.0,
+                id,
+                n,
+            )
         }
     }
 
     pub fn gauge_add(self, id: Option<usize>, delta: i64) {
-        let Some(id) = id else { return };
-        // SAFETY: valid filter pointer; a defined id with no labels.
-        unsafe {
-            if delta >= 0 {
-                envoy_dynamic_module_callback_http_filter_increment_gauge(
-                    self.0,
-                    id,
-                    std::ptr::null_mut(),
-                    0,
-                    delta.unsigned_abs(),
-                );
-            } else {
-                envoy_dynamic_module_callback_http_filter_decrement_gauge(
-                    self.0,
-                    id,
-                    std::ptr::null_mut(),
-                    0,
-                    delta.unsigned_abs(),
-                );
-            }
-        }
+        let call: MetricCall = if delta >= 0 {
+            envoy_dynamic_module_callback_http_filter_increment_gauge
+        } else {
+            envoy_dynamic_module_callback_http_filter_decrement_gauge
+        };
+        // SAFETY: a valid filter pointer for the filter-level call.
+        unsafe { metric(call, self.0, id, delta.unsigned_abs()) }
     }
 
     pub fn gauge_set(self, id: Option<usize>, value: u64) {
-        if let Some(id) = id {
-            // SAFETY: valid filter pointer; a defined id with no labels.
-            unsafe {
-                envoy_dynamic_module_callback_http_filter_set_gauge(
-                    self.0,
-                    id,
-                    std::ptr::null_mut(),
-                    0,
-                    value,
-                );
-            }
+        // SAFETY: a valid filter pointer for the filter-level call.
+        unsafe {
+            metric(
+                envoy_dynamic_module_callback_http_filter_set_gauge,
+                self.0,
+                id,
+                value,
+            )
         }
     }
 
@@ -520,11 +536,11 @@ unsafe impl Send for Config {}
 unsafe impl Sync for Config {}
 
 impl Config {
-    pub fn define_counter(self, name: &str) -> Option<usize> {
+    fn define(self, call: DefineCall, name: &str) -> Option<usize> {
         let mut id = 0usize;
-        // SAFETY: valid config pointer during config_new.
+        // SAFETY: valid config pointer during config_new; no labels.
         let r = unsafe {
-            envoy_dynamic_module_callback_http_filter_config_define_counter(
+            call(
                 self.0,
                 ModuleBuffer::of(name.as_bytes()),
                 std::ptr::null_mut(),
@@ -533,50 +549,43 @@ impl Config {
             )
         };
         (r == 0).then_some(id)
+    }
+
+    pub fn define_counter(self, name: &str) -> Option<usize> {
+        self.define(
+            envoy_dynamic_module_callback_http_filter_config_define_counter,
+            name,
+        )
     }
 
     pub fn define_gauge(self, name: &str) -> Option<usize> {
-        let mut id = 0usize;
-        // SAFETY: valid config pointer during config_new.
-        let r = unsafe {
-            envoy_dynamic_module_callback_http_filter_config_define_gauge(
-                self.0,
-                ModuleBuffer::of(name.as_bytes()),
-                std::ptr::null_mut(),
-                0,
-                &mut id,
-            )
-        };
-        (r == 0).then_some(id)
+        self.define(
+            envoy_dynamic_module_callback_http_filter_config_define_gauge,
+            name,
+        )
     }
 
     pub fn counter_add(self, id: Option<usize>, n: u64) {
-        if let Some(id) = id {
-            // SAFETY: valid config pointer on the main thread.
-            unsafe {
-                envoy_dynamic_module_callback_http_filter_config_increment_counter(
-                    self.0,
-                    id,
-                    std::ptr::null_mut(),
-                    0,
-                    n,
-                );
-            }
+        // SAFETY: a valid config pointer, on the main thread.
+        unsafe {
+            metric(
+                envoy_dynamic_module_callback_http_filter_config_increment_counter,
+                self.0,
+                id,
+                n,
+            )
         }
     }
 
     pub fn gauge_set(self, id: Option<usize>, value: u64) {
-        if let Some(id) = id {
-            // SAFETY: valid config pointer on the main thread.
-            unsafe {
-                envoy_dynamic_module_callback_http_filter_config_set_gauge(
-                    self.0,
-                    id,
-                    std::ptr::null_mut(),
-                    0,
-                    value,
-                );
-            }
+        // SAFETY: a valid config pointer, on the main thread.
+        unsafe {
+            metric(
+                envoy_dynamic_module_callback_http_filter_config_set_gauge,
+                self.0,
+                id,
+                value,
+            )
         }
     }
 
@@ -665,20 +674,8 @@ pub unsafe fn callout_headers(headers: *const EnvoyHeader, n: usize) -> Vec<(Vec
     raw.iter()
         .map(|h| {
             // SAFETY: as above.
-            unsafe {
-                (
-                    envoy_bytes(EnvoyBuffer {
-                        ptr: h.key_ptr,
-                        length: h.key_length,
-                    })
-                    .to_vec(),
-                    envoy_bytes(EnvoyBuffer {
-                        ptr: h.value_ptr,
-                        length: h.value_length,
-                    })
-                    .to_vec(),
-                )
-            }
+            let (k, v) = unsafe { header_pair(h) };
+            (k.to_vec(), v.to_vec())
         })
         .collect()
 }

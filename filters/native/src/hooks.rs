@@ -76,6 +76,26 @@ unsafe fn filter<'a>(ptr: FilterModulePtr) -> Option<(&'a Filter, &'a FilterConf
     Some((f, c))
 }
 
+/// A stream hook's body on its filter and config, failing open: the
+/// fallback for a panic or a null filter.
+///
+/// # Safety
+/// As [`filter`].
+unsafe fn on_stream<T: Copy>(
+    hook: &str,
+    module: FilterModulePtr,
+    fallback: T,
+    body: impl FnOnce(&FilterStream, &FilterConfig) -> T,
+) -> T {
+    fail_open(hook, fallback, || {
+        // SAFETY: as the caller promises.
+        match unsafe { filter(module) } {
+            Some((f, c)) => body(&f.stream, c),
+            None => fallback,
+        }
+    })
+}
+
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const u8 {
     abi::ABI_VERSION.as_ptr()
@@ -168,26 +188,25 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     module: FilterModulePtr,
     _end_of_stream: bool,
 ) -> u32 {
-    fail_open("request_headers", CONTINUE, || {
-        // SAFETY: a live filter.
-        let Some((f, c)) = (unsafe { filter(module) }) else {
-            return CONTINUE;
-        };
-        let s = Stream(envoy);
-        #[cfg(feature = "panic-probe")]
-        if matches!(c, FilterConfig::PanicProbe) {
-            #[allow(clippy::panic)]
-            {
-                panic!("graceful_panic_probe: a panic on purpose");
+    // SAFETY: a live filter.
+    unsafe {
+        on_stream("request_headers", module, CONTINUE, |stream, c| {
+            let s = Stream(envoy);
+            #[cfg(feature = "panic-probe")]
+            if matches!(c, FilterConfig::PanicProbe) {
+                #[allow(clippy::panic)]
+                {
+                    panic!("graceful_panic_probe: a panic on purpose");
+                }
             }
-        }
-        match (&f.stream, c) {
-            (FilterStream::Provider(p), FilterConfig::Provider(pc)) => p.request_headers(pc, s),
-            (FilterStream::Drain(d), FilterConfig::Drain(dc)) => d.request_headers(dc, s),
-            (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => k.request_headers(kc, s),
-            _ => CONTINUE,
-        }
-    })
+            match (stream, c) {
+                (FilterStream::Provider(p), FilterConfig::Provider(pc)) => p.request_headers(pc, s),
+                (FilterStream::Drain(d), FilterConfig::Drain(dc)) => d.request_headers(dc, s),
+                (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => k.request_headers(kc, s),
+                _ => CONTINUE,
+            }
+        })
+    }
 }
 
 /// # Safety
@@ -198,21 +217,20 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
     module: FilterModulePtr,
     _end_of_stream: bool,
 ) -> u32 {
-    fail_open("response_headers", CONTINUE, || {
-        // SAFETY: a live filter.
-        let Some((f, c)) = (unsafe { filter(module) }) else {
-            return CONTINUE;
-        };
-        match (&f.stream, c) {
-            (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
-                p.response_headers(pc, Stream(envoy))
+    // SAFETY: a live filter.
+    unsafe {
+        on_stream("response_headers", module, CONTINUE, |stream, c| {
+            match (stream, c) {
+                (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
+                    p.response_headers(pc, Stream(envoy))
+                }
+                (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {
+                    k.response_headers(kc, Stream(envoy))
+                }
+                _ => CONTINUE,
             }
-            (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {
-                k.response_headers(kc, Stream(envoy))
-            }
-            _ => CONTINUE,
-        }
-    })
+        })
+    }
 }
 
 /// # Safety
@@ -222,21 +240,20 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
     envoy: FilterEnvoyPtr,
     module: FilterModulePtr,
 ) -> u32 {
-    fail_open("response_trailers", CONTINUE, || {
-        // SAFETY: a live filter.
-        let Some((f, c)) = (unsafe { filter(module) }) else {
-            return CONTINUE;
-        };
-        match (&f.stream, c) {
-            (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
-                p.response_trailers(pc, Stream(envoy))
+    // SAFETY: a live filter.
+    unsafe {
+        on_stream("response_trailers", module, CONTINUE, |stream, c| {
+            match (stream, c) {
+                (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
+                    p.response_trailers(pc, Stream(envoy))
+                }
+                (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {
+                    k.response_trailers(kc, Stream(envoy))
+                }
+                _ => CONTINUE,
             }
-            (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {
-                k.response_trailers(kc, Stream(envoy))
-            }
-            _ => CONTINUE,
-        }
-    })
+        })
+    }
 }
 
 /// # Safety
@@ -246,21 +263,20 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
     envoy: FilterEnvoyPtr,
     module: FilterModulePtr,
 ) {
-    fail_open("stream_complete", (), || {
-        // SAFETY: a live filter.
-        let Some((f, c)) = (unsafe { filter(module) }) else {
-            return;
-        };
-        match (&f.stream, c) {
-            (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
-                p.stream_complete(pc, Stream(envoy))
+    // SAFETY: a live filter.
+    unsafe {
+        on_stream("stream_complete", module, (), |stream, c| {
+            match (stream, c) {
+                (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
+                    p.stream_complete(pc, Stream(envoy))
+                }
+                (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {
+                    k.stream_complete(kc, Stream(envoy))
+                }
+                _ => {}
             }
-            (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {
-                k.stream_complete(kc, Stream(envoy))
-            }
-            _ => {}
-        }
-    });
+        })
+    }
 }
 
 /// # Safety
@@ -292,15 +308,14 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
     module: FilterModulePtr,
     _event: u64,
 ) {
-    fail_open("scheduled", (), || {
-        // SAFETY: a live filter.
-        let Some((f, c)) = (unsafe { filter(module) }) else {
-            return;
-        };
-        if let (FilterStream::Drain(d), FilterConfig::Drain(dc)) = (&f.stream, c) {
-            d.scheduled(dc, Stream(envoy));
-        }
-    });
+    // SAFETY: a live filter.
+    unsafe {
+        on_stream("scheduled", module, (), |stream, c| {
+            if let (FilterStream::Drain(d), FilterConfig::Drain(dc)) = (stream, c) {
+                d.scheduled(dc, Stream(envoy));
+            }
+        })
+    }
 }
 
 /// The drain timer's tick, on the main thread.
