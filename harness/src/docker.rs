@@ -23,7 +23,7 @@ use crate::client::{self, Conn};
 use crate::compose::PROJECT;
 use crate::demo::load::{Load, Protocol, Sample};
 use crate::demo::report::{ProviderEvents, RunReport};
-use crate::envoy::repo_root;
+use crate::envoy::{repo_root, wait_for};
 
 /// The consumer's listener and admin as the compose file publishes them.
 pub const CONSUMER: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(LOOPBACK), 15001);
@@ -96,24 +96,6 @@ pub fn inspect(id: &str, format: &str) -> String {
         .unwrap_or_default()
         .trim()
         .to_string()
-}
-
-/// Polls `check` every 25 ms until it gives a value or `deadline` passes.
-pub async fn wait_for<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> Result<T, String>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let end = Instant::now() + deadline;
-    loop {
-        if let Some(v) = check().await {
-            return Ok(v);
-        }
-        if Instant::now() >= end {
-            return Err(format!("timed out after {deadline:?} waiting for: {what}"));
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
 }
 
 /// Waits until a service's container reports healthy.

@@ -332,7 +332,19 @@ impl Drop for Envoy {
 
 /// Polls `check` every 25 ms until it returns Some, or panics after
 /// `deadline` with `what`.
-pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, deadline: Duration, check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    wait_for(what, deadline, check)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Polls `check` every 25 ms until it gives a value, or says why not once
+/// `deadline` passed (for tools, which report instead of panicking).
+pub async fn wait_for<T, F, Fut>(what: &str, deadline: Duration, mut check: F) -> Result<T, String>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
@@ -340,12 +352,11 @@ where
     let end = Instant::now() + deadline;
     loop {
         if let Some(v) = check().await {
-            return v;
+            return Ok(v);
         }
-        assert!(
-            Instant::now() < end,
-            "timed out after {deadline:?} waiting for: {what}"
-        );
+        if Instant::now() >= end {
+            return Err(format!("timed out after {deadline:?} waiting for: {what}"));
+        }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }

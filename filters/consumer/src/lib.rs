@@ -122,11 +122,7 @@ struct ConsumerRoot {
 impl ConsumerRoot {
     fn dispatch(&mut self, shared: &Shared, calls: Vec<Call>) {
         for call in calls {
-            let headers: Vec<(&str, &str)> = call
-                .headers
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect();
+            let headers = call.header_pairs();
             match self.dispatch_http_call(&call.cluster, headers, None, vec![], call.timeout) {
                 Ok(token) => shared.core.borrow_mut().sent(token, call),
                 Err(status) => shared.carry_out(vec![call.not_sent(&format!("{status:?}"))]),

@@ -212,6 +212,45 @@ impl Reply {
     }
 }
 
+/// What the drain stamps on each of its answers: the instance id the
+/// provider published (shared data) and the address the request reached.
+/// A consumer's probe tells a restarted instance from the closing one by
+/// both.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stamp {
+    identity: Option<(String, String)>,
+    address: Option<String>,
+}
+
+impl Stamp {
+    /// The published identity from `store` (none if unreadable) and the
+    /// `address` the glue read.
+    pub fn read(store: &dyn crate::store::SharedStore, address: Option<String>) -> Stamp {
+        let identity = store
+            .get(crate::keys::IDENTITY.name)
+            .ok()
+            .flatten()
+            .and_then(|(bytes, _)| crate::instance::decode_identity(&bytes));
+        Stamp { identity, address }
+    }
+
+    /// The reply's headers, then the instance header and the address.
+    pub fn headers<'a>(&'a self, reply: &'a Reply) -> Vec<(&'a str, &'a str)> {
+        let mut headers: Vec<(&str, &str)> = reply
+            .headers
+            .iter()
+            .map(|(k, v)| (*k, v.as_str()))
+            .collect();
+        if let Some((name, id)) = &self.identity {
+            headers.push((name, id));
+        }
+        if let Some(address) = &self.address {
+            headers.push((crate::headers::ADDRESS, address));
+        }
+        headers
+    }
+}
+
 /// The long-polls held by one VM copy: the stream's context id and when its
 /// wait runs out. Each copy resolves its own on its tick.
 #[derive(Debug, Default)]
@@ -254,6 +293,31 @@ impl Waiters {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stamp_adds_the_published_identity_and_the_address() {
+        use crate::store::SharedStore;
+        let store = crate::store::MemStore::new();
+        let reply = Reply::forbidden();
+        let bare = Stamp::read(&store, None);
+        assert_eq!(bare.headers(&reply).len(), reply.headers.len());
+        store
+            .set(
+                crate::keys::IDENTITY.name,
+                &crate::instance::encode_identity("x-graceful-instance", "i-1"),
+                0,
+            )
+            .unwrap();
+        let stamp = Stamp::read(&store, Some("10.0.0.1:80".into()));
+        let h = stamp.headers(&reply);
+        assert_eq!(
+            &h[reply.headers.len()..],
+            [
+                ("x-graceful-instance", "i-1"),
+                (crate::headers::ADDRESS, "10.0.0.1:80")
+            ]
+        );
+    }
 
     fn r(method: &str, path: &str) -> Route {
         route(&Paths::default(), method.as_bytes(), path.as_bytes())

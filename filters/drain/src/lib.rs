@@ -12,17 +12,15 @@ use std::time::Duration;
 
 use graceful_core::config::DrainConfig;
 use graceful_core::drain::{raise_phase, DrainCopy, Evaluation, Passed};
-use graceful_core::endpoints::{is_endpoint_path, route, Endpoint, Reply, Route, Waiters};
+use graceful_core::endpoints::{is_endpoint_path, route, Endpoint, Reply, Route, Stamp, Waiters};
 use graceful_core::gate::Stat;
 use graceful_core::headers::{
-    ADDRESS as ADDRESS_HEADER, ADMIN_AUTHORITY, AUTHORITY, CONTENT_TYPE, FORWARDED_FOR, METHOD,
-    PATH, STATUS,
+    ADMIN_AUTHORITY, AUTHORITY, CONTENT_TYPE, FORWARDED_FOR, METHOD, PATH, STATUS,
 };
-use graceful_core::instance;
 use graceful_core::keys::{self, Owner};
 use graceful_core::net::trusted_peer_ip;
 use graceful_core::record::{self, InstanceRecord, Phase};
-use graceful_core::store::{self, add_bounded, take_lease, SharedStore, UpdateError};
+use graceful_core::store::{self, add_bounded, take_lease, UpdateError};
 use graceful_guest::{header, now_us, property, send_reply, GuestStats, HostStore, Metric};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
@@ -85,26 +83,11 @@ impl Shared {
 /// provider published and the address this request reached: a consumer's
 /// probe uses both to tell a restarted instance from the closing one.
 fn send(reply: &Reply) -> bool {
-    let identity = HostStore
-        .get(keys::IDENTITY.name)
-        .ok()
-        .flatten()
-        .and_then(|(bytes, _)| instance::decode_identity(&bytes));
     let address = property(&["destination", "address"]).and_then(|a| String::from_utf8(a).ok());
-    let mut headers: Vec<(&str, &str)> = reply
-        .headers
-        .iter()
-        .map(|(k, v)| (*k, v.as_str()))
-        .collect();
-    if let Some((name, id)) = &identity {
-        headers.push((name, id));
-    }
-    if let Some(address) = &address {
-        headers.push((ADDRESS_HEADER, address));
-    }
+    let stamp = Stamp::read(&HostStore, address);
     send_reply(
         reply.status,
-        &headers,
+        &stamp.headers(reply),
         reply.body.as_bytes(),
         reply.grpc_status,
     )

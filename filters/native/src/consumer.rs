@@ -295,11 +295,7 @@ impl Config {
 
     fn dispatch(&self, copy: &mut Consumer, calls: Vec<Call>) {
         for call in calls {
-            let headers: Vec<(&str, &str)> = call
-                .headers
-                .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str()))
-                .collect();
+            let headers = call.header_pairs();
             let timeout = u64::try_from(call.timeout.as_millis()).unwrap_or(u64::MAX);
             match self.envoy.callout(&call.cluster, &headers, &[], timeout) {
                 // Callout ids count up from 1 per config: a u32 lasts.
@@ -475,6 +471,8 @@ pub struct ConsumerStream {
     attempt: RefCell<Option<Attempt>>,
     /// Listener instance: this request's id while it is in `LIVE`.
     live: RefCell<Option<Vec<u8>>>,
+    /// The worker the stream runs on, once asked.
+    worker: Cell<Option<usize>>,
 }
 
 #[derive(Default)]
@@ -494,6 +492,16 @@ struct Attempt {
 }
 
 impl ConsumerStream {
+    /// The stream's worker index (asked of Envoy once per stream).
+    fn worker(&self, s: Stream) -> usize {
+        if let Some(w) = self.worker.get() {
+            return w;
+        }
+        let w = usize::try_from(s.worker_index()).unwrap_or(usize::MAX);
+        self.worker.set(Some(w));
+        w
+    }
+
     fn view(&self, stream: Stream) -> View<'_> {
         View {
             stream,
@@ -522,7 +530,7 @@ impl ConsumerStream {
         COUNTS.add(Stat::OutboundStarted, 1);
         s.counter_add(c.metrics.started, 1);
         let signal = Some(GENERATION.load(SeqCst));
-        let worker = usize::try_from(s.worker_index()).unwrap_or(usize::MAX);
+        let worker = self.worker(s);
         let steer = c.copy(worker).steer(&STORE, &mut self.view(s), signal);
         if let Some(list) = steer {
             if s.set_header(REQUEST_HEADERS, &c.config.override_host_header, &list) {
@@ -538,7 +546,7 @@ impl ConsumerStream {
         if !c.config.evict_on_connect_failure {
             return;
         }
-        let worker = usize::try_from(s.worker_index()).unwrap_or(usize::MAX);
+        let worker = self.worker(s);
         let request_id = s.header(REQUEST_HEADERS, REQUEST_ID);
         let mut view = self.view(s);
         if let Some(address) = view.address() {
@@ -578,7 +586,7 @@ impl ConsumerStream {
 
     fn observe(&self, c: &Config, s: Stream, map: abi::HeaderType, part: Part) {
         let seen = s.with_headers(map, |pairs| Response::scan(&c.config, pairs));
-        let worker = usize::try_from(s.worker_index()).unwrap_or(usize::MAX);
+        let worker = self.worker(s);
         let effects = c
             .copy(worker)
             .observe_response(&STORE, &mut self.view(s), &seen, part);

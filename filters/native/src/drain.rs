@@ -23,17 +23,15 @@ use std::time::Duration;
 
 use graceful_core::config::DrainConfig;
 use graceful_core::drain::{raise_phase, DrainCopy, Evaluation};
-use graceful_core::endpoints::{is_endpoint_path, route, Endpoint, Reply, Route, Waiters};
+use graceful_core::endpoints::{is_endpoint_path, route, Endpoint, Reply, Route, Stamp, Waiters};
 use graceful_core::gate::{Stat, Stats};
 use graceful_core::headers::{
-    ADDRESS as ADDRESS_HEADER, ADMIN_AUTHORITY, AUTHORITY, CONTENT_TYPE, FORWARDED_FOR, METHOD,
-    PATH, STATUS,
+    ADMIN_AUTHORITY, AUTHORITY, CONTENT_TYPE, FORWARDED_FOR, METHOD, PATH, STATUS,
 };
-use graceful_core::instance;
 use graceful_core::keys::{self, Owner};
 use graceful_core::net::trusted_peer_ip;
 use graceful_core::record::{self, Phase};
-use graceful_core::store::{self, add_bounded, take_lease, SharedStore};
+use graceful_core::store::{self, add_bounded, take_lease};
 
 use crate::abi::{
     self, ConfigScheduler, SchedulerPtr, Stream, CONTINUE, REQUEST_HEADERS, STOP_ITERATION,
@@ -283,25 +281,11 @@ impl Drop for Config {
 /// provider published and the address this request reached (a consumer's
 /// probe tells a restarted instance from the closing one by both).
 fn send(s: Stream, reply: &Reply) {
-    let identity = STORE
-        .get(keys::IDENTITY.name)
-        .ok()
-        .flatten()
-        .and_then(|(bytes, _)| instance::decode_identity(&bytes));
     let address = s
         .attribute_string(abi::ATTR_DESTINATION_ADDRESS)
         .and_then(|a| String::from_utf8(a).ok());
-    let mut headers: Vec<(&str, &str)> = reply
-        .headers
-        .iter()
-        .map(|(k, v)| (*k, v.as_str()))
-        .collect();
-    if let Some((name, id)) = &identity {
-        headers.push((name, id));
-    }
-    if let Some(address) = &address {
-        headers.push((ADDRESS_HEADER, address));
-    }
+    let stamp = Stamp::read(&STORE, address);
+    let mut headers = stamp.headers(reply);
     // The native local reply derives no grpc-status from the HTTP status
     // (it sends 0): a gRPC answer carries its own.
     let grpc_status = reply.grpc_status.map(|c| c.to_string());

@@ -39,6 +39,14 @@ pub struct Call {
 }
 
 impl Call {
+    /// The headers as the hosts' call APIs take them.
+    pub fn header_pairs(&self) -> Vec<(&str, &str)> {
+        self.headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect()
+    }
+
     /// The log line for a call the host refused to send.
     pub fn not_sent(&self, status: &str) -> Effect {
         match &self.kind {
