@@ -58,21 +58,23 @@ fn the_shipped_native_configs_are_current_and_envoy_accepts_them() {
             "{} is stale: run `make native-configs`",
             path.display()
         );
-        // From the repository root, as the file says: dist/libgraceful.so.
-        let out = Command::new(envoy_binary())
-            .current_dir(&root)
-            .args(["--mode", "validate", "-l", "warn", "-c"])
-            .arg(&path)
-            .output()
-            .unwrap();
-        let said = String::from_utf8_lossy(&out.stdout).into_owned()
-            + &String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success() && said.contains("OK"),
-            "{}: {said}",
-            path.display()
-        );
+        let (ok, said) = validate(&path, "warn");
+        assert!(ok && said.contains("OK"), "{}: {said}", path.display());
     }
+}
+
+/// `envoy --mode validate -l LEVEL` on `path`, from the repository root (as
+/// the shipped files say: `dist/libgraceful.so`): success and its output.
+fn validate(path: &std::path::Path, level: &str) -> (bool, String) {
+    let out = Command::new(envoy_binary())
+        .current_dir(repo_root())
+        .args(["--mode", "validate", "-l", level, "-c"])
+        .arg(path)
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), said)
 }
 
 /// `envoy --mode validate` on the native provider config with `edit`
@@ -84,15 +86,7 @@ fn validate_edited(name: &str, edit: impl Fn(String) -> String) -> (bool, String
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join(format!("{name}-{}.yaml", std::process::id()));
     std::fs::write(&path, edit(text)).unwrap();
-    let out = Command::new(envoy_binary())
-        .current_dir(&root)
-        .args(["--mode", "validate", "-l", "info", "-c"])
-        .arg(&path)
-        .output()
-        .unwrap();
-    let said =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    (out.status.success(), said)
+    validate(&path, "info")
 }
 
 #[test]
