@@ -217,6 +217,7 @@ fn consumer() -> impl Strategy<Value = ConsumerConfig> {
         ms(100..=3_600_000),
         1..=MAX_MAX_TOMBSTONES as u32,
         prop::option::of(url_path()),
+        0u8..=100,
     )
         .prop_filter(
             "override_host_header must differ",
@@ -236,6 +237,7 @@ fn consumer() -> impl Strategy<Value = ConsumerConfig> {
                 membership_refresh,
                 max_tombstones,
                 probe_path,
+                panic_threshold,
             )| ConsumerConfig {
                 closing_headers,
                 instance_header,
@@ -247,6 +249,7 @@ fn consumer() -> impl Strategy<Value = ConsumerConfig> {
                 membership_refresh,
                 max_tombstones,
                 probe_path,
+                panic_threshold,
             },
         )
 }
@@ -262,6 +265,7 @@ fn consumer_json(c: &ConsumerConfig, mask: u64) -> Value {
         "membership_refresh": format_duration(c.membership_refresh),
         "max_tombstones": c.max_tombstones,
         "probe_path": c.probe_path.clone().unwrap_or_default(),
+        "panic_threshold": c.panic_threshold,
     });
     if let Some(a) = &c.admin_cluster {
         v["admin_cluster"] = json!(a);
@@ -317,6 +321,7 @@ const CONSUMER_FIELDS: &[(&str, Kind)] = &[
     ("membership_refresh", Kind::Duration),
     ("max_tombstones", Kind::Count),
     ("probe_path", Kind::Path),
+    ("panic_threshold", Kind::Count),
 ];
 
 /// Any JSON value, weighted towards strings that mean something here.
@@ -652,7 +657,7 @@ proptest! {
     }
 
     #[test]
-    fn a_bad_consumer_field_is_reported_under_its_name(c in consumer(), which in 0usize..7, kind in 0usize..2) {
+    fn a_bad_consumer_field_is_reported_under_its_name(c in consumer(), which in 0usize..8, kind in 0usize..2) {
         let mut v = consumer_json(&c, 0);
         let (field, bad) = match which {
             0 => ("tombstone_ttl", [json!("0s"), json!("30")][kind].clone()),
@@ -661,6 +666,7 @@ proptest! {
             3 => ("max_tombstones", [json!(0), json!(MAX_MAX_TOMBSTONES + 1)][kind].clone()),
             4 => ("override_host_header", [json!(""), json!("a:b")][kind].clone()),
             5 => ("probe_path", [json!("ready"), json!("/a#b")][kind].clone()),
+            6 => ("panic_threshold", [json!(101), json!("50")][kind].clone()),
             _ => {
                 let n = c.closing_headers.len();
                 let mut list: Vec<Value> = c.closing_headers.iter().map(|h| json!(h)).collect();

@@ -17,6 +17,8 @@ pub const DEFAULT_MEMBERSHIP_REFRESH: Duration = Duration::from_secs(1);
 pub const DEFAULT_MAX_TOMBSTONES: u32 = 1024;
 pub const MAX_MAX_TOMBSTONES: u64 = 65_536;
 pub const DEFAULT_PROBE_PATH: &str = "/graceful/ready";
+/// Envoy's `healthy_panic_threshold` default, and ours.
+pub const DEFAULT_PANIC_THRESHOLD: u8 = 50;
 
 /// Validated configuration of `graceful_consumer`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +41,11 @@ pub struct ConsumerConfig {
     /// answers at its address (graceful_drain's readiness endpoint); None
     /// turns probing off.
     pub probe_path: Option<String>,
+    /// Percent of a cluster's usable members that steering keeps listing:
+    /// when tombstones leave fewer acceptable, the tombstoned members whose
+    /// closing was confirmed longest ago are listed too (see
+    /// [`crate::steering::plan()`]); 0 turns the rule off.
+    pub panic_threshold: u8,
 }
 
 #[derive(Deserialize, Default)]
@@ -54,6 +61,7 @@ struct ConsumerDto {
     membership_refresh: Option<String>,
     max_tombstones: Option<u64>,
     probe_path: Option<String>,
+    panic_threshold: Option<u64>,
 }
 
 fn positive(field: &str, d: Duration) -> Result<Duration, ConfigError> {
@@ -147,6 +155,15 @@ impl ConsumerConfig {
             Some("") => None,
             other => Some(url_path("probe_path", other.unwrap_or(DEFAULT_PROBE_PATH))?),
         };
+        let panic_threshold = match dto.panic_threshold {
+            None => DEFAULT_PANIC_THRESHOLD,
+            Some(n) => u8::try_from(n).ok().filter(|n| *n <= 100).ok_or_else(|| {
+                ConfigError::new(
+                    "panic_threshold",
+                    format!("{n} is out of range 0..=100 (percent)"),
+                )
+            })?,
+        };
         Ok(ConsumerConfig {
             closing_headers,
             instance_header,
@@ -158,6 +175,7 @@ impl ConsumerConfig {
             membership_refresh,
             max_tombstones,
             probe_path,
+            panic_threshold,
         })
     }
 }
@@ -179,6 +197,7 @@ mod tests {
         assert_eq!(cfg.membership_refresh, Duration::from_secs(1));
         assert_eq!(cfg.max_tombstones, 1024);
         assert_eq!(cfg.probe_path.as_deref(), Some("/graceful/ready"));
+        assert_eq!(cfg.panic_threshold, 50);
     }
 
     #[test]
@@ -186,7 +205,8 @@ mod tests {
         let cfg = ConsumerConfig::from_json(
             br#"{"closing_headers":["Closing","X-Shutdown","closing"],"instance_header":"","tombstone_ttl":"10s",
                 "evict_on_connect_failure":false,"failure_tombstone_ttl":"2s","override_host_header":"X-Pin",
-                "admin_cluster":"admin","membership_refresh":"500ms","max_tombstones":8,"probe_path":""}"#,
+                "admin_cluster":"admin","membership_refresh":"500ms","max_tombstones":8,"probe_path":"",
+                "panic_threshold":0}"#,
         )
         .unwrap();
         assert_eq!(
@@ -203,6 +223,7 @@ mod tests {
         assert_eq!(cfg.membership_refresh, Duration::from_millis(500));
         assert_eq!(cfg.max_tombstones, 8);
         assert_eq!(cfg.probe_path, None);
+        assert_eq!(cfg.panic_threshold, 0);
     }
 
     #[test]
@@ -258,6 +279,17 @@ mod tests {
                 "out of range",
             ),
             (r#"{"probe_path":"ready"}"#, "probe_path", "start with '/'"),
+            (
+                r#"{"panic_threshold":101}"#,
+                "panic_threshold",
+                "out of range",
+            ),
+            (
+                r#"{"panic_threshold":"50%"}"#,
+                "panic_threshold",
+                "invalid type",
+            ),
+            (r#"{"panic_threshold":-1}"#, "panic_threshold", "invalid"),
             (
                 r#"{"tombstone_tll":"5s"}"#,
                 "tombstone_tll",

@@ -21,7 +21,7 @@
 //! | callback | hostcalls |
 //! |---|---|
 //! | request headers | remove the client's override header; `graceful_consumer_inflight` +1; `graceful_consumer_started` +1; read `graceful_consumer_generation` |
-//! | response headers | one `get_header_map_pairs`, scanned in the guest ([`Response::scan`]) for the closing headers, `:status` and the instance header |
+//! | response headers | one `get_header_map_pairs`, scanned in the guest ([`Response::scan`]) for the closing headers, `:status` and the instance header; without the admin's membership, `upstream.address` too (a membership observation) |
 //! | done | `graceful_consumer_inflight` −1 |
 //!
 //! The upstream instance (one stream per attempt) removes the override
@@ -62,15 +62,19 @@
 //!   when the listed hosts are unavailable: the check is a lookup in the
 //!   cached list once the address is read); or a sampled membership
 //!   observation.
-//! - **Membership observations are sampled**: the first response of each
-//!   VM copy, then one in [`OBSERVE_EVERY`], and every response while
-//!   tombstones may be live. Observed membership is what steering uses only
-//!   before Envoy's admin membership is known or without an `admin_cluster`
-//!   (every shipped configuration has one, refreshed every
-//!   `membership_refresh`); it also registers the route's cluster for that
-//!   refresh, which the first response does. A member not yet observed only
-//!   narrows the steering list (never widens it to a tombstoned host) until
-//!   a sampled response or the admin names it.
+//! - **Membership observations**: while steering would take membership
+//!   from observations (no `admin_cluster`, or none of its answers read
+//!   yet), every response is one, so the observed set holds every host the
+//!   balancer picked, whichever copy it answered, and a steered request
+//!   never narrows below it (sampling them once piled a worker's traffic
+//!   onto the one host it had seen). An address this copy has recorded
+//!   costs only the `upstream.address` read; the cluster and the clock are
+//!   read to record it again every [`RECORD_EVERY`]th time. Once the
+//!   admin's membership is known, one response in [`OBSERVE_EVERY`] is
+//!   observed (it registers the route's cluster for the refresh), and
+//!   every response while tombstones may be live. What steering cannot
+//!   see without an admin: a host the balancer has not picked yet (one
+//!   added to the cluster while steering pins requests elsewhere).
 //! - **The upstream instance** reads `upstream.address` only when an
 //!   attempt answered closing, or in `on_done` when it got no response
 //!   headers and Envoy recorded a transport failure.
@@ -101,7 +105,9 @@ pub use refresh::{Call, CallKind, CALL_TIMEOUT, MAX_ADMIN_BODY};
 use crate::config::ConsumerConfig;
 use crate::instance;
 use crate::keys;
-use crate::steering::{plan, ClusterSet, Member, Membership, Observed, Plan, Steering};
+use crate::steering::{
+    plan, ClusterSet, Member, Membership, Observed, Plan, Rules, Steering, MAX_MEMBERS,
+};
 use crate::store::{self, add_bounded, update, SharedStore};
 use crate::tombstone::{Change, Observation, Tombstones, Ttls};
 
@@ -110,9 +116,12 @@ use crate::tombstone::{Change, Observation, Tombstones, Ttls};
 pub const FLAG_UF: u64 = 0x20;
 pub const FLAG_UC: u64 = 0x40;
 
-/// Without live tombstones, one response in this many (after each VM
-/// copy's first) records the answering address in the observed membership.
+/// Once the admin's membership is known and without live tombstones, one
+/// response in this many (after each VM copy's first) is observed.
 pub const OBSERVE_EVERY: u64 = 64;
+/// An address this VM copy recorded answering is recorded again at every
+/// this many observations of it (in between, only its address is read).
+pub const RECORD_EVERY: u16 = 256;
 
 /// What the glue reads from the host for one stream, asked for only when a
 /// decision needs it (property lookups and the clock are hostcalls). The
@@ -325,6 +334,9 @@ pub struct Consumer {
     observed: Observed,
     /// Responses seen, for sampling membership observations.
     responses: u64,
+    /// Addresses this copy recorded answering, with how many observations
+    /// of each may skip recording (bounded: cleared at [`MAX_MEMBERS`]).
+    recorded: HashMap<String, u16>,
     /// Clusters this VM copy has already added to the shared cluster set.
     registered: Vec<String>,
     /// The last steering plan, valid while tombstones and membership keep
@@ -402,6 +414,7 @@ impl Consumer {
             shared_observed: Cached::new(),
             observed: Observed::default(),
             responses: 0,
+            recorded: HashMap::new(),
             registered: Vec::new(),
             plan: None,
             rotation: 0,
@@ -549,14 +562,15 @@ impl Consumer {
         // went to a host that is not tombstoned), a lookup in the cached
         // list.
         let live = self.may_be_live(x);
-        let sample = self.responses.is_multiple_of(OBSERVE_EVERY);
-        self.responses = self.responses.wrapping_add(1);
-        if !(live || sample) {
+        if !(live || self.observes_membership(store)) {
             return Vec::new();
         }
         let Some(address) = x.address() else {
             return Vec::new();
         };
+        if !live && self.recorded_lately(&address) {
+            return Vec::new();
+        }
         let now = x.now();
         // What answered is membership (used until the admin's is known, and
         // always without an admin cluster); the cluster goes in the shared
@@ -774,7 +788,11 @@ impl Consumer {
             }
         }
         let members = self.members(store, cluster, now);
-        let (plan, until_us) = plan(&members, &self.tombstones.value, cluster, now);
+        let rules = Rules {
+            ttls: self.ttls,
+            panic_threshold: self.config.panic_threshold,
+        };
+        let (plan, until_us) = plan(&members, &self.tombstones.value, cluster, now, &rules);
         let steering = plan.steering(rotation);
         self.plan = Some(CachedPlan {
             gens,
@@ -783,6 +801,50 @@ impl Consumer {
             plan,
         });
         steering
+    }
+
+    /// Whether this response is a membership observation: every one while
+    /// steering would take membership from observations (no admin cluster,
+    /// or none of its answers read yet), so the observed set holds every
+    /// host the balancer picks; else one in [`OBSERVE_EVERY`], which only
+    /// registers the route's cluster for the admin refresh.
+    fn observes_membership(&mut self, store: &dyn SharedStore) -> bool {
+        let sampled = self.responses.is_multiple_of(OBSERVE_EVERY);
+        self.responses = self.responses.wrapping_add(1);
+        sampled || !self.admin_membership_known(store)
+    }
+
+    /// An admin cluster is configured and its membership has been read.
+    fn admin_membership_known(&mut self, store: &dyn SharedStore) -> bool {
+        if self.config.admin_cluster.is_none() {
+            return false;
+        }
+        self.members.refresh(
+            store,
+            keys::MEMBERS_GEN.name,
+            keys::MEMBERS.name,
+            Membership::decode,
+        );
+        !self.members.value.is_empty()
+    }
+
+    /// True when this copy recorded `address` answering and the next
+    /// [`RECORD_EVERY`] − 1 observations of it may skip the cluster and
+    /// clock reads (what a record needs): an observation of a known host
+    /// then costs one property read. Every [`RECORD_EVERY`]th is recorded
+    /// again, keeping this copy's window fresh.
+    fn recorded_lately(&mut self, address: &str) -> bool {
+        if let Some(left) = self.recorded.get_mut(address) {
+            if *left > 0 {
+                *left -= 1;
+                return true;
+            }
+        }
+        if self.recorded.len() >= MAX_MEMBERS && !self.recorded.contains_key(address) {
+            self.recorded.clear();
+        }
+        self.recorded.insert(address.to_string(), RECORD_EVERY - 1);
+        false
     }
 
     /// True if `address` has a live tombstone in the cached list.

@@ -277,8 +277,30 @@ fn an_ordinary_request_reads_no_shared_data_no_clock_and_no_cluster() {
     assert_eq!(counting.1.get(), first + 2);
 }
 
+/// Writes the admin's membership of `svc` as the refresh would (value,
+/// then its generation, then the signal).
+fn admin_knows(store: &MemStore, addresses: &[&str]) {
+    let hosts: Vec<String> = addresses
+        .iter()
+        .map(|a| {
+            let (ip, port) = a.rsplit_once(':').unwrap();
+            format!(
+                r#"{{"address":{{"socket_address":{{"address":"{ip}","port_value":{port}}}}}}}"#
+            )
+        })
+        .collect();
+    let body = format!(
+        r#"{{"cluster_statuses":[{{"name":"svc","host_statuses":[{}]}}]}}"#,
+        hosts.join(",")
+    );
+    let m = Membership::from_admin_json(body.as_bytes(), &["svc"]).unwrap();
+    store.set(keys::MEMBERS.name, &m.encode(), 0).unwrap();
+    add_bounded(store, keys::MEMBERS_GEN.name, 1, u64::MAX).unwrap();
+    carry(&[Effect::Add(Counter::Generation, 1)]);
+}
+
 #[test]
-fn an_ordinary_response_reads_nothing_but_the_scan_after_the_first() {
+fn with_the_admin_membership_known_an_ordinary_response_reads_nothing_but_the_scan() {
     let (store, mut c) = copies(r#"{"admin_cluster":"admin"}"#, 1);
     let counting = Counting(&store, 0.into());
     let mut first = ok("i");
@@ -288,8 +310,33 @@ fn an_ordinary_response_reads_nothing_but_the_scan_after_the_first() {
         (1, 1),
         "the copy's first response is observed (membership, cluster set)"
     );
+    let mut before_admin = ok("i");
+    observe_with(
+        &mut c[0],
+        &counting,
+        &mut before_admin,
+        "a:1",
+        Part::Headers,
+        S,
+    );
+    assert_eq!(
+        before_admin.address_reads, 1,
+        "until the admin's membership is read, every response is observed"
+    );
+    admin_knows(&store, &["127.0.0.1:1", "127.0.0.2:1"]);
+    steer(&mut c[0], &counting, "svc", S);
+    // The signal moved: the next response reads the admin's membership.
+    let reads = counting.1.get();
+    let mut s = ok("i");
+    observe_with(&mut c[0], &counting, &mut s, "a:1", Part::Headers, S + 2);
+    assert_eq!(
+        counting.1.get(),
+        reads + 2,
+        "its generation, then the value"
+    );
+    assert_eq!(s.address_reads, 0);
     let writes = counting.1.get();
-    for i in 1..OBSERVE_EVERY {
+    for i in 3..OBSERVE_EVERY {
         let mut s = ok("i");
         let fx = observe_with(&mut c[0], &counting, &mut s, "a:1", Part::Headers, S + i);
         assert!(fx.is_empty());
@@ -311,6 +358,58 @@ fn an_ordinary_response_reads_nothing_but_the_scan_after_the_first() {
     );
     assert_eq!(sampled.address_reads, 1, "one in {OBSERVE_EVERY}");
     assert_eq!(gen(&store, keys::OBSERVED_GEN), 2, "a:1, then b:1");
+}
+
+#[test]
+fn without_an_admin_every_response_is_observed_for_one_property_read() {
+    let (store, mut c) = copies("", 2);
+    let counting = Counting(&store, 0.into());
+    let mut first = ok("i");
+    observe_with(&mut c[0], &counting, &mut first, "a:1", Part::Headers, S);
+    assert_eq!(
+        (first.address_reads, first.cluster_reads, first.clock_reads),
+        (1, 1, 1),
+        "a new address is recorded"
+    );
+    let writes = counting.1.get();
+    for i in 1..u64::from(RECORD_EVERY) {
+        let mut s = ok("i");
+        observe_with(&mut c[0], &counting, &mut s, "a:1", Part::Headers, S + i);
+        assert_eq!(
+            (s.address_reads, s.cluster_reads, s.clock_reads),
+            (1, 0, 0),
+            "response {i} from a recorded address"
+        );
+    }
+    assert_eq!(counting.1.get(), writes, "no shared data");
+    let mut again = ok("i");
+    observe_with(
+        &mut c[0],
+        &counting,
+        &mut again,
+        "a:1",
+        Part::Headers,
+        2 * S,
+    );
+    assert_eq!(
+        (again.cluster_reads, again.clock_reads),
+        (1, 1),
+        "recorded again every {RECORD_EVERY}"
+    );
+    // A host first seen after thousands of responses is a member at once,
+    // on every copy.
+    let mut late = ok("i");
+    observe_with(&mut c[0], &counting, &mut late, "b:1", Part::Headers, 3 * S);
+    assert_eq!(late.cluster_reads, 1);
+    observe(&mut c[1], &store, closing("i"), "a:1", Part::Headers, 3 * S);
+    assert_eq!(
+        steer(&mut c[1], &store, "svc", 3 * S).as_deref(),
+        Some("b:1")
+    );
+    assert_eq!(
+        steer(&mut c[0], &store, "svc", 3 * S).as_deref(),
+        Some("b:1")
+    );
 }
 
 #[test]

@@ -100,6 +100,11 @@ fn host_address(ip: &str, port: u16) -> Option<String> {
 }
 
 impl Membership {
+    /// No cluster known.
+    pub fn is_empty(&self) -> bool {
+        self.clusters.is_empty()
+    }
+
     /// Members of `cluster`, if known.
     pub fn cluster(&self, cluster: &str) -> Option<&[Member]> {
         self.clusters

@@ -32,7 +32,7 @@ pub use membership::{
     admin_clusters_path, Member, Membership, Observed, MAX_CLUSTERS, MAX_MEMBERS, MEMBERS_KEY,
     OBSERVED_KEY, OBSERVED_WINDOW_US,
 };
-pub use plan::{plan, Plan, Steering, MAX_OVERRIDE_HOSTS};
+pub use plan::{plan, Plan, Rules, Steering, MAX_OVERRIDE_HOSTS};
 pub use probe::{probe_observation, probe_targets, ADDRESS_HEADER, MAX_PROBES};
 
 /// Lease: one VM copy per interval refreshes membership and sends probes.
@@ -43,13 +43,19 @@ const VERSION: u8 = 1;
 
 #[cfg(test)]
 pub(crate) mod testing {
-    use super::Member;
+    use super::{Member, Rules};
     use crate::tombstone::{Observation, Tombstones, Ttls};
     use std::time::Duration;
 
     pub const TTLS: Ttls = Ttls {
         closing: Duration::from_secs(30),
         failure: Duration::from_secs(5),
+    };
+
+    /// The consumer's defaults.
+    pub const RULES: Rules = Rules {
+        ttls: TTLS,
+        panic_threshold: 50,
     };
 
     pub fn members(addrs: &[&str]) -> Vec<Member> {

@@ -2,7 +2,7 @@
 //! tombstones, and the override header of one request.
 
 use super::Member;
-use crate::tombstone::{Tombstone, Tombstones};
+use crate::tombstone::{Cause, Tombstone, Tombstones, Ttls};
 
 /// Most hosts named in one override header: enough for the first attempt
 /// and retries; past the list Envoy uses the fallback policy.
@@ -53,13 +53,54 @@ impl Plan {
     }
 }
 
+/// What shapes a plan beside membership and tombstones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules {
+    /// The tombstone TTLs: a tombstone's closing (or failure) was last
+    /// confirmed at its expiry minus its cause's TTL.
+    pub ttls: Ttls,
+    /// Percent of the usable members steering keeps listing (the
+    /// consumer's `panic_threshold`; 0: no floor).
+    pub panic_threshold: u8,
+}
+
+impl Rules {
+    /// How many hosts a plan lists at least, of `usable` members.
+    fn floor(&self, usable: usize) -> usize {
+        (usable * usize::from(self.panic_threshold)).div_ceil(100)
+    }
+
+    /// When the host's closing (or connect failure) was last confirmed.
+    fn confirmed_us(&self, t: &Tombstone) -> u64 {
+        let ttl = match t.cause {
+            Cause::Closing => self.ttls.closing,
+            Cause::ConnectFailure => self.ttls.failure,
+        };
+        t.expires_us
+            .saturating_sub(u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX))
+    }
+}
+
 /// The plan for `cluster` at `now_us`, and until when it holds (the next
 /// expiry of a tombstone it depends on).
+///
+/// The hosts are the usable members minus the tombstoned ones. When that
+/// leaves fewer than the panic floor (`panic_threshold` percent of the
+/// usable members, rounded up) but at least one, the plan also lists the
+/// tombstoned members whose closing was confirmed longest ago, up to the
+/// floor: like Envoy's `healthy_panic_threshold`, so that when a whole
+/// generation restarts on the same addresses and its new instances cannot
+/// be probed, the few hosts left do not take the whole load until the
+/// others' tombstones expire. A listed host that still answers closing
+/// confirms its tombstone again (a write: every copy plans again) and the
+/// next longest-confirmed one takes its place; one that answers with a new
+/// instance id is readmitted. With none left at all, the balancer decides.
 pub fn plan(
     members: &[Member],
     tombstones: &Tombstones,
     cluster: &str,
     now_us: u64,
+    rules: &Rules,
 ) -> (Plan, u64) {
     let dead: Vec<&Tombstone> = tombstones.live(now_us).collect();
     let until = dead.iter().map(|t| t.expires_us).min().unwrap_or(u64::MAX);
@@ -69,22 +110,30 @@ pub fn plan(
     if !concerned {
         return (Plan::LeaveAlone, until);
     }
-    let mut acceptable: Vec<String> = Vec::new();
+    let tombstone_of = |address: &str| dead.iter().copied().find(|t| t.address == address);
+    let mut usable: Vec<&str> = Vec::new();
     for m in members {
-        if m.usable
-            && !dead.iter().any(|t| t.address == m.address)
-            && !acceptable.contains(&m.address)
-        {
-            acceptable.push(m.address.clone());
+        if m.usable && !usable.contains(&m.address.as_str()) {
+            usable.push(&m.address);
         }
     }
-    (Plan::Hosts(acceptable), until)
+    let (mut acceptable, mut tombstoned): (Vec<&str>, Vec<&str>) =
+        usable.iter().partition(|a| tombstone_of(a).is_none());
+    let floor = rules.floor(usable.len());
+    if !acceptable.is_empty() && acceptable.len() < floor {
+        tombstoned.sort_by_key(|a| (tombstone_of(a).map_or(0, |t| rules.confirmed_us(t)), *a));
+        acceptable.extend(tombstoned.into_iter().take(floor - acceptable.len()));
+    }
+    (
+        Plan::Hosts(acceptable.into_iter().map(str::to_string).collect()),
+        until,
+    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::steering::testing::{members, tombstoned, TTLS};
+    use crate::steering::testing::{members, tombstoned, RULES, TTLS};
     use crate::tombstone::Observation;
 
     /// One request's steering: the plan and one rotation of it.
@@ -95,7 +144,7 @@ mod tests {
         now_us: u64,
         rotation: usize,
     ) -> Steering {
-        plan(members, tombstones, cluster, now_us)
+        plan(members, tombstones, cluster, now_us, &RULES)
             .0
             .steering(rotation)
     }
@@ -170,11 +219,11 @@ mod tests {
             5_000_000,
             64,
         );
-        let (p, until) = plan(&m, &t, "svc", 0);
+        let (p, until) = plan(&m, &t, "svc", 0, &RULES);
         assert_eq!(p, Plan::Hosts(vec!["a:1".into()]));
         assert_eq!(until, 30_000_000, "b:1's tombstone expires first");
         assert_eq!(
-            plan(&m, &Tombstones::default(), "svc", 0),
+            plan(&m, &Tombstones::default(), "svc", 0, &RULES),
             (Plan::LeaveAlone, u64::MAX)
         );
     }
@@ -188,5 +237,127 @@ mod tests {
             Steering::Steer(list) => assert_eq!(list.split(',').count(), MAX_OVERRIDE_HOSTS),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Tombstones for `addrs`, the i-th confirmed closing at i seconds.
+    fn confirmed_in_turn(addrs: &[&str]) -> Tombstones {
+        let mut t = Tombstones::default();
+        for (i, a) in addrs.iter().enumerate() {
+            t.observe(
+                &Observation::Closing {
+                    cluster: "svc",
+                    address: a,
+                    instance: Some("old"),
+                },
+                &TTLS,
+                i as u64 * 1_000_000,
+                64,
+            );
+        }
+        t
+    }
+
+    #[test]
+    fn below_the_panic_floor_the_longest_confirmed_tombstones_are_listed_too() {
+        let m = members(&["a:1", "b:1", "c:1", "d:1", "e:1", "f:1"]);
+        let now = 20_000_000;
+        // Four of six closing, confirmed in turn: two left, the floor is 3.
+        let t = confirmed_in_turn(&["c:1", "a:1", "d:1", "b:1"]);
+        let (p, _) = plan(&m, &t, "svc", now, &RULES);
+        assert_eq!(
+            p,
+            Plan::Hosts(vec!["e:1".into(), "f:1".into(), "c:1".into()]),
+            "c:1 confirmed its closing first"
+        );
+        // c:1 answers closing again: it is the latest confirmed now.
+        let mut t = t;
+        t.observe(
+            &Observation::Closing {
+                cluster: "svc",
+                address: "c:1",
+                instance: Some("old"),
+            },
+            &TTLS,
+            now,
+            64,
+        );
+        let (p, _) = plan(&m, &t, "svc", now, &RULES);
+        assert_eq!(
+            p,
+            Plan::Hosts(vec!["e:1".into(), "f:1".into(), "a:1".into()])
+        );
+    }
+
+    #[test]
+    fn at_the_panic_floor_or_with_it_off_only_acceptable_hosts_are_listed() {
+        let m = members(&["a:1", "b:1", "c:1", "d:1", "e:1", "f:1"]);
+        let half = confirmed_in_turn(&["a:1", "b:1", "c:1"]);
+        assert_eq!(
+            plan(&m, &half, "svc", 0, &RULES).0,
+            Plan::Hosts(vec!["d:1".into(), "e:1".into(), "f:1".into()]),
+            "3 of 6 is not below 50%"
+        );
+        let off = Rules {
+            panic_threshold: 0,
+            ..RULES
+        };
+        let five = confirmed_in_turn(&["a:1", "b:1", "c:1", "d:1", "e:1"]);
+        assert_eq!(
+            plan(&m, &five, "svc", 0, &off).0,
+            Plan::Hosts(vec!["f:1".into()])
+        );
+        let all = Rules {
+            panic_threshold: 100,
+            ..RULES
+        };
+        assert_eq!(
+            plan(&m, &five, "svc", 10_000_000, &all).0,
+            Plan::Hosts(
+                ["f:1", "a:1", "b:1", "c:1", "d:1", "e:1"]
+                    .map(String::from)
+                    .to_vec()
+            ),
+            "100%: every usable member, longest confirmed first after the acceptable"
+        );
+    }
+
+    #[test]
+    fn the_panic_floor_counts_usable_members_only_and_never_fills_an_empty_plan() {
+        let mut m = members(&["a:1", "b:1", "c:1", "d:1"]);
+        m[3].usable = false;
+        // Usable a, b, c; b and c tombstoned: one left, floor 2.
+        let t = confirmed_in_turn(&["c:1", "b:1"]);
+        assert_eq!(
+            plan(&m, &t, "svc", 5_000_000, &RULES).0,
+            Plan::Hosts(vec!["a:1".into(), "c:1".into()])
+        );
+        let every = confirmed_in_turn(&["a:1", "b:1", "c:1"]);
+        assert_eq!(
+            steer(&m, &every, "svc", 5_000_000, 0),
+            Steering::NoneLeft,
+            "none left: the balancer spreads over all"
+        );
+    }
+
+    #[test]
+    fn a_connect_failure_is_confirmed_at_its_own_ttl() {
+        let m = members(&["a:1", "b:1", "c:1", "d:1", "e:1"]);
+        let mut t = confirmed_in_turn(&["a:1", "b:1"]);
+        // Refused at 3 s: confirmed later than a:1 (0 s) and b:1 (1 s),
+        // though its tombstone expires first.
+        t.observe(
+            &Observation::ConnectFailure {
+                cluster: "svc",
+                address: "c:1",
+            },
+            &TTLS,
+            3_000_000,
+            64,
+        );
+        // Acceptable d, e (2 of 5), floor 3: a:1 is listed.
+        assert_eq!(
+            plan(&m, &t, "svc", 4_000_000, &RULES).0,
+            Plan::Hosts(vec!["d:1".into(), "e:1".into(), "a:1".into()])
+        );
     }
 }

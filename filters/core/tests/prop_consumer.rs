@@ -1,0 +1,212 @@
+//! Property tests of the consumer's steering across VM copies: whatever
+//! the membership, the closing marks and the order in which the copies
+//! see answers, once every member has answered somewhere each copy steers
+//! to every acceptable member (the members minus the tombstoned ones), and
+//! the panic floor only ever adds tombstoned members, longest confirmed
+//! first, up to its size.
+
+// Test code: a panic is how a property fails.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::cell::Cell;
+use std::collections::BTreeSet;
+
+use graceful_core::config::ConsumerConfig;
+use graceful_core::consumer::{Consumer, Counter, Effect, Exchange, Part, Response};
+use graceful_core::keys;
+use graceful_core::store::{self, MemStore};
+use proptest::prelude::*;
+use proptest::test_runner::Config;
+
+fn config(cases: u32) -> Config {
+    Config {
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(cases),
+        failure_persistence: None,
+        ..Config::default()
+    }
+}
+
+const S: u64 = 1_000_000;
+const CLUSTER: &str = "svc";
+
+fn address(host: usize) -> String {
+    format!("10.0.0.{}:80", host + 1)
+}
+
+/// One stream's view: the cluster, the answering host, the clock.
+struct View {
+    address: String,
+    now: u64,
+}
+
+impl Exchange for View {
+    fn cluster(&mut self) -> String {
+        CLUSTER.into()
+    }
+    fn address(&mut self) -> Option<String> {
+        Some(self.address.clone())
+    }
+    fn response_flags(&mut self) -> Option<u64> {
+        Some(0)
+    }
+    fn now(&mut self) -> u64 {
+        self.now
+    }
+}
+
+/// A process: the shared store, the change signal, the VM copies.
+struct Process {
+    store: MemStore,
+    signal: Cell<u64>,
+    copies: Vec<Consumer>,
+}
+
+impl Process {
+    fn new(json: &str, copies: usize) -> Process {
+        let store = MemStore::new();
+        store::ensure_all(&store, &keys::initial_values(keys::Owner::Consumer)).unwrap();
+        let config = ConsumerConfig::from_json(json.as_bytes()).unwrap();
+        Process {
+            store,
+            signal: Cell::new(0),
+            copies: (0..copies)
+                .map(|_| Consumer::new(config.clone(), false))
+                .collect(),
+        }
+    }
+
+    fn carry(&self, effects: &[Effect]) {
+        for e in effects {
+            if let Effect::Add(Counter::Generation, n) = e {
+                self.signal.set(self.signal.get() + n);
+            }
+        }
+    }
+
+    /// A request through `copy` and its answer from `host`: steering at
+    /// request headers, then the response (closing or not).
+    fn exchange(&mut self, copy: usize, host: usize, closing: bool, now: u64) {
+        let mut view = View {
+            address: address(host),
+            now,
+        };
+        let signal = Some(self.signal.get());
+        let c = &mut self.copies[copy];
+        c.steer(&self.store, &mut view, signal);
+        let mut pairs: Vec<(&[u8], &[u8])> =
+            vec![(b":status", b"200"), (b"x-graceful-instance", b"one")];
+        if closing {
+            pairs.push((b"x-graceful-closing", b"true"));
+        }
+        let seen = Response::scan(c.config(), pairs);
+        let effects = c.observe_response(&self.store, &mut view, &seen, Part::Headers);
+        self.carry(&effects);
+    }
+
+    /// The hosts `copy` would name for its next request (empty: it leaves
+    /// the choice to the balancer).
+    fn steered(&mut self, copy: usize, now: u64) -> BTreeSet<String> {
+        let mut view = View {
+            address: String::new(),
+            now,
+        };
+        let signal = Some(self.signal.get());
+        self.copies[copy]
+            .steer(&self.store, &mut view, signal)
+            .map(|list| list.split(',').map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// (copy, host, closing) answers, then each host's first answer inserted
+/// at a position of its own: every member answers at least once, in any
+/// order among the rest.
+fn script() -> impl Strategy<Value = (usize, usize, Vec<(usize, usize, bool)>)> {
+    (2usize..=8, 1usize..=3).prop_flat_map(|(hosts, copies)| {
+        let answer = (0..copies, 0..hosts, prop::bool::weighted(0.2));
+        (
+            Just(hosts),
+            Just(copies),
+            prop::collection::vec(answer, 0..48),
+            prop::collection::vec((0..copies, 0usize..64), hosts),
+        )
+            .prop_map(|(hosts, copies, mut answers, firsts)| {
+                for (host, (copy, at)) in firsts.into_iter().enumerate().rev() {
+                    let at = at.min(answers.len());
+                    answers.insert(at, (copy, host, false));
+                }
+                (hosts, copies, answers)
+            })
+    })
+}
+
+proptest! {
+    #![proptest_config(config(256))]
+
+    #[test]
+    fn every_copy_steers_to_every_member_that_is_not_tombstoned((hosts, copies, answers) in script()) {
+        let mut p = Process::new(r#"{"panic_threshold":0}"#, copies);
+        for (i, &(copy, host, closing)) in answers.iter().enumerate() {
+            p.exchange(copy, host, closing, S + i as u64);
+        }
+        let closed: BTreeSet<usize> = answers.iter().filter(|a| a.2).map(|a| a.1).collect();
+        let expected: BTreeSet<String> =
+            (0..hosts).filter(|h| !closed.contains(h)).map(address).collect();
+        let now = S + answers.len() as u64;
+        for copy in 0..copies {
+            let got = p.steered(copy, now);
+            if closed.is_empty() {
+                prop_assert!(got.is_empty(), "copy {copy}: no tombstone, yet steered to {got:?}");
+            } else {
+                prop_assert_eq!(&got, &expected, "copy {}", copy);
+            }
+        }
+    }
+
+    #[test]
+    fn the_panic_floor_adds_only_the_longest_confirmed_tombstones(
+        (hosts, copies, answers) in script(),
+        threshold in 0u8..=100,
+    ) {
+        let json = format!(r#"{{"panic_threshold":{threshold}}}"#);
+        let mut p = Process::new(&json, copies);
+        // One answer per 2 s: each closing mark confirms its tombstone at
+        // a time of its own (a repeat within 1 s is not written).
+        let at = |i: usize| S + 2 * S * i as u64;
+        // When each host last answered closing, and which ones did.
+        let mut confirmed: Vec<Option<u64>> = vec![None; hosts];
+        for (i, &(copy, host, closing)) in answers.iter().enumerate() {
+            p.exchange(copy, host, closing, at(i));
+            if closing {
+                confirmed[host] = Some(at(i));
+            }
+        }
+        let now = at(answers.len());
+        // A tombstone lives 30 s (the default TTL) from its last mark.
+        for c in confirmed.iter_mut() {
+            *c = c.filter(|t| t + 30 * S > now);
+        }
+        // Members: every host answered unmarked at least once, so the
+        // observed membership holds all of them.
+        let acceptable: BTreeSet<String> =
+            (0..hosts).filter(|&h| confirmed[h].is_none()).map(address).collect();
+        let floor = (hosts * usize::from(threshold)).div_ceil(100);
+        let mut by_age: Vec<(u64, String)> = (0..hosts)
+            .filter_map(|h| confirmed[h].map(|t| (t, address(h))))
+            .collect();
+        by_age.sort();
+        let mut expected = acceptable.clone();
+        if !acceptable.is_empty() && acceptable.len() < floor {
+            expected.extend(by_age.into_iter().take(floor - acceptable.len()).map(|(_, a)| a));
+        }
+        if acceptable.len() == hosts || acceptable.is_empty() {
+            expected.clear();
+        }
+        for copy in 0..copies {
+            prop_assert_eq!(p.steered(copy, now), expected.clone(), "copy {}", copy);
+        }
+    }
+}
