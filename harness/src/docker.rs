@@ -258,6 +258,9 @@ pub async fn rolling_restart(
                 down_ms,
                 up_ms,
                 after_closing: 0,
+                // RunReport::new computes them from the samples.
+                busiest_provider: None,
+                max_share: None,
                 access_log: Default::default(),
             });
             stopped.push(Stopped {

@@ -1,6 +1,7 @@
 //! `make demo`: the matrix of scenarios × approaches
 //! (`graceful_harness::demo::matrix`), each cell a rolling restart of
-//! providers under load on real Envoy. Prints a line per cell, writes
+//! providers under load on real Envoy. Prints a line per cell and at the
+//! end the matrix as a Markdown table (the README's), writes
 //! `target/demo/report.json` (scenario `today`'s graceful and `sleep_3s`
 //! runs as `graceful` and `baseline`, every cell in `matrix`),
 //! `target/demo/chart.svg` (the matrix) and `target/demo/providers.svg`
@@ -23,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use graceful_harness::demo::load::Protocol;
 use graceful_harness::demo::matrix::{self, Approach, DRAIN_CONFIG, SCENARIOS};
-use graceful_harness::demo::report::{chart, matrix_chart, Cell, Report};
+use graceful_harness::demo::report::{chart, matrix_chart, matrix_table, Cell, Report};
 use graceful_harness::demo::{run, DemoConfig};
 
 struct Plan {
@@ -189,6 +190,7 @@ async fn main() -> ExitCode {
         eprintln!("demo: cannot write the report: {e}");
         return ExitCode::FAILURE;
     }
+    println!("\n{}", matrix_table(&report.matrix));
     println!(
         "{} cells in {:.0} s; report: {}  chart: {}",
         cells.len(),

@@ -26,6 +26,12 @@ pub struct ProviderEvents {
     pub up_ms: u64,
     /// Requests that reached this provider after `seen_ms` (its access log).
     pub after_closing: u64,
+    /// The provider that served the most requests during this shutdown
+    /// (closing to [`shutdown_end_ms`]); null if no app answered then.
+    pub busiest_provider: Option<usize>,
+    /// Its share of the requests answered during this shutdown, 0 to 1: an
+    /// even split over two providers left is 0.5, 1.0 is all on one.
+    pub max_share: Option<f64>,
     /// The access log of the instance that went down.
     #[serde(skip)]
     pub access_log: std::path::PathBuf,
@@ -50,6 +56,9 @@ pub struct RunReport {
     pub p50_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
+    /// The largest of the shutdowns' `max_share`: how much of the traffic
+    /// one provider had to carry while another was away.
+    pub max_share: Option<f64>,
     pub protocol: Protocol,
     pub rate: u32,
     pub duration_ms: u64,
@@ -67,10 +76,45 @@ fn percentile(sorted: &[u64], p: f64) -> u64 {
     sorted.get(i).copied().unwrap_or(0)
 }
 
+/// When a shutdown ends for [`busiest_share`]: the first request the
+/// provider served after it came back (readiness passing is not enough: the
+/// registry re-adds it later), or, if it never served again, when it was
+/// gone.
+fn shutdown_end_ms(samples: &[Sample], ev: &ProviderEvents) -> u64 {
+    let back_ms = ev.up_ms.max(ev.down_ms);
+    samples
+        .iter()
+        .filter(|s| usize::from(s.served_by) == ev.provider && s.due_ms >= back_ms)
+        .map(|s| s.due_ms)
+        .min()
+        .unwrap_or(ev.down_ms)
+}
+
+/// The provider that served the most of the requests due from `from_ms`
+/// to before `to_ms`, and its share of those an app answered (3 decimals);
+/// None if no app answered one.
+fn busiest_share(samples: &[Sample], from_ms: u64, to_ms: u64) -> Option<(usize, f64)> {
+    let mut served = std::collections::BTreeMap::<u8, u64>::new();
+    for s in samples {
+        if s.served_by > 0 && (from_ms..to_ms).contains(&s.due_ms) {
+            *served.entry(s.served_by).or_default() += 1;
+        }
+    }
+    let total: u64 = served.values().sum();
+    let (provider, most) = served.into_iter().max_by_key(|&(_, n)| n)?;
+    let share = (most as f64 / total as f64 * 1000.0).round() / 1000.0;
+    Some((usize::from(provider), share))
+}
+
+/// A share as the line and the table print it.
+fn share_text(share: Option<f64>) -> String {
+    share.map_or_else(|| "-".to_string(), |s| format!("{s:.3}"))
+}
+
 impl RunReport {
     pub fn new(
         samples: &[Sample],
-        events: Vec<ProviderEvents>,
+        mut events: Vec<ProviderEvents>,
         retries: u64,
         protocol: Protocol,
         rate: u32,
@@ -83,6 +127,11 @@ impl RunReport {
             .collect();
         latencies.sort_unstable();
         let pct = |p: f64| percentile(&latencies, p) as f64 / 1000.0;
+        for ev in &mut events {
+            let busiest = busiest_share(samples, ev.closing_ms, shutdown_end_ms(samples, ev));
+            ev.busiest_provider = busiest.map(|(provider, _)| provider);
+            ev.max_share = busiest.map(|(_, share)| share);
+        }
         RunReport {
             requests: samples.len() as u64,
             failed: samples.iter().filter(|s| !s.ok).count() as u64,
@@ -100,6 +149,7 @@ impl RunReport {
             p50_ms: pct(0.50),
             p99_ms: pct(0.99),
             max_ms: pct(1.0),
+            max_share: events.iter().filter_map(|e| e.max_share).reduce(f64::max),
             protocol,
             rate,
             duration_ms,
@@ -114,7 +164,7 @@ impl RunReport {
         let drains: Vec<String> = self.drain_ms.iter().map(u64::to_string).collect();
         let gone: Vec<String> = self.gone_ms.iter().map(u64::to_string).collect();
         format!(
-            "{name:<8} {} requests, {} failed, {} after closing, drain_ms [{}], gone_ms [{}], {} retries, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+            "{name:<8} {} requests, {} failed, {} after closing, drain_ms [{}], gone_ms [{}], {} retries, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, max share {}",
             self.requests,
             self.failed,
             self.after_closing,
@@ -123,8 +173,18 @@ impl RunReport {
             self.retries,
             self.p50_ms,
             self.p99_ms,
-            self.max_ms
+            self.max_ms,
+            share_text(self.max_share)
         )
+    }
+
+    /// Closing to the process gone, mean over the shutdowns, in seconds.
+    pub fn mean_gone_s(&self) -> f64 {
+        if self.gone_ms.is_empty() {
+            0.0
+        } else {
+            self.gone_ms.iter().sum::<u64>() as f64 / self.gone_ms.len() as f64 / 1000.0
+        }
     }
 }
 
@@ -137,6 +197,32 @@ pub struct Cell {
     pub approach: String,
     #[serde(flatten)]
     pub run: RunReport,
+}
+
+/// The matrix as the README's table (Markdown), a row per cell.
+pub fn matrix_table(cells: &[Cell]) -> String {
+    let mut table = String::from(
+        "| scenario | approach | protocol | requests | failed | after closing | drain (closing to gone), mean | retries | p50 ms | p99 ms | max ms | max share |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for c in cells {
+        let r = &c.run;
+        table.push_str(&format!(
+            "| {} | {} | {} | {} | {} | {} | {:.1} s | {} | {:.1} | {:.1} | {:.1} | {} |\n",
+            c.scenario,
+            c.approach,
+            format!("{:?}", r.protocol).to_lowercase(),
+            r.requests,
+            r.failed,
+            r.after_closing,
+            r.mean_gone_s(),
+            r.retries,
+            r.p50_ms,
+            r.p99_ms,
+            r.max_ms,
+            share_text(r.max_share)
+        ));
+    }
+    table
 }
 
 /// The report file: scenario 1's graceful and baseline (`sleep_3s`) runs
@@ -340,15 +426,11 @@ pub fn matrix_chart(cells: &[(&Cell, &[Sample])]) -> String {
     );
     // Summary: x = mean drain time (closing to process gone), y = failed.
     let (left, top, pw, ph) = (70.0, 40.0, 620.0, 220.0);
-    let mean_gone = |c: &Cell| {
-        let g = &c.run.gone_ms;
-        if g.is_empty() {
-            0.0
-        } else {
-            g.iter().sum::<u64>() as f64 / g.len() as f64 / 1000.0
-        }
-    };
-    let max_x = cells.iter().map(|(c, _)| mean_gone(c)).fold(1.0, f64::max) * 1.1;
+    let max_x = cells
+        .iter()
+        .map(|(c, _)| c.run.mean_gone_s())
+        .fold(1.0, f64::max)
+        * 1.1;
     let max_y = cells
         .iter()
         .map(|(c, _)| c.run.failed)
@@ -368,7 +450,7 @@ pub fn matrix_chart(cells: &[(&Cell, &[Sample])]) -> String {
         t8 = top + 8.0
     ));
     for (i, (c, _)) in cells.iter().enumerate() {
-        let x = left + pw * mean_gone(c) / max_x;
+        let x = left + pw * c.run.mean_gone_s() / max_x;
         let y = top + ph * (1.0 - c.run.failed as f64 / max_y);
         let color = approach_color(&c.approach);
         svg.push_str(&format!(
@@ -414,7 +496,7 @@ pub fn matrix_chart(cells: &[(&Cell, &[Sample])]) -> String {
             escape(&format!("{} / {} / {:?}", c.scenario, c.approach, c.run.protocol).to_lowercase()),
             y0 + 23.0,
             c.run.failed,
-            mean_gone(c),
+            c.run.mean_gone_s(),
             c.run.p99_ms
         ));
         svg.push_str(&format!(
@@ -518,5 +600,90 @@ mod tests {
         let svg = chart(&[("graceful", &r, &samples)]);
         assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
         assert!(svg.contains("p1 closing") && svg.contains(">failed<"));
+    }
+
+    /// Provider 1 closes at 1000 ms, is gone at 2000, ready at 2500 and
+    /// serves again from 3000 (the registry's lag); `during` says who serves
+    /// each request due from closing until then.
+    fn one_shutdown(during: impl Fn(u64) -> u8) -> RunReport {
+        let samples: Vec<Sample> = (0..4000)
+            .step_by(10)
+            .map(|due_ms| {
+                let served_by = if (1000..3000).contains(&due_ms) {
+                    during(due_ms)
+                } else {
+                    (due_ms / 10 % 3 + 1) as u8
+                };
+                sample(due_ms, true, served_by)
+            })
+            .collect();
+        let events = vec![ProviderEvents {
+            provider: 1,
+            closing_ms: 1000,
+            drained_ms: 1500,
+            down_ms: 2000,
+            up_ms: 2500,
+            ..Default::default()
+        }];
+        RunReport::new(&samples, events, 0, Protocol::Http1, 100, 4000)
+    }
+
+    #[test]
+    fn max_share_is_the_busiest_providers_share_while_one_is_away() {
+        // Even: the two left alternate, each half of the load.
+        let even = one_shutdown(|due_ms| (due_ms / 10 % 2 + 2) as u8);
+        assert_eq!(even.events[0].max_share, Some(0.5));
+        assert_eq!(even.max_share, Some(0.5));
+        assert!(even.line("graceful").ends_with("max share 0.500"));
+        // Piled onto one: provider 3 takes everything.
+        let piled = one_shutdown(|_| 3);
+        assert_eq!(
+            (piled.events[0].busiest_provider, piled.max_share),
+            (Some(3), Some(1.0))
+        );
+        // Uneven, 3 in 4 on provider 2; the run's value is its worst shutdown.
+        let uneven = one_shutdown(|due_ms| if due_ms % 40 == 0 { 3 } else { 2 });
+        assert_eq!(uneven.max_share, Some(0.75));
+        let cell = |approach: &str, run: &RunReport| Cell {
+            scenario: "today".into(),
+            approach: approach.into(),
+            run: run.clone(),
+        };
+        let table = matrix_table(&[cell("graceful", &even), cell("sleep_3s", &piled)]);
+        assert!(table.starts_with("| scenario |") && table.contains("| max share |"));
+        assert!(table.contains("| today | sleep_3s | http1 | 400 | 0 | 0 | 1.0 s | 0 |"));
+        assert!(table.ends_with("| 1.000 |\n"), "{table}");
+    }
+
+    #[test]
+    fn a_shutdown_without_a_return_ends_when_the_provider_is_gone() {
+        // Provider 1 never serves again: the window is closing to gone
+        // (1000..2000), where 2 and 3 split evenly; after it, 2 takes all.
+        let samples: Vec<Sample> = (0..4000)
+            .step_by(10)
+            .map(|due_ms| {
+                let served_by = match due_ms {
+                    0..1000 => (due_ms / 10 % 3 + 1) as u8,
+                    1000..2000 => (due_ms / 10 % 2 + 2) as u8,
+                    _ => 2,
+                };
+                sample(due_ms, true, served_by)
+            })
+            .collect();
+        let events = vec![ProviderEvents {
+            provider: 1,
+            closing_ms: 1000,
+            down_ms: 2000,
+            ..Default::default()
+        }];
+        let r = RunReport::new(&samples, events, 0, Protocol::Http1, 100, 4000);
+        assert_eq!(r.max_share, Some(0.5));
+        // No answered request at all: nothing to share.
+        let failed: Vec<Sample> = (0..100).map(|i| sample(i * 10, false, 0)).collect();
+        let none = RunReport::new(&failed, r.events.clone(), 0, Protocol::Http1, 100, 1000);
+        assert_eq!(
+            (none.max_share, none.line("x").ends_with("max share -")),
+            (None, true)
+        );
     }
 }
