@@ -194,10 +194,11 @@ fn an_ordinary_request_costs_each_filter_exactly_its_pinned_count() {
                 "proxy_get_metric",
                 // response: every header in one read, scanned in the guest;
                 // without an admin cluster every answer is a membership
-                // observation: the answering address (known already, so
-                // neither the cluster nor the clock)
+                // observation: the answering address and the clock (recorded
+                // lately, so not the cluster)
                 "proxy_get_header_map_pairs",
                 "proxy_get_property",
+                "proxy_get_current_time_nanoseconds",
                 // done: in flight -1
                 "proxy_increment_metric",
             ],

@@ -117,6 +117,9 @@ const DRAIN_CONFIG: &str =
     r#"{"consumer_update_wait":"1h","timeout":"2h","admin_cluster":"envoy_admin"}"#;
 const CONSUMER_CONFIG: &str =
     r#"{"admin_cluster":"envoy_admin","failure_tombstone_ttl":"1h","tombstone_ttl":"1h"}"#;
+/// The contract's default membership source: no admin cluster, so every
+/// answer is a membership observation.
+const CONSUMER_NO_ADMIN_CONFIG: &str = r#"{"failure_tombstone_ttl":"1h","tombstone_ttl":"1h"}"#;
 
 /// The routes of every set: those of the shipped provider sidecar, where
 /// graceful_drain is enabled on its own endpoints only (a set that lists it
@@ -155,6 +158,13 @@ pub fn filter_sets() -> Vec<FilterSet> {
             vec![drain_every_route(), provider(), router()],
         ),
         set("consumer", vec![consumer(), router()]),
+        set(
+            "consumer_no_admin",
+            vec![
+                wasm("graceful_consumer", CONSUMER_NO_ADMIN_CONFIG),
+                router(),
+            ],
+        ),
         set("all", vec![drain(), provider(), consumer(), router()]),
         set("lua_header", vec![lua_header(), router()]),
         set("wasm_header", vec![wasm_header(1), router()]),
@@ -204,6 +214,13 @@ pub fn filter_sets() -> Vec<FilterSet> {
             vec![native_drain(), native_provider(), router()],
         ),
         set("consumer_native", vec![native_consumer(), router()]),
+        set(
+            "consumer_no_admin_native",
+            vec![
+                native("graceful_consumer", CONSUMER_NO_ADMIN_CONFIG),
+                router(),
+            ],
+        ),
         set("all_native", native_all()),
         FilterSet {
             closing: true,

@@ -21,6 +21,9 @@ use proptest::test_runner::Config;
 use serde_json::{json, Value};
 
 /// `cases` per property; `PROPTEST_CASES=n` runs n instead (deeper runs).
+/// When the observed members were seen (µs since the epoch).
+const SEEN_AT: u64 = 1_800_000_000_000_000;
+
 fn config(cases: u32) -> Config {
     Config {
         cases: std::env::var("PROPTEST_CASES")
@@ -262,13 +265,13 @@ proptest! {
     }
 
     #[test]
-    fn membership_built_by_add_member_round_trips_and_stays_bounded(
+    fn membership_built_by_saw_round_trips_and_stays_bounded(
         adds in prop::collection::vec((cluster_name(), net_string()), 0..40),
     ) {
         let mut m = Membership::default();
         for (cluster, address) in &adds {
             let was = m.cluster(cluster).is_some_and(|ms| ms.iter().any(|x| &x.address == address));
-            let added = m.add_member(cluster, address);
+            let added = m.saw(cluster, address, SEEN_AT);
             if added {
                 prop_assert!(!was);
                 prop_assert!(m.cluster(cluster).unwrap().iter().any(|x| &x.address == address && x.usable));
@@ -398,7 +401,7 @@ proptest! {
         let n = MAX_MEMBERS + extra;
         for h in 0..n {
             let address = format!("h{h}");
-            prop_assert!(m.add_member("svc", &address));
+            prop_assert!(m.saw("svc", &address, SEEN_AT + h as u64 * 1_000_000));
         }
         let kept = m.cluster("svc").unwrap();
         prop_assert_eq!(kept.len(), MAX_MEMBERS);
@@ -424,14 +427,14 @@ proptest! {
     }
 
     #[test]
-    fn membership_add_member_bounds_clusters_and_members(
+    fn membership_saw_bounds_clusters_and_members(
         clusters in 1usize..80,
         members in 1usize..40,
     ) {
         let mut m = Membership::default();
         for c in 0..clusters {
             for h in 0..members {
-                m.add_member(&format!("c{c}"), &format!("10.0.{}.{}:80", h / 256, h % 256));
+                m.saw(&format!("c{c}"), &format!("10.0.{}.{}:80", h / 256, h % 256), SEEN_AT);
             }
         }
         let known = (0..clusters).filter(|c| m.cluster(&format!("c{c}")).is_some()).count();

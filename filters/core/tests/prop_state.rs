@@ -104,6 +104,7 @@ fn members() -> impl Strategy<Value = Vec<Member>> {
             .map(|(a, usable)| Member {
                 address: ADDRESSES[a].to_string(),
                 usable,
+                seen_s: 0,
             })
             .collect()
     })
@@ -298,9 +299,9 @@ proptest! {
         }
         let mut membership = Membership::default();
         if let Some(known) = &known {
-            membership.add_member("svc", "placeholder:1");
+            membership.saw("svc", "placeholder:1", 1_800_000_000_000_000);
             for a in known {
-                membership.add_member("svc", ADDRESSES[*a]);
+                membership.saw("svc", ADDRESSES[*a], 1_800_000_000_000_000);
             }
         }
         let targets = probe_targets(&list, &membership, now);

@@ -67,9 +67,13 @@
 //!   yet), every response is one, so the observed set holds every host the
 //!   balancer picked, whichever copy it answered, and a steered request
 //!   never narrows below it (sampling them once piled a worker's traffic
-//!   onto the one host it had seen). An address this copy has recorded
-//!   costs only the `upstream.address` read; the cluster and the clock are
-//!   read to record it again every [`RECORD_EVERY`]th time. Once the
+//!   onto the one host it had seen). An address this copy recorded less
+//!   than [`RECORD_EVERY_US`] ago costs the `upstream.address` read and the
+//!   clock; the cluster is read to record it. The shared observed
+//!   membership keeps when each member last answered (written again once
+//!   that is [`crate::steering::SEEN_REFRESH_US`] old), and steering lists
+//!   the members seen within [`crate::steering::OBSERVED_WINDOW_US`], so an
+//!   address that left the cluster leaves the list. Once the
 //!   admin's membership is known, one response in [`OBSERVE_EVERY`] is
 //!   observed (it registers the route's cluster for the refresh), and
 //!   every response while tombstones may be live. What steering cannot
@@ -119,9 +123,9 @@ pub const FLAG_UC: u64 = 0x40;
 /// Once the admin's membership is known and without live tombstones, one
 /// response in this many (after each VM copy's first) is observed.
 pub const OBSERVE_EVERY: u64 = 64;
-/// An address this VM copy recorded answering is recorded again at every
-/// this many observations of it (in between, only its address is read).
-pub const RECORD_EVERY: u16 = 256;
+/// An address this VM copy recorded answering is recorded again after this
+/// long (in between, an observation reads only its address and the clock).
+pub const RECORD_EVERY_US: u64 = 5_000_000;
 
 /// What the glue reads from the host for one stream, asked for only when a
 /// decision needs it (property lookups and the clock are hostcalls). The
@@ -334,9 +338,9 @@ pub struct Consumer {
     observed: Observed,
     /// Responses seen, for sampling membership observations.
     responses: u64,
-    /// Addresses this copy recorded answering, with how many observations
-    /// of each may skip recording (bounded: cleared at [`MAX_MEMBERS`]).
-    recorded: HashMap<String, u16>,
+    /// Addresses this copy recorded answering, and when (bounded: cleared
+    /// at [`MAX_MEMBERS`]).
+    recorded: HashMap<String, u64>,
     /// Clusters this VM copy has already added to the shared cluster set.
     registered: Vec<String>,
     /// The last steering plan, valid while tombstones and membership keep
@@ -568,10 +572,10 @@ impl Consumer {
         let Some(address) = x.address() else {
             return Vec::new();
         };
-        if !live && self.recorded_lately(&address) {
+        let now = x.now();
+        if !live && self.recorded_lately(&address, now) {
             return Vec::new();
         }
-        let now = x.now();
         // What answered is membership (used until the admin's is known, and
         // always without an admin cluster); the cluster goes in the shared
         // set the admin refresh reads.
@@ -748,8 +752,8 @@ impl Consumer {
             keys::OBSERVED.name,
             Membership::decode,
         );
-        match self.shared_observed.value.cluster(cluster) {
-            Some(m) => m.to_vec(),
+        match self.shared_observed.value.seen_within_window(cluster, now) {
+            Some(m) => m,
             None => self.observed.members(cluster, now),
         }
     }
@@ -828,22 +832,22 @@ impl Consumer {
         !self.members.value.is_empty()
     }
 
-    /// True when this copy recorded `address` answering and the next
-    /// [`RECORD_EVERY`] − 1 observations of it may skip the cluster and
-    /// clock reads (what a record needs): an observation of a known host
-    /// then costs one property read. Every [`RECORD_EVERY`]th is recorded
-    /// again, keeping this copy's window fresh.
-    fn recorded_lately(&mut self, address: &str) -> bool {
-        if let Some(left) = self.recorded.get_mut(address) {
-            if *left > 0 {
-                *left -= 1;
+    /// True when this copy recorded `address` answering less than
+    /// [`RECORD_EVERY_US`] before `now`: an observation of a known host
+    /// then skips the cluster read and the record (it costs the address
+    /// and the clock).
+    fn recorded_lately(&mut self, address: &str, now: u64) -> bool {
+        if let Some(at) = self.recorded.get_mut(address) {
+            if now.saturating_sub(*at) < RECORD_EVERY_US {
                 return true;
             }
+            *at = now;
+            return false;
         }
-        if self.recorded.len() >= MAX_MEMBERS && !self.recorded.contains_key(address) {
+        if self.recorded.len() >= MAX_MEMBERS {
             self.recorded.clear();
         }
-        self.recorded.insert(address.to_string(), RECORD_EVERY - 1);
+        self.recorded.insert(address.to_string(), now);
         false
     }
 
@@ -852,8 +856,9 @@ impl Consumer {
         self.tombstones.value.get_live(address, now).is_some()
     }
 
-    /// Notes that `address` answered; tells the other copies the first time
-    /// this copy sees it (writes are as rare as new hosts).
+    /// Notes that `address` answered; tells the other copies when the
+    /// shared membership lacks it or last saw it over [`SEEN_REFRESH_US`]
+    /// ago (writes are as rare as new hosts, and one per host per refresh).
     fn answered(
         &mut self,
         store: &dyn SharedStore,
@@ -861,15 +866,26 @@ impl Consumer {
         address: &str,
         now: u64,
     ) -> Vec<Effect> {
-        if !self.observed.record(cluster, address, now) {
+        self.observed.record(cluster, address, now);
+        self.shared_observed.refresh(
+            store,
+            keys::OBSERVED_GEN.name,
+            keys::OBSERVED.name,
+            Membership::decode,
+        );
+        if self
+            .shared_observed
+            .value
+            .seen_lately(cluster, address, now)
+        {
             return Vec::new();
         }
-        let added = update(store, keys::OBSERVED.name, |bytes| {
+        let changed = update(store, keys::OBSERVED.name, |bytes| {
             let mut m = bytes.and_then(Membership::decode).unwrap_or_default();
-            let new = m.add_member(cluster, address);
-            (new.then(|| m.encode()), new)
+            let changed = m.saw(cluster, address, now);
+            (changed.then(|| m.encode()), changed)
         });
-        if added == Ok(true) {
+        if changed == Ok(true) {
             // Read again when steering next needs it (this copy's own write
             // does not make its signal move).
             self.shared_observed.stale();

@@ -233,7 +233,7 @@ fn marks_in_trailers_count_and_other_trailers_are_not_answers() {
     assert!(fx.is_empty());
     assert_eq!(
         store.get(keys::OBSERVED.name).unwrap().unwrap().0,
-        [1, 0, 0]
+        Membership::default().encode()
     );
     let t = Stream::to("svc").with("closing", "false, TRUE");
     let fx = observe(&mut c[0], &store, t, "a:1", Part::Trailers, S);
@@ -361,7 +361,7 @@ fn with_the_admin_membership_known_an_ordinary_response_reads_nothing_but_the_sc
 }
 
 #[test]
-fn without_an_admin_every_response_is_observed_for_one_property_read() {
+fn without_an_admin_every_response_is_observed_for_the_address_and_the_clock() {
     let (store, mut c) = copies("", 2);
     let counting = Counting(&store, 0.into());
     let mut first = ok("i");
@@ -372,44 +372,97 @@ fn without_an_admin_every_response_is_observed_for_one_property_read() {
         "a new address is recorded"
     );
     let writes = counting.1.get();
-    for i in 1..u64::from(RECORD_EVERY) {
+    let step = RECORD_EVERY_US / 100;
+    for i in 1..100 {
         let mut s = ok("i");
-        observe_with(&mut c[0], &counting, &mut s, "a:1", Part::Headers, S + i);
+        observe_with(
+            &mut c[0],
+            &counting,
+            &mut s,
+            "a:1",
+            Part::Headers,
+            S + i * step,
+        );
         assert_eq!(
             (s.address_reads, s.cluster_reads, s.clock_reads),
-            (1, 0, 0),
-            "response {i} from a recorded address"
+            (1, 0, 1),
+            "response {i} from an address recorded lately"
         );
     }
     assert_eq!(counting.1.get(), writes, "no shared data");
     let mut again = ok("i");
+    let later = S + RECORD_EVERY_US;
     observe_with(
         &mut c[0],
         &counting,
         &mut again,
         "a:1",
         Part::Headers,
-        2 * S,
+        later,
     );
     assert_eq!(
-        (again.cluster_reads, again.clock_reads),
-        (1, 1),
-        "recorded again every {RECORD_EVERY}"
+        again.cluster_reads, 1,
+        "recorded again after {RECORD_EVERY_US} µs"
+    );
+    assert_eq!(
+        gen(&store, keys::OBSERVED_GEN),
+        1,
+        "the shared membership saw it lately: not written"
     );
     // A host first seen after thousands of responses is a member at once,
     // on every copy.
     let mut late = ok("i");
-    observe_with(&mut c[0], &counting, &mut late, "b:1", Part::Headers, 3 * S);
+    observe_with(&mut c[0], &counting, &mut late, "b:1", Part::Headers, later);
     assert_eq!(late.cluster_reads, 1);
-    observe(&mut c[1], &store, closing("i"), "a:1", Part::Headers, 3 * S);
+    observe(&mut c[1], &store, closing("i"), "a:1", Part::Headers, later);
     assert_eq!(
-        steer(&mut c[1], &store, "svc", 3 * S).as_deref(),
+        steer(&mut c[1], &store, "svc", later).as_deref(),
         Some("b:1")
     );
     assert_eq!(
-        steer(&mut c[0], &store, "svc", 3 * S).as_deref(),
+        steer(&mut c[0], &store, "svc", later).as_deref(),
         Some("b:1")
     );
+}
+
+#[test]
+fn an_observed_member_that_stops_answering_leaves_the_steering_list() {
+    let (store, mut c) = copies("", 2);
+    let t = 1_000 * S;
+    for (i, a) in ["a:1", "b:1", "c:1", "gone:1"].iter().enumerate() {
+        observe(&mut c[i % 2], &store, ok("i"), a, Part::Headers, t);
+    }
+    observe(&mut c[0], &store, closing("i"), "a:1", Part::Headers, t);
+    let listed = |c: &mut Consumer, now| {
+        let mut hosts: Vec<String> = steer(c, &store, "svc", now)
+            .unwrap_or_default()
+            .split(',')
+            .map(String::from)
+            .collect();
+        hosts.sort();
+        hosts
+    };
+    assert_eq!(listed(&mut c[1], t), ["b:1", "c:1", "gone:1"]);
+    // b and c go on answering (each copy records them again every few
+    // seconds, the shared time moves every 15 s); gone:1 left the cluster.
+    let mut now = t;
+    while now < t + 25 * S {
+        now += S;
+        for (i, a) in ["b:1", "c:1"].iter().enumerate() {
+            observe(&mut c[i], &store, ok("i"), a, Part::Headers, now);
+        }
+    }
+    observe(&mut c[0], &store, closing("i"), "a:1", Part::Headers, now);
+    while now < t + crate::steering::OBSERVED_WINDOW_US + 2 * S {
+        now += S;
+        for (i, a) in ["b:1", "c:1"].iter().enumerate() {
+            observe(&mut c[i], &store, ok("i"), a, Part::Headers, now);
+        }
+    }
+    observe(&mut c[1], &store, closing("i"), "a:1", Part::Headers, now);
+    for copy in c.iter_mut() {
+        assert_eq!(listed(copy, now), ["b:1", "c:1"], "gone:1 left the list");
+    }
 }
 
 #[test]

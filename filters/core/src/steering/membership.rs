@@ -7,7 +7,9 @@ use std::net::{IpAddr, SocketAddr};
 
 use serde::Deserialize;
 
-use super::VERSION;
+/// Encoding version of [`Membership`] values (2: a last-seen time per
+/// member).
+const VERSION: u8 = 2;
 
 /// Shared-data key of the admin membership of the clusters routed to.
 pub const MEMBERS_KEY: &str = crate::keys::MEMBERS.name;
@@ -17,8 +19,13 @@ pub const OBSERVED_KEY: &str = crate::keys::OBSERVED.name;
 /// Bounds on what membership keeps.
 pub const MAX_CLUSTERS: usize = 64;
 pub const MAX_MEMBERS: usize = 1024;
-/// How long an address that answered counts as a member, without admin.
-pub const OBSERVED_WINDOW_US: u64 = 120_000_000;
+/// How long an address that answered counts as a member, without admin:
+/// an address that left the cluster stops being listed this long after its
+/// last answer.
+pub const OBSERVED_WINDOW_US: u64 = 60_000_000;
+/// A member's last-seen time in the shared observed membership is written
+/// again once it is this old (the writes per host stay rare).
+pub const SEEN_REFRESH_US: u64 = 15_000_000;
 
 /// A cluster member as the admin reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +34,14 @@ pub struct Member {
     /// Healthy (or degraded) per EDS and not failing health or outlier
     /// checks: Envoy's own load balancer would pick it.
     pub usable: bool,
+    /// When it last answered, in seconds since the epoch, for observed
+    /// membership; 0 for the admin's (its listing is the registry's).
+    pub seen_s: u32,
+}
+
+/// µs since the epoch as the seconds a member's `seen_s` holds.
+fn seconds(us: u64) -> u32 {
+    u32::try_from(us / 1_000_000).unwrap_or(u32::MAX)
 }
 
 /// Members of the clusters that have tombstones.
@@ -113,10 +128,34 @@ impl Membership {
             .map(|(_, m)| m.as_slice())
     }
 
-    /// Adds `address` to `cluster` as a usable member; false if it was
-    /// there. Bounded: past [`MAX_CLUSTERS`] new clusters are not kept, and
-    /// past [`MAX_MEMBERS`] a cluster forgets its oldest member.
-    pub fn add_member(&mut self, cluster: &str, address: &str) -> bool {
+    /// Members of `cluster` that answered within [`OBSERVED_WINDOW_US`] of
+    /// `now_us` (observed membership), if the cluster is known.
+    pub fn seen_within_window(&self, cluster: &str, now_us: u64) -> Option<Vec<Member>> {
+        let oldest = seconds(now_us.saturating_sub(OBSERVED_WINDOW_US));
+        let members = self.cluster(cluster)?;
+        Some(
+            members
+                .iter()
+                .filter(|m| m.seen_s > oldest)
+                .cloned()
+                .collect(),
+        )
+    }
+
+    /// Whether `address` in `cluster` was seen within [`SEEN_REFRESH_US`]
+    /// of `now_us`: nothing worth writing.
+    pub fn seen_lately(&self, cluster: &str, address: &str, now_us: u64) -> bool {
+        let fresh = seconds(now_us.saturating_sub(SEEN_REFRESH_US));
+        self.cluster(cluster)
+            .is_some_and(|m| m.iter().any(|m| m.address == address && m.seen_s > fresh))
+    }
+
+    /// Notes that `address` in `cluster` answered at `now_us`: adds it as a
+    /// usable member, or moves its last-seen time; false when that changed
+    /// nothing worth a write (a member seen within [`SEEN_REFRESH_US`]).
+    /// Bounded: past [`MAX_CLUSTERS`] new clusters are not kept, and past
+    /// [`MAX_MEMBERS`] a cluster forgets the member seen longest ago.
+    pub fn saw(&mut self, cluster: &str, address: &str, now_us: u64) -> bool {
         if cluster.len() > 255 || address.len() > 255 {
             return false;
         }
@@ -131,15 +170,28 @@ impl Membership {
         let Some((_, members)) = self.clusters.get_mut(index) else {
             return false;
         };
-        if members.iter().any(|m| m.address == address) {
-            return false;
+        let now_s = seconds(now_us);
+        if let Some(m) = members.iter_mut().find(|m| m.address == address) {
+            let stale = m.seen_s <= seconds(now_us.saturating_sub(SEEN_REFRESH_US));
+            if stale {
+                m.seen_s = now_s;
+            }
+            return stale;
         }
         if members.len() >= MAX_MEMBERS {
-            members.remove(0);
+            if let Some(oldest) = members
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, m)| m.seen_s)
+                .map(|(i, _)| i)
+            {
+                members.remove(oldest);
+            }
         }
         members.push(Member {
             address: address.to_string(),
             usable: true,
+            seen_s: now_s,
         });
         true
     }
@@ -162,6 +214,7 @@ impl Membership {
                     Some(Member {
                         address: host_address(&sock.address, sock.port_value)?,
                         usable: h.health_status.usable(),
+                        seen_s: 0,
                     })
                 })
                 .take(MAX_MEMBERS)
@@ -173,7 +226,7 @@ impl Membership {
 
     /// Layout: version u8, cluster count u16 LE, then per cluster: name
     /// (u8 length + bytes), host count u16 LE, per host: usable u8,
-    /// address (u8 length + bytes).
+    /// last seen u32 LE (seconds), address (u8 length + bytes).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = vec![VERSION];
         let clusters: Vec<_> = self
@@ -194,6 +247,7 @@ impl Membership {
             out.extend_from_slice(&(members.len() as u16).to_le_bytes());
             for m in members {
                 out.push(u8::from(m.usable));
+                out.extend_from_slice(&m.seen_s.to_le_bytes());
                 out.push(m.address.len() as u8);
                 out.extend_from_slice(m.address.as_bytes());
             }
@@ -228,9 +282,14 @@ impl Membership {
                     1 => true,
                     _ => return None,
                 };
+                let seen_s = u32::from_le_bytes(take(4)?.try_into().ok()?);
                 let len = usize::from(*take(1)?.first()?);
                 let address = String::from_utf8(take(len)?.to_vec()).ok()?;
-                members.push(Member { address, usable });
+                members.push(Member {
+                    address,
+                    usable,
+                    seen_s,
+                });
             }
             clusters.push((name, members));
         }
@@ -325,6 +384,7 @@ impl Observed {
                 .map(|h| Member {
                     address: h.0.clone(),
                     usable: true,
+                    seen_s: seconds(h.1),
                 })
                 .collect()
         })
@@ -407,22 +467,55 @@ mod tests {
 
     #[test]
     fn shared_observed_membership_is_bounded() {
+        const T: u64 = 1_000_000_000_000_000;
         let mut m = Membership::default();
-        assert!(m.add_member("svc", "a:1"));
-        assert!(!m.add_member("svc", "a:1"));
-        for i in 0..2000 {
-            m.add_member("svc", &format!("h{i}:1"));
+        assert!(m.saw("svc", "a:1", T));
+        assert!(!m.saw("svc", "a:1", T), "seen lately: nothing to write");
+        for i in 0..2000u64 {
+            m.saw("svc", &format!("h{i}:1"), T + (i + 1) * 1_000_000);
         }
         let svc = m.cluster("svc").unwrap();
         assert_eq!(svc.len(), MAX_MEMBERS);
         assert_eq!(
             svc.last().unwrap().address,
             "h1999:1",
-            "the oldest members went first"
+            "the members seen longest ago went first"
         );
+        assert!(svc.iter().all(|m| m.address != "a:1"));
         for c in 0..100 {
-            m.add_member(&format!("c{c}"), "x:1");
+            m.saw(&format!("c{c}"), "x:1", T);
         }
+        assert_eq!(Membership::decode(&m.encode()), Some(m));
+    }
+
+    #[test]
+    fn observed_members_leave_the_window_and_are_seen_again() {
+        const T: u64 = 1_000_000_000_000_000;
+        let mut m = Membership::default();
+        m.saw("svc", "a:1", T);
+        m.saw("svc", "b:1", T + 30 * 1_000_000);
+        let within = |m: &Membership, at: u64| -> Vec<String> {
+            m.seen_within_window("svc", at)
+                .unwrap()
+                .into_iter()
+                .map(|m| m.address)
+                .collect()
+        };
+        assert_eq!(within(&m, T + 59 * 1_000_000), ["a:1", "b:1"]);
+        assert_eq!(
+            within(&m, T + 61 * 1_000_000),
+            ["b:1"],
+            "a:1 last answered over a minute ago"
+        );
+        assert!(m.seen_lately("svc", "b:1", T + 40 * 1_000_000));
+        assert!(!m.seen_lately("svc", "b:1", T + 46 * 1_000_000));
+        assert!(
+            !m.saw("svc", "b:1", T + 40 * 1_000_000),
+            "within the refresh: unchanged"
+        );
+        assert!(m.saw("svc", "a:1", T + 61 * 1_000_000), "seen again");
+        assert_eq!(within(&m, T + 62 * 1_000_000), ["a:1", "b:1"]);
+        assert_eq!(m.seen_within_window("other", T), None);
         assert_eq!(Membership::decode(&m.encode()), Some(m));
     }
 
