@@ -100,6 +100,9 @@ pub const SCENARIOS: [Scenario; 5] = [
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Approach {
     Graceful,
+    /// The filters with graceful_consumer on the contract's defaults: no
+    /// `admin_cluster`, so steering knows the members it saw answer.
+    GracefulNoAdmin,
     Sleep(Duration),
     RegistryOnly,
     /// Plain Envoy where no shutdown runs (the `killed` scenario).
@@ -110,24 +113,30 @@ impl Approach {
     pub fn name(self) -> String {
         match self {
             Approach::Graceful => "graceful".into(),
+            Approach::GracefulNoAdmin => "graceful_no_admin".into(),
             Approach::Sleep(d) => format!("sleep_{}s", d.as_secs()),
             Approach::RegistryOnly => "registry_only".into(),
             Approach::Plain => "plain".into(),
         }
     }
 
-    /// Every approach that applies to `scenario`.
+    /// Every approach that applies to `scenario` (the consumer without an
+    /// admin cluster in `today` only: its membership, not the scenario, is
+    /// what differs).
     pub fn all_for(scenario: &Scenario) -> Vec<Approach> {
         if scenario.killed {
-            vec![Approach::Graceful, Approach::Plain]
-        } else {
-            vec![
-                Approach::Graceful,
-                Approach::Sleep(Duration::from_secs(3)),
-                Approach::Sleep(Duration::from_secs(15)),
-                Approach::RegistryOnly,
-            ]
+            return vec![Approach::Graceful, Approach::Plain];
         }
+        let mut all = vec![Approach::Graceful];
+        if scenario.name == "today" {
+            all.push(Approach::GracefulNoAdmin);
+        }
+        all.extend([
+            Approach::Sleep(Duration::from_secs(3)),
+            Approach::Sleep(Duration::from_secs(15)),
+            Approach::RegistryOnly,
+        ]);
+        all
     }
 }
 
@@ -163,6 +172,10 @@ pub fn cell(
     }
     let mode = match (approach, scenario.killed) {
         (Approach::Graceful, false) => Mode::Graceful,
+        (Approach::GracefulNoAdmin, _) => {
+            config.consumer_config = "{}".into();
+            Mode::Graceful
+        }
         (Approach::Graceful, true) => Mode::Killed,
         (Approach::Sleep(d), _) => {
             config.baseline_sleep = d;

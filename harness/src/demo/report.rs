@@ -380,6 +380,7 @@ pub fn chart(runs: &[(&str, &RunReport, &[Sample])]) -> String {
 fn approach_color(approach: &str) -> &'static str {
     match approach {
         "graceful" => "#2ca02c",
+        "graceful_no_admin" => "#17becf",
         "sleep_3s" => "#ff7f0e",
         "sleep_15s" => "#9467bd",
         "registry_only" => "#d62728",
