@@ -248,12 +248,20 @@ fn it_starts_with_empty_and_with_complete_configurations() {
                "paths":{"closing":"/c","ready":"/r","status":"/s","drained":"/d","grpc_health":"/g"}}"#,
             Some(Duration::from_millis(50)),
         ),
-        (Filter::Consumer, "", Some(Duration::from_secs(1))),
+        // Ticks at most every 100 ms (refreshes stay one per
+        // membership_refresh, by the lease).
+        (Filter::Consumer, "", Some(Duration::from_millis(100))),
+        (
+            Filter::Consumer,
+            r#"{"membership_refresh":"5s"}"#,
+            Some(Duration::from_millis(100)),
+        ),
         (
             Filter::Consumer,
             r#"{"closing_headers":["Closing","X-Shutdown"],"instance_header":"","tombstone_ttl":"10s",
                "evict_on_connect_failure":false,"failure_tombstone_ttl":"2s","override_host_header":"X-Pin",
-               "admin_cluster":"admin","membership_refresh":"100ms","max_tombstones":65536,"probe_path":""}"#,
+               "admin_cluster":"admin","membership_refresh":"100ms","max_tombstones":65536,"probe_path":"",
+               "panic_threshold":100}"#,
             Some(Duration::from_millis(100)),
         ),
     ];

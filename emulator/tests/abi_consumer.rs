@@ -243,16 +243,18 @@ fn it_learns_membership_from_a_scripted_admin_answer() {
             admin_json(),
         ))
     });
-    assert_eq!(host.tick_period(w0), Some(Duration::from_secs(1)));
+    // Ticks every 100 ms; the lease keeps refreshes to one per second, the
+    // first taken at the first tick (100 ms).
+    assert_eq!(host.tick_period(w0), Some(ms(100)));
     // Nothing tombstoned: nobody asks the admin.
     host.advance(ms(2500));
     assert!(host.http_calls().is_empty());
 
     exchange(&mut host, w0, A, "a1", true);
     // Worker 1 has seen no answer at all: without the admin it could not
-    // steer. The next refresh (3 s) asks for just the clusters concerned.
+    // steer. The next refresh (3.1 s) asks for just the clusters concerned.
     assert_eq!(steering(&mut host, w1), None, "no members known yet");
-    host.advance_to(ms(3000));
+    host.advance_to(ms(3100));
     let calls: Vec<_> = host
         .http_calls()
         .into_iter()
@@ -278,8 +280,9 @@ fn it_probes_a_tombstoned_host_and_readmits_its_new_instance() {
     exchange(&mut host, w0, A, "a1", true);
     let expires = tombstones(&host)[0].expires_us;
 
-    // 1 s: one probe, pinned to A through its cluster.
-    host.advance_to(ms(1000));
+    // 1.1 s (the lease, first taken at the first tick, 100 ms): one probe,
+    // pinned to A through its cluster.
+    host.advance_to(ms(1100));
     let probes = host.pending_calls();
     assert_eq!(probes.len(), 1, "{probes:?}");
     let p = &probes[0];
@@ -303,8 +306,8 @@ fn it_probes_a_tombstoned_host_and_readmits_its_new_instance() {
     );
     assert_eq!(tombstones(&host).len(), 1);
 
-    // 2 s: A, still the closing instance: the tombstone lasts longer.
-    host.advance_to(ms(2000));
+    // 2.1 s: A, still the closing instance: the tombstone lasts longer.
+    host.advance_to(ms(2100));
     let p = host.pending_calls().remove(0);
     host.answer_call(
         p.id,
@@ -314,14 +317,14 @@ fn it_probes_a_tombstoned_host_and_readmits_its_new_instance() {
             "",
         ),
     );
-    assert_eq!(tombstones(&host)[0].expires_us, expires + 1_500_000);
+    assert_eq!(tombstones(&host)[0].expires_us, expires + 1_600_000);
 
-    // 3 s: no answer; the probe times out 1 s later, nothing changes.
-    host.advance_to(ms(4000));
+    // 3.1 s: no answer; the probe times out 1 s later, nothing changes.
+    host.advance_to(ms(4100));
     assert_eq!(tombstones(&host).len(), 1);
 
     // A new instance answers at A: readmitted.
-    host.advance_to(ms(5000));
+    host.advance_to(ms(5100));
     let p = host.pending_calls().pop().expect("a probe");
     host.answer_call(
         p.id,

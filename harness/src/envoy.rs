@@ -296,6 +296,31 @@ impl Envoy {
         self.stat(&format!("wasmcustom.{name}")).await.unwrap_or(0)
     }
 
+    /// A filter's metric in every stats scope it appears in: the root
+    /// (`wasmcustom.<name>`) and each cluster's (`cluster.<c>.wasmcustom.<name>`,
+    /// where Envoy 1.36 puts the metrics of a cluster's upstream wasm
+    /// filters; 1.40 puts them at the root). Empty before it is written.
+    pub async fn custom_stat_scopes(&self, name: &str) -> Vec<u64> {
+        let suffix = format!("wasmcustom.{name}");
+        let Ok(r) = client::get(self.admin, &format!("/stats?filter=wasmcustom.{name}$")).await
+        else {
+            return Vec::new();
+        };
+        r.text()
+            .lines()
+            .filter_map(|line| {
+                let (k, v) = line.split_once(": ")?;
+                let scope = k.strip_suffix(&suffix)?;
+                let ours = scope.is_empty()
+                    || scope
+                        .strip_prefix("cluster.")
+                        .and_then(|c| c.strip_suffix('.'))
+                        .is_some_and(|c| !c.is_empty() && !c.contains('.'));
+                ours.then(|| v.trim().parse().ok()).flatten()
+            })
+            .collect()
+    }
+
     /// Sends SIGTERM (what an orchestrator does after the preStop hook) and
     /// waits up to `grace` for Envoy to exit, then kills it.
     pub async fn terminate(&mut self, grace: Duration) -> Option<ExitStatus> {

@@ -15,6 +15,13 @@ use crate::upstream::Upstream;
 /// The closing mark a provider sidecar puts on responses.
 pub const CLOSING: &str = "x-graceful-closing";
 
+/// graceful_consumer's gauges (its other metrics are counters).
+const CONSUMER_GAUGES: [&str; 3] = [
+    "graceful_consumer_tombstones",
+    "graceful_consumer_tombstone_bytes",
+    "graceful_consumer_inflight",
+];
+
 /// `envoy/consumer-sidecar.yaml` (graceful_consumer, override_host, a
 /// retry policy) in front of a `providers` cluster fed by file-based EDS.
 pub struct ConsumerSidecar {
@@ -104,9 +111,17 @@ impl ConsumerSidecar {
         self.ups.iter().map(Upstream::app_requests).collect()
     }
 
-    /// One of the filter's metrics (0 before it is first written).
+    /// One of the filter's metrics (0 before it is first written). A
+    /// counter adds up over every stats scope the listener and upstream
+    /// instances write it in (two on Envoy 1.36: see
+    /// [`crate::envoy::Envoy::custom_stat_scopes`]); a gauge is the
+    /// listener's, at the root (its ticks keep it current; the upstream
+    /// instance sets it only when it writes).
     pub async fn stat(&self, name: &str) -> u64 {
-        self.envoy.custom_stat(name).await
+        if CONSUMER_GAUGES.contains(&name) {
+            return self.envoy.custom_stat(name).await;
+        }
+        self.envoy.custom_stat_scopes(name).await.into_iter().sum()
     }
 
     /// Sends single requests until one comes back with the closing mark.

@@ -8,6 +8,7 @@
 
 use std::cell::RefCell;
 use std::rc::Rc;
+use std::time::Duration;
 
 use graceful_core::config::ConsumerConfig;
 use graceful_core::consumer::{
@@ -112,6 +113,9 @@ impl Exchange for View<'_> {
         *self.now.get_or_insert_with(now_us)
     }
 }
+
+/// The longest tick period of the listener instance's copies.
+const TICK_AT_MOST: Duration = Duration::from_millis(100);
 
 struct ConsumerRoot {
     shared: Option<Rc<Shared>>,
@@ -227,8 +231,12 @@ impl RootContext for ConsumerRoot {
         }
         // Membership refreshes and probes are the downstream instance's: an
         // upstream instance taking the refresh lease would skip a refresh.
+        // Its copies tick at most every 100 ms (the lease keeps refreshes
+        // to one per membership_refresh): a tick announces the upstream
+        // instance's writes where its stats scope is not this one (Envoy
+        // 1.36, see Consumer::notice_unannounced).
         if !self.upstream {
-            graceful_guest::set_tick_period(config.membership_refresh);
+            graceful_guest::set_tick_period(config.membership_refresh.min(TICK_AT_MOST));
         }
         let metrics = Metrics {
             tombstones: Metric::gauge("graceful_consumer_tombstones"),
@@ -268,7 +276,12 @@ impl RootContext for ConsumerRoot {
         let Some(shared) = self.shared.clone() else {
             return;
         };
-        let (effects, calls) = shared.core.borrow_mut().on_tick(&HostStore, now_us());
+        let signal = shared.metrics.generation.get();
+        let mut core = shared.core.borrow_mut();
+        let mut effects = core.notice_unannounced(&HostStore, signal);
+        let (more, calls) = core.on_tick(&HostStore, now_us());
+        drop(core);
+        effects.extend(more);
         shared.carry_out(effects);
         self.dispatch(&shared, calls);
     }

@@ -453,6 +453,41 @@ impl Consumer {
         self.shared_observed.stale();
     }
 
+    /// Tells this copy's stats scope of a tombstone write whose bump it
+    /// has not seen, so its other copies read the list at their next
+    /// request: on Envoy 1.36 the upstream instance's stats live in the
+    /// cluster's scope (`cluster.<name>.wasmcustom.*`), so its bumps never
+    /// move the listener's signal (on 1.40 both share one scope). The glue
+    /// calls this on every tick with the signal just read; a copy whose
+    /// signal moved reads the list when next used anyway. Returns the bump
+    /// to carry out, if any.
+    pub fn notice_unannounced(
+        &mut self,
+        store: &dyn SharedStore,
+        signal: Option<u64>,
+    ) -> Vec<Effect> {
+        let unmoved =
+            signal.is_some() && self.signal.and_then(|s| s.checked_add(self.own_bumps)) == signal;
+        self.sync(signal);
+        if !unmoved {
+            return Vec::new();
+        }
+        let before = self.tombstones.gen;
+        self.tombstones.stale();
+        self.refresh_tombstones(store);
+        if self.tombstones.gen != before {
+            return self.announce();
+        }
+        Vec::new()
+    }
+
+    /// Moves the change signal for a write another instance made (its
+    /// generation key moved already).
+    fn announce(&mut self) -> Vec<Effect> {
+        self.own_bumps = self.own_bumps.saturating_add(1);
+        vec![Effect::Add(Counter::Generation, 1)]
+    }
+
     /// Brings the cached tombstones up to date (reads only if stale).
     fn refresh_tombstones(&mut self, store: &dyn SharedStore) {
         let changed = self.tombstones.refresh(
@@ -650,8 +685,7 @@ impl Consumer {
                 ));
             }
         }
-        effects.push(Effect::Add(Counter::Generation, 1));
-        self.own_bumps = self.own_bumps.saturating_add(1);
+        effects.extend(self.announce());
         effects
     }
 
@@ -661,9 +695,18 @@ impl Consumer {
     /// closing mark already recorded) cost no write.
     fn apply(&mut self, store: &dyn SharedStore, obs: &Observation, now: u64) -> Vec<Effect> {
         let max = self.config.max_tombstones as usize;
+        let before = self.tombstones.gen;
         self.tombstones.stale();
         self.refresh_tombstones(store);
         if !self.tombstones.value.worth_writing(obs, &self.ttls, now) {
+            // Recorded already, by a write this copy had not read: most
+            // often the upstream instance's, a moment ago on this very
+            // response, whose bump may not reach this scope (see
+            // `notice_unannounced`). One bump more, so this scope's other
+            // copies steer from their next request.
+            if !self.upstream && self.tombstones.gen != before {
+                return self.announce();
+            }
             return Vec::new();
         }
         let ttls = self.ttls;

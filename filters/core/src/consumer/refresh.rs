@@ -88,9 +88,16 @@ impl Consumer {
         self.tombstones.stale();
         self.refresh_tombstones(store);
         let tombstones = self.tombstones.value.clone();
+        // Both gauges from every refresh, whichever instance wrote the list
+        // (on Envoy 1.36 the upstream instance's own gauges are in the
+        // cluster's stats scope).
         effects.push(Effect::Set(
             Gauge::Tombstones,
             tombstones.live_count(now) as u64,
+        ));
+        effects.push(Effect::Set(
+            Gauge::TombstoneBytes,
+            tombstones.encode().len() as u64,
         ));
         let Some(admin) = &self.config.admin_cluster else {
             return self.probes(&tombstones, &Membership::default(), now);

@@ -793,3 +793,63 @@ fn header_values_and_instance_ids() {
     assert_eq!(instance_id(Some(b"a b".to_vec())), None);
     assert_eq!(instance_id(None), None);
 }
+
+/// The upstream instance's copy, whose bumps go to another stats scope
+/// (Envoy 1.36: the cluster's) and so never move the listener's signal.
+fn upstream_copy(json: &str) -> Consumer {
+    Consumer::new(config(json), true)
+}
+
+#[test]
+fn a_mark_the_upstream_instance_recorded_in_another_stats_scope_still_steers_every_copy() {
+    let (store, mut c) = copies("", 2);
+    for (i, a) in ["a:1", "b:1", "c:1"].iter().enumerate() {
+        observe(&mut c[i % 2], &store, ok("i"), a, Part::Headers, S);
+    }
+    assert_eq!(steer(&mut c[1], &store, "svc", S), None);
+    let mut up = upstream_copy("");
+    let mut s = closing("i");
+    s.address = Some("a:1".into());
+    let seen = s.scanned(up.config());
+    let fx = up.observe_response(&store, &mut s, &seen, Part::Headers);
+    assert!(fx.contains(&Effect::Add(Counter::Evictions, 1)), "{fx:?}");
+    // Its bump is not carried into this scope's signal. The listener's copy
+    // sees the same mark on the final response: recorded already, so no
+    // write, but a bump for the others.
+    let fx = observe(&mut c[0], &store, closing("i"), "a:1", Part::Headers, S);
+    assert_eq!(fx, [Effect::Add(Counter::Generation, 1)]);
+    let listed = steer(&mut c[1], &store, "svc", S).unwrap();
+    assert!(
+        !listed.contains("a:1") && listed.contains("b:1"),
+        "{listed}"
+    );
+}
+
+#[test]
+fn a_tick_announces_a_write_whose_bump_this_scope_never_saw() {
+    let (store, mut c) = copies("", 2);
+    for (i, a) in ["a:1", "b:1", "c:1"].iter().enumerate() {
+        observe(&mut c[i % 2], &store, ok("i"), a, Part::Headers, S);
+    }
+    assert_eq!(steer(&mut c[0], &store, "svc", S), None);
+    assert_eq!(steer(&mut c[1], &store, "svc", S), None);
+    let signal = Some(SIGNAL.with(Cell::get));
+    assert!(
+        c[0].notice_unannounced(&store, signal).is_empty(),
+        "nothing written: nothing to announce"
+    );
+    // A refused connection that a retry hid: only the upstream instance
+    // saw it.
+    let mut up = upstream_copy("");
+    up.connect_failed(&store, &mut Stream::to("svc").at(S), "b:1");
+    assert_eq!(steer(&mut c[1], &store, "svc", S), None, "not told yet");
+    let fx = c[0].notice_unannounced(&store, signal);
+    assert_eq!(fx, [Effect::Add(Counter::Generation, 1)]);
+    carry(&fx);
+    let listed = steer(&mut c[1], &store, "svc", S).unwrap();
+    assert!(!listed.contains("b:1"), "{listed}");
+    // The signal moved: the next tick of the other copy has nothing to add.
+    let now_signal = Some(SIGNAL.with(Cell::get));
+    assert!(c[1].notice_unannounced(&store, now_signal).is_empty());
+    assert!(c[0].notice_unannounced(&store, now_signal).is_empty());
+}
