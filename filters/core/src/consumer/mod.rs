@@ -21,7 +21,7 @@
 //! | callback | hostcalls |
 //! |---|---|
 //! | request headers | remove the client's override header; `graceful_consumer_inflight` +1; `graceful_consumer_started` +1; read `graceful_consumer_generation` |
-//! | response headers | one `get_header_map_pairs`, scanned in the guest ([`Response::scan`]) for the closing headers, `:status` and the instance header; without the admin's membership, `upstream.address` too (a membership observation) |
+//! | response headers | one `get_header_map_pairs`, scanned in the guest ([`Response::scan`]) for the closing headers, `:status` and the instance header; without the admin's membership, `upstream.address` and the clock too (a membership observation) |
 //! | done | `graceful_consumer_inflight` −1 |
 //!
 //! The upstream instance (one stream per attempt) removes the override
