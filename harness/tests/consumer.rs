@@ -3,10 +3,12 @@
 //! with test upstreams standing in for provider sidecars.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use graceful_harness::client::{self, load, Conn};
-use graceful_harness::envoy::{eventually, free_port, write_eds};
+use graceful_harness::client::{self, load, Conn, Response};
+use graceful_harness::envoy::{eventually, free_port, wait_for, write_eds};
 use graceful_harness::mesh::{ConsumerSidecar, CLOSING};
 use graceful_harness::upstream::Upstream;
 
@@ -468,3 +470,357 @@ async fn it_tombstones_no_host_when_clients_cancel_slow_requests() {
     assert_eq!(m.stat("graceful_consumer_evictions").await, 0);
     assert_eq!(m.stat("graceful_consumer_steered").await, 0);
 }
+
+// Sharing the load while hosts close. A tombstone must steer requests to the
+// other usable hosts, all of them, whatever the source of membership: each
+// scenario runs with membership from Envoy's admin (`with_admin`) and with
+// membership learnt from answers only (`without_admin`, the default).
+
+/// Where the consumer learns a cluster's members.
+#[derive(Clone, Copy, Debug)]
+enum Membership {
+    Admin,
+    Observed,
+}
+
+impl Membership {
+    /// The consumer's configuration: the membership source and `extra`.
+    fn config(self, extra: &[(&str, &str)]) -> String {
+        let mut cfg = serde_json::Map::new();
+        if let Membership::Admin = self {
+            cfg.insert("admin_cluster".into(), "envoy_admin".into());
+            cfg.insert("membership_refresh".into(), "200ms".into());
+        }
+        for (field, value) in extra {
+            cfg.insert((*field).into(), (*value).into());
+        }
+        serde_json::Value::Object(cfg).to_string()
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Membership::Admin => "admin",
+            Membership::Observed => "observed",
+        }
+    }
+}
+
+/// Two tests of one scenario, `$scenario::with_admin` and
+/// `$scenario::without_admin`: the async fn `$scenario(Membership)`.
+macro_rules! with_and_without_admin {
+    ($scenario:ident) => {
+        mod $scenario {
+            use super::Membership;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn with_admin() {
+                super::$scenario(Membership::Admin).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn without_admin() {
+                super::$scenario(Membership::Observed).await
+            }
+        }
+    };
+}
+
+const INSTANCE: &str = "x-graceful-instance";
+/// Connections of the continuous load (the kernel spreads them over both
+/// workers by hash).
+const CONNS: usize = 8;
+/// One measured split: 90 requests, 10 on each of 9 connections.
+const SPLIT: (usize, usize) = (9, 10);
+
+/// Host `host`'s instance id in its `generation` (1 at start).
+fn instance(host: usize, generation: u32) -> String {
+    format!("h{host}.{generation}")
+}
+
+/// The host an instance id names.
+fn host_of(instance: &str) -> Option<usize> {
+    instance.strip_prefix('h')?.split('.').next()?.parse().ok()
+}
+
+/// `n` hosts (instances h0.1 ...) behind the consumer sidecar, warmed up by
+/// one request and a short load; with the admin, also until its membership
+/// was read. Returns the sidecar and the order in which the scenario closes
+/// hosts: from the one that answered the first request on (the consumer
+/// surely saw that one answer; which others it saw is its business).
+async fn share_mesh(
+    scenario: &str,
+    membership: Membership,
+    extra: &[(&str, &str)],
+    n: usize,
+) -> (ConsumerSidecar, Vec<usize>) {
+    let name = format!("{scenario}-{}", membership.label());
+    let m = ConsumerSidecar::with_instances(
+        &name,
+        &membership.config(extra),
+        2,
+        (0..n).map(|h| instance(h, 1)),
+    )
+    .await;
+    let first = client::get(m.outbound, "/").await.unwrap();
+    let first = first
+        .header(INSTANCE)
+        .as_deref()
+        .and_then(host_of)
+        .unwrap_or_else(|| panic!("no instance on {first:?}"));
+    let warm = load(m.outbound, 6, 10, "/").await;
+    assert!(warm.iter().all(|r| r.status == 200));
+    if let Membership::Admin = membership {
+        m.until_membership_refreshed().await;
+    }
+    (m, (first..first + n).map(|h| h % n).collect())
+}
+
+/// App requests per host between two [`ConsumerSidecar::counts`].
+fn split(before: &[u64], after: &[u64]) -> Vec<u64> {
+    before.iter().zip(after).map(|(b, a)| a - b).collect()
+}
+
+/// 90 requests on 9 connections (every answer 200); the app requests per
+/// host they made.
+async fn measure_split(m: &ConsumerSidecar) -> Vec<u64> {
+    let before = m.counts();
+    let rs = load(m.outbound, SPLIT.0, SPLIT.1, "/").await;
+    let after = m.counts();
+    let failed: Vec<_> = rs.iter().filter(|r| r.status != 200).collect();
+    assert!(failed.is_empty(), "failed requests: {failed:?}");
+    split(&before, &after)
+}
+
+/// A host's first closing mark as the load saw it.
+#[derive(Clone, Debug)]
+struct Seen {
+    at: Instant,
+    /// The instance that answered closing.
+    instance: String,
+    /// Requests answered per connection at that moment: the ones in flight
+    /// then may still reach the host.
+    done: Vec<u64>,
+}
+
+/// What the load saw, per connection and per host (the host is told by the
+/// instance id the app stamps on every answer).
+struct Watched {
+    /// Per connection: requests answered.
+    done: Vec<u64>,
+    /// Per host: answers.
+    served: Vec<u64>,
+    /// Per host: its first closing mark.
+    seen: Vec<Option<Seen>>,
+    /// Per host: start times of requests that began after its mark was seen
+    /// and that its marked instance answered anyway.
+    late: Vec<Vec<Instant>>,
+    failed: u64,
+}
+
+impl Watched {
+    fn record(&mut self, conn: usize, started: Instant, r: &Response) {
+        self.done[conn] += 1;
+        if r.status != 200 {
+            eprintln!("failed: {} {:?} {:?}", r.status, r.headers, r.text());
+            self.failed += 1;
+            return;
+        }
+        let Some(id) = r.header(INSTANCE) else {
+            return;
+        };
+        let Some(host) = host_of(&id).filter(|&h| h < self.served.len()) else {
+            return;
+        };
+        self.served[host] += 1;
+        match &self.seen[host] {
+            Some(seen) if seen.instance == id && started > seen.at => self.late[host].push(started),
+            Some(_) => {}
+            None if r.header(CLOSING).as_deref() == Some("true") => {
+                self.seen[host] = Some(Seen {
+                    at: Instant::now(),
+                    instance: id,
+                    done: self.done.clone(),
+                })
+            }
+            None => {}
+        }
+    }
+
+    /// How many of `hosts` requests answered by a marked instance began
+    /// after its mark was seen (and before `until`, if given).
+    fn late_counts(&self, hosts: &[usize], until: Option<Instant>) -> Vec<usize> {
+        hosts
+            .iter()
+            .map(|&h| {
+                self.late[h]
+                    .iter()
+                    .filter(|&&t| until.is_none_or(|u| t < u))
+                    .count()
+            })
+            .collect()
+    }
+}
+
+/// Continuous load on [`CONNS`] keep-alive HTTP/1.1 connections, every
+/// answer watched, until [`Traffic::stop`].
+struct Traffic {
+    watched: Arc<Mutex<Watched>>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Traffic {
+    fn start(addr: SocketAddr, hosts: usize) -> Traffic {
+        let watched = Arc::new(Mutex::new(Watched {
+            done: vec![0; CONNS],
+            served: vec![0; hosts],
+            seen: vec![None; hosts],
+            late: vec![Vec::new(); hosts],
+            failed: 0,
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = (0..CONNS)
+            .map(|c| {
+                let (watched, stop) = (watched.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut conn = Conn::http1(addr).await.unwrap();
+                    while !stop.load(Ordering::SeqCst) {
+                        let started = Instant::now();
+                        let r = conn.get("/").await.unwrap_or_else(|e| panic!("{e}"));
+                        watched.lock().unwrap().record(c, started, &r);
+                    }
+                })
+            })
+            .collect();
+        Traffic {
+            watched,
+            stop,
+            tasks,
+        }
+    }
+
+    fn watched<T>(&self, f: impl FnOnce(&Watched) -> T) -> T {
+        f(&self.watched.lock().unwrap())
+    }
+
+    /// Sets `host` closing and waits until the load saw it answer so; then
+    /// until every request in flight at that moment was answered.
+    async fn mark(&self, m: &ConsumerSidecar, host: usize) -> Seen {
+        let before = self.watched(|w| w.served.clone());
+        m.ups[host].set_closing(true);
+        let seen = wait_for(
+            &format!("host {host} seen answering closing"),
+            Duration::from_secs(5),
+            || async { self.watched(|w| w.seen[host].clone()) },
+        )
+        .await
+        .unwrap_or_else(|e| {
+            let served = self.watched(|w| split(&before, &w.served));
+            panic!("{e}; answers per host meanwhile: {served:?}")
+        });
+        eventually(
+            "the requests in flight at the mark answered",
+            Duration::from_secs(10),
+            || async {
+                self.watched(|w| w.done.iter().zip(&seen.done).all(|(d, s)| d > s))
+                    .then_some(())
+            },
+        )
+        .await;
+        seen
+    }
+
+    async fn stop(self) -> Watched {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.tasks {
+            t.await.unwrap();
+        }
+        Arc::try_unwrap(self.watched)
+            .unwrap_or_else(|_| panic!("load tasks still hold the record"))
+            .into_inner()
+            .unwrap()
+    }
+}
+
+/// Marks `closing` hosts one after another under load (each seen closing
+/// before the next), then measures a split of 90 requests. Returns the load's
+/// record and the split.
+async fn close_and_split(m: &ConsumerSidecar, closing: &[usize]) -> (Watched, Vec<Seen>, Vec<u64>) {
+    let traffic = Traffic::start(m.outbound, m.ups.len());
+    let mut seen = Vec::new();
+    for &h in closing {
+        seen.push(traffic.mark(m, h).await);
+    }
+    let watched = traffic.stop().await;
+    assert_eq!(watched.failed, 0);
+    let split = measure_split(m).await;
+    (watched, seen, split)
+}
+
+/// `closing` of `n` hosts close: the others share 90 requests (each at least
+/// two thirds of an even share), the closing ones get none from the moment
+/// each was seen closing.
+async fn closing_hosts_leave_the_load_to_the_others(
+    scenario: &str,
+    membership: Membership,
+    n: usize,
+    closing: usize,
+) {
+    let (m, order) = share_mesh(scenario, membership, &[], n).await;
+    let closing = &order[..closing];
+    let (watched, _, split) = close_and_split(&m, closing).await;
+    let late = watched.late_counts(closing, None);
+    eprintln!(
+        "{scenario} ({membership:?}): hosts {closing:?} closing; 90 requests split {split:?}; \
+         requests to them after their mark was seen, under load: {late:?}"
+    );
+    let others = n - closing.len();
+    let least = (SPLIT.0 * SPLIT.1 * 2 / (3 * others)) as u64;
+    for h in 0..n {
+        if closing.contains(&h) {
+            assert_eq!(split[h], 0, "closing host {h} got requests: {split:?}");
+        } else {
+            assert!(
+                split[h] >= least,
+                "host {h} got fewer than {least} of 90: {split:?}"
+            );
+        }
+    }
+    assert!(
+        late.iter().all(|&l| l == 0),
+        "requests reached hosts {closing:?} after their mark was seen: {late:?}"
+    );
+}
+
+async fn it_shares_the_load_when_one_of_three_hosts_closes(membership: Membership) {
+    closing_hosts_leave_the_load_to_the_others("share-1-of-3", membership, 3, 1).await;
+}
+with_and_without_admin!(it_shares_the_load_when_one_of_three_hosts_closes);
+
+async fn it_shares_the_load_when_three_of_six_hosts_close(membership: Membership) {
+    closing_hosts_leave_the_load_to_the_others("share-3-of-6", membership, 6, 3).await;
+}
+with_and_without_admin!(it_shares_the_load_when_three_of_six_hosts_close);
+
+async fn it_still_answers_from_several_hosts_when_every_host_closes(membership: Membership) {
+    let (m, order) = share_mesh("share-all-closing", membership, &[], 3).await;
+    let (watched, seen, split) = close_and_split(&m, &order).await;
+    // Until the second mark two hosts were left: the first got nothing.
+    let late = watched.late_counts(&order[..1], Some(seen[1].at));
+    eprintln!(
+        "share-all-closing ({membership:?}): every host closing, in order {order:?}; \
+         90 requests split {split:?}; requests to host {} between its mark and the next: {late:?}",
+        order[0]
+    );
+    assert!(
+        split.iter().filter(|&&c| c > 0).count() >= 2,
+        "all 90 requests went to one host: {split:?}"
+    );
+    assert_eq!(
+        late,
+        [0],
+        "host {} got requests while two others were open",
+        order[0]
+    );
+}
+with_and_without_admin!(it_still_answers_from_several_hosts_when_every_host_closes);
