@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use graceful_harness::client::{self, load, Conn, Response};
 use graceful_harness::envoy::{eventually, free_port, wait_for, write_eds};
 use graceful_harness::mesh::{ConsumerSidecar, CLOSING};
-use graceful_harness::upstream::Upstream;
+use graceful_harness::upstream::{Counters, Upstream};
 
 const OVERRIDE: &str = "x-graceful-override-host";
 
@@ -824,3 +824,211 @@ async fn it_still_answers_from_several_hosts_when_every_host_closes(membership: 
     );
 }
 with_and_without_admin!(it_still_answers_from_several_hosts_when_every_host_closes);
+
+/// How long a host that was seen closing goes on draining before it
+/// restarts (the scenario's timing, not a wait for anything).
+const DRAIN: Duration = Duration::from_millis(500);
+/// The load's share per host is measured over windows this long.
+const WINDOW: Duration = Duration::from_millis(500);
+
+/// App requests per host in each [`WINDOW`], sampled while the load runs
+/// (and printed as they come, so a failing run shows them too).
+struct Windows {
+    samples: Arc<Mutex<Vec<Vec<u64>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Windows {
+    fn start(m: &ConsumerSidecar, label: String) -> Windows {
+        let counters: Vec<Arc<Counters>> = m.ups.iter().map(|u| u.counters.clone()).collect();
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let record = samples.clone();
+        let task = tokio::spawn(async move {
+            let count = || -> Vec<u64> {
+                counters
+                    .iter()
+                    .map(|c| c.app_requests.load(Ordering::SeqCst))
+                    .collect()
+            };
+            let mut last = count();
+            let mut tick = tokio::time::interval(WINDOW);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let now = count();
+                let window = split(&last, &now);
+                let mut record = record.lock().unwrap();
+                eprintln!("{label} window {}: {window:?}", record.len());
+                record.push(window);
+                last = now;
+            }
+        });
+        Windows { samples, task }
+    }
+
+    fn stop(self) -> Vec<Vec<u64>> {
+        self.task.abort();
+        self.samples.lock().unwrap().clone()
+    }
+}
+
+/// The longest run of consecutive windows in which one host took more than
+/// half of the requests: (host, windows).
+fn longest_majority(windows: &[Vec<u64>]) -> (usize, usize) {
+    let hosts = windows.first().map_or(0, Vec::len);
+    (0..hosts)
+        .map(|h| {
+            let (mut run, mut longest) = (0, 0);
+            for w in windows {
+                let total: u64 = w.iter().sum();
+                run = if w[h] * 2 > total { run + 1 } else { 0 };
+                longest = longest.max(run);
+            }
+            (h, longest)
+        })
+        .max_by_key(|&(_, run)| run)
+        .unwrap_or((0, 0))
+}
+
+/// Six hosts under continuous load, restarted one after another on their
+/// addresses: each set closing, seen closing, drains for [`DRAIN`], then
+/// answers as a new instance (not closing, id `h<n>.2`).
+struct FullRestart {
+    m: ConsumerSidecar,
+    label: String,
+    traffic: Traffic,
+    windows: Windows,
+    /// Per host: app requests its old instance got from its mark (once the
+    /// requests in flight then were answered) to its restart.
+    while_closing: Vec<u64>,
+    /// When the last host restarted.
+    done: Instant,
+}
+
+impl FullRestart {
+    async fn run(scenario: &str, membership: Membership, extra: &[(&str, &str)]) -> FullRestart {
+        let (m, order) = share_mesh(scenario, membership, extra, 6).await;
+        let label = format!("{scenario} ({membership:?}, in order {order:?})");
+        let traffic = Traffic::start(m.outbound, m.ups.len());
+        let windows = Windows::start(&m, label.clone());
+        let mut while_closing = vec![0; m.ups.len()];
+        for h in order {
+            let up = &m.ups[h];
+            let seen = traffic.mark(&m, h).await;
+            let at_mark = up.app_requests();
+            tokio::time::sleep_until((seen.at + DRAIN).into()).await;
+            while_closing[h] = up.app_requests() - at_mark;
+            up.set_closing(false);
+            up.set_instance(&instance(h, 2));
+        }
+        FullRestart {
+            m,
+            label,
+            traffic,
+            windows,
+            while_closing,
+            done: Instant::now(),
+        }
+    }
+
+    /// Stops the load; checks that every request succeeded and that no old
+    /// instance got a request once its mark was seen. Returns the windows.
+    async fn finish(self) -> Vec<Vec<u64>> {
+        let windows = self.windows.stop();
+        let watched = self.traffic.stop().await;
+        let hosts: Vec<usize> = (0..self.m.ups.len()).collect();
+        let late = watched.late_counts(&hosts, None);
+        eprintln!(
+            "{}: answers per host {:?}; app requests to each old instance from its mark to its \
+             restart {:?}, answers from it to requests sent after the mark {late:?}; \
+             windows of {WINDOW:?}: {windows:?}",
+            self.label, watched.served, self.while_closing
+        );
+        assert_eq!(watched.failed, 0);
+        assert!(
+            self.while_closing.iter().all(|&n| n == 0),
+            "closing hosts got requests while others were open: {:?}",
+            self.while_closing
+        );
+        assert!(
+            late.iter().all(|&n| n == 0),
+            "closing hosts answered requests sent after their mark: {late:?}"
+        );
+        windows
+    }
+}
+
+/// The load counts as spread over a host when, over the last [`SPAN`] (at
+/// least), the host took at least a twelfth of the requests (half an even
+/// share of six).
+const SPAN: Duration = Duration::from_millis(150);
+
+/// The hosts that took at least a twelfth of `requests` (none of too few
+/// requests to tell).
+fn spread_over(requests: &[u64]) -> usize {
+    let total: u64 = requests.iter().sum();
+    if total < 30 {
+        return 0;
+    }
+    requests.iter().filter(|&&n| n * 12 >= total).count()
+}
+
+async fn it_spreads_the_load_within_1s_of_a_full_restart_with_probes(membership: Membership) {
+    let restart = FullRestart::run("restart-probed", membership, &[]).await;
+    let base = restart.m.counts();
+    // Counts since the last restart, and the requests per host over the
+    // last span when the poll stopped.
+    let history = Mutex::new(vec![(restart.done, base.clone())]);
+    let last_span = Mutex::new(Vec::new());
+    let reached = wait_for(
+        "the load spread over 5 of the 6 hosts",
+        Duration::from_secs(10),
+        || async {
+            let now = (Instant::now(), restart.m.counts());
+            let mut history = history.lock().unwrap();
+            let recent = history
+                .iter()
+                .rev()
+                .find(|(at, _)| now.0 - *at >= SPAN)?
+                .clone();
+            let span = split(&recent.1, &now.1);
+            let spread = spread_over(&span) >= 5;
+            *last_span.lock().unwrap() = span;
+            history.push(now);
+            spread.then(|| restart.done.elapsed())
+        },
+    )
+    .await;
+    let since = split(&base, &restart.m.counts());
+    let span = last_span.into_inner().unwrap();
+    let label = restart.label.clone();
+    restart.finish().await;
+    eprintln!(
+        "{label}: after the last restart: {reached:?}; requests per host over the last \
+         {SPAN:?} then {span:?}, since the restart {since:?}"
+    );
+    let took = reached.unwrap_or_else(|e| panic!("{e}: last {SPAN:?} {span:?}, since {since:?}"));
+    assert!(
+        took <= Duration::from_secs(1),
+        "the load took {took:?} to spread over 5 hosts: {span:?}"
+    );
+}
+with_and_without_admin!(it_spreads_the_load_within_1s_of_a_full_restart_with_probes);
+
+async fn it_never_gives_one_host_the_load_through_a_full_restart_without_probes(
+    membership: Membership,
+) {
+    let restart = FullRestart::run("restart-unprobed", membership, &[("probe_path", "")]).await;
+    // The load goes on for six more windows after the last restart.
+    tokio::time::sleep(WINDOW * 6).await;
+    let label = restart.label.clone();
+    let windows = restart.finish().await;
+    let (host, run) = longest_majority(&windows);
+    eprintln!("{label}: longest run of windows with one host over half: host {host}, {run}");
+    assert!(
+        run < 4,
+        "host {host} took over half of the requests for {run} windows of {WINDOW:?} in a row: \
+         {windows:?}"
+    );
+}
+with_and_without_admin!(it_never_gives_one_host_the_load_through_a_full_restart_without_probes);
