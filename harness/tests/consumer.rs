@@ -543,16 +543,13 @@ fn host_of(instance: &str) -> Option<usize> {
 }
 
 /// `n` hosts (instances h0.1 ...) behind the consumer sidecar, warmed up by
-/// one request and a short load; with the admin, also until its membership
-/// was read. Returns the sidecar and the order in which the scenario closes
-/// hosts: from the one that answered the first request on (the consumer
-/// surely saw that one answer; which others it saw is its business).
+/// a short load; with the admin, also until its membership was read.
 async fn share_mesh(
     scenario: &str,
     membership: Membership,
     extra: &[(&str, &str)],
     n: usize,
-) -> (ConsumerSidecar, Vec<usize>) {
+) -> ConsumerSidecar {
     let name = format!("{scenario}-{}", membership.label());
     let m = ConsumerSidecar::with_instances(
         &name,
@@ -561,18 +558,12 @@ async fn share_mesh(
         (0..n).map(|h| instance(h, 1)),
     )
     .await;
-    let first = client::get(m.outbound, "/").await.unwrap();
-    let first = first
-        .header(INSTANCE)
-        .as_deref()
-        .and_then(host_of)
-        .unwrap_or_else(|| panic!("no instance on {first:?}"));
     let warm = load(m.outbound, 6, 10, "/").await;
     assert!(warm.iter().all(|r| r.status == 200));
     if let Membership::Admin = membership {
         m.until_membership_refreshed().await;
     }
-    (m, (first..first + n).map(|h| h % n).collect())
+    m
 }
 
 /// App requests per host between two [`ConsumerSidecar::counts`].
@@ -604,6 +595,7 @@ struct Seen {
 
 /// What the load saw, per connection and per host (the host is told by the
 /// instance id the app stamps on every answer).
+#[derive(Clone)]
 struct Watched {
     /// Per connection: requests answered.
     done: Vec<u64>,
@@ -662,7 +654,7 @@ impl Watched {
 }
 
 /// Continuous load on [`CONNS`] keep-alive HTTP/1.1 connections, every
-/// answer watched, until [`Traffic::stop`].
+/// answer watched, until [`Traffic::stop`] (or dropped: a test that failed).
 struct Traffic {
     watched: Arc<Mutex<Watched>>,
     stop: Arc<AtomicBool>,
@@ -730,15 +722,20 @@ impl Traffic {
         seen
     }
 
-    async fn stop(self) -> Watched {
+    async fn stop(mut self) -> Watched {
         self.stop.store(true, Ordering::SeqCst);
-        for t in self.tasks {
+        for t in std::mem::take(&mut self.tasks) {
             t.await.unwrap();
         }
-        Arc::try_unwrap(self.watched)
-            .unwrap_or_else(|_| panic!("load tasks still hold the record"))
-            .into_inner()
-            .unwrap()
+        self.watched(Watched::clone)
+    }
+}
+
+impl Drop for Traffic {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
     }
 }
 
@@ -766,8 +763,9 @@ async fn closing_hosts_leave_the_load_to_the_others(
     n: usize,
     closing: usize,
 ) {
-    let (m, order) = share_mesh(scenario, membership, &[], n).await;
-    let closing = &order[..closing];
+    let m = share_mesh(scenario, membership, &[], n).await;
+    let closing: Vec<usize> = (0..closing).collect();
+    let closing = closing.as_slice();
     let (watched, _, split) = close_and_split(&m, closing).await;
     let late = watched.late_counts(closing, None);
     eprintln!(
@@ -803,25 +801,19 @@ async fn it_shares_the_load_when_three_of_six_hosts_close(membership: Membership
 with_and_without_admin!(it_shares_the_load_when_three_of_six_hosts_close);
 
 async fn it_still_answers_from_several_hosts_when_every_host_closes(membership: Membership) {
-    let (m, order) = share_mesh("share-all-closing", membership, &[], 3).await;
-    let (watched, seen, split) = close_and_split(&m, &order).await;
+    let m = share_mesh("share-all-closing", membership, &[], 3).await;
+    let (watched, seen, split) = close_and_split(&m, &[0, 1, 2]).await;
     // Until the second mark two hosts were left: the first got nothing.
-    let late = watched.late_counts(&order[..1], Some(seen[1].at));
+    let late = watched.late_counts(&[0], Some(seen[1].at));
     eprintln!(
-        "share-all-closing ({membership:?}): every host closing, in order {order:?}; \
-         90 requests split {split:?}; requests to host {} between its mark and the next: {late:?}",
-        order[0]
+        "share-all-closing ({membership:?}): every host closing; 90 requests split {split:?}; \
+         requests to host 0 between its mark and the next: {late:?}"
     );
     assert!(
         split.iter().filter(|&&c| c > 0).count() >= 2,
         "all 90 requests went to one host: {split:?}"
     );
-    assert_eq!(
-        late,
-        [0],
-        "host {} got requests while two others were open",
-        order[0]
-    );
+    assert_eq!(late, [0], "host 0 got requests while two others were open");
 }
 with_and_without_admin!(it_still_answers_from_several_hosts_when_every_host_closes);
 
@@ -867,8 +859,13 @@ impl Windows {
     }
 
     fn stop(self) -> Vec<Vec<u64>> {
-        self.task.abort();
         self.samples.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Windows {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -907,17 +904,16 @@ struct FullRestart {
 
 impl FullRestart {
     async fn run(scenario: &str, membership: Membership, extra: &[(&str, &str)]) -> FullRestart {
-        let (m, order) = share_mesh(scenario, membership, extra, 6).await;
-        let label = format!("{scenario} ({membership:?}, in order {order:?})");
+        let m = share_mesh(scenario, membership, extra, 6).await;
+        let label = format!("{scenario} ({membership:?})");
         let traffic = Traffic::start(m.outbound, m.ups.len());
         let windows = Windows::start(&m, label.clone());
-        let mut while_closing = vec![0; m.ups.len()];
-        for h in order {
-            let up = &m.ups[h];
+        let mut while_closing = Vec::new();
+        for (h, up) in m.ups.iter().enumerate() {
             let seen = traffic.mark(&m, h).await;
             let at_mark = up.app_requests();
             tokio::time::sleep_until((seen.at + DRAIN).into()).await;
-            while_closing[h] = up.app_requests() - at_mark;
+            while_closing.push(up.app_requests() - at_mark);
             up.set_closing(false);
             up.set_instance(&instance(h, 2));
         }
