@@ -531,6 +531,10 @@ const INSTANCE: &str = "x-graceful-instance";
 const CONNS: usize = 8;
 /// One measured split: 90 requests, 10 on each of 9 connections.
 const SPLIT: (usize, usize) = (9, 10);
+/// How long a host that was seen closing goes on draining under load before
+/// the next host closes or it restarts (the scenario's timing, not a wait
+/// for anything).
+const DRAIN: Duration = Duration::from_millis(500);
 
 /// Host `host`'s instance id in its `generation` (1 at start).
 fn instance(host: usize, generation: u32) -> String {
@@ -640,17 +644,25 @@ impl Watched {
 
     /// How many of `hosts` requests answered by a marked instance began
     /// after its mark was seen (and before `until`, if given).
-    fn late_counts(&self, hosts: &[usize], until: Option<Instant>) -> Vec<usize> {
+    fn late_counts(&self, hosts: &[usize], until: Option<Instant>) -> Vec<u64> {
         hosts
             .iter()
             .map(|&h| {
                 self.late[h]
                     .iter()
                     .filter(|&&t| until.is_none_or(|u| t < u))
-                    .count()
+                    .count() as u64
             })
             .collect()
     }
+}
+
+/// One closing host's drain under load.
+struct Drained {
+    /// When every request in flight at the mark had been answered.
+    settled: Instant,
+    /// App requests its instance got from then to the end of the drain.
+    requests: u64,
 }
 
 /// Continuous load on [`CONNS`] keep-alive HTTP/1.1 connections, every
@@ -695,9 +707,10 @@ impl Traffic {
         f(&self.watched.lock().unwrap())
     }
 
-    /// Sets `host` closing and waits until the load saw it answer so; then
-    /// until every request in flight at that moment was answered.
-    async fn mark(&self, m: &ConsumerSidecar, host: usize) -> Seen {
+    /// Sets `host` closing, waits until the load saw it answer so and every
+    /// request in flight at that moment was answered, and lets it drain
+    /// under load until [`DRAIN`] after it was seen.
+    async fn close_and_drain(&self, m: &ConsumerSidecar, host: usize) -> Drained {
         let before = self.watched(|w| w.served.clone());
         m.ups[host].set_closing(true);
         let seen = wait_for(
@@ -719,7 +732,13 @@ impl Traffic {
             },
         )
         .await;
-        seen
+        let settled = Instant::now();
+        let at_settled = m.ups[host].app_requests();
+        tokio::time::sleep_until((seen.at + DRAIN).into()).await;
+        Drained {
+            settled,
+            requests: m.ups[host].app_requests() - at_settled,
+        }
     }
 
     async fn stop(mut self) -> Watched {
@@ -739,19 +758,22 @@ impl Drop for Traffic {
     }
 }
 
-/// Marks `closing` hosts one after another under load (each seen closing
-/// before the next), then measures a split of 90 requests. Returns the load's
-/// record and the split.
-async fn close_and_split(m: &ConsumerSidecar, closing: &[usize]) -> (Watched, Vec<Seen>, Vec<u64>) {
+/// Closes `closing` hosts one after another under load (each seen closing
+/// and drained before the next), then measures a split of 90 requests.
+/// Returns the load's record, the drains and the split.
+async fn close_and_split(
+    m: &ConsumerSidecar,
+    closing: &[usize],
+) -> (Watched, Vec<Drained>, Vec<u64>) {
     let traffic = Traffic::start(m.outbound, m.ups.len());
-    let mut seen = Vec::new();
+    let mut drained = Vec::new();
     for &h in closing {
-        seen.push(traffic.mark(m, h).await);
+        drained.push(traffic.close_and_drain(m, h).await);
     }
     let watched = traffic.stop().await;
     assert_eq!(watched.failed, 0);
     let split = measure_split(m).await;
-    (watched, seen, split)
+    (watched, drained, split)
 }
 
 /// `closing` of `n` hosts close: the others share 90 requests (each at least
@@ -766,11 +788,13 @@ async fn closing_hosts_leave_the_load_to_the_others(
     let m = share_mesh(scenario, membership, &[], n).await;
     let closing: Vec<usize> = (0..closing).collect();
     let closing = closing.as_slice();
-    let (watched, _, split) = close_and_split(&m, closing).await;
+    let (watched, drained, split) = close_and_split(&m, closing).await;
     let late = watched.late_counts(closing, None);
+    let while_closing: Vec<u64> = drained.iter().map(|d| d.requests).collect();
     eprintln!(
         "{scenario} ({membership:?}): hosts {closing:?} closing; 90 requests split {split:?}; \
-         requests to them after their mark was seen, under load: {late:?}"
+         under load, app requests to them while draining {while_closing:?}, answers from them \
+         to requests sent after their mark was seen {late:?}"
     );
     let others = n - closing.len();
     let least = (SPLIT.0 * SPLIT.1 * 2 / (3 * others)) as u64;
@@ -785,8 +809,12 @@ async fn closing_hosts_leave_the_load_to_the_others(
         }
     }
     assert!(
-        late.iter().all(|&l| l == 0),
-        "requests reached hosts {closing:?} after their mark was seen: {late:?}"
+        while_closing.iter().all(|&n| n == 0),
+        "hosts {closing:?} got requests while draining: {while_closing:?}"
+    );
+    assert!(
+        late.iter().all(|&n| n == 0),
+        "hosts {closing:?} answered requests sent after their mark was seen: {late:?}"
     );
 }
 
@@ -802,24 +830,29 @@ with_and_without_admin!(it_shares_the_load_when_three_of_six_hosts_close);
 
 async fn it_still_answers_from_several_hosts_when_every_host_closes(membership: Membership) {
     let m = share_mesh("share-all-closing", membership, &[], 3).await;
-    let (watched, seen, split) = close_and_split(&m, &[0, 1, 2]).await;
-    // Until the second mark two hosts were left: the first got nothing.
-    let late = watched.late_counts(&[0], Some(seen[1].at));
+    let (watched, drained, split) = close_and_split(&m, &[0, 1, 2]).await;
+    // While host 0 drained, hosts 1 and 2 were open: it got nothing. (Once
+    // host 1 closes too, the panic rule may give it requests again.)
+    let first = &drained[0];
+    let late = watched.late_counts(&[0], Some(first.settled))[0];
     eprintln!(
         "share-all-closing ({membership:?}): every host closing; 90 requests split {split:?}; \
-         requests to host 0 between its mark and the next: {late:?}"
+         while host 0 drained with two others open, app requests to it {}, answers from it to \
+         requests sent after its mark was seen {late}",
+        first.requests
     );
     assert!(
         split.iter().filter(|&&c| c > 0).count() >= 2,
         "all 90 requests went to one host: {split:?}"
     );
-    assert_eq!(late, [0], "host 0 got requests while two others were open");
+    assert_eq!(
+        (first.requests, late),
+        (0, 0),
+        "host 0 got requests while two others were open"
+    );
 }
 with_and_without_admin!(it_still_answers_from_several_hosts_when_every_host_closes);
 
-/// How long a host that was seen closing goes on draining before it
-/// restarts (the scenario's timing, not a wait for anything).
-const DRAIN: Duration = Duration::from_millis(500);
 /// The load's share per host is measured over windows this long.
 const WINDOW: Duration = Duration::from_millis(500);
 
@@ -910,10 +943,7 @@ impl FullRestart {
         let windows = Windows::start(&m, label.clone());
         let mut while_closing = Vec::new();
         for (h, up) in m.ups.iter().enumerate() {
-            let seen = traffic.mark(&m, h).await;
-            let at_mark = up.app_requests();
-            tokio::time::sleep_until((seen.at + DRAIN).into()).await;
-            while_closing.push(up.app_requests() - at_mark);
+            while_closing.push(traffic.close_and_drain(&m, h).await.requests);
             up.set_closing(false);
             up.set_instance(&instance(h, 2));
         }
