@@ -532,8 +532,7 @@ const CONNS: usize = 8;
 /// One measured split: 90 requests, 10 on each of 9 connections.
 const SPLIT: (usize, usize) = (9, 10);
 /// How long a host that was seen closing goes on draining under load before
-/// the next host closes or it restarts (the scenario's timing, not a wait
-/// for anything).
+/// it restarts (the scenario's timing, not a wait for anything).
 const DRAIN: Duration = Duration::from_millis(500);
 
 /// Host `host`'s instance id in its `generation` (1 at start).
@@ -547,7 +546,9 @@ fn host_of(instance: &str) -> Option<usize> {
 }
 
 /// `n` hosts (instances h0.1 ...) behind the consumer sidecar, warmed up by
-/// a short load; with the admin, also until its membership was read.
+/// a short load (`n` requests on each of 6 connections: a worker's round
+/// robin reaches every host); with the admin, also until its membership was
+/// read.
 async fn share_mesh(
     scenario: &str,
     membership: Membership,
@@ -562,7 +563,7 @@ async fn share_mesh(
         (0..n).map(|h| instance(h, 1)),
     )
     .await;
-    let warm = load(m.outbound, 6, 10, "/").await;
+    let warm = load(m.outbound, 6, n, "/").await;
     assert!(warm.iter().all(|r| r.status == 200));
     if let Membership::Admin = membership {
         m.until_membership_refreshed().await;
@@ -586,6 +587,109 @@ async fn measure_split(m: &ConsumerSidecar) -> Vec<u64> {
     split(&before, &after)
 }
 
+/// Sets `host` closing and sends requests on one connection, nothing else
+/// in flight, until its instance answers closing; returns the app requests
+/// it had then (exact: no request can reach it unseen).
+async fn mark(m: &ConsumerSidecar, host: usize) -> u64 {
+    m.ups[host].set_closing(true);
+    let before = m.counts();
+    let mut conn = Conn::http1(m.outbound).await.unwrap();
+    for _ in 0..200 {
+        let r = conn.get("/").await.unwrap();
+        assert_eq!(r.status, 200, "{r:?}");
+        let marked = r.header(CLOSING).as_deref() == Some("true");
+        if marked && r.header(INSTANCE).as_deref().and_then(host_of) == Some(host) {
+            return m.ups[host].app_requests();
+        }
+    }
+    panic!(
+        "host {host} never answered closing in 200 requests, which went {:?}",
+        split(&before, &m.counts())
+    )
+}
+
+/// Marks `closing` hosts one after another ([`mark`]), then sends 90
+/// requests. Returns their split and, per closing host, the app requests
+/// it got from its mark on.
+async fn close_and_split(m: &ConsumerSidecar, closing: &[usize]) -> (Vec<u64>, Vec<u64>) {
+    let mut at_mark = Vec::new();
+    for &h in closing {
+        at_mark.push(mark(m, h).await);
+    }
+    let split = measure_split(m).await;
+    let since_mark = closing
+        .iter()
+        .zip(at_mark)
+        .map(|(&h, at)| m.ups[h].app_requests() - at)
+        .collect();
+    (split, since_mark)
+}
+
+/// The closing hosts got no request from their marks on, and each of the
+/// others at least two thirds of an even share of the 90.
+fn assert_left_to_the_others(split: &[u64], closing: &[usize], since_mark: &[u64]) {
+    assert!(
+        since_mark.iter().all(|&n| n == 0),
+        "closing hosts {closing:?} got requests after their mark was seen: {since_mark:?}"
+    );
+    let others = (split.len() - closing.len()) as u64;
+    let least = (SPLIT.0 * SPLIT.1) as u64 * 2 / (3 * others);
+    for (h, &n) in split.iter().enumerate() {
+        assert!(
+            closing.contains(&h) || n >= least,
+            "host {h} got fewer than {least} of 90: {split:?}"
+        );
+    }
+}
+
+/// Hosts 0 .. `closing` of `n` close: the others share the load.
+async fn closing_hosts_leave_the_load_to_the_others(
+    scenario: &str,
+    membership: Membership,
+    n: usize,
+    closing: usize,
+) {
+    let m = share_mesh(scenario, membership, &[], n).await;
+    let closing: Vec<usize> = (0..closing).collect();
+    let (split, since_mark) = close_and_split(&m, &closing).await;
+    eprintln!(
+        "{scenario} ({membership:?}): hosts {closing:?} closing; 90 requests split {split:?}; \
+         app requests to the closing hosts after their mark {since_mark:?}"
+    );
+    assert_left_to_the_others(&split, &closing, &since_mark);
+}
+
+async fn it_shares_the_load_when_one_of_three_hosts_closes(membership: Membership) {
+    closing_hosts_leave_the_load_to_the_others("share-1-of-3", membership, 3, 1).await;
+}
+with_and_without_admin!(it_shares_the_load_when_one_of_three_hosts_closes);
+
+async fn it_shares_the_load_when_three_of_six_hosts_close(membership: Membership) {
+    closing_hosts_leave_the_load_to_the_others("share-3-of-6", membership, 6, 3).await;
+}
+with_and_without_admin!(it_shares_the_load_when_three_of_six_hosts_close);
+
+async fn it_still_answers_from_several_hosts_when_every_host_closes(membership: Membership) {
+    let m = share_mesh("share-all-closing", membership, &[], 3).await;
+    // Host 0 closes with two hosts open: they take its load.
+    let (first, since_mark) = close_and_split(&m, &[0]).await;
+    // Then the two others: each request still answered, by several hosts.
+    // (Host 0 is no longer checked: with one host or none open, the panic
+    // rule lists tombstoned hosts again.)
+    let (split, _) = close_and_split(&m, &[1, 2]).await;
+    eprintln!(
+        "share-all-closing ({membership:?}): host 0 closing, 90 requests split {first:?}, app \
+         requests to it after its mark {since_mark:?}; then every host closing, 90 requests \
+         split {split:?}"
+    );
+    assert_left_to_the_others(&first, &[0], &since_mark);
+    assert!(
+        split.iter().filter(|&&c| c > 0).count() >= 2,
+        "all 90 requests went to one host: {split:?}"
+    );
+}
+with_and_without_admin!(it_still_answers_from_several_hosts_when_every_host_closes);
+
 /// A host's first closing mark as the load saw it.
 #[derive(Clone, Debug)]
 struct Seen {
@@ -607,9 +711,9 @@ struct Watched {
     served: Vec<u64>,
     /// Per host: its first closing mark.
     seen: Vec<Option<Seen>>,
-    /// Per host: start times of requests that began after its mark was seen
-    /// and that its marked instance answered anyway.
-    late: Vec<Vec<Instant>>,
+    /// Per host: requests that began after its mark was seen and that its
+    /// marked instance answered anyway.
+    late: Vec<u64>,
     failed: u64,
 }
 
@@ -629,7 +733,7 @@ impl Watched {
         };
         self.served[host] += 1;
         match &self.seen[host] {
-            Some(seen) if seen.instance == id && started > seen.at => self.late[host].push(started),
+            Some(seen) if seen.instance == id && started > seen.at => self.late[host] += 1,
             Some(_) => {}
             None if r.header(CLOSING).as_deref() == Some("true") => {
                 self.seen[host] = Some(Seen {
@@ -641,28 +745,6 @@ impl Watched {
             None => {}
         }
     }
-
-    /// How many of `hosts` requests answered by a marked instance began
-    /// after its mark was seen (and before `until`, if given).
-    fn late_counts(&self, hosts: &[usize], until: Option<Instant>) -> Vec<u64> {
-        hosts
-            .iter()
-            .map(|&h| {
-                self.late[h]
-                    .iter()
-                    .filter(|&&t| until.is_none_or(|u| t < u))
-                    .count() as u64
-            })
-            .collect()
-    }
-}
-
-/// One closing host's drain under load.
-struct Drained {
-    /// When every request in flight at the mark had been answered.
-    settled: Instant,
-    /// App requests its instance got from then to the end of the drain.
-    requests: u64,
 }
 
 /// Continuous load on [`CONNS`] keep-alive HTTP/1.1 connections, every
@@ -679,7 +761,7 @@ impl Traffic {
             done: vec![0; CONNS],
             served: vec![0; hosts],
             seen: vec![None; hosts],
-            late: vec![Vec::new(); hosts],
+            late: vec![0; hosts],
             failed: 0,
         }));
         let stop = Arc::new(AtomicBool::new(false));
@@ -709,8 +791,9 @@ impl Traffic {
 
     /// Sets `host` closing, waits until the load saw it answer so and every
     /// request in flight at that moment was answered, and lets it drain
-    /// under load until [`DRAIN`] after it was seen.
-    async fn close_and_drain(&self, m: &ConsumerSidecar, host: usize) -> Drained {
+    /// under load until [`DRAIN`] after it was seen. Returns the app
+    /// requests it got from then to the end of the drain.
+    async fn close_and_drain(&self, m: &ConsumerSidecar, host: usize) -> u64 {
         let before = self.watched(|w| w.served.clone());
         m.ups[host].set_closing(true);
         let seen = wait_for(
@@ -732,13 +815,9 @@ impl Traffic {
             },
         )
         .await;
-        let settled = Instant::now();
         let at_settled = m.ups[host].app_requests();
         tokio::time::sleep_until((seen.at + DRAIN).into()).await;
-        Drained {
-            settled,
-            requests: m.ups[host].app_requests() - at_settled,
-        }
+        m.ups[host].app_requests() - at_settled
     }
 
     async fn stop(mut self) -> Watched {
@@ -757,101 +836,6 @@ impl Drop for Traffic {
         }
     }
 }
-
-/// Closes `closing` hosts one after another under load (each seen closing
-/// and drained before the next), then measures a split of 90 requests.
-/// Returns the load's record, the drains and the split.
-async fn close_and_split(
-    m: &ConsumerSidecar,
-    closing: &[usize],
-) -> (Watched, Vec<Drained>, Vec<u64>) {
-    let traffic = Traffic::start(m.outbound, m.ups.len());
-    let mut drained = Vec::new();
-    for &h in closing {
-        drained.push(traffic.close_and_drain(m, h).await);
-    }
-    let watched = traffic.stop().await;
-    assert_eq!(watched.failed, 0);
-    let split = measure_split(m).await;
-    (watched, drained, split)
-}
-
-/// `closing` of `n` hosts close: the others share 90 requests (each at least
-/// two thirds of an even share), the closing ones get none from the moment
-/// each was seen closing.
-async fn closing_hosts_leave_the_load_to_the_others(
-    scenario: &str,
-    membership: Membership,
-    n: usize,
-    closing: usize,
-) {
-    let m = share_mesh(scenario, membership, &[], n).await;
-    let closing: Vec<usize> = (0..closing).collect();
-    let closing = closing.as_slice();
-    let (watched, drained, split) = close_and_split(&m, closing).await;
-    let late = watched.late_counts(closing, None);
-    let while_closing: Vec<u64> = drained.iter().map(|d| d.requests).collect();
-    eprintln!(
-        "{scenario} ({membership:?}): hosts {closing:?} closing; 90 requests split {split:?}; \
-         under load, app requests to them while draining {while_closing:?}, answers from them \
-         to requests sent after their mark was seen {late:?}"
-    );
-    let others = n - closing.len();
-    let least = (SPLIT.0 * SPLIT.1 * 2 / (3 * others)) as u64;
-    for h in 0..n {
-        if closing.contains(&h) {
-            assert_eq!(split[h], 0, "closing host {h} got requests: {split:?}");
-        } else {
-            assert!(
-                split[h] >= least,
-                "host {h} got fewer than {least} of 90: {split:?}"
-            );
-        }
-    }
-    assert!(
-        while_closing.iter().all(|&n| n == 0),
-        "hosts {closing:?} got requests while draining: {while_closing:?}"
-    );
-    assert!(
-        late.iter().all(|&n| n == 0),
-        "hosts {closing:?} answered requests sent after their mark was seen: {late:?}"
-    );
-}
-
-async fn it_shares_the_load_when_one_of_three_hosts_closes(membership: Membership) {
-    closing_hosts_leave_the_load_to_the_others("share-1-of-3", membership, 3, 1).await;
-}
-with_and_without_admin!(it_shares_the_load_when_one_of_three_hosts_closes);
-
-async fn it_shares_the_load_when_three_of_six_hosts_close(membership: Membership) {
-    closing_hosts_leave_the_load_to_the_others("share-3-of-6", membership, 6, 3).await;
-}
-with_and_without_admin!(it_shares_the_load_when_three_of_six_hosts_close);
-
-async fn it_still_answers_from_several_hosts_when_every_host_closes(membership: Membership) {
-    let m = share_mesh("share-all-closing", membership, &[], 3).await;
-    let (watched, drained, split) = close_and_split(&m, &[0, 1, 2]).await;
-    // While host 0 drained, hosts 1 and 2 were open: it got nothing. (Once
-    // host 1 closes too, the panic rule may give it requests again.)
-    let first = &drained[0];
-    let late = watched.late_counts(&[0], Some(first.settled))[0];
-    eprintln!(
-        "share-all-closing ({membership:?}): every host closing; 90 requests split {split:?}; \
-         while host 0 drained with two others open, app requests to it {}, answers from it to \
-         requests sent after its mark was seen {late}",
-        first.requests
-    );
-    assert!(
-        split.iter().filter(|&&c| c > 0).count() >= 2,
-        "all 90 requests went to one host: {split:?}"
-    );
-    assert_eq!(
-        (first.requests, late),
-        (0, 0),
-        "host 0 got requests while two others were open"
-    );
-}
-with_and_without_admin!(it_still_answers_from_several_hosts_when_every_host_closes);
 
 /// The load's share per host is measured over windows this long.
 const WINDOW: Duration = Duration::from_millis(500);
@@ -920,9 +904,30 @@ fn longest_majority(windows: &[Vec<u64>]) -> (usize, usize) {
         .unwrap_or((0, 0))
 }
 
-/// Six hosts under continuous load, restarted one after another on their
-/// addresses: each set closing, seen closing, drains for [`DRAIN`], then
-/// answers as a new instance (not closing, id `h<n>.2`).
+/// How a full restart sees each host closing.
+#[derive(Clone, Copy)]
+enum Seeing {
+    /// Through the continuous load, which never pauses.
+    UnderLoad,
+    /// With [`mark`] (one connection, nothing else in flight); the host then
+    /// drains under load.
+    OneAtATime,
+}
+
+/// Sets `host` closing, sees it answer so with [`mark`], and lets it drain
+/// for [`DRAIN`] under load; returns the app requests it got from its mark
+/// to the end of the drain.
+async fn mark_and_drain(m: &ConsumerSidecar, host: usize) -> u64 {
+    let at_mark = mark(m, host).await;
+    let load = Traffic::start(m.outbound, m.ups.len());
+    tokio::time::sleep(DRAIN).await;
+    assert_eq!(load.stop().await.failed, 0);
+    m.ups[host].app_requests() - at_mark
+}
+
+/// Six hosts restarted one after another on their addresses: each set
+/// closing, seen closing, drains for [`DRAIN`] under load, then answers as a
+/// new instance (not closing, id `h<n>.2`); load goes on after the last.
 struct FullRestart {
     m: ConsumerSidecar,
     label: String,
@@ -936,17 +941,29 @@ struct FullRestart {
 }
 
 impl FullRestart {
-    async fn run(scenario: &str, membership: Membership, extra: &[(&str, &str)]) -> FullRestart {
+    async fn run(
+        scenario: &str,
+        membership: Membership,
+        extra: &[(&str, &str)],
+        seeing: Seeing,
+    ) -> FullRestart {
         let m = share_mesh(scenario, membership, extra, 6).await;
         let label = format!("{scenario} ({membership:?})");
-        let traffic = Traffic::start(m.outbound, m.ups.len());
         let windows = Windows::start(&m, label.clone());
+        let under_load = match seeing {
+            Seeing::UnderLoad => Some(Traffic::start(m.outbound, m.ups.len())),
+            Seeing::OneAtATime => None,
+        };
         let mut while_closing = Vec::new();
         for (h, up) in m.ups.iter().enumerate() {
-            while_closing.push(traffic.close_and_drain(&m, h).await.requests);
+            while_closing.push(match &under_load {
+                Some(traffic) => traffic.close_and_drain(&m, h).await,
+                None => mark_and_drain(&m, h).await,
+            });
             up.set_closing(false);
             up.set_instance(&instance(h, 2));
         }
+        let traffic = under_load.unwrap_or_else(|| Traffic::start(m.outbound, m.ups.len()));
         FullRestart {
             m,
             label,
@@ -962,8 +979,7 @@ impl FullRestart {
     async fn finish(self) -> Vec<Vec<u64>> {
         let windows = self.windows.stop();
         let watched = self.traffic.stop().await;
-        let hosts: Vec<usize> = (0..self.m.ups.len()).collect();
-        let late = watched.late_counts(&hosts, None);
+        let late = &watched.late;
         eprintln!(
             "{}: answers per host {:?}; app requests to each old instance from its mark to its \
              restart {:?}, answers from it to requests sent after the mark {late:?}; \
@@ -1000,7 +1016,7 @@ fn spread_over(requests: &[u64]) -> usize {
 }
 
 async fn it_spreads_the_load_within_1s_of_a_full_restart_with_probes(membership: Membership) {
-    let restart = FullRestart::run("restart-probed", membership, &[]).await;
+    let restart = FullRestart::run("restart-probed", membership, &[], Seeing::OneAtATime).await;
     let base = restart.m.counts();
     // Counts since the last restart, and the requests per host over the
     // last span when the poll stopped.
@@ -1044,7 +1060,13 @@ with_and_without_admin!(it_spreads_the_load_within_1s_of_a_full_restart_with_pro
 async fn it_never_gives_one_host_the_load_through_a_full_restart_without_probes(
     membership: Membership,
 ) {
-    let restart = FullRestart::run("restart-unprobed", membership, &[("probe_path", "")]).await;
+    let restart = FullRestart::run(
+        "restart-unprobed",
+        membership,
+        &[("probe_path", "")],
+        Seeing::UnderLoad,
+    )
+    .await;
     // The load goes on for six more windows after the last restart.
     tokio::time::sleep(WINDOW * 6).await;
     let label = restart.label.clone();
