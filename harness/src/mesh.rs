@@ -37,10 +37,24 @@ pub struct ConsumerSidecar {
 impl ConsumerSidecar {
     /// Three upstreams with instance ids a1, b1, c1, all in the cluster.
     pub async fn start(name: &str, config: &str, retries: u32) -> ConsumerSidecar {
+        ConsumerSidecar::with_instances(name, config, retries, ["a1", "b1", "c1"]).await
+    }
+
+    /// One upstream per instance id, in that order, all in the cluster.
+    pub async fn with_instances<I>(
+        name: &str,
+        config: &str,
+        retries: u32,
+        instances: I,
+    ) -> ConsumerSidecar
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
         let mut ups = Vec::new();
-        for id in ["a1", "b1", "c1"] {
+        for id in instances {
             let u = Upstream::start().await;
-            u.set_instance(id);
+            u.set_instance(id.as_ref());
             ups.push(u);
         }
         let addrs: Vec<SocketAddr> = ups.iter().map(|u| u.addr).collect();

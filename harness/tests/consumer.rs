@@ -3,12 +3,14 @@
 //! with test upstreams standing in for provider sidecars.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use graceful_harness::client::{self, load, Conn};
-use graceful_harness::envoy::{eventually, free_port, write_eds};
+use graceful_harness::client::{self, load, Conn, Response};
+use graceful_harness::envoy::{eventually, free_port, wait_for, write_eds};
 use graceful_harness::mesh::{ConsumerSidecar, CLOSING};
-use graceful_harness::upstream::Upstream;
+use graceful_harness::upstream::{Counters, Upstream};
 
 const OVERRIDE: &str = "x-graceful-override-host";
 
@@ -468,3 +470,613 @@ async fn it_tombstones_no_host_when_clients_cancel_slow_requests() {
     assert_eq!(m.stat("graceful_consumer_evictions").await, 0);
     assert_eq!(m.stat("graceful_consumer_steered").await, 0);
 }
+
+// Sharing the load while hosts close. A tombstone must steer requests to the
+// other usable hosts, all of them, whatever the source of membership: each
+// scenario runs with membership from Envoy's admin (`with_admin`) and with
+// membership learnt from answers only (`without_admin`, the default).
+
+/// Where the consumer learns a cluster's members.
+#[derive(Clone, Copy, Debug)]
+enum Membership {
+    Admin,
+    Observed,
+}
+
+impl Membership {
+    /// The consumer's configuration: the membership source and `extra`.
+    fn config(self, extra: &[(&str, &str)]) -> String {
+        let mut cfg = serde_json::Map::new();
+        if let Membership::Admin = self {
+            cfg.insert("admin_cluster".into(), "envoy_admin".into());
+            cfg.insert("membership_refresh".into(), "200ms".into());
+        }
+        for (field, value) in extra {
+            cfg.insert((*field).into(), (*value).into());
+        }
+        serde_json::Value::Object(cfg).to_string()
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Membership::Admin => "admin",
+            Membership::Observed => "observed",
+        }
+    }
+}
+
+/// Two tests of one scenario, `$scenario::with_admin` and
+/// `$scenario::without_admin`: the async fn `$scenario(Membership)`.
+macro_rules! with_and_without_admin {
+    ($scenario:ident) => {
+        mod $scenario {
+            use super::Membership;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn with_admin() {
+                super::$scenario(Membership::Admin).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn without_admin() {
+                super::$scenario(Membership::Observed).await
+            }
+        }
+    };
+}
+
+const INSTANCE: &str = "x-graceful-instance";
+/// Connections of the continuous load (the kernel spreads them over both
+/// workers by hash).
+const CONNS: usize = 8;
+/// One measured split: 90 requests, 10 on each of 9 connections.
+const SPLIT: (usize, usize) = (9, 10);
+/// How long a host that was seen closing goes on draining under load before
+/// it restarts (the scenario's timing, not a wait for anything).
+const DRAIN: Duration = Duration::from_millis(500);
+
+/// Host `host`'s instance id in its `generation` (1 at start).
+fn instance(host: usize, generation: u32) -> String {
+    format!("h{host}.{generation}")
+}
+
+/// The host an instance id names.
+fn host_of(instance: &str) -> Option<usize> {
+    instance.strip_prefix('h')?.split('.').next()?.parse().ok()
+}
+
+/// `n` hosts (instances h0.1 ...) behind the consumer sidecar, warmed up by
+/// a short load (`n` requests on each of 6 connections: a worker's round
+/// robin reaches every host); with the admin, also until its membership was
+/// read.
+async fn share_mesh(
+    scenario: &str,
+    membership: Membership,
+    extra: &[(&str, &str)],
+    n: usize,
+) -> ConsumerSidecar {
+    let name = format!("{scenario}-{}", membership.label());
+    let m = ConsumerSidecar::with_instances(
+        &name,
+        &membership.config(extra),
+        2,
+        (0..n).map(|h| instance(h, 1)),
+    )
+    .await;
+    let warm = load(m.outbound, 6, n, "/").await;
+    assert!(warm.iter().all(|r| r.status == 200));
+    if let Membership::Admin = membership {
+        m.until_membership_refreshed().await;
+    }
+    m
+}
+
+/// App requests per host between two [`ConsumerSidecar::counts`].
+fn split(before: &[u64], after: &[u64]) -> Vec<u64> {
+    before.iter().zip(after).map(|(b, a)| a - b).collect()
+}
+
+/// 90 requests on 9 connections (every answer 200); the app requests per
+/// host they made.
+async fn measure_split(m: &ConsumerSidecar) -> Vec<u64> {
+    let before = m.counts();
+    let rs = load(m.outbound, SPLIT.0, SPLIT.1, "/").await;
+    let after = m.counts();
+    let failed: Vec<_> = rs.iter().filter(|r| r.status != 200).collect();
+    assert!(failed.is_empty(), "failed requests: {failed:?}");
+    split(&before, &after)
+}
+
+/// Sets `host` closing and sends requests on one connection, nothing else
+/// in flight, until its instance answers closing; returns the app requests
+/// it had then (exact: no request can reach it unseen).
+async fn mark(m: &ConsumerSidecar, host: usize) -> u64 {
+    m.ups[host].set_closing(true);
+    let before = m.counts();
+    let mut conn = Conn::http1(m.outbound).await.unwrap();
+    for _ in 0..200 {
+        let r = conn.get("/").await.unwrap();
+        assert_eq!(r.status, 200, "{r:?}");
+        let marked = r.header(CLOSING).as_deref() == Some("true");
+        if marked && r.header(INSTANCE).as_deref().and_then(host_of) == Some(host) {
+            return m.ups[host].app_requests();
+        }
+    }
+    panic!(
+        "host {host} never answered closing in 200 requests, which went {:?}",
+        split(&before, &m.counts())
+    )
+}
+
+/// Marks `closing` hosts one after another ([`mark`]), then sends 90
+/// requests. Returns their split and, per closing host, the app requests
+/// it got from its mark on.
+async fn close_and_split(m: &ConsumerSidecar, closing: &[usize]) -> (Vec<u64>, Vec<u64>) {
+    let mut at_mark = Vec::new();
+    for &h in closing {
+        at_mark.push(mark(m, h).await);
+    }
+    let split = measure_split(m).await;
+    let since_mark = closing
+        .iter()
+        .zip(at_mark)
+        .map(|(&h, at)| m.ups[h].app_requests() - at)
+        .collect();
+    (split, since_mark)
+}
+
+/// The closing hosts got no request from their marks on, and each of the
+/// others at least two thirds of an even share of the 90.
+fn assert_left_to_the_others(split: &[u64], closing: &[usize], since_mark: &[u64]) {
+    assert!(
+        since_mark.iter().all(|&n| n == 0),
+        "closing hosts {closing:?} got requests after their mark was seen: {since_mark:?}"
+    );
+    let others = (split.len() - closing.len()) as u64;
+    let least = (SPLIT.0 * SPLIT.1) as u64 * 2 / (3 * others);
+    for (h, &n) in split.iter().enumerate() {
+        assert!(
+            closing.contains(&h) || n >= least,
+            "host {h} got fewer than {least} of 90: {split:?}"
+        );
+    }
+}
+
+/// Hosts 0 .. `closing` of `n` close: the others share the load.
+async fn closing_hosts_leave_the_load_to_the_others(
+    scenario: &str,
+    membership: Membership,
+    n: usize,
+    closing: usize,
+) {
+    let m = share_mesh(scenario, membership, &[], n).await;
+    let closing: Vec<usize> = (0..closing).collect();
+    let (split, since_mark) = close_and_split(&m, &closing).await;
+    eprintln!(
+        "{scenario} ({membership:?}): hosts {closing:?} closing; 90 requests split {split:?}; \
+         app requests to the closing hosts after their mark {since_mark:?}"
+    );
+    assert_left_to_the_others(&split, &closing, &since_mark);
+}
+
+async fn it_shares_the_load_when_one_of_three_hosts_closes(membership: Membership) {
+    closing_hosts_leave_the_load_to_the_others("share-1-of-3", membership, 3, 1).await;
+}
+with_and_without_admin!(it_shares_the_load_when_one_of_three_hosts_closes);
+
+async fn it_shares_the_load_when_three_of_six_hosts_close(membership: Membership) {
+    closing_hosts_leave_the_load_to_the_others("share-3-of-6", membership, 6, 3).await;
+}
+with_and_without_admin!(it_shares_the_load_when_three_of_six_hosts_close);
+
+async fn it_still_answers_from_several_hosts_when_every_host_closes(membership: Membership) {
+    let m = share_mesh("share-all-closing", membership, &[], 3).await;
+    // Host 0 closes with two hosts open: they take its load.
+    let (first, since_mark) = close_and_split(&m, &[0]).await;
+    // Then the two others: each request still answered, by several hosts.
+    // (Host 0 is no longer checked: with one host or none open, the panic
+    // rule lists tombstoned hosts again.)
+    let (split, _) = close_and_split(&m, &[1, 2]).await;
+    eprintln!(
+        "share-all-closing ({membership:?}): host 0 closing, 90 requests split {first:?}, app \
+         requests to it after its mark {since_mark:?}; then every host closing, 90 requests \
+         split {split:?}"
+    );
+    assert_left_to_the_others(&first, &[0], &since_mark);
+    assert!(
+        split.iter().filter(|&&c| c > 0).count() >= 2,
+        "all 90 requests went to one host: {split:?}"
+    );
+}
+with_and_without_admin!(it_still_answers_from_several_hosts_when_every_host_closes);
+
+/// A host's first closing mark as the load saw it.
+#[derive(Clone, Debug)]
+struct Seen {
+    at: Instant,
+    /// The instance that answered closing.
+    instance: String,
+    /// Requests answered per connection at that moment: the ones in flight
+    /// then may still reach the host.
+    done: Vec<u64>,
+}
+
+/// What the load saw, per connection and per host (the host is told by the
+/// instance id the app stamps on every answer).
+#[derive(Clone)]
+struct Watched {
+    /// Per connection: requests answered.
+    done: Vec<u64>,
+    /// Per host: answers.
+    served: Vec<u64>,
+    /// Per host: its first closing mark.
+    seen: Vec<Option<Seen>>,
+    /// Per host: requests that began after its mark was seen and that its
+    /// marked instance answered anyway.
+    late: Vec<u64>,
+    failed: u64,
+}
+
+impl Watched {
+    fn record(&mut self, conn: usize, started: Instant, r: &Response) {
+        self.done[conn] += 1;
+        if r.status != 200 {
+            eprintln!("failed: {} {:?} {:?}", r.status, r.headers, r.text());
+            self.failed += 1;
+            return;
+        }
+        let Some(id) = r.header(INSTANCE) else {
+            return;
+        };
+        let Some(host) = host_of(&id).filter(|&h| h < self.served.len()) else {
+            return;
+        };
+        self.served[host] += 1;
+        match &self.seen[host] {
+            Some(seen) if seen.instance == id && started > seen.at => self.late[host] += 1,
+            Some(_) => {}
+            None if r.header(CLOSING).as_deref() == Some("true") => {
+                self.seen[host] = Some(Seen {
+                    at: Instant::now(),
+                    instance: id,
+                    done: self.done.clone(),
+                })
+            }
+            None => {}
+        }
+    }
+}
+
+/// Continuous load on [`CONNS`] keep-alive HTTP/1.1 connections, every
+/// answer watched, until [`Traffic::stop`] (or dropped: a test that failed).
+struct Traffic {
+    watched: Arc<Mutex<Watched>>,
+    stop: Arc<AtomicBool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Traffic {
+    fn start(addr: SocketAddr, hosts: usize) -> Traffic {
+        let watched = Arc::new(Mutex::new(Watched {
+            done: vec![0; CONNS],
+            served: vec![0; hosts],
+            seen: vec![None; hosts],
+            late: vec![0; hosts],
+            failed: 0,
+        }));
+        let stop = Arc::new(AtomicBool::new(false));
+        let tasks = (0..CONNS)
+            .map(|c| {
+                let (watched, stop) = (watched.clone(), stop.clone());
+                tokio::spawn(async move {
+                    let mut conn = Conn::http1(addr).await.unwrap();
+                    while !stop.load(Ordering::SeqCst) {
+                        let started = Instant::now();
+                        let r = conn.get("/").await.unwrap_or_else(|e| panic!("{e}"));
+                        watched.lock().unwrap().record(c, started, &r);
+                    }
+                })
+            })
+            .collect();
+        Traffic {
+            watched,
+            stop,
+            tasks,
+        }
+    }
+
+    fn watched<T>(&self, f: impl FnOnce(&Watched) -> T) -> T {
+        f(&self.watched.lock().unwrap())
+    }
+
+    /// Sets `host` closing, waits until the load saw it answer so and every
+    /// request in flight at that moment was answered, and lets it drain
+    /// under load until [`DRAIN`] after it was seen. Returns the app
+    /// requests it got from then to the end of the drain.
+    async fn close_and_drain(&self, m: &ConsumerSidecar, host: usize) -> u64 {
+        let before = self.watched(|w| w.served.clone());
+        m.ups[host].set_closing(true);
+        let seen = wait_for(
+            &format!("host {host} seen answering closing"),
+            Duration::from_secs(5),
+            || async { self.watched(|w| w.seen[host].clone()) },
+        )
+        .await
+        .unwrap_or_else(|e| {
+            let served = self.watched(|w| split(&before, &w.served));
+            panic!("{e}; answers per host meanwhile: {served:?}")
+        });
+        eventually(
+            "the requests in flight at the mark answered",
+            Duration::from_secs(10),
+            || async {
+                self.watched(|w| w.done.iter().zip(&seen.done).all(|(d, s)| d > s))
+                    .then_some(())
+            },
+        )
+        .await;
+        let at_settled = m.ups[host].app_requests();
+        tokio::time::sleep_until((seen.at + DRAIN).into()).await;
+        m.ups[host].app_requests() - at_settled
+    }
+
+    async fn stop(mut self) -> Watched {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in std::mem::take(&mut self.tasks) {
+            t.await.unwrap();
+        }
+        self.watched(Watched::clone)
+    }
+}
+
+impl Drop for Traffic {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// The load's share per host is measured over windows this long.
+const WINDOW: Duration = Duration::from_millis(500);
+
+/// App requests per host in each [`WINDOW`], sampled while the load runs
+/// (and printed as they come, so a failing run shows them too).
+struct Windows {
+    samples: Arc<Mutex<Vec<Vec<u64>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Windows {
+    fn start(m: &ConsumerSidecar, label: String) -> Windows {
+        let counters: Vec<Arc<Counters>> = m.ups.iter().map(|u| u.counters.clone()).collect();
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let record = samples.clone();
+        let task = tokio::spawn(async move {
+            let count = || -> Vec<u64> {
+                counters
+                    .iter()
+                    .map(|c| c.app_requests.load(Ordering::SeqCst))
+                    .collect()
+            };
+            let mut last = count();
+            let mut tick = tokio::time::interval(WINDOW);
+            tick.tick().await;
+            loop {
+                tick.tick().await;
+                let now = count();
+                let window = split(&last, &now);
+                let mut record = record.lock().unwrap();
+                eprintln!("{label} window {}: {window:?}", record.len());
+                record.push(window);
+                last = now;
+            }
+        });
+        Windows { samples, task }
+    }
+
+    fn stop(self) -> Vec<Vec<u64>> {
+        self.samples.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Windows {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// The longest run of consecutive windows in which one host took more than
+/// half of the requests: (host, windows).
+fn longest_majority(windows: &[Vec<u64>]) -> (usize, usize) {
+    let hosts = windows.first().map_or(0, Vec::len);
+    (0..hosts)
+        .map(|h| {
+            let (mut run, mut longest) = (0, 0);
+            for w in windows {
+                let total: u64 = w.iter().sum();
+                run = if w[h] * 2 > total { run + 1 } else { 0 };
+                longest = longest.max(run);
+            }
+            (h, longest)
+        })
+        .max_by_key(|&(_, run)| run)
+        .unwrap_or((0, 0))
+}
+
+/// How a full restart sees each host closing.
+#[derive(Clone, Copy)]
+enum Seeing {
+    /// Through the continuous load, which never pauses.
+    UnderLoad,
+    /// With [`mark`] (one connection, nothing else in flight); the host then
+    /// drains under load.
+    OneAtATime,
+}
+
+/// Sets `host` closing, sees it answer so with [`mark`], and lets it drain
+/// for [`DRAIN`] under load; returns the app requests it got from its mark
+/// to the end of the drain.
+async fn mark_and_drain(m: &ConsumerSidecar, host: usize) -> u64 {
+    let at_mark = mark(m, host).await;
+    let load = Traffic::start(m.outbound, m.ups.len());
+    tokio::time::sleep(DRAIN).await;
+    assert_eq!(load.stop().await.failed, 0);
+    m.ups[host].app_requests() - at_mark
+}
+
+/// Six hosts restarted one after another on their addresses: each set
+/// closing, seen closing, drains for [`DRAIN`] under load, then answers as a
+/// new instance (not closing, id `h<n>.2`); load goes on after the last.
+struct FullRestart {
+    m: ConsumerSidecar,
+    label: String,
+    traffic: Traffic,
+    windows: Windows,
+    /// Per host: app requests its old instance got from its mark (once the
+    /// requests in flight then were answered) to its restart.
+    while_closing: Vec<u64>,
+    /// When the last host restarted.
+    done: Instant,
+}
+
+impl FullRestart {
+    async fn run(
+        scenario: &str,
+        membership: Membership,
+        extra: &[(&str, &str)],
+        seeing: Seeing,
+    ) -> FullRestart {
+        let m = share_mesh(scenario, membership, extra, 6).await;
+        let label = format!("{scenario} ({membership:?})");
+        let windows = Windows::start(&m, label.clone());
+        let under_load = match seeing {
+            Seeing::UnderLoad => Some(Traffic::start(m.outbound, m.ups.len())),
+            Seeing::OneAtATime => None,
+        };
+        let mut while_closing = Vec::new();
+        for (h, up) in m.ups.iter().enumerate() {
+            while_closing.push(match &under_load {
+                Some(traffic) => traffic.close_and_drain(&m, h).await,
+                None => mark_and_drain(&m, h).await,
+            });
+            up.set_closing(false);
+            up.set_instance(&instance(h, 2));
+        }
+        let traffic = under_load.unwrap_or_else(|| Traffic::start(m.outbound, m.ups.len()));
+        FullRestart {
+            m,
+            label,
+            traffic,
+            windows,
+            while_closing,
+            done: Instant::now(),
+        }
+    }
+
+    /// Stops the load; checks that every request succeeded and that no old
+    /// instance got a request once its mark was seen. Returns the windows.
+    async fn finish(self) -> Vec<Vec<u64>> {
+        let windows = self.windows.stop();
+        let watched = self.traffic.stop().await;
+        let late = &watched.late;
+        eprintln!(
+            "{}: answers per host {:?}; app requests to each old instance from its mark to its \
+             restart {:?}, answers from it to requests sent after the mark {late:?}; \
+             windows of {WINDOW:?}: {windows:?}",
+            self.label, watched.served, self.while_closing
+        );
+        assert_eq!(watched.failed, 0);
+        assert!(
+            self.while_closing.iter().all(|&n| n == 0),
+            "closing hosts got requests while others were open: {:?}",
+            self.while_closing
+        );
+        assert!(
+            late.iter().all(|&n| n == 0),
+            "closing hosts answered requests sent after their mark: {late:?}"
+        );
+        windows
+    }
+}
+
+/// The load counts as spread over a host when, over the last [`SPAN`] (at
+/// least), the host took at least a twelfth of the requests (half an even
+/// share of six).
+const SPAN: Duration = Duration::from_millis(150);
+
+/// The hosts that took at least a twelfth of `requests` (none of too few
+/// requests to tell).
+fn spread_over(requests: &[u64]) -> usize {
+    let total: u64 = requests.iter().sum();
+    if total < 30 {
+        return 0;
+    }
+    requests.iter().filter(|&&n| n * 12 >= total).count()
+}
+
+async fn it_spreads_the_load_within_1s_of_a_full_restart_with_probes(membership: Membership) {
+    let restart = FullRestart::run("restart-probed", membership, &[], Seeing::OneAtATime).await;
+    let base = restart.m.counts();
+    // Counts since the last restart, and the requests per host over the
+    // last span when the poll stopped.
+    let history = Mutex::new(vec![(restart.done, base.clone())]);
+    let last_span = Mutex::new(Vec::new());
+    let reached = wait_for(
+        "the load spread over 5 of the 6 hosts",
+        Duration::from_secs(10),
+        || async {
+            let now = (Instant::now(), restart.m.counts());
+            let mut history = history.lock().unwrap();
+            let recent = history
+                .iter()
+                .rev()
+                .find(|(at, _)| now.0 - *at >= SPAN)?
+                .clone();
+            let span = split(&recent.1, &now.1);
+            let spread = spread_over(&span) >= 5;
+            *last_span.lock().unwrap() = span;
+            history.push(now);
+            spread.then(|| restart.done.elapsed())
+        },
+    )
+    .await;
+    let since = split(&base, &restart.m.counts());
+    let span = last_span.into_inner().unwrap();
+    let label = restart.label.clone();
+    restart.finish().await;
+    eprintln!(
+        "{label}: after the last restart: {reached:?}; requests per host over the last \
+         {SPAN:?} then {span:?}, since the restart {since:?}"
+    );
+    let took = reached.unwrap_or_else(|e| panic!("{e}: last {SPAN:?} {span:?}, since {since:?}"));
+    assert!(
+        took <= Duration::from_secs(1),
+        "the load took {took:?} to spread over 5 hosts: {span:?}"
+    );
+}
+with_and_without_admin!(it_spreads_the_load_within_1s_of_a_full_restart_with_probes);
+
+async fn it_never_gives_one_host_the_load_through_a_full_restart_without_probes(
+    membership: Membership,
+) {
+    let restart = FullRestart::run(
+        "restart-unprobed",
+        membership,
+        &[("probe_path", "")],
+        Seeing::UnderLoad,
+    )
+    .await;
+    // The load goes on for six more windows after the last restart.
+    tokio::time::sleep(WINDOW * 6).await;
+    let label = restart.label.clone();
+    let windows = restart.finish().await;
+    let (host, run) = longest_majority(&windows);
+    eprintln!("{label}: longest run of windows with one host over half: host {host}, {run}");
+    assert!(
+        run < 4,
+        "host {host} took over half of the requests for {run} windows of {WINDOW:?} in a row: \
+         {windows:?}"
+    );
+}
+with_and_without_admin!(it_never_gives_one_host_the_load_through_a_full_restart_without_probes);
