@@ -17,23 +17,14 @@ use graceful_core::steering::{
 };
 use graceful_core::tombstone::{Observation, Tombstones, Ttls};
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 use serde_json::{json, Value};
+
+mod common;
+use common::config;
 
 /// `cases` per property; `PROPTEST_CASES=n` runs n instead (deeper runs).
 /// When the observed members were seen (µs since the epoch).
 const SEEN_AT: u64 = 1_800_000_000_000_000;
-
-fn config(cases: u32) -> Config {
-    Config {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(cases),
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
 
 fn bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
     prop::collection::vec(any::<u8>(), 0..max)

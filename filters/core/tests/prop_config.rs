@@ -18,20 +18,10 @@ use graceful_core::duration::{format_duration, MAX_DURATION};
 use graceful_core::net::Cidr;
 use graceful_core::record::GateTimings;
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 use serde_json::{json, Map, Value};
 
-/// `cases` per property; `PROPTEST_CASES=n` runs n instead (deeper runs).
-fn config(cases: u32) -> Config {
-    Config {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(cases),
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
+mod common;
+use common::config;
 
 const MAX_MS: u64 = 24 * 3600 * 1000;
 

@@ -16,18 +16,9 @@ use graceful_core::consumer::{Consumer, Counter, Effect, Exchange, Part, Respons
 use graceful_core::keys;
 use graceful_core::store::{self, MemStore};
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 
-fn config(cases: u32) -> Config {
-    Config {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(cases),
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
+mod common;
+use common::config;
 
 const S: u64 = 1_000_000;
 const CLUSTER: &str = "svc";

@@ -17,19 +17,9 @@ use graceful_core::steering::{
 use graceful_core::store::{add_bounded, take_lease, update, MemStore, SharedStore};
 use graceful_core::tombstone::{Change, Observation, Tombstones, Ttls};
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 
-/// `cases` per property; `PROPTEST_CASES=n` runs n instead (deeper runs).
-fn config(cases: u32) -> Config {
-    Config {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(cases),
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
+mod common;
+use common::config;
 
 const S: u64 = 1_000_000;
 

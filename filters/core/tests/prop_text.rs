@@ -18,21 +18,11 @@ use graceful_core::net::{trusted_peer_ip, Cidr};
 use graceful_core::record::{InstanceRecord, Phase};
 use graceful_core::status::Status;
 use proptest::prelude::*;
-use proptest::test_runner::Config;
+
+mod common;
+use common::config;
 
 const MAX_MS: u64 = 24 * 3600 * 1000;
-
-/// `cases` per property; `PROPTEST_CASES=n` runs n instead (deeper runs).
-fn config(cases: u32) -> Config {
-    Config {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(cases),
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
 
 /// Text that looks like a duration often enough to reach every branch of
 /// the parser: digits, dots, unit letters, signs, spaces, and some noise.
