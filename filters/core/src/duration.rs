@@ -10,6 +10,12 @@ use std::time::Duration;
 /// from overflow.
 pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
+/// `d` in whole microseconds (saturating: the clocks and expiries here are
+/// µs since the epoch).
+pub fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
 /// Why a duration string was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DurationError(String);

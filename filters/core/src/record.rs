@@ -31,6 +31,8 @@
 
 use std::time::Duration;
 
+use crate::duration::micros;
+
 use crate::store::{update, SharedStore, StoreError, UpdateError};
 
 /// Shared-data key of the instance record.
@@ -130,10 +132,6 @@ pub struct Seen {
     /// When the latest request started as far as this copy knows (µs since
     /// the epoch, 0 = none): never earlier than the real start.
     pub last_start_us: u64,
-}
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 impl InstanceRecord {

@@ -30,6 +30,8 @@
 
 use std::time::Duration;
 
+use crate::duration::micros;
+
 /// Shared-data key of the tombstone list.
 pub const TOMBSTONES_KEY: &str = crate::keys::TOMBSTONES.name;
 /// Shared-data key of a counter bumped on every change to the list, so
@@ -114,10 +116,6 @@ pub enum Change {
 pub struct Ttls {
     pub closing: Duration,
     pub failure: Duration,
-}
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }
 
 /// Truncates to `max` bytes on a char boundary (inputs come from the

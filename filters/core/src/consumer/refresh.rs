@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use super::{micros, Consumer, Effect, Gauge, Level};
+use super::{Consumer, Effect, Gauge, Level};
+use crate::duration::micros;
 use crate::headers;
 use crate::keys;
 use crate::steering::{

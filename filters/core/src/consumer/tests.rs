@@ -1,6 +1,7 @@
 use super::*;
 use crate::config::ConsumerConfig;
-use crate::store::MemStore;
+use crate::keys;
+use crate::store::{self, add_bounded, MemStore, SharedStore};
 use std::cell::Cell;
 use std::time::Duration;
 

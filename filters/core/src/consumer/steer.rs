@@ -1,0 +1,125 @@
+//! Steering one request: the override list from the cached plan, worked out
+//! again only when tombstones or membership changed.
+
+use super::{Consumer, Exchange};
+use crate::keys;
+use crate::steering::{plan, Member, Membership, Plan, Rules, Steering};
+use crate::store::SharedStore;
+
+/// A steering plan and what it was worked out from.
+pub(super) struct CachedPlan {
+    /// Generations of the tombstones, admin membership and observed
+    /// membership it was made from.
+    gens: (Option<u64>, Option<u64>, Option<u64>),
+    cluster: String,
+    /// The first expiry of a tombstone it depends on.
+    until_us: u64,
+    plan: Plan,
+}
+
+impl Consumer {
+    /// The override header value for a request, or None to leave the load
+    /// balancer alone (no live tombstone for the cluster, or every known
+    /// member tombstoned: nothing better to offer). `signal` is
+    /// `graceful_consumer_generation` as just read. The glue sets the
+    /// header and counts `steered` if the host took it.
+    pub fn steer(
+        &mut self,
+        store: &dyn SharedStore,
+        x: &mut dyn Exchange,
+        signal: Option<u64>,
+    ) -> Option<String> {
+        self.sync(signal);
+        self.refresh_tombstones(store);
+        if !self.may_be_live(x) {
+            return None;
+        }
+        let now = x.now();
+        if self.tombstones.value.live_count(now) == 0 {
+            return None;
+        }
+        let cluster = x.cluster();
+        self.register_cluster(store, &cluster);
+        self.rotation = self.rotation.wrapping_add(1);
+        match self.steering(store, &cluster, now, self.rotation) {
+            Steering::Steer(list) => Some(list),
+            Steering::NoneLeft | Steering::LeaveAlone => None,
+        }
+    }
+
+    /// Members of `cluster` to steer among: the admin's view when known,
+    /// else the addresses that answered on any copy (a copy that has served
+    /// nothing yet still steers from the first tombstone).
+    fn members(&mut self, store: &dyn SharedStore, cluster: &str, now: u64) -> Vec<Member> {
+        if self.config.admin_cluster.is_some() {
+            self.members.refresh(
+                store,
+                keys::MEMBERS_GEN.name,
+                keys::MEMBERS.name,
+                Membership::decode,
+            );
+            if let Some(m) = self.members.value.cluster(cluster) {
+                return m.to_vec();
+            }
+        }
+        self.shared_observed.refresh(
+            store,
+            keys::OBSERVED_GEN.name,
+            keys::OBSERVED.name,
+            Membership::decode,
+        );
+        match self.shared_observed.value.seen_within_window(cluster, now) {
+            Some(m) => m,
+            None => self.observed.members(cluster, now),
+        }
+    }
+
+    /// The steering for one request to `cluster`: the plan is worked out
+    /// again only when tombstones or membership changed, or a tombstone in
+    /// it expired.
+    fn steering(
+        &mut self,
+        store: &dyn SharedStore,
+        cluster: &str,
+        now: u64,
+        rotation: usize,
+    ) -> Steering {
+        let members_gen = if self.config.admin_cluster.is_some() {
+            self.members.refresh(
+                store,
+                keys::MEMBERS_GEN.name,
+                keys::MEMBERS.name,
+                Membership::decode,
+            );
+            self.members.gen
+        } else {
+            None
+        };
+        self.shared_observed.refresh(
+            store,
+            keys::OBSERVED_GEN.name,
+            keys::OBSERVED.name,
+            Membership::decode,
+        );
+        let gens = (self.tombstones.gen, members_gen, self.shared_observed.gen);
+        if let Some(cached) = &self.plan {
+            if cached.gens == gens && cached.cluster == cluster && now < cached.until_us {
+                return cached.plan.steering(rotation);
+            }
+        }
+        let members = self.members(store, cluster, now);
+        let rules = Rules {
+            ttls: self.ttls,
+            panic_threshold: self.config.panic_threshold,
+        };
+        let (plan, until_us) = plan(&members, &self.tombstones.value, cluster, now, &rules);
+        let steering = plan.steering(rotation);
+        self.plan = Some(CachedPlan {
+            gens,
+            cluster: cluster.to_string(),
+            until_us,
+            plan,
+        });
+        steering
+    }
+}
