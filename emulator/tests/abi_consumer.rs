@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use graceful_core::consumer::OBSERVE_EVERY;
 use graceful_core::store::SharedStore;
-use graceful_core::tombstone::{
-    Cause, Change, Observation, Tombstone, Tombstones, Ttls, TOMBSTONES_KEY,
-};
+use graceful_core::tombstone::{Cause, Change, Observation, Tombstone, Tombstones, Ttls};
 use graceful_emulated_host::{CallAnswer, Filter, Host, SharedData, StreamId, Vm};
 
 const OVERRIDE: &str = "x-graceful-override-host";
@@ -76,7 +74,7 @@ fn learn(host: &mut Host, vm: Vm, members: &[(&str, &str)]) {
 }
 
 fn tombstones(host: &Host) -> Vec<Tombstone> {
-    host.shared_data(TOMBSTONES_KEY)
+    host.shared_data(graceful_core::keys::TOMBSTONES.name)
         .map(|b| {
             Tombstones::decode(&b)
                 .expect("decodable")
@@ -381,7 +379,7 @@ fn evicted_by_another_worker(address: &'static str, now_us: u64) -> impl FnMut(&
             return;
         }
         let (bytes, cas) = store
-            .get(TOMBSTONES_KEY)
+            .get(graceful_core::keys::TOMBSTONES.name)
             .unwrap()
             .expect("created at configure");
         let mut list = Tombstones::decode(&bytes).expect("decodable");
@@ -394,7 +392,9 @@ fn evicted_by_another_worker(address: &'static str, now_us: u64) -> impl FnMut(&
             address,
         };
         assert_eq!(list.observe(&obs, &ttls, now_us, 64), Change::Evicted);
-        store.set(TOMBSTONES_KEY, &list.encode(), cas).unwrap();
+        store
+            .set(graceful_core::keys::TOMBSTONES.name, &list.encode(), cas)
+            .unwrap();
     }
 }
 
@@ -405,7 +405,11 @@ fn it_counts_one_eviction_when_two_workers_see_the_first_failure_at_once() {
     // key has no CAS to lose on), and counts no eviction of its own.
     let (mut host, w0, _) = process(r#"{"probe_path":""}"#);
     let now = host.now_us();
-    host.race_after_read(TOMBSTONES_KEY, 2, evicted_by_another_worker(A, now));
+    host.race_after_read(
+        graceful_core::keys::TOMBSTONES.name,
+        2,
+        evicted_by_another_worker(A, now),
+    );
     let s = send(&mut host, w0, &[]);
     host.set_response_flags(s, 0x20);
     answer(&mut host, s, A, &[(":status", "503")]);
@@ -420,7 +424,11 @@ fn it_counts_one_eviction_when_two_workers_see_the_first_failure_at_once() {
     // Two different hosts at once: both tombstones are kept.
     let (mut host, w0, _) = process(r#"{"probe_path":""}"#);
     let now = host.now_us();
-    host.race_after_read(TOMBSTONES_KEY, 2, evicted_by_another_worker(B, now));
+    host.race_after_read(
+        graceful_core::keys::TOMBSTONES.name,
+        2,
+        evicted_by_another_worker(B, now),
+    );
     let s = send(&mut host, w0, &[]);
     host.set_response_flags(s, 0x20);
     answer(&mut host, s, A, &[(":status", "503")]);

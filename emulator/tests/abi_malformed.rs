@@ -12,8 +12,7 @@ use std::time::Duration;
 
 use graceful_core::keys::{self, Owner};
 use graceful_core::record;
-use graceful_core::steering::MEMBERS_KEY;
-use graceful_core::tombstone::{Tombstones, TOMBSTONES_KEY};
+use graceful_core::tombstone::Tombstones;
 use graceful_emulated_host::{CallAnswer, Filter, Host, Level, StreamId, Vm};
 
 type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
@@ -310,7 +309,7 @@ fn it_survives_odd_stream_properties() {
 
 /// The tombstone list decodes and stays small whatever the input.
 fn assert_bounded_tombstones(p: &Proc) {
-    if let Some(bytes) = p.host.shared_data(TOMBSTONES_KEY) {
+    if let Some(bytes) = p.host.shared_data(graceful_core::keys::TOMBSTONES.name) {
         let list = Tombstones::decode(&bytes).expect("tombstones decode");
         for t in list.entries() {
             assert!(t.address.len() <= 64 && t.instance.len() <= 128 && t.cluster.len() <= 255);
@@ -464,12 +463,16 @@ fn it_survives_malformed_response_headers_and_trailers() {
     assert_bounded_tombstones(&p);
     // Envoy returns the first of duplicated headers: "false, true" is not
     // a closing mark; the huge, untrimmed and non-UTF-8 ones are not either.
-    let evicted: Vec<String> = Tombstones::decode(&p.host.shared_data(TOMBSTONES_KEY).unwrap())
-        .unwrap()
-        .entries()
-        .iter()
-        .map(|t| t.address.clone())
-        .collect();
+    let evicted: Vec<String> = Tombstones::decode(
+        &p.host
+            .shared_data(graceful_core::keys::TOMBSTONES.name)
+            .unwrap(),
+    )
+    .unwrap()
+    .entries()
+    .iter()
+    .map(|t| t.address.clone())
+    .collect();
     assert!(
         !evicted.contains(&"10.1.0.3:8080".to_string()),
         "{evicted:?}"
@@ -507,7 +510,9 @@ fn it_ignores_garbage_admin_clusters_answers() {
     };
     answers.borrow_mut().push_back(json(ADMIN_JSON.into()));
     host.advance(Duration::from_secs(1));
-    let good = host.shared_data(MEMBERS_KEY).expect("membership stored");
+    let good = host
+        .shared_data(graceful_core::keys::MEMBERS.name)
+        .expect("membership stored");
 
     let mut deep = vec![b'['; 100_000];
     deep.extend(vec![b']'; 100_000]);
@@ -531,7 +536,7 @@ fn it_ignores_garbage_admin_clusters_answers() {
         answers.borrow_mut().push_back(answer);
         host.advance(Duration::from_secs(1));
         assert_eq!(
-            host.shared_data(MEMBERS_KEY).unwrap(),
+            host.shared_data(graceful_core::keys::MEMBERS.name).unwrap(),
             good,
             "{case}: membership kept"
         );
@@ -541,7 +546,10 @@ fn it_ignores_garbage_admin_clusters_answers() {
     for c in host.pending_calls() {
         host.fail_call(c.id);
     }
-    assert_eq!(host.shared_data(MEMBERS_KEY).unwrap(), good);
+    assert_eq!(
+        host.shared_data(graceful_core::keys::MEMBERS.name).unwrap(),
+        good
+    );
     assert!(host.logs_containing("unreadable /clusters answer").len() >= 9);
 
     // Valid JSON with odd content is taken for what it says, no trap.
@@ -572,7 +580,7 @@ fn it_ignores_garbage_admin_clusters_answers() {
     many.push_str("]}]}");
     answers.borrow_mut().push_back(json(many.into_bytes()));
     host.advance(Duration::from_secs(1));
-    let members = host.shared_data(MEMBERS_KEY).unwrap();
+    let members = host.shared_data(graceful_core::keys::MEMBERS.name).unwrap();
     assert!(
         members.len() < 40 * 1024,
         "bounded: {} bytes",
@@ -816,7 +824,12 @@ fn it_survives_garbage_http_call_answers() {
         let pending = host.pending_calls();
         assert_eq!(pending.len(), 1, "{pending:?}");
         host.answer_call(pending[0].id, answer);
-        let t = Tombstones::decode(&host.shared_data(TOMBSTONES_KEY).unwrap()).unwrap();
+        let t = Tombstones::decode(
+            &host
+                .shared_data(graceful_core::keys::TOMBSTONES.name)
+                .unwrap(),
+        )
+        .unwrap();
         assert_eq!(t.entries().len(), 1, "still tombstoned");
     }
     assert_eq!(host.metric("graceful_consumer_readmitted"), 0);

@@ -4,9 +4,6 @@
 
 use crate::store::{SharedStore, StoreError};
 
-/// Shared-data key of the process's instance id.
-pub const INSTANCE_ID_KEY: &str = crate::keys::INSTANCE_ID.name;
-
 /// A fresh id: 16 hex digits mixing the start time with entropy from the
 /// host (WASI `random_get`), so two processes started in the same
 /// microsecond still differ.
@@ -28,20 +25,14 @@ pub fn is_valid(id: &[u8]) -> bool {
 /// it, else `candidate`, stored for the others. Run at configure time (the
 /// main thread's VM configures before workers serve, so copies agree).
 pub fn agree(store: &dyn SharedStore, candidate: &str) -> Result<String, StoreError> {
-    if let Some((bytes, _)) = store.get(INSTANCE_ID_KEY)? {
+    if let Some((bytes, _)) = store.get(crate::keys::INSTANCE_ID.name)? {
         if is_valid(&bytes) {
             return Ok(String::from_utf8_lossy(&bytes).into_owned());
         }
     }
-    store.set(INSTANCE_ID_KEY, candidate.as_bytes(), 0)?;
+    store.set(crate::keys::INSTANCE_ID.name, candidate.as_bytes(), 0)?;
     Ok(candidate.to_string())
 }
-
-/// Shared-data key where the provider publishes the header name and id it
-/// stamps on responses, so graceful_drain can stamp its own answers too
-/// (consumers' probes read the instance id from graceful_drain's readiness
-/// answer).
-pub const IDENTITY_KEY: &str = crate::keys::IDENTITY.name;
 
 /// The identity value: `<header name>\n<instance id>`.
 pub fn encode_identity(header: &str, id: &str) -> Vec<u8> {
@@ -102,9 +93,11 @@ mod tests {
     #[test]
     fn a_malformed_stored_id_is_replaced() {
         let store = MemStore::new();
-        store.set(INSTANCE_ID_KEY, b"bad id\n", 0).unwrap();
+        store
+            .set(crate::keys::INSTANCE_ID.name, b"bad id\n", 0)
+            .unwrap();
         assert_eq!(agree(&store, "fresh").unwrap(), "fresh");
-        store.set(INSTANCE_ID_KEY, b"", 0).unwrap();
+        store.set(crate::keys::INSTANCE_ID.name, b"", 0).unwrap();
         assert_eq!(agree(&store, "again").unwrap(), "again");
     }
 }

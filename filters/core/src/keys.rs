@@ -105,7 +105,9 @@ pub const INSTANCE_ID: Key = key(
     Encoding::InstanceId,
     &[],
 );
-/// The header name and id the provider stamps, for graceful_drain.
+/// The header name and id the provider stamps on responses, so
+/// graceful_drain stamps its own answers too (consumers' probes read the
+/// instance id from graceful_drain's readiness answer).
 pub const IDENTITY: Key = key("graceful.v1.identity", Provider, Encoding::Identity, &[]);
 /// Long-polls held across the process (bounded by `max_waiters`).
 pub const WAITERS: Key = key("graceful.v1.drain.waiters", Drain, Encoding::U64, &[Drain]);

@@ -35,9 +35,6 @@ use crate::duration::micros;
 
 use crate::store::{update, SharedStore, StoreError, UpdateError};
 
-/// Shared-data key of the instance record.
-pub const RECORD_KEY: &str = crate::keys::RECORD.name;
-
 /// Encoded size of [`InstanceRecord`].
 pub const RECORD_LEN: usize = 40;
 const RECORD_VERSION: u8 = 1;
@@ -112,7 +109,7 @@ impl GatePass {
     }
 }
 
-/// Shutdown phase and its times, stored under [`RECORD_KEY`].
+/// Shutdown phase and its times, stored under [`RECORD`](crate::keys::RECORD).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct InstanceRecord {
     pub phase: Phase,
@@ -226,7 +223,7 @@ impl InstanceRecord {
 /// malformed one (only something else writing under our vm_id makes one).
 pub fn read(store: &dyn SharedStore) -> Result<InstanceRecord, StoreError> {
     Ok(store
-        .get(RECORD_KEY)?
+        .get(crate::keys::RECORD.name)?
         .and_then(|(bytes, _)| InstanceRecord::decode(&bytes))
         .unwrap_or_default())
 }
@@ -242,14 +239,17 @@ pub fn ensure(store: &dyn SharedStore) -> Result<(), StoreError> {
 /// The record's key and the value it starts from (serving, nothing in
 /// flight), for [`crate::store::ensure_all`].
 pub fn initial() -> (&'static str, Vec<u8>) {
-    (RECORD_KEY, InstanceRecord::default().encode().to_vec())
+    (
+        crate::keys::RECORD.name,
+        InstanceRecord::default().encode().to_vec(),
+    )
 }
 
 fn modify<T>(
     store: &dyn SharedStore,
     f: impl Fn(InstanceRecord) -> (Option<InstanceRecord>, T),
 ) -> Result<T, UpdateError> {
-    update(store, RECORD_KEY, |bytes| {
+    update(store, crate::keys::RECORD.name, |bytes| {
         let current = bytes.and_then(InstanceRecord::decode).unwrap_or_default();
         let (next, out) = f(current);
         (

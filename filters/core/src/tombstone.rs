@@ -1,6 +1,6 @@
 //! Tombstones: upstream hosts a consumer must not send new requests to, for
 //! a while, whatever the registry says. All of a process's tombstones live
-//! in one shared-data value ([`TOMBSTONES_KEY`]): shared data has no delete,
+//! in one shared-data value ([`TOMBSTONES`](crate::keys::TOMBSTONES)): shared data has no delete,
 //! so per-host keys would grow without bound under host churn, while one
 //! value holding at most `max_tombstones` entries stays bounded.
 //!
@@ -31,12 +31,6 @@
 use std::time::Duration;
 
 use crate::duration::micros;
-
-/// Shared-data key of the tombstone list.
-pub const TOMBSTONES_KEY: &str = crate::keys::TOMBSTONES.name;
-/// Shared-data key of a counter bumped on every change to the list, so
-/// workers re-read the list only when it changed.
-pub const TOMBSTONES_GEN_KEY: &str = crate::keys::TOMBSTONES_GEN.name;
 
 /// A repeated closing mark or connect failure extends a live tombstone in
 /// shared data only when that adds at least this much life (µs).

@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use graceful_core::endpoints::Waiters;
-use graceful_core::record::{self, InstanceRecord, RECORD_KEY};
+use graceful_core::record::{self, InstanceRecord};
 use graceful_core::steering::{
     plan, probe_observation, probe_targets, Member, Membership, Rules, Steering,
     MAX_OVERRIDE_HOSTS, MAX_PROBES,
@@ -401,11 +401,11 @@ proptest! {
         now in 1u64..u64::MAX / 2,
     ) {
         let store = MemStore::new();
-        store.set(RECORD_KEY, &garbage, 0).unwrap();
+        store.set(graceful_core::keys::RECORD.name, &garbage, 0).unwrap();
         let rec = record::read(&store).unwrap();
         prop_assert_eq!(Some(rec), InstanceRecord::decode(&garbage).or(Some(InstanceRecord::default())));
         let (after, _) = record::start_closing(&store, now).unwrap();
-        prop_assert_eq!(InstanceRecord::decode(&store.get(RECORD_KEY).unwrap().unwrap().0), Some(after));
+        prop_assert_eq!(InstanceRecord::decode(&store.get(graceful_core::keys::RECORD.name).unwrap().unwrap().0), Some(after));
         prop_assert!(after.phase.is_closing());
     }
 

@@ -2,11 +2,6 @@
 
 use super::{MAX_CLUSTERS, VERSION};
 
-/// Shared-data key of the clusters the consumer has routed to, so the
-/// membership refresh knows them before any of their hosts is tombstoned
-/// (a tombstone then steers from its first moment, with health known).
-pub const CLUSTERS_KEY: &str = crate::keys::CLUSTERS.name;
-
 /// The clusters routed to (at most [`MAX_CLUSTERS`], names of at most 255
 /// bytes; past the bound new ones are not tracked and fall back to the
 /// addresses that answered).

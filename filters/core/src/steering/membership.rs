@@ -11,11 +11,6 @@ use serde::Deserialize;
 /// member).
 const VERSION: u8 = 2;
 
-/// Shared-data key of the admin membership of the clusters routed to.
-pub const MEMBERS_KEY: &str = crate::keys::MEMBERS.name;
-/// Shared-data key of the addresses that answered, per cluster, as all VM
-/// copies saw them (the membership used without an admin cluster).
-pub const OBSERVED_KEY: &str = crate::keys::OBSERVED.name;
 /// Bounds on what membership keeps.
 pub const MAX_CLUSTERS: usize = 64;
 pub const MAX_MEMBERS: usize = 1024;

@@ -27,16 +27,13 @@ pub mod membership;
 pub mod plan;
 pub mod probe;
 
-pub use clusters::{ClusterSet, CLUSTERS_KEY};
+pub use clusters::ClusterSet;
 pub use membership::{
-    admin_clusters_path, Member, Membership, Observed, MAX_CLUSTERS, MAX_MEMBERS, MEMBERS_KEY,
-    OBSERVED_KEY, OBSERVED_WINDOW_US, SEEN_REFRESH_US,
+    admin_clusters_path, Member, Membership, Observed, MAX_CLUSTERS, MAX_MEMBERS,
+    OBSERVED_WINDOW_US, SEEN_REFRESH_US,
 };
 pub use plan::{plan, Plan, Rules, Steering, MAX_OVERRIDE_HOSTS};
 pub use probe::{probe_observation, probe_targets, ADDRESS_HEADER, MAX_PROBES};
-
-/// Lease: one VM copy per interval refreshes membership and sends probes.
-pub const REFRESH_LEASE_KEY: &str = crate::keys::REFRESH_LEASE.name;
 
 /// Encoding version of [`ClusterSet`] values.
 const VERSION: u8 = 1;
