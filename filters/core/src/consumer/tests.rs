@@ -300,6 +300,20 @@ fn admin_knows(store: &MemStore, addresses: &[&str]) {
     carry(&[Effect::Add(Counter::Generation, 1)]);
 }
 
+/// An unmarked 200 from `address` at `now` through `c`, which must say
+/// nothing; the (address, cluster, clock) reads it cost.
+fn ok_reads(
+    c: &mut Consumer,
+    store: &dyn SharedStore,
+    address: &str,
+    now: u64,
+) -> (usize, usize, usize) {
+    let mut s = ok("i");
+    let fx = observe_with(c, store, &mut s, address, Part::Headers, now);
+    assert!(fx.is_empty(), "{fx:?}");
+    (s.address_reads, s.cluster_reads, s.clock_reads)
+}
+
 #[test]
 fn with_the_admin_membership_known_an_ordinary_response_reads_nothing_but_the_scan() {
     let (store, mut c) = copies(r#"{"admin_cluster":"admin"}"#, 1);
@@ -338,11 +352,8 @@ fn with_the_admin_membership_known_an_ordinary_response_reads_nothing_but_the_sc
     assert_eq!(s.address_reads, 0);
     let writes = counting.1.get();
     for i in 3..OBSERVE_EVERY {
-        let mut s = ok("i");
-        let fx = observe_with(&mut c[0], &counting, &mut s, "a:1", Part::Headers, S + i);
-        assert!(fx.is_empty());
         assert_eq!(
-            (s.address_reads, s.cluster_reads, s.clock_reads),
+            ok_reads(&mut c[0], &counting, "a:1", S + i),
             (0, 0, 0),
             "response {i}"
         );
@@ -375,17 +386,8 @@ fn without_an_admin_every_response_is_observed_for_the_address_and_the_clock() {
     let writes = counting.1.get();
     let step = RECORD_EVERY_US / 100;
     for i in 1..100 {
-        let mut s = ok("i");
-        observe_with(
-            &mut c[0],
-            &counting,
-            &mut s,
-            "a:1",
-            Part::Headers,
-            S + i * step,
-        );
         assert_eq!(
-            (s.address_reads, s.cluster_reads, s.clock_reads),
+            ok_reads(&mut c[0], &counting, "a:1", S + i * step),
             (1, 0, 1),
             "response {i} from an address recorded lately"
         );
