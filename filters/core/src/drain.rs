@@ -17,8 +17,6 @@
 //! Every evaluation also raises `graceful_drain_phase` to the record's
 //! phase (it only moves forward).
 
-use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
-
 use crate::config::DrainConfig;
 use crate::gate::{GateHold, StartWatch, Stat, Stats, Traffic};
 use crate::record::{self, GatePass, InstanceRecord, Phase, Seen};
@@ -39,35 +37,6 @@ pub trait PhaseGauge {
 pub fn raise_phase(gauge: &dyn PhaseGauge, phase: Phase) {
     if gauge.get().is_none_or(|p| p < phase.gauge()) {
         gauge.set(phase.gauge());
-    }
-}
-
-/// `graceful_drain_phase` as an atomic (the native module's).
-pub struct AtomicPhase(AtomicU64);
-
-impl AtomicPhase {
-    pub const fn new() -> AtomicPhase {
-        AtomicPhase(AtomicU64::new(0))
-    }
-
-    pub fn value(&self) -> u64 {
-        self.0.load(SeqCst)
-    }
-}
-
-impl Default for AtomicPhase {
-    fn default() -> Self {
-        AtomicPhase::new()
-    }
-}
-
-impl PhaseGauge for AtomicPhase {
-    fn get(&self) -> Option<u64> {
-        Some(self.value())
-    }
-
-    fn set(&self, value: u64) {
-        self.0.store(value, SeqCst);
     }
 }
 
@@ -200,7 +169,7 @@ impl DrainCopy {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gate::AtomicStats;
+    use crate::metrics::AtomicMetrics;
     use crate::store::MemStore;
 
     const S: u64 = 1_000_000;
@@ -214,38 +183,53 @@ mod tests {
 
     #[test]
     fn serving_passes_nothing_and_keeps_the_phase_at_zero() {
-        let (store, stats, phase) = (MemStore::new(), AtomicStats::new(), AtomicPhase::new());
+        let (store, stats) = (MemStore::new(), AtomicMetrics::new());
         let (eval, passed) = DrainCopy::default()
-            .advance(&store, &stats, &phase, &config(), 10 * S)
+            .advance(&store, &stats, &stats, &config(), 10 * S)
             .unwrap();
         assert_eq!((eval.rec.phase, passed), (Phase::Serving, None));
-        assert_eq!((phase.value(), stats.get(Stat::Gate)), (0, Some(0)));
+        assert_eq!(
+            (
+                stats.value(crate::metrics::Metric::DrainPhase),
+                Stats::get(&stats, Stat::Gate)
+            ),
+            (0, Some(0))
+        );
     }
 
     #[test]
     fn one_copy_records_a_quiet_pass_and_every_copy_sees_drained() {
-        let (store, stats, phase) = (MemStore::new(), AtomicStats::new(), AtomicPhase::new());
+        let (store, stats) = (MemStore::new(), AtomicMetrics::new());
         let cfg = config();
         record::start_closing(&store, 100 * S).unwrap();
         let (mut a, mut b) = (DrainCopy::default(), DrainCopy::default());
         // Before consumer_update_wait: nothing, but the phase says closing.
-        let (_, passed) = a.advance(&store, &stats, &phase, &cfg, 101 * S).unwrap();
-        assert_eq!((passed, phase.value()), (None, 1));
-        let (eval, passed) = a.advance(&store, &stats, &phase, &cfg, 104 * S).unwrap();
+        let (_, passed) = a.advance(&store, &stats, &stats, &cfg, 101 * S).unwrap();
+        assert_eq!(
+            (passed, stats.value(crate::metrics::Metric::DrainPhase)),
+            (None, 1)
+        );
+        let (eval, passed) = a.advance(&store, &stats, &stats, &cfg, 104 * S).unwrap();
         let passed = passed.unwrap();
         assert_eq!((passed.why, passed.closing_ms), (GatePass::Quiet, 4000));
         assert!(!passed.forced() && passed.line().contains("quiet"));
-        assert_eq!((eval.rec.phase, phase.value()), (Phase::Drained, 2));
-        assert_eq!(stats.get(Stat::Gate), Some(1));
+        assert_eq!(
+            (
+                eval.rec.phase,
+                stats.value(crate::metrics::Metric::DrainPhase)
+            ),
+            (Phase::Drained, 2)
+        );
+        assert_eq!(Stats::get(&stats, Stat::Gate), Some(1));
         // Another copy only sees it: no second report, no second 1.
-        let (eval, passed) = b.advance(&store, &stats, &phase, &cfg, 104 * S).unwrap();
+        let (eval, passed) = b.advance(&store, &stats, &stats, &cfg, 104 * S).unwrap();
         assert_eq!((eval.rec.phase, passed), (Phase::Drained, None));
-        assert_eq!(stats.get(Stat::Gate), Some(1));
+        assert_eq!(Stats::get(&stats, Stat::Gate), Some(1));
     }
 
     #[test]
     fn a_request_in_flight_holds_the_gate_until_the_step_timeout_forces_it() {
-        let (store, stats, phase) = (MemStore::new(), AtomicStats::new(), AtomicPhase::new());
+        let (store, stats) = (MemStore::new(), AtomicMetrics::new());
         let cfg = config();
         record::start_closing(&store, 100 * S).unwrap();
         assert_eq!(
@@ -253,9 +237,9 @@ mod tests {
             crate::gate::Admission::Admitted
         );
         let mut copy = DrainCopy::default();
-        let (_, passed) = copy.advance(&store, &stats, &phase, &cfg, 105 * S).unwrap();
+        let (_, passed) = copy.advance(&store, &stats, &stats, &cfg, 105 * S).unwrap();
         assert_eq!(passed, None, "not quiet: one in flight");
-        let (_, passed) = copy.advance(&store, &stats, &phase, &cfg, 106 * S).unwrap();
+        let (_, passed) = copy.advance(&store, &stats, &stats, &cfg, 106 * S).unwrap();
         let passed = passed.unwrap();
         assert_eq!(
             (passed.why, passed.inflight),

@@ -251,34 +251,41 @@ impl Stamp {
     }
 }
 
-/// The long-polls held by one VM copy: the stream's context id and when its
-/// wait runs out. Each copy resolves its own on its tick.
-#[derive(Debug, Default)]
-pub struct Waiters {
-    held: Vec<(u32, u64)>,
+/// The long-polls held by one VM copy: each stream's id, what its delivery
+/// wakes it with (`W`: nothing in a VM, whose tick answers through the
+/// stream's context id; the stream's scheduler natively) and when its wait
+/// runs out. Each copy resolves its own on its tick.
+#[derive(Debug)]
+pub struct Waiters<W = ()> {
+    held: Vec<(u32, W, u64)>,
 }
 
-impl Waiters {
-    pub fn hold(&mut self, context_id: u32, deadline_us: u64) {
-        self.held.push((context_id, deadline_us));
+impl<W> Default for Waiters<W> {
+    fn default() -> Self {
+        Waiters { held: Vec::new() }
+    }
+}
+
+impl<W> Waiters<W> {
+    pub fn hold(&mut self, id: u32, wake: W, deadline_us: u64) {
+        self.held.push((id, wake, deadline_us));
     }
 
     /// Forgets a stream (it ended or was answered); true if it was held.
-    pub fn release(&mut self, context_id: u32) -> bool {
+    pub fn release(&mut self, id: u32) -> bool {
         let before = self.held.len();
-        self.held.retain(|&(id, _)| id != context_id);
+        self.held.retain(|(held, _, _)| *held != id);
         self.held.len() != before
     }
 
     /// Takes the streams to answer now: all of them once drained, else those
     /// whose wait ran out.
-    pub fn take_due(&mut self, drained: bool, now_us: u64) -> Vec<u32> {
-        let (due, keep): (Vec<_>, Vec<_>) = self
-            .held
-            .iter()
-            .partition(|&&(_, deadline)| drained || now_us >= deadline);
+    pub fn take_due(&mut self, drained: bool, now_us: u64) -> Vec<(u32, W)> {
+        let (due, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
+            .into_iter()
+            .partition(|(_, _, deadline)| drained || now_us >= *deadline);
         self.held = keep;
-        due.into_iter().map(|(id, _)| id).collect()
+        due.into_iter().map(|(id, wake, _)| (id, wake)).collect()
     }
 
     pub fn len(&self) -> usize {
@@ -479,16 +486,16 @@ mod tests {
     #[test]
     fn waiters_resolve_on_drain_or_deadline() {
         let mut w = Waiters::default();
-        w.hold(1, 100);
-        w.hold(2, 200);
-        w.hold(3, 300);
-        assert_eq!(w.take_due(false, 99), Vec::<u32>::new());
-        assert_eq!(w.take_due(false, 200), vec![1, 2]);
+        w.hold(1, 'a', 100);
+        w.hold(2, 'b', 200);
+        w.hold(3, 'c', 300);
+        assert_eq!(w.take_due(false, 99), vec![]);
+        assert_eq!(w.take_due(false, 200), vec![(1, 'a'), (2, 'b')]);
         assert_eq!(w.len(), 1);
-        w.hold(4, 900);
+        w.hold(4, 'd', 900);
         assert!(w.release(4));
         assert!(!w.release(4));
-        assert_eq!(w.take_due(true, 0), vec![3]);
+        assert_eq!(w.take_due(true, 0), vec![(3, 'c')]);
         assert!(w.is_empty());
     }
 }

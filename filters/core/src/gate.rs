@@ -61,8 +61,6 @@
 //! again starts from 0 with nothing in flight; the drain filter puts its 1
 //! back into `gate` on its next tick when the record says drained.
 
-use std::sync::atomic::{AtomicI64, Ordering::SeqCst};
-
 /// The stats the protocol reads and writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stat {
@@ -80,75 +78,31 @@ pub enum Stat {
 }
 
 impl Stat {
-    /// The metric name (the contract's where one exists).
-    pub fn name(self) -> &'static str {
+    /// Its metric in the registry.
+    pub fn metric(self) -> crate::metrics::Metric {
+        use crate::metrics::Metric;
         match self {
-            Stat::Inflight => "graceful_provider_inflight",
-            Stat::Started => "graceful_provider_started",
-            Stat::Gate => "graceful_drain_gate",
-            Stat::OutboundInflight => "graceful_consumer_inflight",
-            Stat::OutboundStarted => "graceful_consumer_started",
+            Stat::Inflight => Metric::ProviderInflight,
+            Stat::Started => Metric::ProviderStarted,
+            Stat::Gate => Metric::DrainGate,
+            Stat::OutboundInflight => Metric::ConsumerInflight,
+            Stat::OutboundStarted => Metric::ConsumerStarted,
         }
+    }
+
+    /// The metric name (the contract's).
+    pub fn name(self) -> &'static str {
+        self.metric().name()
     }
 }
 
-/// Process-wide atomic stats (Envoy's through hostcalls; atomics in tests).
+/// Process-wide atomic stats (Envoy's through hostcalls; atomics in tests
+/// and in the native module: [`crate::metrics::AtomicMetrics`]).
 pub trait Stats {
     /// Adds `delta` (may be negative for gauges).
     fn add(&self, stat: Stat, delta: i64);
     /// The current value; None if the host cannot say.
     fn get(&self, stat: Stat) -> Option<u64>;
-}
-
-/// The protocol's stats as sequentially consistent atomics: what the
-/// native module keeps in its statics (Envoy's stats are such atomics too).
-pub struct AtomicStats {
-    values: [AtomicI64; 5],
-}
-
-fn index(stat: Stat) -> usize {
-    match stat {
-        Stat::Inflight => 0,
-        Stat::Started => 1,
-        Stat::Gate => 2,
-        Stat::OutboundInflight => 3,
-        Stat::OutboundStarted => 4,
-    }
-}
-
-impl AtomicStats {
-    pub const fn new() -> AtomicStats {
-        AtomicStats {
-            values: [
-                AtomicI64::new(0),
-                AtomicI64::new(0),
-                AtomicI64::new(0),
-                AtomicI64::new(0),
-                AtomicI64::new(0),
-            ],
-        }
-    }
-
-    /// The value as Envoy's gauge would show it (never below 0).
-    pub fn value(&self, stat: Stat) -> u64 {
-        u64::try_from(self.values[index(stat)].load(SeqCst)).unwrap_or(0)
-    }
-}
-
-impl Default for AtomicStats {
-    fn default() -> Self {
-        AtomicStats::new()
-    }
-}
-
-impl Stats for AtomicStats {
-    fn add(&self, stat: Stat, delta: i64) {
-        self.values[index(stat)].fetch_add(delta, SeqCst);
-    }
-
-    fn get(&self, stat: Stat) -> Option<u64> {
-        Some(self.value(stat))
-    }
 }
 
 /// What admission decided for a new request.
@@ -310,7 +264,7 @@ mod tests {
 
     #[test]
     fn counts_read_as_gauges_never_below_zero() {
-        let c = AtomicStats::new();
+        let c = crate::metrics::AtomicMetrics::new();
         c.add(Stat::Inflight, 2);
         c.add(Stat::Inflight, -3);
         assert_eq!(c.get(Stat::Inflight), Some(0));

@@ -4,17 +4,13 @@
 //! Shared data has no delete and ignores CAS on a missing key (see
 //! [`crate::store`]), so every key that a stream or tick updates with
 //! read-modify-write must exist before any stream runs: each filter creates
-//! its keys from [`initial_values`] in `on_configure`. Keys written whole
+//! its keys from [`crate::initial::values`] in `on_configure`. Keys written whole
 //! (never read-modify-written) have no initial value and are left absent
 //! until written.
 //!
 //! The names and encodings are documented in the README and must not
 //! change. Adding a key is one entry here (and in [`ALL`]) plus the test
 //! that pins the exact set.
-
-use crate::record::InstanceRecord;
-use crate::steering::{ClusterSet, Membership};
-use crate::tombstone::Tombstones;
 
 /// The filter a key belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,13 +23,13 @@ pub enum Owner {
 /// How a key's value is encoded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Encoding {
-    /// [`InstanceRecord::encode`].
+    /// [`crate::record::InstanceRecord::encode`].
     InstanceRecord,
-    /// [`Tombstones::encode`].
+    /// [`crate::tombstone::Tombstones::encode`].
     Tombstones,
-    /// [`Membership::encode`].
+    /// [`crate::steering::Membership::encode`].
     Membership,
-    /// [`ClusterSet::encode`].
+    /// [`crate::steering::ClusterSet::encode`].
     ClusterSet,
     /// A u64, little-endian, 8 bytes (a counter, a generation or a lease's
     /// due time in µs).
@@ -53,24 +49,6 @@ pub struct Key {
     /// The filters that create it at configure time (none: written whole,
     /// so it may stay absent).
     pub created_by: &'static [Owner],
-}
-
-impl Key {
-    /// The value the key starts from, which decodes as "nothing yet"; None
-    /// for keys written whole.
-    pub fn initial(&self) -> Option<Vec<u8>> {
-        if self.created_by.is_empty() {
-            return None;
-        }
-        Some(match self.encoding {
-            Encoding::InstanceRecord => InstanceRecord::default().encode().to_vec(),
-            Encoding::Tombstones => Tombstones::default().encode(),
-            Encoding::Membership => Membership::default().encode(),
-            Encoding::ClusterSet => ClusterSet::default().encode(),
-            Encoding::U64 => 0u64.to_le_bytes().to_vec(),
-            Encoding::InstanceId | Encoding::Identity => return None,
-        })
-    }
 }
 
 const fn key(
@@ -196,15 +174,6 @@ pub const ALL: &[Key] = &[
     REFRESH_LEASE,
 ];
 
-/// The keys `filter` creates in `on_configure`, with their initial values,
-/// for [`crate::store::ensure_all`].
-pub fn initial_values(filter: Owner) -> Vec<(&'static str, Vec<u8>)> {
-    ALL.iter()
-        .filter(|k| k.created_by.contains(&filter))
-        .filter_map(|k| Some((k.name, k.initial()?)))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,50 +188,5 @@ mod tests {
                 k.name
             );
         }
-    }
-
-    #[test]
-    fn initial_values_decode_as_nothing_yet() {
-        for k in ALL {
-            let Some(v) = k.initial() else { continue };
-            let empty = match k.encoding {
-                Encoding::InstanceRecord => {
-                    InstanceRecord::decode(&v) == Some(InstanceRecord::default())
-                }
-                Encoding::Tombstones => Tombstones::decode(&v) == Some(Tombstones::default()),
-                Encoding::Membership => Membership::decode(&v) == Some(Membership::default()),
-                Encoding::ClusterSet => ClusterSet::decode(&v) == Some(ClusterSet::default()),
-                Encoding::U64 => crate::store::read_u64(&v) == Some(0),
-                Encoding::InstanceId | Encoding::Identity => false,
-            };
-            assert!(empty, "{}", k.name);
-        }
-    }
-
-    #[test]
-    fn each_filter_creates_what_its_streams_update() {
-        let names = |f| -> Vec<&str> { initial_values(f).into_iter().map(|(k, _)| k).collect() };
-        assert_eq!(names(Provider), ["graceful.v1.instance"]);
-        assert_eq!(
-            names(Drain),
-            [
-                "graceful.v1.instance",
-                "graceful.v1.drain.waiters",
-                "graceful.v1.drain.admin_lease"
-            ]
-        );
-        assert_eq!(
-            names(Consumer),
-            [
-                "graceful.v1.consumer.tombstones",
-                "graceful.v1.consumer.tombstones.gen",
-                "graceful.v1.consumer.members",
-                "graceful.v1.consumer.members.gen",
-                "graceful.v1.consumer.observed",
-                "graceful.v1.consumer.observed.gen",
-                "graceful.v1.consumer.clusters",
-                "graceful.v1.consumer.refresh_lease",
-            ]
-        );
     }
 }

@@ -13,7 +13,8 @@
 //!
 //! Shared data (state every VM copy of an Envoy process sees):
 //! - [`store`]: the shared-data trait with the host's CAS semantics.
-//! - [`keys`]: every shared-data key, its encoding and its initial value.
+//! - [`keys`]: every shared-data key and its encoding; [`initial`]: what
+//!   each starts as.
 //! - [`record`]: the instance record (phase, closing and drained times) and
 //!   the shutdown state machine with its drain gate.
 //! - [`instance`]: the instance id, one per Envoy process.
@@ -23,6 +24,10 @@
 //! - [`gate`]: admission, the in-flight counts and the drain gate's
 //!   protocol without compare-and-swap.
 //!
+//! Metrics:
+//! - [`metrics`]: every Envoy metric the filters define (name, kind,
+//!   writer, readers).
+//!
 //! What each filter decides:
 //! - [`drain`]: one graceful_drain copy's evaluation of the gate.
 //! - [`status`], [`endpoints`]: what graceful_drain's endpoints answer.
@@ -30,16 +35,23 @@
 //! - [`steering`]: steering requests away from tombstoned hosts (cluster
 //!   membership, the routed clusters, each request's plan, probes of
 //!   tombstoned hosts).
+//!
+//! The filters' callbacks, once for both deliveries:
+//! - [`filter`]: each filter over small host traits ([`filter::host`]),
+//!   which the wasm glue and the native module implement.
 
 pub mod config;
 pub mod consumer;
 pub mod drain;
 pub mod duration;
 pub mod endpoints;
+pub mod filter;
 pub mod gate;
 pub mod headers;
+pub mod initial;
 pub mod instance;
 pub mod keys;
+pub mod metrics;
 pub mod net;
 pub mod record;
 pub mod status;

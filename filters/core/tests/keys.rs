@@ -78,7 +78,10 @@ fn the_registry_holds_exactly_the_documented_keys() {
 
 #[test]
 fn initial_values_are_the_documented_bytes() {
-    let initial: Vec<(&str, Option<Vec<u8>>)> = ALL.iter().map(|k| (k.name, k.initial())).collect();
+    let initial: Vec<(&str, Option<Vec<u8>>)> = ALL
+        .iter()
+        .map(|k| (k.name, graceful_core::initial::value(k)))
+        .collect();
     let zero = Some(vec![0u8; 8]);
     for (name, value) in initial {
         let want = match name {

@@ -58,7 +58,11 @@ struct Process {
 impl Process {
     fn new(json: &str, copies: usize) -> Process {
         let store = MemStore::new();
-        store::ensure_all(&store, &keys::initial_values(keys::Owner::Consumer)).unwrap();
+        store::ensure_all(
+            &store,
+            &graceful_core::initial::values(keys::Owner::Consumer),
+        )
+        .unwrap();
         let config = ConsumerConfig::from_json(json.as_bytes()).unwrap();
         Process {
             store,

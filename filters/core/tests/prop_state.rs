@@ -323,12 +323,12 @@ proptest! {
             0..40,
         ),
     ) {
-        let mut w = Waiters::default();
+        let mut w: Waiters = Waiters::default();
         let mut model: Vec<(u32, u64)> = Vec::new();
         for (kind, a, b) in ops {
             match kind {
                 0 => {
-                    w.hold(a, b);
+                    w.hold(a, (), b);
                     model.push((a, b));
                 }
                 1 => {
@@ -338,7 +338,7 @@ proptest! {
                 }
                 _ => {
                     let drained = a == 1;
-                    let mut due = w.take_due(drained, b);
+                    let mut due: Vec<u32> = w.take_due(drained, b).into_iter().map(|(id, ())| id).collect();
                     let mut expected: Vec<u32> = model
                         .iter()
                         .filter(|&&(_, d)| drained || b >= d)

@@ -9,13 +9,6 @@ use proxy_wasm::types::MapType;
 
 #[link(wasm_import_module = "env")]
 extern "C" {
-    fn proxy_add_header_map_value(
-        map_type: u32,
-        key_data: *const u8,
-        key_size: usize,
-        value_data: *const u8,
-        value_size: usize,
-    ) -> u32;
     fn proxy_replace_header_map_value(
         map_type: u32,
         key_data: *const u8,
@@ -44,25 +37,10 @@ extern "C" {
 /// proxy-wasm status Ok.
 const OK: u32 = 0;
 
-/// Adds a header or trailer; false if the host refused (for example, no
-/// trailer map exists on this response).
-pub fn add_header(map: MapType, name: &str, value: &str) -> bool {
-    // SAFETY: pointers and lengths come from live slices for the duration of
-    // the call; the host copies the bytes.
-    unsafe {
-        proxy_add_header_map_value(
-            map as u32,
-            name.as_ptr(),
-            name.len(),
-            value.as_ptr(),
-            value.len(),
-        ) == OK
-    }
-}
-
 /// Sets a header or trailer, replacing any value; false if refused.
 pub fn replace_header(map: MapType, name: &str, value: &str) -> bool {
-    // SAFETY: as in `add_header`.
+    // SAFETY: pointers and lengths come from live slices for the duration of
+    // the call; the host copies the bytes.
     unsafe {
         proxy_replace_header_map_value(
             map as u32,
@@ -76,7 +54,7 @@ pub fn replace_header(map: MapType, name: &str, value: &str) -> bool {
 
 /// Removes every value of a header; false if refused.
 pub fn remove_header(map: MapType, name: &str) -> bool {
-    // SAFETY: as in `add_header`.
+    // SAFETY: as in `replace_header`.
     unsafe { proxy_remove_header_map_value(map as u32, name.as_ptr(), name.len()) == OK }
 }
 
@@ -110,7 +88,7 @@ pub fn send_reply(
     grpc_status: Option<i32>,
 ) -> bool {
     let map = serialize_map(headers);
-    // SAFETY: as in `add_header`; the details pointer is null with size 0.
+    // SAFETY: as in `replace_header`; the details pointer is null with size 0.
     unsafe {
         proxy_send_local_response(
             status,

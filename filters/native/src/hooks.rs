@@ -19,8 +19,20 @@ use crate::abi::{
     self, envoy_bytes, ConfigEnvoyPtr, ConfigModulePtr, EnvoyBuffer, EnvoyHeader, FilterEnvoyPtr,
     FilterModulePtr, Stream, CONTINUE,
 };
-use crate::{consumer, drain, log, provider};
+use crate::host::CalloutAnswer;
+use crate::{consumer, drain, provider};
 
+/// What Envoy does with a stream after a core callback (the headers and
+/// trailers hooks' status): a reply sent or a stream held stops it.
+pub fn code(next: graceful_core::filter::host::Action) -> u32 {
+    match next {
+        graceful_core::filter::host::Action::Continue => CONTINUE,
+        graceful_core::filter::host::Action::Stop => abi::STOP_ITERATION,
+    }
+}
+
+/// Boxed once per config (`config_new`): the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 enum FilterConfig {
     #[cfg(feature = "panic-probe")]
     PanicProbe,
@@ -30,7 +42,7 @@ enum FilterConfig {
 }
 
 enum FilterStream {
-    Provider(provider::ProviderStream),
+    Provider(graceful_core::filter::provider::ProviderStream),
     Drain(drain::DrainStream),
     Consumer(consumer::ConsumerStream),
 }
@@ -51,7 +63,7 @@ fn fail_open<T>(hook: &str, fallback: T, body: impl FnOnce() -> T) -> T {
         Ok(v) => v,
         Err(_) => {
             if !PANICKED.swap(true, Relaxed) {
-                log::error(&format!(
+                abi::log(abi::LOG_ERROR, &format!(
                     "graceful: a panic in {hook} was caught; the stream goes on without the filter (failing open)"
                 ));
             }
@@ -137,7 +149,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
                 .cast::<std::ffi::c_void>()
                 .cast_const(),
             Err(e) => {
-                log::error(&format!("{name}: {e}"));
+                abi::log(abi::LOG_ERROR, &format!("{name}: {e}"));
                 std::ptr::null()
             }
         }
@@ -200,7 +212,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
                 }
             }
             match (stream, c) {
-                (FilterStream::Provider(p), FilterConfig::Provider(pc)) => p.request_headers(pc, s),
+                (FilterStream::Provider(p), FilterConfig::Provider(pc)) => pc.request_headers(p, s),
                 (FilterStream::Drain(d), FilterConfig::Drain(dc)) => d.request_headers(dc, s),
                 (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => k.request_headers(kc, s),
                 _ => CONTINUE,
@@ -222,7 +234,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
         on_stream("response_headers", module, CONTINUE, |stream, c| {
             match (stream, c) {
                 (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
-                    p.response_headers(pc, Stream(envoy))
+                    pc.response_headers(p, Stream(envoy))
                 }
                 (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {
                     k.response_headers(kc, Stream(envoy))
@@ -245,7 +257,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
         on_stream("response_trailers", module, CONTINUE, |stream, c| {
             match (stream, c) {
                 (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
-                    p.response_trailers(pc, Stream(envoy))
+                    pc.response_trailers(p, Stream(envoy))
                 }
                 (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {
                     k.response_trailers(kc, Stream(envoy))
@@ -268,7 +280,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
         on_stream("stream_complete", module, (), |stream, c| {
             match (stream, c) {
                 (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
-                    p.stream_complete(pc, Stream(envoy))
+                    pc.stream_complete(p, Stream(envoy))
                 }
                 (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {
                     k.stream_complete(kc, Stream(envoy))
@@ -291,6 +303,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: Fil
         let f = unsafe { Box::from_raw(module.cast::<Filter>().cast_mut()) };
         // SAFETY: the config outlives its filters.
         match (&f.stream, unsafe { f.config.as_ref() }) {
+            (FilterStream::Provider(p), Some(FilterConfig::Provider(pc))) => pc.destroy(p),
             (FilterStream::Drain(d), Some(FilterConfig::Drain(dc))) => d.destroy(dc),
             (FilterStream::Consumer(k), Some(FilterConfig::Consumer(kc))) => k.destroy(kc),
             _ => {}
@@ -357,20 +370,24 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout
         // SAFETY: a live config; buffers valid for this call.
         let c = unsafe { config.cast::<FilterConfig>().as_ref() };
         let max_body = match c {
-            Some(FilterConfig::Drain(_)) => 64,
-            Some(FilterConfig::Consumer(kc)) => kc.max_body(),
+            Some(FilterConfig::Drain(_)) => graceful_core::filter::drain::MAX_ANSWER_BODY,
+            Some(FilterConfig::Consumer(_)) => graceful_core::consumer::MAX_ADMIN_BODY,
             _ => return,
         };
         // SAFETY: buffers valid for this call.
-        let (h, b) = unsafe {
+        let (headers, body) = unsafe {
             (
                 abi::callout_headers(headers, headers_size),
                 abi::callout_body(body, body_size, max_body),
             )
         };
+        let answer = CalloutAnswer {
+            headers: &headers,
+            body: &body,
+        };
         match c {
-            Some(FilterConfig::Drain(dc)) => dc.callout_done(callout_id, &h, &b),
-            Some(FilterConfig::Consumer(kc)) => kc.callout_done(callout_id, &h, &b),
+            Some(FilterConfig::Drain(dc)) => dc.callout_done(callout_id, &answer),
+            Some(FilterConfig::Consumer(kc)) => kc.callout_done(callout_id, &answer),
             _ => {}
         }
     });

@@ -1,11 +1,6 @@
-//! `graceful_provider`: the provider's inbound sidecar filter.
-//!
-//! Per stream: admit (count in the in-flight gauge, or reject with a local
-//! 503 once the drain gate has passed: [`graceful_core::gate`]), mark the
-//! response while the instance is closing (headers, and gRPC trailers), and
-//! count the stream out exactly once when Envoy deletes its context, which
-//! Envoy 1.40 does for every stream that reached the filter, client aborts
-//! and local replies included.
+//! `graceful_provider` as a proxy-wasm plugin: the callbacks of
+//! [`graceful_core::filter::provider`] (admission, the closing mark, the
+//! in-flight count) forwarded from the SDK's, over the guest host.
 //!
 //! An ordinary request enters the VM four times (context create, request
 //! headers, response headers, delete: one more than a filter that only adds
@@ -16,15 +11,11 @@
 
 use std::rc::Rc;
 
-use graceful_core::config::ProviderConfig;
-use graceful_core::gate::{self, Admission, Stat};
-use graceful_core::headers::IMMEDIATE_HC_FAIL;
-use graceful_core::instance;
-use graceful_core::keys::{self, Owner};
-use graceful_core::store::{self, SharedStore};
-use graceful_guest::{now_us, replace_header, send_reply, GuestStats, HostStore, Metric};
+use graceful_core::filter::provider::{Provider, ProviderStream};
+use graceful_core::keys::Owner;
+use graceful_guest::{action, Guest};
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
-use proxy_wasm::types::{Action, ContextType, LogLevel, MapType};
+use proxy_wasm::types::{Action, ContextType, LogLevel};
 
 proxy_wasm::main! {{
     proxy_wasm::set_log_level(LogLevel::Info);
@@ -32,22 +23,8 @@ proxy_wasm::main! {{
 }}
 
 struct Shared {
-    config: ProviderConfig,
-    instance_id: String,
-    /// In flight, started, and the drain gate.
-    stats: GuestStats,
-    /// `graceful_drain_phase`, kept by graceful_drain: > 0 once closing.
-    phase: Metric,
-    closing_marked: Metric,
-    rejected: Metric,
-}
-
-impl Shared {
-    /// Unreadable reads as serving: an unmarked response is harmless, a
-    /// false mark would evict a healthy instance.
-    fn is_closing(&self) -> bool {
-        self.phase.get().is_some_and(|p| p > 0)
-    }
+    provider: Provider,
+    host: Guest,
 }
 
 struct ProviderRoot {
@@ -58,75 +35,25 @@ impl Context for ProviderRoot {}
 
 impl RootContext for ProviderRoot {
     fn on_configure(&mut self, _size: usize) -> bool {
-        let config = match ProviderConfig::from_json(&graceful_guest::plugin_configuration()) {
-            Ok(c) => c,
+        let host = Guest::define(Owner::Provider);
+        match Provider::configure(&host, &graceful_guest::plugin_configuration()) {
+            Ok(provider) => {
+                self.shared = Some(Rc::new(Shared { provider, host }));
+                true
+            }
             Err(e) => {
                 log::error!("graceful_provider: {e}");
-                return false;
+                false
             }
-        };
-        // The main thread's VM configures before any worker serves, so the
-        // record exists before the first admission (no first-write race).
-        if let Err((key, e)) = store::ensure_all(&HostStore, &keys::initial_values(Owner::Provider))
-        {
-            log::error!("graceful_provider: cannot initialise shared data {key:?}: {e:?}");
-            return false;
         }
-        let instance_id = match &config.instance_id {
-            Some(id) => id.clone(),
-            None => {
-                let candidate = instance::generate(now_us(), graceful_guest::entropy());
-                match instance::agree(&HostStore, &candidate) {
-                    Ok(id) => id,
-                    Err(e) => {
-                        log::warn!(
-                            "graceful_provider: instance id not shared ({e:?}); using {candidate}"
-                        );
-                        candidate
-                    }
-                }
-            }
-        };
-        // Published for graceful_drain, which stamps its own answers with it
-        // (every copy writes the same value, so racing writes agree).
-        if let Some(h) = &config.instance_header {
-            let _ = HostStore.set(
-                keys::IDENTITY.name,
-                &instance::encode_identity(h, &instance_id),
-                0,
-            );
-        }
-        let stats = GuestStats::define(&[Stat::Inflight, Stat::Started, Stat::Gate]);
-        // A stat Envoy's stats_matcher rejects counts nothing: the gate
-        // would pass with requests in flight. Refuse rather than pretend.
-        if !stats
-            .metric(Stat::Inflight)
-            .is_some_and(|m| m.gauge_is_kept())
-        {
-            log::error!(
-                "graceful_provider: Envoy does not keep the stat {} (reads 0 after +1): its stats_matcher must keep the wasmcustom.graceful_ stats",
-                Stat::Inflight.name()
-            );
-            return false;
-        }
-        self.shared = Some(Rc::new(Shared {
-            config,
-            instance_id,
-            stats,
-            phase: Metric::gauge("graceful_drain_phase"),
-            closing_marked: Metric::counter("graceful_provider_closing_marked"),
-            rejected: Metric::counter("graceful_provider_rejected"),
-        }));
-        true
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
         // The SDK panics on None; an unconfigured root (Envoy never routes
         // streams to one) gets a stream that does nothing.
-        Some(Box::new(ProviderStream {
+        Some(Box::new(WasmStream {
             shared: self.shared.clone(),
-            counted: false,
-            marked: false,
+            stream: ProviderStream::default(),
         }))
     }
 
@@ -135,113 +62,42 @@ impl RootContext for ProviderRoot {
     }
 }
 
-struct ProviderStream {
+struct WasmStream {
     shared: Option<Rc<Shared>>,
-    /// This stream is in the in-flight count and must leave it in `on_log`.
-    counted: bool,
-    /// The closing mark was set on this response (counted once).
-    marked: bool,
+    stream: ProviderStream,
 }
 
-impl ProviderStream {
-    fn note_marked(&mut self, shared: &Shared) {
-        if !self.marked {
-            self.marked = true;
-            shared.closing_marked.add(1);
-        }
-    }
+impl Context for WasmStream {}
 
-    /// Marks the trailers of a response if the instance is closing now:
-    /// any response with trailers (gRPC, or HTTP with chunked trailers,
-    /// where the mark is as harmless as in headers). A gRPC response always
-    /// ends in trailers, or is trailers-only (headers, marked above); one
-    /// that ends in its body instead is not valid gRPC, and carries the mark
-    /// in its headers only: creating trailers there would need the body
-    /// callback, entered for every chunk of every response.
-    fn mark_trailers(&mut self) {
-        let Some(shared) = self.shared.clone() else {
-            return;
-        };
-        if !shared.is_closing() {
-            return;
-        }
-        if replace_header(
-            MapType::HttpResponseTrailers,
-            &shared.config.closing_header,
-            "true",
-        ) {
-            self.note_marked(&shared);
-        }
-    }
-}
-
-impl Context for ProviderStream {}
-
-impl HttpContext for ProviderStream {
+impl HttpContext for WasmStream {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
-        let Some(shared) = self.shared.clone() else {
-            return Action::Continue;
-        };
-        match gate::admit(&shared.stats, shared.config.reject_when_drained) {
-            Admission::Admitted => {
-                self.counted = true;
-                Action::Continue
-            }
-            Admission::Rejected => {
-                shared.rejected.add(1);
-                let mut headers = vec![(shared.config.closing_header.as_str(), "true")];
-                if shared.config.immediate_health_check_fail {
-                    headers.push((IMMEDIATE_HC_FAIL, "true"));
-                }
-                if let Some(h) = &shared.config.instance_header {
-                    headers.push((h.as_str(), shared.instance_id.as_str()));
-                }
-                if send_reply(503, &headers, b"instance is shutting down\n", None) {
-                    Action::Pause
-                } else {
-                    Action::Continue
-                }
-            }
-        }
+        self.shared.as_ref().map_or(Action::Continue, |s| {
+            action(s.provider.request_headers(&self.stream, &s.host))
+        })
     }
 
     fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
-        let Some(shared) = self.shared.clone() else {
-            return Action::Continue;
-        };
-        let cfg = &shared.config;
-        if let Some(h) = &cfg.instance_header {
-            replace_header(MapType::HttpResponseHeaders, h, &shared.instance_id);
-        }
-        if shared.is_closing() {
-            let mut ok = replace_header(MapType::HttpResponseHeaders, &cfg.closing_header, "true");
-            if cfg.immediate_health_check_fail {
-                ok &= replace_header(MapType::HttpResponseHeaders, IMMEDIATE_HC_FAIL, "true");
-            }
-            if ok {
-                self.note_marked(&shared);
-            }
-        }
-        Action::Continue
+        self.shared.as_ref().map_or(Action::Continue, |s| {
+            action(s.provider.response_headers(&self.stream, &s.host))
+        })
     }
 
     fn on_http_response_trailers(&mut self, _trailers: usize) -> Action {
-        self.mark_trailers();
-        Action::Continue
+        self.shared.as_ref().map_or(Action::Continue, |s| {
+            action(s.provider.response_trailers(&self.stream, &s.host))
+        })
     }
 }
 
-/// The stream is over: leave the in-flight count, exactly once. Envoy
-/// deletes the context of every stream that reached the filter (client
-/// resets and local replies included), so the SDK drops it in
-/// `proxy_on_delete`, a VM entry every stream pays anyway: counting out here
-/// instead of in `on_log` saves one.
-impl Drop for ProviderStream {
+/// The stream is over: it leaves the in-flight count. Envoy deletes the
+/// context of every stream that reached the filter (client resets and
+/// local replies included), so the SDK drops it in `proxy_on_delete`, a VM
+/// entry every stream pays anyway: counting out here instead of in `on_log`
+/// saves one.
+impl Drop for WasmStream {
     fn drop(&mut self) {
-        if std::mem::take(&mut self.counted) {
-            if let Some(shared) = &self.shared {
-                gate::finish(&shared.stats);
-            }
+        if let Some(s) = &self.shared {
+            s.provider.stream_end(&self.stream, &s.host);
         }
     }
 }

@@ -226,12 +226,8 @@ pub enum Counter {
     Generation,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Level {
-    Debug,
-    Info,
-    Warn,
-}
+/// A log line's level: the hosts' one.
+pub use crate::filter::host::Level;
 
 /// Something for the glue to do, in order: a metric change or a log line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -315,7 +311,7 @@ pub fn stats_refused(rejected: &[&str]) -> Option<String> {
         return None;
     }
     Some(format!(
-        "graceful_consumer: Envoy drops the stat(s) {}: the outbound in-flight count and the change signal live in them, so Envoy's stats_matcher must keep the wasmcustom.graceful_ stats (e.g. an inclusion_list prefix wasmcustom.graceful_)",
+        "Envoy drops the stat(s) {}: the outbound in-flight count and the change signal live in them, so Envoy's stats_matcher must keep the wasmcustom.graceful_ stats (e.g. an inclusion_list prefix wasmcustom.graceful_)",
         rejected.join(", ")
     ))
 }

@@ -124,7 +124,7 @@ fn config(json: &str) -> ConsumerConfig {
 /// A process's store with the consumer's keys created, and `n` copies.
 fn copies(json: &str, n: usize) -> (MemStore, Vec<Consumer>) {
     let store = MemStore::new();
-    store::ensure_all(&store, &keys::initial_values(keys::Owner::Consumer)).unwrap();
+    store::ensure_all(&store, &crate::initial::values(keys::Owner::Consumer)).unwrap();
     let copies = (0..n).map(|_| Consumer::new(config(json), false)).collect();
     (store, copies)
 }

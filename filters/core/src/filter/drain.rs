@@ -1,0 +1,460 @@
+//! graceful_drain's callbacks, for both deliveries: the endpoints, the
+//! tick, and the answers to its two HTTP calls.
+//!
+//! | event | does |
+//! |---|---|
+//! | request headers, not an endpoint | nothing (one header read) |
+//! | `closing` (allowed source) | starts closing, raises the phase, answers 202 with the status |
+//! | `ready`, gRPC health | answers from the record (gRPC health while serving: the app's) |
+//! | `status`, `drained` | evaluates the gate ([`crate::drain::DrainCopy::advance`]) and answers; `drained?wait=` holds the stream until drained or its wait runs out |
+//! | tick (every [`TICK`]) | evaluates the gate; sends `on_drained` for a pass this copy made (on the tick or in an endpoint); wakes due long-polls; while serving, polls the admin's `/ready` (one copy per [`ADMIN_POLL_INTERVAL`], by lease) |
+//! | admin answer 503 `DRAINING` | starts closing (Envoy's `/healthcheck/fail`) |
+//! | `on_drained` answer not 2xx | `graceful_drain_callback_failed` +1 |
+//! | a held stream ends | frees its long-poll slot |
+//!
+//! A pass is logged and counted once, by the copy whose write passed the
+//! gate; that copy alone calls `on_drained`.
+
+use std::time::Duration;
+
+use super::host::Attribute;
+use super::host::{
+    Action, CallResponse, Host, HostMetrics, Level, LocalReply, Map, StateCell, Stream,
+};
+use crate::config::DrainConfig;
+use crate::drain::{raise_phase, DrainCopy, Evaluation};
+use crate::duration::micros;
+use crate::endpoints::{is_endpoint_path, route, Endpoint, Reply, Route, Stamp, Waiters};
+use crate::headers::{
+    ADMIN_AUTHORITY, AUTHORITY, CONTENT_TYPE, FORWARDED_FOR, METHOD, PATH, STATUS,
+};
+use crate::keys::{self, Owner};
+use crate::metrics::Metric;
+use crate::net::trusted_peer_ip;
+use crate::record::{self, Phase};
+use crate::store::{add_bounded, take_lease, UpdateError};
+
+/// How often every copy evaluates the gate and answers due long-polls:
+/// the gate passes at most this late.
+pub const TICK: Duration = Duration::from_millis(50);
+/// How often one copy of the process asks the admin for `/ready`.
+pub const ADMIN_POLL_INTERVAL: Duration = Duration::from_secs(1);
+pub const ADMIN_POLL_TIMEOUT: Duration = Duration::from_secs(1);
+/// Most bytes of a call's answer the drain reads (`DRAINING`).
+pub const MAX_ANSWER_BODY: usize = 64;
+
+/// One configured drain.
+pub struct Drain {
+    config: DrainConfig,
+}
+
+/// One copy's mutable state (a VM copy's; the native config's). `W` is
+/// what wakes a held long-poll (see [`Waiters`]).
+#[derive(Debug)]
+pub struct DrainState<W = ()> {
+    copy: DrainCopy,
+    waiters: Waiters<W>,
+    /// Token of the admin `/ready` call in flight.
+    admin_call: Option<u32>,
+    /// Token of the `on_drained` call in flight.
+    callback_call: Option<u32>,
+    /// A failed admin poll was logged already (once per copy: a missing
+    /// cluster would otherwise log every second for the life of the process).
+    admin_warned: bool,
+    /// The status JSON of a pass this copy made and has not told
+    /// `on_drained` of yet.
+    callback_owed: Option<String>,
+}
+
+impl<W> Default for DrainState<W> {
+    fn default() -> Self {
+        DrainState {
+            copy: DrainCopy::default(),
+            waiters: Waiters::default(),
+            admin_call: None,
+            callback_call: None,
+            admin_warned: false,
+            callback_owed: None,
+        }
+    }
+}
+
+impl<W> DrainState<W> {
+    /// Long-polls held.
+    pub fn held(&self) -> usize {
+        self.waiters.len()
+    }
+}
+
+/// What a stream's request gets.
+enum Answer {
+    Now(Reply),
+    /// Held until the tick wakes it.
+    Held,
+    /// Not the filter's: the request goes on to the app.
+    App,
+}
+
+impl Drain {
+    /// Parses `json` and creates the drain's shared keys (every key a
+    /// stream or tick updates exists before any stream runs).
+    pub fn configure(h: &impl Host, json: &[u8]) -> Result<Drain, String> {
+        let config = DrainConfig::from_json(json).map_err(|e| e.to_string())?;
+        super::host::create_keys(h, Owner::Drain)?;
+        Ok(Drain { config })
+    }
+
+    /// Evaluates the gate now; a pass this copy made is logged, counted if
+    /// forced, and owed to `on_drained`.
+    fn advance<W>(
+        &self,
+        st: &mut DrainState<W>,
+        h: &(impl Host + ?Sized),
+        now: u64,
+    ) -> Result<Evaluation, UpdateError> {
+        let m = HostMetrics(h);
+        let (eval, passed) = st.copy.advance(h.store(), &m, &m, &self.config, now)?;
+        if let Some(p) = passed {
+            if p.forced() {
+                h.metric_add(Metric::DrainForced, 1);
+                h.log(Level::Warn, &p.line());
+            } else {
+                h.log(Level::Info, &p.line());
+            }
+            if self.config.on_drained.is_some() {
+                st.callback_owed = Some(eval.status(now).to_json());
+            }
+        }
+        Ok(eval)
+    }
+
+    /// The record with the traffic now, no gate evaluation.
+    fn look<W>(
+        &self,
+        st: &mut DrainState<W>,
+        h: &(impl Host + ?Sized),
+        now: u64,
+    ) -> Result<Evaluation, String> {
+        let rec = record::read(h.store()).map_err(|e| format!("{e:?}"))?;
+        Ok(st.copy.look(&HostMetrics(h), rec, now))
+    }
+
+    /// A request's headers. `waiter` gives the stream's long-poll id and
+    /// its wake handle, asked only when the stream is held.
+    pub fn request_headers<W>(
+        &self,
+        state: &impl StateCell<DrainState<W>>,
+        s: &impl Stream,
+        waiter: impl FnOnce() -> (u32, W),
+    ) -> Action {
+        // Most requests are the app's: one header read tells.
+        let Some(path) = s.header(Map::RequestHeaders, PATH) else {
+            return Action::Continue;
+        };
+        if !is_endpoint_path(&self.config.paths, &path) {
+            return Action::Continue;
+        }
+        let Some(method) = s.header(Map::RequestHeaders, METHOD) else {
+            return Action::Continue;
+        };
+        let reply = match route(&self.config.paths, &method, &path) {
+            Route::Pass => return Action::Continue,
+            Route::Endpoint(endpoint) => match self.answer(state, s, endpoint, waiter) {
+                Answer::Now(reply) => reply,
+                Answer::Held => return Action::Stop,
+                Answer::App => return Action::Continue,
+            },
+            Route::MethodNotAllowed(allow) => Reply::method_not_allowed(allow),
+            Route::BadRequest(reason) => Reply::bad_request(&reason),
+        };
+        send(s, &reply);
+        Action::Stop
+    }
+
+    fn answer<W>(
+        &self,
+        state: &impl StateCell<DrainState<W>>,
+        s: &impl Stream,
+        endpoint: Endpoint,
+        waiter: impl FnOnce() -> (u32, W),
+    ) -> Answer {
+        let now = s.now_us();
+        Answer::Now(match endpoint {
+            Endpoint::Closing => self.start_closing(state, s, now),
+            Endpoint::Ready => match record::read(s.store()) {
+                Ok(rec) => Reply::ready(rec.phase),
+                Err(e) => Reply::unavailable(&format!("{e:?}")),
+            },
+            Endpoint::Status => match state.with(|st| self.advance(st, s, now)) {
+                Ok(eval) => Reply::status(&eval.status(now)),
+                Err(e) => Reply::unavailable(&format!("{e:?}")),
+            },
+            Endpoint::Drained { wait } => match state.with(|st| self.advance(st, s, now)) {
+                Ok(eval) if eval.rec.phase == Phase::Drained || wait.is_none() => {
+                    Reply::drained(&eval.status(now))
+                }
+                Ok(_) => match self.hold(state, s, now, wait.unwrap_or_default(), waiter) {
+                    Some(reply) => reply,
+                    None => return Answer::Held,
+                },
+                Err(e) => Reply::unavailable(&format!("{e:?}")),
+            },
+            Endpoint::GrpcHealth => match record::read(s.store()) {
+                // While serving, the app's own health service answers.
+                Ok(rec) if rec.phase == Phase::Serving => return Answer::App,
+                _ => Reply::grpc_not_serving(),
+            },
+        })
+    }
+
+    fn start_closing<W>(
+        &self,
+        state: &impl StateCell<DrainState<W>>,
+        s: &impl Stream,
+        now: u64,
+    ) -> Reply {
+        let source = s.attribute(Attribute::SourceAddress);
+        let xff = s.header(Map::RequestHeaders, FORWARDED_FOR);
+        let ip = source
+            .as_deref()
+            .and_then(|a| trusted_peer_ip(a, xff.as_deref()));
+        let allowed =
+            ip.is_some_and(|ip| self.config.allowed_sources.iter().any(|r| r.contains(ip)));
+        if !allowed {
+            s.log(
+                Level::Warn,
+                &format!(
+                    "closing refused: source {} not trusted or not in allowed_sources",
+                    source.map_or("unknown".into(), |a| String::from_utf8_lossy(&a)
+                        .into_owned())
+                ),
+            );
+            return Reply::forbidden();
+        }
+        match record::start_closing(s.store(), now) {
+            Ok((rec, started)) => {
+                if started {
+                    raise_phase(&HostMetrics(s), Phase::Closing);
+                    s.log(
+                        Level::Info,
+                        &format!(
+                            "closing started by POST from {}",
+                            ip.map_or(String::new(), |ip| ip.to_string())
+                        ),
+                    );
+                }
+                let eval = state.with(|st| st.copy.look(&HostMetrics(s), rec, now));
+                Reply::closing(&eval.status(now))
+            }
+            Err(e) => Reply::unavailable(&format!("{e:?}")),
+        }
+    }
+
+    /// Holds a long-poll until the gate passes or `wait` runs out; the
+    /// reply to send at once when it cannot be held.
+    fn hold<W>(
+        &self,
+        state: &impl StateCell<DrainState<W>>,
+        s: &impl Stream,
+        now: u64,
+        wait: Duration,
+        waiter: impl FnOnce() -> (u32, W),
+    ) -> Option<Reply> {
+        let max = u64::from(self.config.max_waiters);
+        match add_bounded(s.store(), keys::WAITERS.name, 1, max) {
+            Ok(Some(_)) => {
+                let (id, wake) = waiter();
+                let deadline = now.saturating_add(micros(wait));
+                state.with(|st| st.waiters.hold(id, wake, deadline));
+                None
+            }
+            Ok(None) => Some(Reply::too_many_waiters()),
+            Err(e) => Some(Reply::unavailable(&format!("{e:?}"))),
+        }
+    }
+
+    /// A woken long-poll's answer: `drained` with the status now.
+    pub fn answer_woken<W>(&self, state: &impl StateCell<DrainState<W>>, s: &impl Stream) {
+        let now = s.now_us();
+        let reply = match state.with(|st| self.look(st, s, now)) {
+            Ok(eval) => Reply::drained(&eval.status(now)),
+            Err(e) => Reply::unavailable(&e),
+        };
+        send(s, &reply);
+    }
+
+    /// A stream with long-poll `id` ended: a poll not answered yet frees its
+    /// slot. Takes the locked state: the native module deletes the
+    /// stream's wake handle under the same lock.
+    pub fn release<W>(&self, st: &mut DrainState<W>, h: &(impl Host + ?Sized), id: u32) {
+        if st.waiters.release(id) {
+            let _ = add_bounded(h.store(), keys::WAITERS.name, -1, u64::MAX);
+        }
+    }
+
+    /// The tick (see the module table). `wake` is called for each due
+    /// long-poll under the state's lock; the due ones are returned too.
+    pub fn tick<W>(
+        &self,
+        state: &impl StateCell<DrainState<W>>,
+        h: &impl Host,
+        mut wake: impl FnMut(u32, &W),
+    ) -> Vec<(u32, W)> {
+        let now = h.now_us();
+        let eval = match state.with(|st| self.advance(st, h, now)) {
+            Ok(eval) => eval,
+            Err(e) => {
+                h.log(
+                    Level::Warn,
+                    &format!("drain gate not evaluated this tick: {e:?}"),
+                );
+                return Vec::new();
+            }
+        };
+        if let Some(body) = state.with(|st| st.callback_owed.take()) {
+            self.call_on_drained(state, h, &body);
+        }
+        let drained = eval.rec.phase == Phase::Drained;
+        let due = state.with(|st| {
+            let due = st.waiters.take_due(drained, now);
+            for (id, w) in &due {
+                let _ = add_bounded(h.store(), keys::WAITERS.name, -1, u64::MAX);
+                wake(*id, w);
+            }
+            due
+        });
+        if eval.rec.phase == Phase::Serving {
+            self.poll_admin(state, h, now);
+        }
+        due
+    }
+
+    /// POSTs the status JSON to the app's shutdown hook, once: only the copy
+    /// whose write passed the gate owes it.
+    fn call_on_drained<W>(&self, state: &impl StateCell<DrainState<W>>, h: &impl Host, body: &str) {
+        let Some(cb) = &self.config.on_drained else {
+            return;
+        };
+        let headers = [
+            (METHOD, "POST"),
+            (PATH, cb.path.as_str()),
+            (AUTHORITY, cb.cluster.as_str()),
+            (CONTENT_TYPE, "application/json"),
+        ];
+        match h.dispatch(&cb.cluster, &headers, body.as_bytes(), cb.timeout) {
+            Ok(token) => state.with(|st| st.callback_call = Some(token)),
+            Err(reason) => {
+                h.metric_add(Metric::DrainCallbackFailed, 1);
+                h.log(
+                    Level::Warn,
+                    &format!(
+                        "on_drained callback to cluster {:?} not sent: {reason}",
+                        cb.cluster
+                    ),
+                );
+            }
+        }
+    }
+
+    fn poll_admin<W>(&self, state: &impl StateCell<DrainState<W>>, h: &impl Host, now: u64) {
+        let Some(cluster) = &self.config.admin_cluster else {
+            return;
+        };
+        if state.with(|st| st.admin_call.is_some()) {
+            return;
+        }
+        let interval = micros(ADMIN_POLL_INTERVAL);
+        if !take_lease(h.store(), keys::ADMIN_LEASE.name, now, interval).unwrap_or(false) {
+            return;
+        }
+        let headers = [
+            (METHOD, "GET"),
+            (PATH, "/ready"),
+            (AUTHORITY, ADMIN_AUTHORITY),
+        ];
+        match h.dispatch(cluster, &headers, &[], ADMIN_POLL_TIMEOUT) {
+            Ok(token) => state.with(|st| st.admin_call = Some(token)),
+            Err(reason) => {
+                if !state.with(|st| std::mem::replace(&mut st.admin_warned, true)) {
+                    h.log(
+                        Level::Warn,
+                        &format!("admin poll to cluster {cluster:?} not sent ({reason}): is the cluster defined?"),
+                    );
+                }
+            }
+        }
+    }
+
+    /// The answer to one of the drain's calls (a failed or timed-out call
+    /// has no `:status`).
+    pub fn call_answered<W>(
+        &self,
+        state: &impl StateCell<DrainState<W>>,
+        h: &impl Host,
+        token: u32,
+        answer: &impl CallResponse,
+    ) {
+        let status = answer.header(STATUS);
+        let (admin, callback) = state.with(|st| {
+            let admin = st.admin_call == Some(token);
+            let callback = st.callback_call == Some(token);
+            if admin {
+                st.admin_call = None;
+            }
+            if callback {
+                st.callback_call = None;
+            }
+            (admin, callback)
+        });
+        if admin {
+            // /ready is 503 during Envoy's own start-up too (PRE_INITIALIZING,
+            // INITIALIZING): only DRAINING, i.e. /healthcheck/fail, closes.
+            if status.as_deref() == Some(b"503")
+                && answer.body(MAX_ANSWER_BODY).starts_with(b"DRAINING")
+            {
+                match record::start_closing(h.store(), h.now_us()) {
+                    Ok((_, true)) => {
+                        raise_phase(&HostMetrics(h), Phase::Closing);
+                        h.log(
+                            Level::Info,
+                            "closing started: Envoy admin /ready says DRAINING (/healthcheck/fail)",
+                        );
+                    }
+                    Ok((_, false)) => {}
+                    Err(e) => h.log(Level::Error, &format!("cannot start closing: {e:?}")),
+                }
+            }
+        } else if callback {
+            let ok = status.as_deref().is_some_and(|s| s.first() == Some(&b'2'));
+            if !ok {
+                h.metric_add(Metric::DrainCallbackFailed, 1);
+                h.log(
+                    Level::Warn,
+                    &format!(
+                        "on_drained callback failed: status {}",
+                        status.map_or("none (no answer)".into(), |s| String::from_utf8_lossy(&s)
+                            .into_owned())
+                    ),
+                );
+            }
+        }
+    }
+}
+
+/// Sends one of the filter's answers, stamped with the instance id the
+/// provider published and the address this request reached: a consumer's
+/// probe tells a restarted instance from the closing one by both.
+fn send(s: &impl Stream, reply: &Reply) {
+    let stamp = Stamp::read(s.store(), s.attribute_text(Attribute::DestinationAddress));
+    s.send_reply(&LocalReply {
+        status: reply.status,
+        headers: &stamp.headers(reply),
+        body: reply.body.as_bytes(),
+        grpc_status: reply.grpc_status,
+        details: "graceful_drain",
+    });
+}
+
+#[cfg(test)]
+#[path = "drain_tests.rs"]
+mod tests;

@@ -1,0 +1,86 @@
+//! What each shared-data key starts as: the empty value of its encoding,
+//! written by the filters that create it ([`crate::keys::Key::created_by`])
+//! before any stream runs. Kept apart from the key registry so that
+//! [`crate::keys`] depends on no codec while the codecs name their keys
+//! there.
+
+use crate::keys::{Encoding, Key, Owner, ALL};
+use crate::record::InstanceRecord;
+use crate::steering::{ClusterSet, Membership};
+use crate::tombstone::Tombstones;
+
+/// The value `key` starts from, which decodes as "nothing yet"; None for
+/// keys written whole.
+pub fn value(key: &Key) -> Option<Vec<u8>> {
+    if key.created_by.is_empty() {
+        return None;
+    }
+    Some(match key.encoding {
+        Encoding::InstanceRecord => InstanceRecord::default().encode().to_vec(),
+        Encoding::Tombstones => Tombstones::default().encode(),
+        Encoding::Membership => Membership::default().encode(),
+        Encoding::ClusterSet => ClusterSet::default().encode(),
+        Encoding::U64 => 0u64.to_le_bytes().to_vec(),
+        Encoding::InstanceId | Encoding::Identity => return None,
+    })
+}
+
+/// The keys `filter` creates in `on_configure`, with their initial values,
+/// for [`crate::store::ensure_all`].
+pub fn values(filter: Owner) -> Vec<(&'static str, Vec<u8>)> {
+    ALL.iter()
+        .filter(|k| k.created_by.contains(&filter))
+        .filter_map(|k| Some((k.name, value(k)?)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::Owner::{Consumer, Drain, Provider};
+
+    #[test]
+    fn initial_values_decode_as_nothing_yet() {
+        for k in ALL {
+            let Some(v) = value(k) else { continue };
+            let empty = match k.encoding {
+                Encoding::InstanceRecord => {
+                    InstanceRecord::decode(&v) == Some(InstanceRecord::default())
+                }
+                Encoding::Tombstones => Tombstones::decode(&v) == Some(Tombstones::default()),
+                Encoding::Membership => Membership::decode(&v) == Some(Membership::default()),
+                Encoding::ClusterSet => ClusterSet::decode(&v) == Some(ClusterSet::default()),
+                Encoding::U64 => crate::store::read_u64(&v) == Some(0),
+                Encoding::InstanceId | Encoding::Identity => false,
+            };
+            assert!(empty, "{}", k.name);
+        }
+    }
+
+    #[test]
+    fn each_filter_creates_what_its_streams_update() {
+        let names = |f| -> Vec<&str> { values(f).into_iter().map(|(k, _)| k).collect() };
+        assert_eq!(names(Provider), ["graceful.v1.instance"]);
+        assert_eq!(
+            names(Drain),
+            [
+                "graceful.v1.instance",
+                "graceful.v1.drain.waiters",
+                "graceful.v1.drain.admin_lease"
+            ]
+        );
+        assert_eq!(
+            names(Consumer),
+            [
+                "graceful.v1.consumer.tombstones",
+                "graceful.v1.consumer.tombstones.gen",
+                "graceful.v1.consumer.members",
+                "graceful.v1.consumer.members.gen",
+                "graceful.v1.consumer.observed",
+                "graceful.v1.consumer.observed.gen",
+                "graceful.v1.consumer.clusters",
+                "graceful.v1.consumer.refresh_lease",
+            ]
+        );
+    }
+}
