@@ -3,10 +3,8 @@
 //! VM copy (and, inside a stream callback, the current stream: proxy-wasm
 //! hostcalls act on the context being called, or the one made effective).
 
-use std::time::Duration;
-
 use graceful_core::filter::host::{
-    Attribute, CallResponse, Host, Level, LocalReply, Map, Pair, Stream,
+    Attribute, CallResponse, HeaderScan, Host, HttpCall, Level, LocalReply, Map, Stream,
 };
 use graceful_core::keys::Owner;
 use graceful_core::metrics::{Kind, Metric};
@@ -109,15 +107,10 @@ impl Host for Guest {
 
     /// The SDK's call registers the callout for the context being called
     /// (the root, in a tick or a call's answer), so the answer comes to it.
-    fn dispatch(
-        &self,
-        cluster: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-        timeout: Duration,
-    ) -> Result<u32, String> {
-        let body = (!body.is_empty()).then_some(body);
-        hostcalls::dispatch_http_call(cluster, headers.to_vec(), body, vec![], timeout)
+    fn dispatch(&self, call: &HttpCall) -> Result<u32, String> {
+        let body = (!call.body.is_empty()).then_some(call.body);
+        let headers = call.headers.to_vec();
+        hostcalls::dispatch_http_call(call.cluster, headers, body, vec![], call.timeout)
             .map_err(|status| format!("{status:?}"))
     }
 }
@@ -129,11 +122,7 @@ impl Stream for Guest {
             .flatten()
     }
 
-    fn scan_headers(
-        &self,
-        map: Map,
-        scan: &mut dyn FnMut(&mut dyn Iterator<Item = Pair<'_>>),
-    ) -> bool {
+    fn scan_headers(&self, map: Map, scan: &mut HeaderScan) -> bool {
         let Some(bytes) = abi::header_map_bytes(map_type(map)) else {
             return false;
         };

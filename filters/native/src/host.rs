@@ -16,10 +16,9 @@
 //! | gauge = v | gauge = v | gauge = v |
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::SeqCst};
-use std::time::Duration;
 
 use graceful_core::filter::host::{
-    Attribute, CallResponse, Host, Level, LocalReply, Map, Pair, Stream,
+    Attribute, CallResponse, HeaderScan, Host, HttpCall, Level, LocalReply, Map, Stream,
 };
 use graceful_core::keys::Owner;
 use graceful_core::metrics::{AtomicMetrics, Kind, Metric};
@@ -243,18 +242,12 @@ impl Host for Native<'_> {
 
     /// A config callout: main thread only, so a stream hook cannot call.
     /// Callout ids count up from 1 per config: a u32 lasts.
-    fn dispatch(
-        &self,
-        cluster: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-        timeout: Duration,
-    ) -> Result<u32, String> {
+    fn dispatch(&self, call: &HttpCall) -> Result<u32, String> {
         let Sink::Config(c) = self.sink else {
             return Err("calls are made from the main thread only".into());
         };
-        let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
-        c.callout(cluster, headers, body, timeout_ms)
+        let timeout_ms = u64::try_from(call.timeout.as_millis()).unwrap_or(u64::MAX);
+        c.callout(call.cluster, call.headers, call.body, timeout_ms)
             .map(|id| u32::try_from(id).unwrap_or(u32::MAX))
             .map_err(|r| format!("init result {r}"))
     }
@@ -265,11 +258,7 @@ impl Stream for Native<'_> {
         self.abi_stream()?.header(header_type(map), name)
     }
 
-    fn scan_headers(
-        &self,
-        map: Map,
-        scan: &mut dyn FnMut(&mut dyn Iterator<Item = Pair<'_>>),
-    ) -> bool {
+    fn scan_headers(&self, map: Map, scan: &mut HeaderScan) -> bool {
         let Some(s) = self.abi_stream() else {
             return false;
         };

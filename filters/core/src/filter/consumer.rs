@@ -15,7 +15,7 @@
 use std::cell::{Cell, RefCell, RefMut};
 use std::collections::HashMap;
 
-use super::host::{Action, Attribute, CallResponse, Host, Map, StateCell, Stream};
+use super::host::{Action, Attribute, CallResponse, Host, HttpCall, Map, StateCell, Stream};
 use crate::config::ConsumerConfig;
 use crate::consumer::{
     Call, CallKind, Consumer, Counter, Effect, Exchange, Gauge, Part, Response, MAX_ADMIN_BODY,
@@ -358,7 +358,13 @@ impl ConsumerFilter {
 
     fn dispatch(&self, copy: &impl StateCell<ConsumerCopy>, h: &impl Host, calls: Vec<Call>) {
         for call in calls {
-            match h.dispatch(&call.cluster, &call.header_pairs(), &[], call.timeout) {
+            let request = HttpCall {
+                cluster: &call.cluster,
+                headers: &call.header_pairs(),
+                body: &[],
+                timeout: call.timeout,
+            };
+            match h.dispatch(&request) {
                 Ok(token) => copy.with(|c| {
                     if matches!(call.kind, CallKind::Probe { .. }) {
                         c.probe_clusters.insert(token, call.cluster.clone());

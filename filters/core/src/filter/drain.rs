@@ -17,9 +17,9 @@
 
 use std::time::Duration;
 
-use super::host::Attribute;
 use super::host::{
-    Action, CallResponse, Host, HostMetrics, Level, LocalReply, Map, StateCell, Stream,
+    Action, Attribute, CallResponse, Host, HostMetrics, HttpCall, Level, LocalReply, Map,
+    StateCell, Stream,
 };
 use crate::config::DrainConfig;
 use crate::drain::{raise_phase, DrainCopy, Evaluation};
@@ -341,7 +341,13 @@ impl Drain {
             (AUTHORITY, cb.cluster.as_str()),
             (CONTENT_TYPE, "application/json"),
         ];
-        match h.dispatch(&cb.cluster, &headers, body.as_bytes(), cb.timeout) {
+        let call = HttpCall {
+            cluster: &cb.cluster,
+            headers: &headers,
+            body: body.as_bytes(),
+            timeout: cb.timeout,
+        };
+        match h.dispatch(&call) {
             Ok(token) => state.with(|st| st.callback_call = Some(token)),
             Err(reason) => {
                 h.metric_add(Metric::DrainCallbackFailed, 1);
@@ -372,7 +378,13 @@ impl Drain {
             (PATH, "/ready"),
             (AUTHORITY, ADMIN_AUTHORITY),
         ];
-        match h.dispatch(cluster, &headers, &[], ADMIN_POLL_TIMEOUT) {
+        let call = HttpCall {
+            cluster,
+            headers: &headers,
+            body: &[],
+            timeout: ADMIN_POLL_TIMEOUT,
+        };
+        match h.dispatch(&call) {
             Ok(token) => state.with(|st| st.admin_call = Some(token)),
             Err(reason) => {
                 if !state.with(|st| std::mem::replace(&mut st.admin_warned, true)) {

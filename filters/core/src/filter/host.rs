@@ -40,19 +40,26 @@ pub trait Host {
     /// turns a rejected stat into one that reads 0 whatever is added, which
     /// a host that reads its counts from Envoy stats cannot work with.
     fn metric_is_kept(&self, metric: Metric) -> bool;
-    /// Sends an HTTP call to `cluster`; its answer comes back to the
-    /// filter's `call_answered` with the token. Err: the host's reason.
-    fn dispatch(
-        &self,
-        cluster: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-        timeout: Duration,
-    ) -> Result<u32, String>;
+    /// Sends an HTTP call; its answer comes back to the filter's
+    /// `call_answered` with the token. Err: the host's reason.
+    fn dispatch(&self, call: &HttpCall) -> Result<u32, String>;
+}
+
+/// An HTTP call to a cluster.
+#[derive(Debug, Clone, Copy)]
+pub struct HttpCall<'a> {
+    pub cluster: &'a str,
+    pub headers: &'a [(&'a str, &'a str)],
+    /// Empty: no body.
+    pub body: &'a [u8],
+    pub timeout: Duration,
 }
 
 /// One header: name and value.
 pub type Pair<'a> = (&'a [u8], &'a [u8]);
+
+/// What reads a header map: every pair, in order.
+pub type HeaderScan<'s> = dyn FnMut(&mut dyn Iterator<Item = Pair<'_>>) + 's;
 
 /// A header map of the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -95,11 +102,7 @@ pub trait Stream: Host {
     /// Runs `scan` over every pair of `map`, in order, from one read of the
     /// whole map, borrowed where the host can; false (and `scan` not run)
     /// if the map is not available.
-    fn scan_headers(
-        &self,
-        map: Map,
-        scan: &mut dyn FnMut(&mut dyn Iterator<Item = Pair<'_>>),
-    ) -> bool;
+    fn scan_headers(&self, map: Map, scan: &mut HeaderScan) -> bool;
     /// Sets a header, replacing any value; false if the host refused.
     fn set_header(&self, map: Map, name: &str, value: &str) -> bool;
     fn remove_header(&self, map: Map, name: &str) -> bool;

@@ -7,7 +7,9 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::host::{Attribute, CallResponse, Host, Level, LocalReply, Map, Pair, Stream};
+use super::host::{
+    Attribute, CallResponse, HeaderScan, Host, HttpCall, Level, LocalReply, Map, Stream,
+};
 use crate::metrics::Metric;
 use crate::store::{MemStore, SharedStore, StoreError, Versioned};
 
@@ -221,13 +223,7 @@ impl Host for MockHost {
         !self.dropped.borrow().contains(&metric)
     }
 
-    fn dispatch(
-        &self,
-        cluster: &str,
-        headers: &[(&str, &str)],
-        body: &[u8],
-        timeout: Duration,
-    ) -> Result<u32, String> {
+    fn dispatch(&self, call: &HttpCall) -> Result<u32, String> {
         if self.refuse_calls.get() {
             return Err("BadArgument".into());
         }
@@ -235,13 +231,14 @@ impl Host for MockHost {
         self.next_token.set(token);
         self.calls.borrow_mut().push(SentCall {
             token,
-            cluster: cluster.to_string(),
-            headers: headers
+            cluster: call.cluster.to_string(),
+            headers: call
+                .headers
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
-            body: body.to_vec(),
-            timeout,
+            body: call.body.to_vec(),
+            timeout: call.timeout,
         });
         Ok(token)
     }
@@ -257,11 +254,7 @@ impl Stream for MockHost {
         Some(v.as_bytes().to_vec())
     }
 
-    fn scan_headers(
-        &self,
-        map: Map,
-        scan: &mut dyn FnMut(&mut dyn Iterator<Item = Pair<'_>>),
-    ) -> bool {
+    fn scan_headers(&self, map: Map, scan: &mut HeaderScan) -> bool {
         let maps = self.maps.borrow();
         let Some(pairs) = maps.get(&map) else {
             return false;
