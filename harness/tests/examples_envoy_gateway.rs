@@ -26,12 +26,12 @@ use std::process::Command;
 use std::time::Duration;
 
 use graceful_core::config::ConsumerConfig;
-use graceful_harness::client::{load, Conn};
-use graceful_harness::envoy::{
+use graceful_harness::support::client::{load, Conn};
+use graceful_harness::support::envoy::{
     envoy_binary, eventually, free_port, repo_root, scratch_path, wasm_dir, write_eds, Envoy,
     EnvoySpec,
 };
-use graceful_harness::upstream::Upstream;
+use graceful_harness::support::upstream::Upstream;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
