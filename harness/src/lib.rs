@@ -5,7 +5,7 @@
 //!   renderer, the open-loop load generator, the report of a rolling run;
 //! - [`platform`]: stand-ins for where the filters are deployed: Envoy
 //!   configured like Istio's sidecar, pods as network namespaces, the
-//!   compose project on a real Docker engine;
+//!   compose project on a real Docker engine, Envoy Gateway's translation;
 //! - [`products`]: the library side of `make demo` and `make bench`.
 //!
 //! The end-to-end suites in `tests/` run the real filters in a real Envoy
