@@ -120,7 +120,7 @@ $(ENVOY):
 .PHONY: render
 render: $(RENDERED) ## render the Envoy config templates with their defaults into target/envoy/
 
-target/envoy/%.yaml: envoy/%.yaml harness/src/render.rs
+target/envoy/%.yaml: envoy/%.yaml harness/src/support/render.rs
 	@mkdir -p target/envoy
 	$(CARGO) run --quiet --profile test -p graceful-harness --bin render -- $< > $@
 

@@ -6,8 +6,8 @@
 
 use std::collections::HashSet;
 
-use graceful_harness::compose;
-use graceful_harness::envoy::repo_root;
+use graceful_harness::platform::compose;
+use graceful_harness::support::envoy::repo_root;
 use serde_yaml::Value;
 
 #[test]

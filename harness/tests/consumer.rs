@@ -7,10 +7,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use graceful_harness::client::{self, load, Conn, Response};
-use graceful_harness::envoy::{eventually, free_port, wait_for, write_eds};
-use graceful_harness::mesh::{ConsumerSidecar, CLOSING};
-use graceful_harness::upstream::{Counters, Upstream};
+use graceful_harness::support::client::{self, load, Conn, Response};
+use graceful_harness::support::envoy::{eventually, free_port, wait_for, write_eds};
+use graceful_harness::support::mesh::{ConsumerSidecar, CLOSING};
+use graceful_harness::support::upstream::{Counters, Upstream};
 
 const OVERRIDE: &str = "x-graceful-override-host";
 
@@ -364,7 +364,7 @@ fn it_refuses_to_start_when_the_stats_matcher_drops_its_stats() {
     // (graceful_consumer_generation) are Envoy stats; one that the
     // stats_matcher rejects is a null stat reading 0, so the filter refuses
     // to configure, saying so, and Envoy does not start with it.
-    let wasm = graceful_harness::envoy::wasm_dir().join("graceful_consumer.wasm");
+    let wasm = graceful_harness::support::envoy::wasm_dir().join("graceful_consumer.wasm");
     for dropped in ["graceful_consumer_inflight", "graceful_consumer_generation"] {
         let config = serde_json::json!({
             "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": free_port()}}},
@@ -394,17 +394,20 @@ fn it_refuses_to_start_when_the_stats_matcher_drops_its_stats() {
                 }]}]
             }]}
         });
-        let path =
-            graceful_harness::envoy::scratch_path(&format!("stats-matcher-{dropped}"), "json");
+        let path = graceful_harness::support::envoy::scratch_path(
+            &format!("stats-matcher-{dropped}"),
+            "json",
+        );
         std::fs::write(&path, config.to_string()).unwrap();
-        let mut child = std::process::Command::new(graceful_harness::envoy::envoy_binary())
-            .arg("-c")
-            .arg(&path)
-            .args(["--concurrency", "1", "--disable-hot-restart"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child =
+            std::process::Command::new(graceful_harness::support::envoy::envoy_binary())
+                .arg("-c")
+                .arg(&path)
+                .args(["--concurrency", "1", "--disable-hot-restart"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
         let deadline = Instant::now() + Duration::from_secs(30);
         let status = loop {
             if let Some(status) = child.try_wait().unwrap() {
@@ -446,7 +449,7 @@ async fn it_tombstones_no_host_when_clients_cancel_slow_requests() {
     m.until_membership_refreshed().await;
     let cancels: Vec<_> = (0..12)
         .map(|_| {
-            tokio::spawn(graceful_harness::client::abort_after(
+            tokio::spawn(graceful_harness::support::client::abort_after(
                 m.outbound,
                 "/delay/2000",
                 Duration::from_millis(150),

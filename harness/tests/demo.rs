@@ -5,8 +5,8 @@
 
 use std::time::Duration;
 
-use graceful_harness::demo::load::Protocol;
-use graceful_harness::demo::{run, DemoConfig, Mode};
+use graceful_harness::products::demo::{run, DemoConfig, Mode};
+use graceful_harness::support::load::Protocol;
 
 fn short(protocol: Protocol) -> DemoConfig {
     DemoConfig {
@@ -18,7 +18,7 @@ fn short(protocol: Protocol) -> DemoConfig {
         settle: Duration::from_secs(1),
         tail: Duration::from_millis(1500),
         drain_config: r#"{"admin_cluster":"envoy_admin","consumer_update_wait":"1s"}"#.into(),
-        work_dir: graceful_harness::envoy::repo_root()
+        work_dir: graceful_harness::support::envoy::repo_root()
             .join(format!("target/e2e/demo-{protocol:?}")),
         ..DemoConfig::default()
     }
@@ -93,7 +93,9 @@ async fn it_restarts_a_provider_under_http2_load_without_a_failed_request() {
 /// preStop loses unretried POSTs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn it_loses_no_request_in_any_scenario_of_the_matrix_with_the_filters() {
-    use graceful_harness::demo::matrix::{cell, scenario, Approach, DRAIN_CONFIG, SCENARIOS};
+    use graceful_harness::products::demo::matrix::{
+        cell, scenario, Approach, DRAIN_CONFIG, SCENARIOS,
+    };
     let base = DemoConfig {
         drain_config: DRAIN_CONFIG.into(),
         rate: 200,

@@ -11,12 +11,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::time::Duration;
 
-use graceful_harness::client::Conn;
-use graceful_harness::compose::{IMAGE, PROJECT};
-use graceful_harness::docker::{
+use graceful_harness::platform::compose::{IMAGE, PROJECT};
+use graceful_harness::platform::docker::{
     self, consumer_stat, container, docker, inspect, Rolling, CONSUMER,
 };
-use graceful_harness::envoy::eventually;
+use graceful_harness::support::client::Conn;
+use graceful_harness::support::envoy::eventually;
 
 /// Whether a Docker engine answers; on CI it must.
 fn engine() -> bool {

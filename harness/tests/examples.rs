@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use graceful_core::config::DrainConfig;
 use graceful_core::duration::parse_duration;
-use graceful_harness::envoy::repo_root;
+use graceful_harness::support::envoy::repo_root;
 use serde_yaml::Value;
 
 const KUBERNETES_MANIFEST: &str = "examples/kubernetes/provider.yaml";
@@ -416,7 +416,7 @@ fn rendered_envoy_config() -> Value {
         .collect();
     values.insert("DRAIN_CONFIG".into(), drain.replace('\n', ""));
     let template = std::fs::read_to_string(root.join(ENVOY_TEMPLATE)).unwrap();
-    let text = graceful_harness::render::render(&template, &values).unwrap();
+    let text = graceful_harness::support::render::render(&template, &values).unwrap();
     serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("rendered {ENVOY_TEMPLATE}: {e}"))
 }
 

@@ -1,7 +1,8 @@
 //! `examples/envoy-gateway` against real Envoy 1.40. No Kubernetes runs
-//! here, so the tests do, in a few lines each, what Envoy Gateway's
-//! translator does with the documents (each step names the file of
-//! envoyproxy/gateway it follows, as of v1.9), and hand the result to Envoy:
+//! here: `graceful_harness::platform::envoy_gateway` does what Envoy
+//! Gateway's translator does with the documents (each step names the file
+//! of envoyproxy/gateway it follows, as of v1.9), and the tests hand the
+//! result to Envoy:
 //!
 //! - the fields a user gets wrong are checked on the documents themselves,
 //!   the plugin configuration by graceful_consumer's own parser;
@@ -15,9 +16,7 @@
 //!   every request away from the one that answered `x-graceful-closing`,
 //!   and without override_host on the cluster it does not.
 //!
-//! What differs from a gateway: the module is read from `dist/` (Envoy
-//! Gateway serves the same bytes from its own HTTP server), and endpoints
-//! come from a file (Envoy Gateway sends them over ADS).
+//! What differs from a gateway: see `platform::envoy_gateway`.
 
 use std::fs;
 use std::net::SocketAddr;
@@ -26,481 +25,21 @@ use std::process::Command;
 use std::time::Duration;
 
 use graceful_core::config::ConsumerConfig;
-use graceful_harness::client::{load, Conn};
-use graceful_harness::envoy::{
-    envoy_binary, eventually, free_port, repo_root, scratch_path, wasm_dir, write_eds, Envoy,
-    EnvoySpec,
+use graceful_harness::platform::envoy_gateway::{
+    self, apply_patch_policy, json_patch::apply_operation, str_field, Example, ADMIN_CLUSTER,
+    CLUSTER_TYPE, EXAMPLE,
 };
-use graceful_harness::upstream::Upstream;
-use serde::Deserialize;
+use graceful_harness::support::client::{load, Conn};
+use graceful_harness::support::envoy::{
+    envoy_binary, eventually, free_port, repo_root, scratch_path, write_eds, Envoy, EnvoySpec,
+};
+use graceful_harness::support::upstream::Upstream;
 use serde_json::{json, Value};
 
-const EXAMPLE: &str = "examples/envoy-gateway/extension-policy.yaml";
-const PATCH: &str = "examples/envoy-gateway/envoy-patch-policy.yaml";
 const GATEWAY_API: &str = "gateway.networking.k8s.io";
 const EG_API: &str = "gateway.envoyproxy.io/v1alpha1";
-const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
-/// The cluster Envoy Gateway's bootstrap points at the proxy's admin
-/// (internal/xds/bootstrap/bootstrap.yaml.tpl, 127.0.0.1:19000).
-const EG_ADMIN_CLUSTER: &str = "prometheus_stats";
 /// What Envoy 1.40 prints when a cluster has both (observed).
 const ENVOY_LB_CONFLICT: &str = "load_balancing_policy cannot be combined with partial fields (zone_aware_lb_config, locality_weighted_lb_config, consistent_hashing_lb_config) of common_lb_config";
-
-// ---------------------------------------------------------------------------
-// The documents
-
-fn documents(path: &str) -> Vec<Value> {
-    let text = fs::read_to_string(repo_root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|d| {
-            let yaml = serde_yaml::Value::deserialize(d).unwrap_or_else(|e| panic!("{path}: {e}"));
-            serde_json::to_value(yaml).unwrap_or_else(|e| panic!("{path}: {e}"))
-        })
-        .collect()
-}
-
-fn one(docs: &[Value], kind: &str) -> Value {
-    let found: Vec<&Value> = docs.iter().filter(|d| d["kind"] == kind).collect();
-    assert_eq!(found.len(), 1, "exactly one {kind} expected");
-    found[0].clone()
-}
-
-fn text<'a>(v: &'a Value, what: &str) -> &'a str {
-    v.as_str()
-        .unwrap_or_else(|| panic!("{what}: expected a string, got {v}"))
-}
-
-/// The three policies of the example, as a user would apply them.
-struct Example {
-    /// EnvoyExtensionPolicy: the filter.
-    eep: Value,
-    /// BackendTrafficPolicy: override_host and retries.
-    btp: Value,
-    /// EnvoyPatchPolicy: the optional alternative to the BTP's override.
-    epp: Value,
-}
-
-impl Example {
-    fn load() -> Example {
-        let docs = documents(EXAMPLE);
-        assert_eq!(
-            docs.len(),
-            2,
-            "{EXAMPLE}: EnvoyExtensionPolicy and BackendTrafficPolicy"
-        );
-        let patch = documents(PATCH);
-        assert_eq!(patch.len(), 1, "{PATCH}: one EnvoyPatchPolicy");
-        Example {
-            eep: one(&docs, "EnvoyExtensionPolicy"),
-            btp: one(&docs, "BackendTrafficPolicy"),
-            epp: one(&patch, "EnvoyPatchPolicy"),
-        }
-    }
-
-    fn namespace(&self) -> &str {
-        text(
-            &self.eep["metadata"]["namespace"],
-            "EnvoyExtensionPolicy namespace",
-        )
-    }
-
-    /// The HTTPRoute the EnvoyExtensionPolicy attaches to.
-    fn route(&self) -> &str {
-        text(
-            &self.eep["spec"]["targetRefs"][0]["name"],
-            "EnvoyExtensionPolicy targetRefs[0].name",
-        )
-    }
-
-    /// The plugin configuration, parsed as the filter parses it.
-    fn consumer_config(&self) -> ConsumerConfig {
-        let config = &self.eep["spec"]["wasm"][0]["config"];
-        ConsumerConfig::from_json(config.to_string().as_bytes())
-            .unwrap_or_else(|e| panic!("EnvoyExtensionPolicy wasm[0].config: {e}"))
-    }
-}
-
-// ---------------------------------------------------------------------------
-// What Envoy Gateway generates from them
-
-/// internal/gatewayapi/helpers.go, irRouteDestinationName: the xDS cluster
-/// of one rule of an HTTPRoute.
-fn eg_rule_cluster(namespace: &str, route: &str, rule: usize) -> String {
-    format!("httproute/{namespace}/{route}/rule/{rule}")
-}
-
-/// internal/gatewayapi/envoyextensionpolicy.go, irConfigNameForWasm: the
-/// name of the policy's wasm filter, also its vm_id (so its shared-data
-/// namespace).
-fn eg_wasm_name(eep: &Value, index: usize) -> String {
-    let ns = text(&eep["metadata"]["namespace"], "namespace");
-    let name = text(&eep["metadata"]["name"], "name");
-    format!("envoyextensionpolicy/{ns}/{name}/wasm/{index}")
-}
-
-/// internal/xds/translator/wasm.go (buildHCMWasmFilter, wasmConfig,
-/// patchRoute): the filter goes in the listener disabled and is enabled by
-/// the route's typed_per_filter_config. Returns (filter name, filter).
-fn eg_wasm_filter(eep: &Value, module: &Path) -> (String, Value) {
-    let wasm = &eep["spec"]["wasm"][0];
-    let name = eg_wasm_name(eep, 0);
-    let filter_name = format!("envoy.filters.http.wasm/{name}");
-    let filter = json!({
-        "name": filter_name,
-        "disabled": true,
-        "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-            "config": {
-                "name": wasm.get("name").cloned().unwrap_or_else(|| json!(name)),
-                "root_id": wasm["rootID"],
-                "fail_open": wasm["failOpen"].as_bool().unwrap_or(false),
-                // The config's JSON, as a string.
-                "configuration": {
-                    "@type": "type.googleapis.com/google.protobuf.StringValue",
-                    "value": wasm["config"].to_string(),
-                },
-                "vm_config": {
-                    "vm_id": name,
-                    "runtime": "envoy.wasm.runtime.v8",
-                    // Envoy Gateway: remote, from its wasm HTTP server.
-                    "code": {"local": {"filename": module.display().to_string()}},
-                },
-            },
-        },
-    });
-    (filter_name, filter)
-}
-
-/// One entry of a `load_balancing_policy.policies` list.
-fn lb_policy(short: &str, type_name: &str, extra: Value) -> Value {
-    let mut typed = json!({
-        "@type": format!("type.googleapis.com/envoy.extensions.load_balancing_policies.{short}.v3.{type_name}")
-    });
-    if let (Some(t), Some(e)) = (typed.as_object_mut(), extra.as_object()) {
-        t.extend(e.clone());
-    }
-    json!({"typed_extension_config": {
-        "name": format!("envoy.load_balancing_policies.{short}"),
-        "typed_config": typed,
-    }})
-}
-
-/// A BackendTrafficPolicy `loadBalancer.type` as Envoy's policy names it.
-fn lb_names(kind: &str) -> (&'static str, &'static str) {
-    match kind {
-        "LeastRequest" => ("least_request", "LeastRequest"),
-        "RoundRobin" => ("round_robin", "RoundRobin"),
-        "Random" => ("random", "Random"),
-        other => panic!("load balancer type {other} is not modelled here"),
-    }
-}
-
-/// internal/xds/translator/cluster.go (buildXdsCluster, buildLocalityLbConfig,
-/// buildEndpointOverrideLoadBalancingPolicy, buildFallbackLoadBalancingPolicy):
-/// the cluster's load_balancing_policy for a BackendTrafficPolicy's
-/// `loadBalancer` (None: no policy, least request). With `endpointOverride`
-/// the fallback carries no locality settings.
-fn eg_load_balancing_policy(load_balancer: Option<&Value>) -> Value {
-    let kind = load_balancer
-        .and_then(|lb| lb["type"].as_str())
-        .unwrap_or("LeastRequest");
-    let (short, type_name) = lb_names(kind);
-    match load_balancer.map(|lb| &lb["endpointOverride"]) {
-        Some(eo) if !eo.is_null() => {
-            let sources: Vec<Value> = eo["extractFrom"]
-                .as_array()
-                .unwrap_or_else(|| panic!("endpointOverride.extractFrom: {eo}"))
-                .iter()
-                .map(|s| json!({"header": s["header"]}))
-                .collect();
-            json!({"policies": [lb_policy("override_host", "OverrideHost", json!({
-                "override_host_sources": sources,
-                "fallback_policy": {"policies": [lb_policy(short, type_name, json!({}))]},
-            }))]})
-        }
-        _ => json!({"policies": [lb_policy(short, type_name, json!({
-            "locality_lb_config": {"locality_weighted_lb_config": {}}
-        }))]}),
-    }
-}
-
-/// The cluster Envoy Gateway v1.5+ generates for an HTTPRoute rule
-/// (internal/xds/translator/cluster.go buildXdsCluster; compare
-/// testdata/out/xds-ir/http-route.clusters.yaml), endpoints from `eds`.
-fn eg_cluster(name: &str, eds: &Path, load_balancing_policy: Value) -> Value {
-    json!({
-        "name": name,
-        "type": "EDS",
-        "connect_timeout": "10s",
-        "dns_lookup_family": "V4_PREFERRED",
-        "per_connection_buffer_limit_bytes": 32768,
-        "ignore_health_on_host_removal": true,
-        "common_lb_config": {},
-        "circuit_breakers": {"thresholds": [{"max_retries": 1024}]},
-        "eds_cluster_config": {
-            "service_name": name,
-            "eds_config": {
-                "resource_api_version": "V3",
-                "path_config_source": {"path": eds.display().to_string()},
-            },
-        },
-        "load_balancing_policy": load_balancing_policy,
-    })
-}
-
-/// The same cluster as Envoy Gateway v1.4 and earlier generated it: the
-/// legacy `lb_policy` enum, locality settings in `common_lb_config`
-/// (testdata/out/xds-ir/http-route.clusters.yaml at v1.4.0).
-fn eg_cluster_v1_4(name: &str, eds: &Path) -> Value {
-    let mut c = eg_cluster(name, eds, json!(null));
-    let map = c.as_object_mut().unwrap();
-    map.remove("load_balancing_policy");
-    map.insert("lb_policy".into(), json!("LEAST_REQUEST"));
-    map.insert(
-        "common_lb_config".into(),
-        json!({"locality_weighted_lb_config": {}}),
-    );
-    c
-}
-
-/// internal/xds/translator/route.go, buildRetryPolicy: a BackendTrafficPolicy's
-/// `retry` on the route.
-fn eg_retry_policy(btp: &Value) -> Value {
-    let retry = &btp["spec"]["retry"];
-    let retry_on = match retry["retryOn"]["triggers"].as_array() {
-        Some(t) => t
-            .iter()
-            .map(|t| text(t, "retryOn.triggers[]"))
-            .collect::<Vec<_>>()
-            .join(","),
-        None => {
-            "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes".into()
-        }
-    };
-    json!({
-        "retry_on": retry_on,
-        "retriable_status_codes": retry["retryOn"].get("httpStatusCodes").cloned().unwrap_or(json!([503])),
-        "num_retries": retry["numRetries"].as_u64().unwrap_or(2),
-        "retry_host_predicate": [{
-            "name": "envoy.retry_host_predicates.previous_hosts",
-            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"},
-        }],
-        "host_selection_retry_max_attempts": 5,
-    })
-}
-
-/// An Envoy config shaped as a gateway's: one listener with the policy's
-/// wasm filter before the router, the route to `cluster` with the filter
-/// enabled and the retries, and the bootstrap's admin cluster.
-fn gateway_config(ex: &Example, cluster: Value, admin_port: u16, listen_port: u16) -> Value {
-    let module = wasm_dir().join("graceful_consumer.wasm");
-    let (filter_name, filter) = eg_wasm_filter(&ex.eep, &module);
-    let cluster_name = text(&cluster["name"], "cluster name").to_string();
-    let mut per_filter = serde_json::Map::new();
-    per_filter.insert(
-        filter_name,
-        json!({"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "config": {}}),
-    );
-    json!({
-        "node": {"id": "envoy-gateway-example", "cluster": "envoy-gateway-example"},
-        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
-        "static_resources": {
-            "listeners": [{
-                "name": "default/eg/http",
-                "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen_port}},
-                "filter_chains": [{"filters": [{
-                    "name": "envoy.filters.network.http_connection_manager",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                        "stat_prefix": "http-10080",
-                        "route_config": {
-                            "name": "default/eg/http",
-                            "virtual_hosts": [{
-                                "name": "default/eg/http/*",
-                                "domains": ["*"],
-                                "routes": [{
-                                    "name": format!("{cluster_name}/match/0/*"),
-                                    "match": {"prefix": "/"},
-                                    "route": {"cluster": cluster_name, "retry_policy": eg_retry_policy(&ex.btp)},
-                                    "typed_per_filter_config": per_filter,
-                                }],
-                            }],
-                        },
-                        "http_filters": [
-                            filter,
-                            {"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
-                        ],
-                    },
-                }]}],
-            }],
-            "clusters": [
-                cluster,
-                {
-                    "name": EG_ADMIN_CLUSTER,
-                    "type": "STATIC",
-                    "connect_timeout": "0.250s",
-                    "lb_policy": "ROUND_ROBIN",
-                    "load_assignment": {"cluster_name": EG_ADMIN_CLUSTER, "endpoints": [{"lb_endpoints": [
-                        {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}}}
-                    ]}]},
-                },
-            ],
-        },
-    })
-}
-
-// ---------------------------------------------------------------------------
-// JSON patch (RFC 6902), the subset the example uses, with Envoy Gateway's
-// semantics (internal/xds/translator/jsonpatch.go, internal/utils/jsonpatch:
-// evanphx/json-patch v5 with EnsurePathExistsOnAdd).
-
-/// RFC 6901: "" is the whole document, else "/"-separated, ~1 is "/", ~0 "~".
-fn pointer(p: &str) -> Result<Vec<String>, String> {
-    if p.is_empty() {
-        return Ok(Vec::new());
-    }
-    let rest = p
-        .strip_prefix('/')
-        .ok_or_else(|| format!("pointer {p:?} does not start with '/'"))?;
-    Ok(rest
-        .split('/')
-        .map(|t| t.replace("~1", "/").replace("~0", "~"))
-        .collect())
-}
-
-fn array_index(token: &str, len: usize, may_append: bool) -> Result<usize, String> {
-    if may_append && token == "-" {
-        return Ok(len);
-    }
-    let i: usize = token
-        .parse()
-        .map_err(|_| format!("{token:?} is not an array index"))?;
-    let bound = if may_append {
-        len
-    } else {
-        len.saturating_sub(1)
-    };
-    if i > bound || (!may_append && len == 0) {
-        return Err(format!("index {i} out of range (length {len})"));
-    }
-    Ok(i)
-}
-
-fn get_mut<'a>(doc: &'a mut Value, tokens: &[String]) -> Result<&'a mut Value, String> {
-    let mut cur = doc;
-    for t in tokens {
-        cur = match cur {
-            Value::Object(map) => map.get_mut(t).ok_or_else(|| format!("no member {t:?}"))?,
-            Value::Array(items) => {
-                let i = array_index(t, items.len(), false)?;
-                &mut items[i]
-            }
-            _ => return Err(format!("{t:?}: not inside an object or array")),
-        };
-    }
-    Ok(cur)
-}
-
-/// `add`; missing parents are created (objects, or arrays when the next
-/// token is an index), as Envoy Gateway's EnsurePathExistsOnAdd does.
-fn add(doc: &mut Value, tokens: &[String], value: Value, ensure: bool) -> Result<(), String> {
-    let Some((last, parents)) = tokens.split_last() else {
-        *doc = value;
-        return Ok(());
-    };
-    let mut cur = doc;
-    for (i, t) in parents.iter().enumerate() {
-        let next = &tokens[i + 1];
-        let next_is_index = next == "-" || next.parse::<usize>().is_ok();
-        cur = match cur {
-            Value::Object(map) => {
-                if !map.contains_key(t) {
-                    if !ensure {
-                        return Err(format!("no member {t:?}"));
-                    }
-                    let fresh = if next_is_index { json!([]) } else { json!({}) };
-                    map.insert(t.clone(), fresh);
-                }
-                map.get_mut(t).ok_or_else(|| format!("no member {t:?}"))?
-            }
-            Value::Array(items) => {
-                let i = array_index(t, items.len(), false)?;
-                &mut items[i]
-            }
-            _ => return Err(format!("{t:?}: not inside an object or array")),
-        };
-    }
-    match cur {
-        Value::Object(map) => {
-            map.insert(last.clone(), value);
-            Ok(())
-        }
-        Value::Array(items) => {
-            let i = array_index(last, items.len(), true)?;
-            items.insert(i, value);
-            Ok(())
-        }
-        _ => Err(format!("{last:?}: not inside an object or array")),
-    }
-}
-
-fn remove(doc: &mut Value, tokens: &[String]) -> Result<Value, String> {
-    let (last, parents) = tokens
-        .split_last()
-        .ok_or("cannot remove the whole document")?;
-    match get_mut(doc, parents)? {
-        Value::Object(map) => map
-            .remove(last)
-            .ok_or_else(|| format!("no member {last:?}")),
-        Value::Array(items) => {
-            let i = array_index(last, items.len(), false)?;
-            Ok(items.remove(i))
-        }
-        _ => Err(format!("{last:?}: not inside an object or array")),
-    }
-}
-
-fn apply_operation(doc: &mut Value, op: &Value) -> Result<(), String> {
-    let path = pointer(text(&op["path"], "operation.path"))?;
-    match text(&op["op"], "operation.op") {
-        "add" => add(doc, &path, op["value"].clone(), true),
-        "replace" => {
-            *get_mut(doc, &path)? = op["value"].clone();
-            Ok(())
-        }
-        "remove" => remove(doc, &path).map(drop),
-        "move" => {
-            let from = pointer(text(&op["from"], "operation.from"))?;
-            let value = remove(doc, &from)?;
-            add(doc, &path, value, false)
-        }
-        other => Err(format!("op {other:?} is not in this test's subset")),
-    }
-}
-
-/// Applies the EnvoyPatchPolicy's entries for `cluster` the way Envoy
-/// Gateway does: one entry at a time, each on the result of the previous
-/// ones; an entry that fails is skipped (its error goes to the policy's
-/// status) and the others still apply. Returns the errors, by entry index.
-fn apply_patch_policy(epp: &Value, cluster: &mut Value) -> Vec<(usize, String)> {
-    let name = text(&cluster["name"], "cluster name").to_string();
-    let mut errors = Vec::new();
-    let entries = epp["spec"]["jsonPatches"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    for (i, entry) in entries.iter().enumerate() {
-        if entry["type"] != CLUSTER_TYPE || entry["name"] != name.as_str() {
-            continue;
-        }
-        let mut next = cluster.clone();
-        match apply_operation(&mut next, &entry["operation"]) {
-            Ok(()) => *cluster = next,
-            Err(e) => errors.push((i, e)),
-        }
-    }
-    errors
-}
 
 // ---------------------------------------------------------------------------
 // Envoy
@@ -564,7 +103,7 @@ fn it_has_the_fields_envoy_gateway_and_the_filter_expect() {
     let ex = Example::load();
     let route = ex.route().to_string();
     let ns = ex.namespace().to_string();
-    let cluster = eg_rule_cluster(&ns, &route, 0);
+    let cluster = envoy_gateway::rule_cluster(&ns, &route, 0);
 
     for (what, doc) in [
         ("EnvoyExtensionPolicy", &ex.eep),
@@ -597,7 +136,7 @@ fn it_has_the_fields_envoy_gateway_and_the_filter_expect() {
         w["code"]["type"], "Image",
         "code.type: Image (HTTP would want a URL of the .wasm)"
     );
-    let url = text(&w["code"]["image"]["url"], "code.image.url");
+    let url = str_field(&w["code"]["image"]["url"], "code.image.url");
     // Envoy Gateway adds oci:// itself (internal/gatewayapi/envoyextensionpolicy.go);
     // its documented form is registry/image:tag.
     assert!(
@@ -627,7 +166,7 @@ fn it_has_the_fields_envoy_gateway_and_the_filter_expect() {
     let config = ex.consumer_config();
     assert_eq!(
         config.admin_cluster.as_deref(),
-        Some(EG_ADMIN_CLUSTER),
+        Some(ADMIN_CLUSTER),
         "admin_cluster: the bootstrap's cluster at the proxy's admin"
     );
 
@@ -642,7 +181,7 @@ fn it_has_the_fields_envoy_gateway_and_the_filter_expect() {
         json!([{"header": config.override_host_header}]),
         "endpointOverride reads graceful_consumer's override_host_header"
     );
-    lb_names(text(&lb["type"], "loadBalancer.type"));
+    envoy_gateway::lb_names(str_field(&lb["type"], "loadBalancer.type"));
     let triggers = &ex.btp["spec"]["retry"]["retryOn"]["triggers"];
     for t in ["connect-failure", "retriable-status-codes"] {
         assert!(
@@ -693,7 +232,7 @@ fn it_has_the_fields_envoy_gateway_and_the_filter_expect() {
         .collect::<Vec<_>>()
         .join("\n");
     assert!(!block.is_empty(), "{EXAMPLE}: no EDIT HERE block");
-    let gateway = text(&target["name"], "targetRef.name");
+    let gateway = str_field(&target["name"], "targetRef.name");
     let registry = repo.trim_end_matches("/graceful_consumer");
     for name in [registry, ns.as_str(), route.as_str(), gateway, tag] {
         assert!(
@@ -720,13 +259,13 @@ fn it_rejects_a_config_field_the_filter_does_not_have() {
 #[test]
 fn envoy_accepts_the_gateway_envoy_gateway_generates_from_the_example() {
     let ex = Example::load();
-    let name = eg_rule_cluster(ex.namespace(), ex.route(), 0);
+    let name = envoy_gateway::rule_cluster(ex.namespace(), ex.route(), 0);
     let eds = scratch_eds("eg-validate", &name, &["127.0.0.1:18081".parse().unwrap()]);
     let (admin, listen) = (free_port(), free_port());
 
     // extension-policy.yaml as applied: the BTP's endpointOverride.
-    let btp_lb = eg_load_balancing_policy(Some(&ex.btp["spec"]["loadBalancer"]));
-    let cluster = eg_cluster(&name, &eds, btp_lb);
+    let btp_lb = envoy_gateway::load_balancing_policy(Some(&ex.btp["spec"]["loadBalancer"]));
+    let cluster = envoy_gateway::cluster(&name, &eds, btp_lb);
     let oh = override_host_of(&cluster);
     assert_eq!(
         oh["override_host_sources"][0]["header"],
@@ -734,27 +273,30 @@ fn envoy_accepts_the_gateway_envoy_gateway_generates_from_the_example() {
     );
     assert_accepted(
         "eg-btp",
-        &gateway_config(&ex, cluster.clone(), admin, listen),
+        &envoy_gateway::gateway_config(&ex, cluster.clone(), admin, listen),
     );
 
     // Envoy Gateway v1.5-v1.7 also set the legacy lb_policy (CLUSTER_PROVIDED
     // with endpointOverride): Envoy ignores it next to load_balancing_policy.
     let mut legacy = cluster;
     legacy["lb_policy"] = json!("CLUSTER_PROVIDED");
-    assert_accepted("eg-btp-v1.6", &gateway_config(&ex, legacy, admin, listen));
+    assert_accepted(
+        "eg-btp-v1.6",
+        &envoy_gateway::gateway_config(&ex, legacy, admin, listen),
+    );
 
     // envoy-patch-policy.yaml instead, on the clusters Envoy Gateway
     // generates without endpointOverride: its default, and zone-aware
     // routing (BackendTrafficPolicy zoneAware.preferLocal), whose settings
     // the patch keeps.
-    let zone_aware = json!({"policies": [lb_policy("least_request", "LeastRequest", json!({
+    let zone_aware = json!({"policies": [envoy_gateway::lb_policy("least_request", "LeastRequest", json!({
         "locality_lb_config": {"zone_aware_lb_config": {"min_cluster_size": 6}}
     }))]});
     for (label, generated) in [
-        ("default", eg_load_balancing_policy(None)),
+        ("default", envoy_gateway::load_balancing_policy(None)),
         ("zone-aware", zone_aware),
     ] {
-        let mut cluster = eg_cluster(&name, &eds, generated.clone());
+        let mut cluster = envoy_gateway::cluster(&name, &eds, generated.clone());
         let errors = apply_patch_policy(&ex.epp, &mut cluster);
         assert!(errors.is_empty(), "{label}: {errors:?}");
         let oh = override_host_of(&cluster);
@@ -768,7 +310,7 @@ fn envoy_accepts_the_gateway_envoy_gateway_generates_from_the_example() {
         );
         assert_accepted(
             &format!("eg-epp-{label}"),
-            &gateway_config(&ex, cluster, admin, listen),
+            &envoy_gateway::gateway_config(&ex, cluster, admin, listen),
         );
     }
 }
@@ -776,14 +318,14 @@ fn envoy_accepts_the_gateway_envoy_gateway_generates_from_the_example() {
 #[test]
 fn envoy_rejects_the_patch_on_a_cluster_with_common_lb_config_locality() {
     let ex = Example::load();
-    let name = eg_rule_cluster(ex.namespace(), ex.route(), 0);
+    let name = envoy_gateway::rule_cluster(ex.namespace(), ex.route(), 0);
     let eds = scratch_eds("eg-reject", &name, &["127.0.0.1:18081".parse().unwrap()]);
     let (admin, listen) = (free_port(), free_port());
 
     // Envoy Gateway v1.4's shape: the first entry still applies (its path
     // is created), the move and the remove find nothing and fail, and the
     // cluster Envoy gets has both.
-    let mut cluster = eg_cluster_v1_4(&name, &eds);
+    let mut cluster = envoy_gateway::cluster_v1_4(&name, &eds);
     let errors = apply_patch_policy(&ex.epp, &mut cluster);
     assert_eq!(
         errors.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
@@ -791,7 +333,10 @@ fn envoy_rejects_the_patch_on_a_cluster_with_common_lb_config_locality() {
         "entries 2 and 3 fail: {errors:?}"
     );
     override_host_of(&cluster);
-    let (ok, printed) = validate("eg-epp-v1.4", &gateway_config(&ex, cluster, admin, listen));
+    let (ok, printed) = validate(
+        "eg-epp-v1.4",
+        &envoy_gateway::gateway_config(&ex, cluster, admin, listen),
+    );
     assert!(
         !ok,
         "Envoy accepted load_balancing_policy next to common_lb_config locality:\n{printed}"
@@ -799,12 +344,13 @@ fn envoy_rejects_the_patch_on_a_cluster_with_common_lb_config_locality() {
     assert!(printed.contains(ENVOY_LB_CONFLICT), "{printed}");
 
     // The same for zone-aware settings in common_lb_config.
-    let mut cluster = eg_cluster(&name, &eds, eg_load_balancing_policy(None));
+    let mut cluster =
+        envoy_gateway::cluster(&name, &eds, envoy_gateway::load_balancing_policy(None));
     assert!(apply_patch_policy(&ex.epp, &mut cluster).is_empty());
     cluster["common_lb_config"] = json!({"zone_aware_lb_config": {"min_cluster_size": 6}});
     let (ok, printed) = validate(
         "eg-epp-zone-aware-common",
-        &gateway_config(&ex, cluster, admin, listen),
+        &envoy_gateway::gateway_config(&ex, cluster, admin, listen),
     );
     assert!(!ok && printed.contains(ENVOY_LB_CONFLICT), "{printed}");
 }
@@ -827,7 +373,7 @@ impl Gateway {
             u.set_instance(id);
             ups.push(u);
         }
-        let cluster_name = eg_rule_cluster(ex.namespace(), ex.route(), 0);
+        let cluster_name = envoy_gateway::rule_cluster(ex.namespace(), ex.route(), 0);
         let addrs: Vec<SocketAddr> = ups.iter().map(|u| u.addr).collect();
         let eds = scratch_eds(name, &cluster_name, &addrs);
         // The config is written where the spec will read its "template"
@@ -839,7 +385,8 @@ impl Gateway {
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("no admin port"));
         let listen = free_port();
-        let config = gateway_config(&ex, cluster(&ex, &cluster_name, &eds), admin, listen);
+        let config =
+            envoy_gateway::gateway_config(&ex, cluster(&ex, &cluster_name, &eds), admin, listen);
         fs::write(
             &config_path,
             serde_json::to_string_pretty(&config).unwrap_or_default(),
@@ -891,9 +438,9 @@ impl Gateway {
         );
         // graceful_consumer reads the members of the clusters it routes to
         // from the admin, through the bootstrap's cluster.
-        let admin_reads = format!("cluster.{EG_ADMIN_CLUSTER}.upstream_rq_200");
+        let admin_reads = format!("cluster.{ADMIN_CLUSTER}.upstream_rq_200");
         let admin_calls = eventually(
-            &format!("a /clusters answer through {EG_ADMIN_CLUSTER}"),
+            &format!("a /clusters answer through {ADMIN_CLUSTER}"),
             Duration::from_secs(5),
             || async { self.envoy.stat(&admin_reads).await.filter(|&n| n > 0) },
         )
@@ -943,7 +490,7 @@ impl Gateway {
         );
         assert_eq!(now[1] - at_mark[1], 200, "{at_mark:?} -> {now:?}");
         eprintln!(
-            "{}: 200 of 200 requests after the mark steered off the closing upstream: {at_mark:?} -> {now:?} ({admin_calls} admin reads through {EG_ADMIN_CLUSTER})",
+            "{}: 200 of 200 requests after the mark steered off the closing upstream: {at_mark:?} -> {now:?} ({admin_calls} admin reads through {ADMIN_CLUSTER})",
             self.cluster
         );
     }
@@ -952,10 +499,10 @@ impl Gateway {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn it_steers_away_from_a_closing_backend_with_the_backend_traffic_policy() {
     let gw = Gateway::start("eg-steer-btp", |ex, name, eds| {
-        eg_cluster(
+        envoy_gateway::cluster(
             name,
             eds,
-            eg_load_balancing_policy(Some(&ex.btp["spec"]["loadBalancer"])),
+            envoy_gateway::load_balancing_policy(Some(&ex.btp["spec"]["loadBalancer"])),
         )
     })
     .await;
@@ -965,7 +512,8 @@ async fn it_steers_away_from_a_closing_backend_with_the_backend_traffic_policy()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn it_steers_away_from_a_closing_backend_with_the_patch_policy() {
     let gw = Gateway::start("eg-steer-epp", |ex, name, eds| {
-        let mut cluster = eg_cluster(name, eds, eg_load_balancing_policy(None));
+        let mut cluster =
+            envoy_gateway::cluster(name, eds, envoy_gateway::load_balancing_policy(None));
         let errors = apply_patch_policy(&ex.epp, &mut cluster);
         assert!(errors.is_empty(), "{errors:?}");
         cluster
@@ -1032,7 +580,7 @@ async fn without_override_host_the_closing_backend_keeps_getting_requests() {
     // endpointOverride nor the patch. The filter tombstones and writes
     // the header, Envoy's least request ignores it.
     let gw = Gateway::start("eg-no-override", |_, name, eds| {
-        eg_cluster(name, eds, eg_load_balancing_policy(None))
+        envoy_gateway::cluster(name, eds, envoy_gateway::load_balancing_policy(None))
     })
     .await;
     let (at_mark, now, _) = gw.close_one_and_send().await;

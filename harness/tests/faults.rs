@@ -6,12 +6,12 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
 use graceful_core::status::Status;
-use graceful_harness::client::{self, abort_after, Conn};
-use graceful_harness::demo::load::Protocol;
-use graceful_harness::demo::{run, DemoConfig, Mode};
-use graceful_harness::envoy::{eventually, free_port, Envoy, EnvoySpec};
-use graceful_harness::mesh::status;
-use graceful_harness::upstream::Upstream;
+use graceful_harness::products::demo::{run, DemoConfig, Mode};
+use graceful_harness::support::client::{self, abort_after, Conn};
+use graceful_harness::support::envoy::{eventually, free_port, Envoy, EnvoySpec};
+use graceful_harness::support::load::Protocol;
+use graceful_harness::support::mesh::status;
+use graceful_harness::support::upstream::Upstream;
 
 async fn provider(name: &str, drain_config: &str, app: &Upstream) -> (Envoy, SocketAddr) {
     let port = free_port();
@@ -69,7 +69,7 @@ async fn it_bounds_failures_when_a_provider_is_killed_under_load() {
         warmup: Duration::from_millis(1500),
         settle: Duration::from_secs(1),
         tail: Duration::from_secs(1),
-        work_dir: graceful_harness::envoy::repo_root().join("target/e2e/killed"),
+        work_dir: graceful_harness::support::envoy::repo_root().join("target/e2e/killed"),
         ..DemoConfig::default()
     };
     let (report, samples) = run(&config, Mode::Killed).await;

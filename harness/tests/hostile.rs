@@ -14,11 +14,11 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use graceful_harness::client::{self, Conn, Response};
-use graceful_harness::envoy::{eventually, free_port, Envoy, EnvoySpec};
-use graceful_harness::mesh::{status, status_of, ConsumerSidecar, CLOSING};
-use graceful_harness::native::Delivery;
-use graceful_harness::upstream::Upstream;
+use graceful_harness::support::client::{self, Conn, Response};
+use graceful_harness::support::envoy::{eventually, free_port, Envoy, EnvoySpec};
+use graceful_harness::support::mesh::{status, status_of, ConsumerSidecar, CLOSING};
+use graceful_harness::support::native::Delivery;
+use graceful_harness::support::upstream::Upstream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

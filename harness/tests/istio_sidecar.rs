@@ -1,8 +1,8 @@
 //! The Istio example on Envoy configured like Istio's sidecar (not Istio:
-//! see `graceful_harness::istio` for what is kept and what differs).
+//! see `graceful_harness::platform::istio` for what is kept and what differs).
 //!
 //! Each pod is a network namespace with Istio's iptables capture
-//! (`graceful_harness::netns`), its sidecar runs as uid 1337 with the
+//! (`graceful_harness::platform::netns`), its sidecar runs as uid 1337 with the
 //! listeners, admin, clusters and retry policy Istio gives it, and the
 //! filters are the example's WasmPlugins translated as istiod translates
 //! them. A provider is shut down through the example's own preStop hooks
@@ -15,12 +15,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use graceful_core::duration::parse_duration;
-use graceful_harness::client;
-use graceful_harness::demo::demo_app_binary;
-use graceful_harness::demo::load::{Load, Protocol, Sample};
-use graceful_harness::envoy::{envoy_binary, eventually, repo_root, wasm_dir, write_eds};
-use graceful_harness::istio;
-use graceful_harness::netns::{self, Node, Pod};
+use graceful_harness::platform::istio;
+use graceful_harness::platform::netns::{self, Node, Pod};
+use graceful_harness::support::client;
+use graceful_harness::support::envoy::{envoy_binary, eventually, repo_root, wasm_dir, write_eds};
+use graceful_harness::support::load::{Load, Protocol, Sample};
+use graceful_harness::support::upstream::demo_app_binary;
 use serde_json::Value;
 
 const SERVICE: &str = "provider.default.svc.cluster.local";

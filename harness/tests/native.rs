@@ -8,10 +8,12 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
-use graceful_harness::client::Conn;
-use graceful_harness::envoy::{envoy_binary, free_port, native_module, repo_root, EnvoySpec};
-use graceful_harness::native::shipped_files;
-use graceful_harness::upstream::Upstream;
+use graceful_harness::support::client::Conn;
+use graceful_harness::support::envoy::{
+    envoy_binary, free_port, native_module, repo_root, EnvoySpec,
+};
+use graceful_harness::support::native::shipped_files;
+use graceful_harness::support::upstream::Upstream;
 
 /// What Envoy logs when the module's ABI version is its own.
 const MATCHED: &str = "Dynamic module ABI version v0.2.0 matched.";
@@ -166,7 +168,7 @@ async fn a_panic_in_a_hook_is_caught_and_the_request_goes_on() {
     }
     assert_eq!(upstream.app_requests(), 20);
     // Logged once per process, not per request.
-    graceful_harness::envoy::eventually(
+    graceful_harness::support::envoy::eventually(
         "the caught panic in the log",
         Duration::from_secs(5),
         || async { envoy.log().contains("failing open").then_some(()) },

@@ -21,8 +21,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use graceful_harness::client;
-use graceful_harness::envoy::{free_port, repo_root, wasm_dir};
+use graceful_harness::support::client;
+use graceful_harness::support::envoy::{free_port, repo_root, wasm_dir};
 use serde_json::Value;
 
 const FILTERS: [&str; 3] = ["graceful_provider", "graceful_drain", "graceful_consumer"];

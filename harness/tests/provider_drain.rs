@@ -6,11 +6,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use graceful_core::status::Status;
-use graceful_harness::client::{self, abort_after, load, Conn};
-use graceful_harness::envoy::{eventually, free_port, Envoy, EnvoySpec};
-use graceful_harness::mesh::{self, status_of};
-use graceful_harness::native::Delivery;
-use graceful_harness::upstream::{Counters, Upstream};
+use graceful_harness::support::client::{self, abort_after, load, Conn};
+use graceful_harness::support::envoy::{eventually, free_port, Envoy, EnvoySpec};
+use graceful_harness::support::mesh::{self, status_of};
+use graceful_harness::support::native::Delivery;
+use graceful_harness::support::upstream::{Counters, Upstream};
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
@@ -492,7 +492,7 @@ async fn it_drains_through_the_kubernetes_prestop_hook_of_the_examples() {
     // it must start closing and return only once the gate has passed.
     let cfg = r#"{"consumer_update_wait":"1s","quiet_window":"200ms"}"#;
     let (s, _) = sidecar("prestop", cfg, "{}").await;
-    let bin = graceful_harness::demo::demo_app_binary();
+    let bin = graceful_harness::support::upstream::demo_app_binary();
     let started = Instant::now();
     let out = tokio::process::Command::new(&bin)
         .args(["prestop", &format!("http://{}", s.inbound), "10s"])

@@ -9,13 +9,14 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use graceful_harness::bench::{
-    chart, dead_hosts, filter_sets, rss_kb, start_proxy, start_upstream, unqueued, wrk,
-    wrk_with_cpu, SetResult, WrkResult,
+use graceful_harness::products::bench::{
+    chart, dead_hosts, filter_sets, start_proxy, start_upstream, unqueued, wrk, wrk_with_cpu,
+    SetResult, WrkResult,
 };
-use graceful_harness::demo::report::RunReport;
-use graceful_harness::demo::{run, DemoConfig, Mode};
-use graceful_harness::envoy::free_port;
+use graceful_harness::products::demo::{run, DemoConfig, Mode};
+use graceful_harness::support::envoy::free_port;
+use graceful_harness::support::procfs::rss_kb;
+use graceful_harness::support::run_report::RunReport;
 use serde::Serialize;
 
 const CONNECTIONS: u32 = 16;
@@ -71,7 +72,7 @@ async fn churn() -> Churn {
         let mut conns = Vec::new();
         for _ in 0..8 {
             conns.push(tokio::spawn(async move {
-                let mut c = graceful_harness::client::Conn::http1(addr)
+                let mut c = graceful_harness::support::client::Conn::http1(addr)
                     .await
                     .unwrap_or_else(|e| panic!("{e}"));
                 for _ in 0..250 {
@@ -249,7 +250,7 @@ async fn main() -> ExitCode {
     let mut soak = None;
     if !quick {
         let config = DemoConfig {
-            work_dir: graceful_harness::envoy::repo_root().join("target/bench"),
+            work_dir: graceful_harness::support::envoy::repo_root().join("target/bench"),
             ..DemoConfig::default()
         };
         for mode in [Mode::Graceful, Mode::Baseline, Mode::RegistryOnly] {
@@ -265,7 +266,7 @@ async fn main() -> ExitCode {
             settle: Duration::from_millis(500),
             warmup: Duration::from_secs(2),
             drain_config: r#"{"admin_cluster":"envoy_admin","consumer_update_wait":"1s","quiet_window":"200ms"}"#.into(),
-            work_dir: graceful_harness::envoy::repo_root().join("target/bench-soak"),
+            work_dir: graceful_harness::support::envoy::repo_root().join("target/bench-soak"),
             ..DemoConfig::default()
         };
         let (report, _) = run(&soak_config, Mode::Graceful).await;
@@ -296,7 +297,7 @@ async fn main() -> ExitCode {
         shutdown,
         soak,
     };
-    let dir = graceful_harness::envoy::repo_root().join("bench/results");
+    let dir = graceful_harness::support::envoy::repo_root().join("bench/results");
     let written = std::fs::create_dir_all(&dir)
         .and_then(|()| {
             std::fs::write(

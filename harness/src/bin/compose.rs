@@ -4,8 +4,8 @@
 
 use std::process::ExitCode;
 
-use graceful_harness::compose;
-use graceful_harness::envoy::repo_root;
+use graceful_harness::platform::compose;
+use graceful_harness::support::envoy::repo_root;
 
 fn main() -> ExitCode {
     let root = repo_root();

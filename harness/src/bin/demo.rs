@@ -1,5 +1,5 @@
 //! `make demo`: the matrix of scenarios × approaches
-//! (`graceful_harness::demo::matrix`), each cell a rolling restart of
+//! (`graceful_harness::products::demo::matrix`), each cell a rolling restart of
 //! providers under load on real Envoy. Prints a line per cell and at the
 //! end the matrix as a Markdown table (the README's), writes
 //! `target/demo/report.json` (scenario `today`'s graceful and `sleep_3s`
@@ -24,10 +24,11 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use graceful_harness::demo::load::Protocol;
-use graceful_harness::demo::matrix::{self, Approach, DRAIN_CONFIG, SCENARIOS};
-use graceful_harness::demo::report::{chart, matrix_chart, matrix_table, Cell, Report};
-use graceful_harness::demo::{run, DemoConfig};
+use graceful_harness::products::demo::matrix::{self, Approach, DRAIN_CONFIG, SCENARIOS};
+use graceful_harness::products::demo::report::{matrix_chart, matrix_table, Cell, Report};
+use graceful_harness::products::demo::{run, DemoConfig};
+use graceful_harness::support::load::Protocol;
+use graceful_harness::support::run_report::chart;
 
 struct Plan {
     config: DemoConfig,

@@ -15,9 +15,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use graceful_harness::demo::report::chart;
-use graceful_harness::docker::{self, Rolling};
-use graceful_harness::envoy::repo_root;
+use graceful_harness::platform::docker::{self, Rolling};
+use graceful_harness::support::envoy::repo_root;
+use graceful_harness::support::run_report::chart;
 
 fn parse() -> Result<(Rolling, bool), String> {
     let mut plan = Rolling::default();

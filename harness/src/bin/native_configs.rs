@@ -1,11 +1,11 @@
 //! `make native-configs`: writes `envoy/native/*.yaml`, the shipped
-//! sidecar configs in native form (see `graceful_harness::native`).
+//! sidecar configs in native form (see `graceful_harness::support::native`).
 
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
-    let root = graceful_harness::envoy::repo_root();
-    let files = match graceful_harness::native::shipped_files() {
+    let root = graceful_harness::support::envoy::repo_root();
+    let files = match graceful_harness::support::native::shipped_files() {
         Ok(f) => f,
         Err(e) => {
             eprintln!("native-configs: {e}");

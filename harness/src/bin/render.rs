@@ -1,5 +1,5 @@
 //! `render TEMPLATE [NAME=VALUE ...]`: prints an Envoy config template from
-//! `envoy/` with its placeholders filled (see `graceful_harness::render`).
+//! `envoy/` with its placeholders filled (see `graceful_harness::support::render`).
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -25,7 +25,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match graceful_harness::render::render(&template, &values) {
+    match graceful_harness::support::render::render(&template, &values) {
         Ok(text) => {
             print!("{text}");
             ExitCode::SUCCESS

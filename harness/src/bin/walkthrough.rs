@@ -8,9 +8,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use graceful_core::status::Status;
-use graceful_harness::client::{self, Response};
-use graceful_harness::envoy::{free_port, EnvoySpec};
-use graceful_harness::upstream::Upstream;
+use graceful_harness::support::client::{self, Response};
+use graceful_harness::support::envoy::{free_port, EnvoySpec};
+use graceful_harness::support::upstream::Upstream;
 
 const DRAIN_CONFIG: &str =
     r#"{"consumer_update_wait":"1s","quiet_window":"500ms","admin_cluster":"envoy_admin"}"#;

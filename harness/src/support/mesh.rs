@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use graceful_core::status::Status;
 
-use crate::client::{self, Conn, Response};
-use crate::envoy::{eventually, free_port, scratch_path, write_eds, Envoy, EnvoySpec};
-use crate::upstream::Upstream;
+use crate::support::client::{self, Conn, Response};
+use crate::support::envoy::{eventually, free_port, scratch_path, write_eds, Envoy, EnvoySpec};
+use crate::support::upstream::Upstream;
 
 /// The closing mark a provider sidecar puts on responses.
 pub const CLOSING: &str = "x-graceful-closing";
@@ -128,7 +128,7 @@ impl ConsumerSidecar {
     /// One of the filter's metrics (0 before it is first written). A
     /// counter adds up over every stats scope the listener and upstream
     /// instances write it in (two on Envoy 1.36: see
-    /// [`crate::envoy::Envoy::custom_stat_scopes`]); a gauge is the
+    /// [`crate::support::envoy::Envoy::custom_stat_scopes`]); a gauge is the
     /// listener's, at the root (its ticks keep it current; the upstream
     /// instance sets it only when it writes).
     pub async fn stat(&self, name: &str) -> u64 {

@@ -11,8 +11,8 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::envoy::repo_root;
-use crate::render::render;
+use crate::support::envoy::repo_root;
+use crate::support::render::render;
 
 /// The compose network's subnet and the fixed addresses on it.
 pub const SUBNET: &str = "172.28.0.0/24";

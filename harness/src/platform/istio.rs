@@ -26,7 +26,7 @@
 
 use serde_json::{json, Value};
 
-use crate::envoy::repo_root;
+use crate::support::envoy::repo_root;
 
 /// The admin address Istio gives the sidecar.
 pub const ADMIN_PORT: u16 = 15000;

@@ -19,11 +19,11 @@ use std::net::SocketAddr;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::client::{self, Conn};
-use crate::compose::PROJECT;
-use crate::demo::load::{Load, Protocol, Sample};
-use crate::demo::report::{ProviderEvents, RunReport};
-use crate::envoy::{repo_root, wait_for};
+use crate::platform::compose::PROJECT;
+use crate::support::client::{self, Conn};
+use crate::support::envoy::{repo_root, wait_for};
+use crate::support::load::{Load, Protocol, Sample};
+use crate::support::run_report::{ProviderEvents, RunReport};
 
 /// The consumer's listener and admin as the compose file publishes them.
 pub const CONSUMER: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(LOOPBACK), 15001);

@@ -19,7 +19,6 @@
 //! | then | SIGTERM to Envoy and the app | same |
 //! | back | new processes; readiness 200 → registry re-adds it after the lag | same |
 
-pub mod load;
 pub mod matrix;
 pub mod report;
 
@@ -29,10 +28,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::client;
-use crate::envoy::{free_port, repo_root, terminate, write_eds, Envoy, EnvoySpec};
-use load::{Load, Protocol, Sample};
-use report::{ProviderEvents, RunReport};
+use crate::support::client;
+use crate::support::envoy::{free_port, repo_root, terminate, write_eds, Envoy, EnvoySpec};
+use crate::support::load::{Load, Protocol, Sample, Shape};
+use crate::support::procfs::rss_kb;
+use crate::support::run_report::{ProviderEvents, RunReport};
+use crate::support::upstream::demo_app_binary;
 
 /// Which sidecars run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -145,7 +146,7 @@ pub struct DemoConfig {
     /// The consumer's retry policy.
     pub retry: Retry,
     /// What the load asks.
-    pub shape: load::Shape,
+    pub shape: Shape,
     /// Where logs, EDS and access logs go.
     pub work_dir: PathBuf,
 }
@@ -167,22 +168,10 @@ impl Default for DemoConfig {
             consumer_config: r#"{"admin_cluster":"envoy_admin"}"#.into(),
             baseline_sleep: Duration::from_secs(3),
             retry: Retry::Shipped,
-            shape: load::Shape::default(),
+            shape: Shape::default(),
             work_dir: repo_root().join("target/demo"),
         }
     }
-}
-
-/// The demo app binary: `$DEMO_APP`, else the workspace's debug, else release build.
-pub fn demo_app_binary() -> PathBuf {
-    if let Some(p) = std::env::var_os("DEMO_APP") {
-        return PathBuf::from(p);
-    }
-    let debug = repo_root().join("target/debug/demo-app");
-    if debug.exists() {
-        return debug;
-    }
-    repo_root().join("target/release/demo-app")
 }
 
 /// A port free on all three provider addresses.
@@ -407,13 +396,17 @@ impl Run<'_> {
         p.app = Some(self.start_app(p));
         let envoy = self.start_provider_envoy(p).await;
         p.envoy = Some(envoy);
-        crate::envoy::eventually("new instance ready", Duration::from_secs(30), || async {
-            client::get(p.inbound, self.ready_path())
-                .await
-                .ok()
-                .filter(|r| r.status == 200)
-                .map(|_| ())
-        })
+        crate::support::envoy::eventually(
+            "new instance ready",
+            Duration::from_secs(30),
+            || async {
+                client::get(p.inbound, self.ready_path())
+                    .await
+                    .ok()
+                    .filter(|r| r.status == 200)
+                    .map(|_| ())
+            },
+        )
         .await;
         ev.up_ms = self.ms();
         self.kubelet(p, 200, registry);
@@ -521,7 +514,7 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
         consumer = consumer.set(placeholder, value);
     }
     let consumer = consumer.start().await;
-    crate::envoy::eventually(
+    crate::support::envoy::eventually(
         "consumer sees 3 providers",
         Duration::from_secs(20),
         || async {
@@ -543,7 +536,7 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
     );
     tokio::time::sleep(config.warmup).await;
     let mut events = Vec::new();
-    let rss_start = crate::bench::rss_kb(consumer.pid());
+    let rss_start = rss_kb(consumer.pid());
     for i in 0..config.restarts {
         // Providers go down in turn, round and round for long runs (a soak).
         let n = providers.len();
@@ -573,7 +566,7 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
         .collect();
     let _ = std::fs::write(dir.join("samples.csv"), csv);
 
-    let rss_end = crate::bench::rss_kb(consumer.pid());
+    let rss_end = rss_kb(consumer.pid());
     // Every outbound request has ended: the consumer's count must come to 0
     // (the gauge is refreshed every `membership_refresh`, 1 s: give it 3).
     // Plain Envoy has no such gauge: None.

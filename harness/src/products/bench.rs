@@ -17,8 +17,9 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use serde_json::{json, Value};
 
-use crate::client;
-use crate::envoy::{eventually, free_port, wasm_dir, Envoy, EnvoySpec};
+use crate::support::client;
+use crate::support::envoy::{eventually, free_port, wasm_dir, Envoy, EnvoySpec};
+use crate::support::procfs::cpu_us;
 
 /// A filter chain to measure.
 #[derive(Debug, Clone)]
@@ -72,7 +73,7 @@ fn wasm_module(code: &std::path::Path, name: &str, vm_id: &str, config: &str) ->
 /// response header (built by `make bench`). Each copy gets its own VM, as
 /// each of our three filters has.
 fn wasm_header(copy: usize) -> Value {
-    let code = crate::envoy::repo_root().join("target/bench/bench_wasm_header.wasm");
+    let code = crate::support::envoy::repo_root().join("target/bench/bench_wasm_header.wasm");
     let name = format!("wasm_header_{copy}");
     wasm_module(&code, &name, &name, "")
 }
@@ -88,7 +89,7 @@ fn native(name: &str, config: &str) -> Value {
             "dynamic_module_config": {
                 "module": {"local": {"filename": module.display().to_string()}},
                 "do_not_close": true,
-                "metrics_namespace": crate::native::METRICS_NAMESPACE
+                "metrics_namespace": crate::support::native::METRICS_NAMESPACE
             },
             "filter_name": name,
             "filter_config": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": config}
@@ -316,36 +317,6 @@ pub fn wrk(addr: SocketAddr, connections: u32, duration: Duration) -> Result<Wrk
             String::from_utf8_lossy(&out.stderr)
         )
     })
-}
-
-/// Resident set size of a process, in KiB.
-pub fn rss_kb(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
-}
-
-/// CPU time a process has used so far (user + system), µs.
-pub fn cpu_us(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| stat_cpu_us(&s))
-        .unwrap_or(0)
-}
-
-/// utime + stime of a `/proc/PID/stat` line, µs. The fields after the
-/// command name's last `)` (the name may hold one) start with the state;
-/// utime is the 12th and stime the 13th, in clock ticks (USER_HZ, 100).
-fn stat_cpu_us(stat: &str) -> Option<u64> {
-    const TICK_US: u64 = 10_000;
-    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
-    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(ticks * TICK_US)
 }
 
 /// wrk against the Envoy `pid` listening on `addr`, with the CPU time that
@@ -587,13 +558,6 @@ Transfer/sec:      3.03MB
         );
         assert!((r.rps - 39712.3).abs() < 0.01);
         assert!(parse_wrk("garbage").is_none());
-    }
-
-    #[test]
-    fn reads_cpu_time_from_proc_stat() {
-        let line = "4242 (envoy (main)) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 31 0 0 20 0 9 0";
-        assert_eq!(stat_cpu_us(line), Some(281 * 10_000));
-        assert_eq!(stat_cpu_us("garbage"), None);
     }
 
     #[test]

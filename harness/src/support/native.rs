@@ -149,13 +149,13 @@ pub fn to_native(config: &str, module: &Path) -> Result<(String, usize), String>
 pub const SHIPPED: [&str; 2] = ["provider-sidecar.yaml", "consumer-sidecar.yaml"];
 
 pub fn shipped_files() -> Result<Vec<(std::path::PathBuf, String)>, String> {
-    let root = crate::envoy::repo_root();
+    let root = crate::support::envoy::repo_root();
     SHIPPED
         .iter()
         .map(|name| {
             let template = std::fs::read_to_string(root.join("envoy").join(name))
                 .map_err(|e| format!("envoy/{name}: {e}"))?;
-            let rendered = crate::render::render(&template, &Default::default())
+            let rendered = crate::support::render::render(&template, &Default::default())
                 .map_err(|e| format!("envoy/{name}: {e}"))?;
             let (yaml, n) = to_native(&rendered, Path::new("dist/libgraceful.so"))?;
             if n == 0 {

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use tokio::sync::{mpsc, Mutex};
 use tokio::task::JoinHandle;
 
-use crate::client::Conn;
+use crate::support::client::Conn;
 
 /// The protocol the load speaks to the consumer sidecar.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use crate::client;
-use crate::native::{to_native, Delivery};
-use crate::render::render;
+use crate::support::client;
+use crate::support::native::{to_native, Delivery};
+use crate::support::render::render;
 
 /// How long Envoy may take to load the wasm VMs and become ready.
 pub const START_DEADLINE: Duration = Duration::from_secs(60);

@@ -18,8 +18,8 @@
 
 use std::time::Duration;
 
-use super::load::{Protocol, Shape};
 use super::{DemoConfig, Mode, Retry};
+use crate::support::load::{Protocol, Shape};
 
 /// A real situation a rollout meets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

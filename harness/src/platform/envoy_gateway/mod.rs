@@ -1,0 +1,640 @@
+//! Envoy Gateway's translation, rebuilt for `examples/envoy-gateway`: no
+//! Kubernetes and no Envoy Gateway run here, so this does, in a few lines
+//! each, what Envoy Gateway's translator does with the example's policies
+//! (each function names the file of envoyproxy/gateway it follows, as of
+//! v1.9): the listener's wasm filter from the EnvoyExtensionPolicy, the
+//! route's retries and the cluster's load balancing from the
+//! BackendTrafficPolicy, the EnvoyPatchPolicy's JSON patches applied to the
+//! cluster ([`apply_patch_policy`], on [`json_patch`]), and an Envoy config
+//! shaped as a gateway's around them ([`gateway_config`]).
+//! `tests/examples_envoy_gateway.rs` hands the result to a real Envoy.
+//!
+//! What differs from a gateway: the module is read from `dist/` (Envoy
+//! Gateway serves the same bytes from its own HTTP server), and endpoints
+//! come from a file (Envoy Gateway sends them over ADS).
+
+pub mod json_patch;
+
+use std::fs;
+use std::path::Path;
+
+use graceful_core::config::ConsumerConfig;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::support::envoy::{repo_root, wasm_dir};
+
+/// The EnvoyExtensionPolicy and the BackendTrafficPolicy, as users apply them.
+pub const EXAMPLE: &str = "examples/envoy-gateway/extension-policy.yaml";
+/// The EnvoyPatchPolicy, the optional alternative to the BackendTrafficPolicy's override.
+pub const PATCH: &str = "examples/envoy-gateway/envoy-patch-policy.yaml";
+/// The xDS type of the resources the EnvoyPatchPolicy patches.
+pub const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+/// The cluster Envoy Gateway's bootstrap points at the proxy's admin
+/// (internal/xds/bootstrap/bootstrap.yaml.tpl, 127.0.0.1:19000).
+pub const ADMIN_CLUSTER: &str = "prometheus_stats";
+
+// ---------------------------------------------------------------------------
+// The documents
+
+/// Every YAML document of `path` (from the repository root), as JSON values.
+fn documents(path: &str) -> Vec<Value> {
+    let text = fs::read_to_string(repo_root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"));
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| {
+            let yaml = serde_yaml::Value::deserialize(d).unwrap_or_else(|e| panic!("{path}: {e}"));
+            serde_json::to_value(yaml).unwrap_or_else(|e| panic!("{path}: {e}"))
+        })
+        .collect()
+}
+
+/// The one document of kind `kind`.
+fn one(docs: &[Value], kind: &str) -> Value {
+    let found: Vec<&Value> = docs.iter().filter(|d| d["kind"] == kind).collect();
+    assert_eq!(found.len(), 1, "exactly one {kind} expected");
+    found[0].clone()
+}
+
+/// The string `v`; panics naming `what` if it is not one.
+pub fn str_field<'a>(v: &'a Value, what: &str) -> &'a str {
+    v.as_str()
+        .unwrap_or_else(|| panic!("{what}: expected a string, got {v}"))
+}
+
+/// The three policies of the example, as a user would apply them.
+#[derive(Debug, Clone)]
+pub struct Example {
+    /// EnvoyExtensionPolicy: the filter.
+    pub eep: Value,
+    /// BackendTrafficPolicy: override_host and retries.
+    pub btp: Value,
+    /// EnvoyPatchPolicy: the optional alternative to the BTP's override.
+    pub epp: Value,
+}
+
+impl Example {
+    /// Reads [`EXAMPLE`] and [`PATCH`]; panics if a policy is missing or doubled.
+    pub fn load() -> Example {
+        let docs = documents(EXAMPLE);
+        assert_eq!(
+            docs.len(),
+            2,
+            "{EXAMPLE}: EnvoyExtensionPolicy and BackendTrafficPolicy"
+        );
+        let patch = documents(PATCH);
+        assert_eq!(patch.len(), 1, "{PATCH}: one EnvoyPatchPolicy");
+        Example {
+            eep: one(&docs, "EnvoyExtensionPolicy"),
+            btp: one(&docs, "BackendTrafficPolicy"),
+            epp: one(&patch, "EnvoyPatchPolicy"),
+        }
+    }
+
+    /// The namespace all three are applied in.
+    pub fn namespace(&self) -> &str {
+        str_field(
+            &self.eep["metadata"]["namespace"],
+            "EnvoyExtensionPolicy namespace",
+        )
+    }
+
+    /// The HTTPRoute the EnvoyExtensionPolicy attaches to.
+    pub fn route(&self) -> &str {
+        str_field(
+            &self.eep["spec"]["targetRefs"][0]["name"],
+            "EnvoyExtensionPolicy targetRefs[0].name",
+        )
+    }
+
+    /// The plugin configuration, parsed as the filter parses it.
+    pub fn consumer_config(&self) -> ConsumerConfig {
+        let config = &self.eep["spec"]["wasm"][0]["config"];
+        ConsumerConfig::from_json(config.to_string().as_bytes())
+            .unwrap_or_else(|e| panic!("EnvoyExtensionPolicy wasm[0].config: {e}"))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// What Envoy Gateway generates from them
+
+/// internal/gatewayapi/helpers.go, irRouteDestinationName: the xDS cluster
+/// of one rule of an HTTPRoute.
+pub fn rule_cluster(namespace: &str, route: &str, rule: usize) -> String {
+    format!("httproute/{namespace}/{route}/rule/{rule}")
+}
+
+/// internal/gatewayapi/envoyextensionpolicy.go, irConfigNameForWasm: the
+/// name of the policy's wasm filter, also its vm_id (so its shared-data
+/// namespace).
+pub fn wasm_name(eep: &Value, index: usize) -> String {
+    let ns = str_field(&eep["metadata"]["namespace"], "namespace");
+    let name = str_field(&eep["metadata"]["name"], "name");
+    format!("envoyextensionpolicy/{ns}/{name}/wasm/{index}")
+}
+
+/// internal/xds/translator/wasm.go (buildHCMWasmFilter, wasmConfig,
+/// patchRoute): the filter goes in the listener disabled and is enabled by
+/// the route's typed_per_filter_config. Returns (filter name, filter).
+pub fn wasm_filter(eep: &Value, module: &Path) -> (String, Value) {
+    let wasm = &eep["spec"]["wasm"][0];
+    let name = wasm_name(eep, 0);
+    let filter_name = format!("envoy.filters.http.wasm/{name}");
+    let filter = json!({
+        "name": filter_name,
+        "disabled": true,
+        "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {
+                "name": wasm.get("name").cloned().unwrap_or_else(|| json!(name)),
+                "root_id": wasm["rootID"],
+                "fail_open": wasm["failOpen"].as_bool().unwrap_or(false),
+                // The config's JSON, as a string.
+                "configuration": {
+                    "@type": "type.googleapis.com/google.protobuf.StringValue",
+                    "value": wasm["config"].to_string(),
+                },
+                "vm_config": {
+                    "vm_id": name,
+                    "runtime": "envoy.wasm.runtime.v8",
+                    // Envoy Gateway: remote, from its wasm HTTP server.
+                    "code": {"local": {"filename": module.display().to_string()}},
+                },
+            },
+        },
+    });
+    (filter_name, filter)
+}
+
+/// One entry of a `load_balancing_policy.policies` list.
+pub fn lb_policy(short: &str, type_name: &str, extra: Value) -> Value {
+    let mut typed = json!({
+        "@type": format!("type.googleapis.com/envoy.extensions.load_balancing_policies.{short}.v3.{type_name}")
+    });
+    if let (Some(t), Some(e)) = (typed.as_object_mut(), extra.as_object()) {
+        t.extend(e.clone());
+    }
+    json!({"typed_extension_config": {
+        "name": format!("envoy.load_balancing_policies.{short}"),
+        "typed_config": typed,
+    }})
+}
+
+/// A BackendTrafficPolicy `loadBalancer.type` as Envoy's policy names it.
+pub fn lb_names(kind: &str) -> (&'static str, &'static str) {
+    match kind {
+        "LeastRequest" => ("least_request", "LeastRequest"),
+        "RoundRobin" => ("round_robin", "RoundRobin"),
+        "Random" => ("random", "Random"),
+        other => panic!("load balancer type {other} is not modelled here"),
+    }
+}
+
+/// internal/xds/translator/cluster.go (buildXdsCluster, buildLocalityLbConfig,
+/// buildEndpointOverrideLoadBalancingPolicy, buildFallbackLoadBalancingPolicy):
+/// the cluster's load_balancing_policy for a BackendTrafficPolicy's
+/// `loadBalancer` (None: no policy, least request). With `endpointOverride`
+/// the fallback carries no locality settings.
+pub fn load_balancing_policy(load_balancer: Option<&Value>) -> Value {
+    let kind = load_balancer
+        .and_then(|lb| lb["type"].as_str())
+        .unwrap_or("LeastRequest");
+    let (short, type_name) = lb_names(kind);
+    match load_balancer.map(|lb| &lb["endpointOverride"]) {
+        Some(eo) if !eo.is_null() => {
+            let sources: Vec<Value> = eo["extractFrom"]
+                .as_array()
+                .unwrap_or_else(|| panic!("endpointOverride.extractFrom: {eo}"))
+                .iter()
+                .map(|s| json!({"header": s["header"]}))
+                .collect();
+            json!({"policies": [lb_policy("override_host", "OverrideHost", json!({
+                "override_host_sources": sources,
+                "fallback_policy": {"policies": [lb_policy(short, type_name, json!({}))]},
+            }))]})
+        }
+        _ => json!({"policies": [lb_policy(short, type_name, json!({
+            "locality_lb_config": {"locality_weighted_lb_config": {}}
+        }))]}),
+    }
+}
+
+/// The cluster Envoy Gateway v1.5+ generates for an HTTPRoute rule
+/// (internal/xds/translator/cluster.go buildXdsCluster; compare
+/// testdata/out/xds-ir/http-route.clusters.yaml), endpoints from `eds`.
+pub fn cluster(name: &str, eds: &Path, load_balancing_policy: Value) -> Value {
+    json!({
+        "name": name,
+        "type": "EDS",
+        "connect_timeout": "10s",
+        "dns_lookup_family": "V4_PREFERRED",
+        "per_connection_buffer_limit_bytes": 32768,
+        "ignore_health_on_host_removal": true,
+        "common_lb_config": {},
+        "circuit_breakers": {"thresholds": [{"max_retries": 1024}]},
+        "eds_cluster_config": {
+            "service_name": name,
+            "eds_config": {
+                "resource_api_version": "V3",
+                "path_config_source": {"path": eds.display().to_string()},
+            },
+        },
+        "load_balancing_policy": load_balancing_policy,
+    })
+}
+
+/// The same cluster as Envoy Gateway v1.4 and earlier generated it: the
+/// legacy `lb_policy` enum, locality settings in `common_lb_config`
+/// (testdata/out/xds-ir/http-route.clusters.yaml at v1.4.0).
+pub fn cluster_v1_4(name: &str, eds: &Path) -> Value {
+    let mut c = cluster(name, eds, json!(null));
+    if let Some(map) = c.as_object_mut() {
+        map.remove("load_balancing_policy");
+        map.insert("lb_policy".into(), json!("LEAST_REQUEST"));
+        map.insert(
+            "common_lb_config".into(),
+            json!({"locality_weighted_lb_config": {}}),
+        );
+    }
+    c
+}
+
+/// internal/xds/translator/route.go, buildRetryPolicy: a BackendTrafficPolicy's
+/// `retry` on the route.
+pub fn retry_policy(btp: &Value) -> Value {
+    let retry = &btp["spec"]["retry"];
+    let retry_on = match retry["retryOn"]["triggers"].as_array() {
+        Some(t) => t
+            .iter()
+            .map(|t| str_field(t, "retryOn.triggers[]"))
+            .collect::<Vec<_>>()
+            .join(","),
+        None => {
+            "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes".into()
+        }
+    };
+    json!({
+        "retry_on": retry_on,
+        "retriable_status_codes": retry["retryOn"].get("httpStatusCodes").cloned().unwrap_or(json!([503])),
+        "num_retries": retry["numRetries"].as_u64().unwrap_or(2),
+        "retry_host_predicate": [{
+            "name": "envoy.retry_host_predicates.previous_hosts",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.retry.host.previous_hosts.v3.PreviousHostsPredicate"},
+        }],
+        "host_selection_retry_max_attempts": 5,
+    })
+}
+
+/// An Envoy config shaped as a gateway's: one listener with the policy's
+/// wasm filter before the router, the route to `cluster` with the filter
+/// enabled and the retries, and the bootstrap's admin cluster.
+pub fn gateway_config(ex: &Example, cluster: Value, admin_port: u16, listen_port: u16) -> Value {
+    let module = wasm_dir().join("graceful_consumer.wasm");
+    let (filter_name, filter) = wasm_filter(&ex.eep, &module);
+    let cluster_name = str_field(&cluster["name"], "cluster name").to_string();
+    let mut per_filter = serde_json::Map::new();
+    per_filter.insert(
+        filter_name,
+        json!({"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "config": {}}),
+    );
+    json!({
+        "node": {"id": "envoy-gateway-example", "cluster": "envoy-gateway-example"},
+        "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
+        "static_resources": {
+            "listeners": [{
+                "name": "default/eg/http",
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen_port}},
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "http-10080",
+                        "route_config": {
+                            "name": "default/eg/http",
+                            "virtual_hosts": [{
+                                "name": "default/eg/http/*",
+                                "domains": ["*"],
+                                "routes": [{
+                                    "name": format!("{cluster_name}/match/0/*"),
+                                    "match": {"prefix": "/"},
+                                    "route": {"cluster": cluster_name, "retry_policy": retry_policy(&ex.btp)},
+                                    "typed_per_filter_config": per_filter,
+                                }],
+                            }],
+                        },
+                        "http_filters": [
+                            filter,
+                            {"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
+                        ],
+                    },
+                }]}],
+            }],
+            "clusters": [
+                cluster,
+                {
+                    "name": ADMIN_CLUSTER,
+                    "type": "STATIC",
+                    "connect_timeout": "0.250s",
+                    "lb_policy": "ROUND_ROBIN",
+                    "load_assignment": {"cluster_name": ADMIN_CLUSTER, "endpoints": [{"lb_endpoints": [
+                        {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}}}
+                    ]}]},
+                },
+            ],
+        },
+    })
+}
+
+// ---------------------------------------------------------------------------
+// What Envoy Gateway does with the EnvoyPatchPolicy
+
+/// Applies the EnvoyPatchPolicy's entries for `cluster` the way Envoy
+/// Gateway does: one entry at a time, each on the result of the previous
+/// ones; an entry that fails is skipped (its error goes to the policy's
+/// status) and the others still apply. Returns the errors, by entry index.
+pub fn apply_patch_policy(epp: &Value, cluster: &mut Value) -> Vec<(usize, String)> {
+    let name = str_field(&cluster["name"], "cluster name").to_string();
+    let mut errors = Vec::new();
+    let entries = epp["spec"]["jsonPatches"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for (i, entry) in entries.iter().enumerate() {
+        if entry["type"] != CLUSTER_TYPE || entry["name"] != name.as_str() {
+            continue;
+        }
+        let mut next = cluster.clone();
+        match json_patch::apply_operation(&mut next, &entry["operation"]) {
+            Ok(()) => *cluster = next,
+            Err(e) => errors.push((i, e)),
+        }
+    }
+    errors
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An EnvoyExtensionPolicy with one wasm extension.
+    fn eep(wasm: Value) -> Value {
+        json!({
+            "metadata": {"namespace": "shop", "name": "graceful"},
+            "spec": {"wasm": [wasm]},
+        })
+    }
+
+    fn policy_names(lb: &Value) -> Vec<&str> {
+        lb["policies"]
+            .as_array()
+            .map(|p| {
+                p.iter()
+                    .filter_map(|e| e["typed_extension_config"]["name"].as_str())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn names_follow_envoy_gateway() {
+        assert_eq!(
+            rule_cluster("shop", "cart", 2),
+            "httproute/shop/cart/rule/2"
+        );
+        let policy = eep(json!({}));
+        assert_eq!(
+            wasm_name(&policy, 0),
+            "envoyextensionpolicy/shop/graceful/wasm/0"
+        );
+    }
+
+    #[test]
+    fn the_wasm_filter_is_disabled_on_the_listener_and_carries_the_config_as_a_string() {
+        let policy = eep(json!({
+            "rootID": "graceful_consumer",
+            "failOpen": true,
+            "config": {"admin_cluster": ADMIN_CLUSTER},
+        }));
+        let (name, filter) = wasm_filter(&policy, Path::new("/m/graceful_consumer.wasm"));
+        let vm_id = "envoyextensionpolicy/shop/graceful/wasm/0";
+        assert_eq!(name, format!("envoy.filters.http.wasm/{vm_id}"));
+        assert_eq!(filter["name"], name.as_str());
+        assert_eq!(filter["disabled"], true);
+        let config = &filter["typed_config"]["config"];
+        assert_eq!(config["name"], vm_id, "no name: the filter's");
+        assert_eq!(config["root_id"], "graceful_consumer");
+        assert_eq!(config["fail_open"], true);
+        assert_eq!(
+            config["configuration"]["value"],
+            r#"{"admin_cluster":"prometheus_stats"}"#
+        );
+        assert_eq!(config["vm_config"]["vm_id"], vm_id);
+        assert_eq!(
+            config["vm_config"]["code"]["local"]["filename"],
+            "/m/graceful_consumer.wasm"
+        );
+        // A named extension keeps its name; failOpen defaults to false.
+        let (_, named) = wasm_filter(
+            &eep(json!({"name": "mine", "rootID": "r"})),
+            Path::new("/m"),
+        );
+        assert_eq!(named["typed_config"]["config"]["name"], "mine");
+        assert_eq!(named["typed_config"]["config"]["fail_open"], false);
+    }
+
+    #[test]
+    fn without_a_load_balancer_the_cluster_gets_least_request_with_locality_weights() {
+        let lb = load_balancing_policy(None);
+        assert_eq!(
+            policy_names(&lb),
+            ["envoy.load_balancing_policies.least_request"]
+        );
+        let typed = &lb["policies"][0]["typed_extension_config"]["typed_config"];
+        assert_eq!(
+            typed["@type"],
+            "type.googleapis.com/envoy.extensions.load_balancing_policies.least_request.v3.LeastRequest"
+        );
+        assert_eq!(
+            typed["locality_lb_config"],
+            json!({"locality_weighted_lb_config": {}})
+        );
+        let round_robin = load_balancing_policy(Some(&json!({"type": "RoundRobin"})));
+        assert_eq!(
+            policy_names(&round_robin),
+            ["envoy.load_balancing_policies.round_robin"]
+        );
+    }
+
+    #[test]
+    fn an_endpoint_override_puts_override_host_over_a_fallback_without_locality() {
+        let lb = load_balancing_policy(Some(&json!({
+            "type": "Random",
+            "endpointOverride": {"extractFrom": [{"header": "x-one"}, {"header": "x-two"}]},
+        })));
+        assert_eq!(
+            policy_names(&lb),
+            ["envoy.load_balancing_policies.override_host"]
+        );
+        let oh = &lb["policies"][0]["typed_extension_config"]["typed_config"];
+        assert_eq!(
+            oh["override_host_sources"],
+            json!([{"header": "x-one"}, {"header": "x-two"}])
+        );
+        let fallback = &oh["fallback_policy"];
+        assert_eq!(
+            policy_names(fallback),
+            ["envoy.load_balancing_policies.random"]
+        );
+        let typed = &fallback["policies"][0]["typed_extension_config"]["typed_config"];
+        assert!(typed.get("locality_lb_config").is_none(), "{typed}");
+    }
+
+    #[test]
+    #[should_panic(expected = "ConsistentHash is not modelled here")]
+    fn an_unmodelled_load_balancer_is_refused() {
+        lb_names("ConsistentHash");
+    }
+
+    #[test]
+    fn the_cluster_has_eds_from_the_file_and_the_policy_given() {
+        let lb = load_balancing_policy(None);
+        let c = cluster(
+            "httproute/shop/cart/rule/0",
+            Path::new("/e/eds.yaml"),
+            lb.clone(),
+        );
+        assert_eq!(c["name"], "httproute/shop/cart/rule/0");
+        assert_eq!(c["type"], "EDS");
+        assert_eq!(c["eds_cluster_config"]["service_name"], c["name"]);
+        assert_eq!(
+            c["eds_cluster_config"]["eds_config"]["path_config_source"]["path"],
+            "/e/eds.yaml"
+        );
+        assert_eq!(c["load_balancing_policy"], lb);
+        assert_eq!(c["common_lb_config"], json!({}));
+        assert!(c.get("lb_policy").is_none());
+
+        let old = cluster_v1_4("httproute/shop/cart/rule/0", Path::new("/e/eds.yaml"));
+        assert!(old.get("load_balancing_policy").is_none(), "{old}");
+        assert_eq!(old["lb_policy"], "LEAST_REQUEST");
+        assert_eq!(
+            old["common_lb_config"],
+            json!({"locality_weighted_lb_config": {}})
+        );
+        assert_eq!(old["eds_cluster_config"], c["eds_cluster_config"]);
+    }
+
+    #[test]
+    fn retries_come_from_the_backend_traffic_policy_or_envoy_gateways_defaults() {
+        let defaults = retry_policy(&json!({"spec": {}}));
+        assert_eq!(
+            defaults["retry_on"],
+            "connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes"
+        );
+        assert_eq!(defaults["retriable_status_codes"], json!([503]));
+        assert_eq!(defaults["num_retries"], 2);
+        assert_eq!(
+            defaults["retry_host_predicate"][0]["name"],
+            "envoy.retry_host_predicates.previous_hosts"
+        );
+        assert_eq!(defaults["host_selection_retry_max_attempts"], 5);
+
+        let set = retry_policy(&json!({"spec": {"retry": {
+            "numRetries": 4,
+            "retryOn": {"triggers": ["reset", "connect-failure"], "httpStatusCodes": [502, 503]},
+        }}}));
+        assert_eq!(set["retry_on"], "reset,connect-failure");
+        assert_eq!(set["retriable_status_codes"], json!([502, 503]));
+        assert_eq!(set["num_retries"], 4);
+    }
+
+    /// An EnvoyPatchPolicy with these (type, name, operation) entries.
+    fn epp(entries: &[(&str, &str, Value)]) -> Value {
+        let patches: Vec<Value> = entries
+            .iter()
+            .map(|(t, n, op)| json!({"type": t, "name": n, "operation": op}))
+            .collect();
+        json!({"spec": {"jsonPatches": patches}})
+    }
+
+    #[test]
+    fn patches_apply_entry_by_entry_to_the_named_cluster_and_a_failed_entry_is_skipped() {
+        let mut c = json!({"name": "c", "a": {"b": 1}});
+        let errors = apply_patch_policy(
+            &epp(&[
+                (
+                    CLUSTER_TYPE,
+                    "c",
+                    json!({"op": "add", "path": "/x", "value": 1}),
+                ),
+                (
+                    CLUSTER_TYPE,
+                    "other",
+                    json!({"op": "add", "path": "/y", "value": 1}),
+                ),
+                (
+                    "type.googleapis.com/envoy.config.listener.v3.Listener",
+                    "c",
+                    json!({"op": "add", "path": "/z", "value": 1}),
+                ),
+                // Fails half-way (the value is taken, its destination is
+                // missing): the cluster keeps what it had.
+                (
+                    CLUSTER_TYPE,
+                    "c",
+                    json!({"op": "move", "from": "/a/b", "path": "/n/b"}),
+                ),
+                // Sees the result of the first entry.
+                (
+                    CLUSTER_TYPE,
+                    "c",
+                    json!({"op": "replace", "path": "/x", "value": 2}),
+                ),
+            ]),
+            &mut c,
+        );
+        assert_eq!(
+            errors.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            [3],
+            "{errors:?}"
+        );
+        assert_eq!(c, json!({"name": "c", "a": {"b": 1}, "x": 2}));
+        assert!(apply_patch_policy(&json!({}), &mut c).is_empty());
+    }
+
+    #[test]
+    fn the_example_patch_puts_override_host_over_envoy_gateways_own_policy() {
+        let ex = Example::load();
+        let name = rule_cluster(ex.namespace(), ex.route(), 0);
+        let eds = Path::new("/e/eds.yaml");
+        let generated = load_balancing_policy(None);
+        let mut c = cluster(&name, eds, generated.clone());
+        let errors = apply_patch_policy(&ex.epp, &mut c);
+        assert!(errors.is_empty(), "{errors:?}");
+        let lb = &c["load_balancing_policy"];
+        assert_eq!(
+            policy_names(lb),
+            ["envoy.load_balancing_policies.override_host"]
+        );
+        let oh = &lb["policies"][0]["typed_extension_config"]["typed_config"];
+        assert_eq!(
+            oh["override_host_sources"],
+            json!([{"header": ex.consumer_config().override_host_header}])
+        );
+        assert_eq!(oh["fallback_policy"], generated);
+        // The BackendTrafficPolicy's endpointOverride builds the same top.
+        let btp = load_balancing_policy(Some(&ex.btp["spec"]["loadBalancer"]));
+        assert_eq!(
+            btp["policies"][0]["typed_extension_config"]["typed_config"]["override_host_sources"],
+            oh["override_host_sources"]
+        );
+
+        // On Envoy Gateway v1.4's cluster the move and the remove find nothing.
+        let mut old = cluster_v1_4(&name, eds);
+        let errors = apply_patch_policy(&ex.epp, &mut old);
+        assert_eq!(
+            errors.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            [1, 2],
+            "{errors:?}"
+        );
+    }
+}

@@ -1,0 +1,7 @@
+//! The products: the library side of `make demo` ([`demo`]: a rolling
+//! shutdown of providers under load, and its matrix of scenarios) and
+//! `make bench` ([`bench`](mod@bench): what the filters cost against plain Envoy).
+//! Their binaries are in `src/bin`.
+
+pub mod bench;
+pub mod demo;

@@ -1,0 +1,18 @@
+//! Shared test support: what the end-to-end suites, the platform
+//! stand-ins and the products all build on. A real Envoy per test and its
+//! paths ([`envoy`]), the wasm or native delivery ([`native`]), the
+//! template renderer ([`render`]), the test upstream ([`upstream`]), HTTP
+//! clients ([`client`]), a consumer sidecar in front of test upstreams
+//! ([`mesh`]), the open-loop load generator ([`load`]), what a rolling run
+//! reports ([`run_report`]) and what `/proc` says of a process
+//! ([`procfs`]).
+
+pub mod client;
+pub mod envoy;
+pub mod load;
+pub mod mesh;
+pub mod native;
+pub mod procfs;
+pub mod render;
+pub mod run_report;
+pub mod upstream;
