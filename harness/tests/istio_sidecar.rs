@@ -208,6 +208,32 @@ async fn prometheus(pod_ip: Ipv4Addr, name: &str) -> Option<u64> {
     })
 }
 
+/// A filter's counter summed over every stats scope it appears in on the
+/// Prometheus listener: the root (`name`) and each cluster's, where Envoy
+/// 1.36 puts the metrics of a cluster's upstream wasm filters
+/// (`envoy_cluster_wasmcustom_<name>{...}`; 1.40 puts them at the root).
+async fn prometheus_all_scopes(pod_ip: Ipv4Addr, name: &str) -> u64 {
+    let Ok(r) = client::get(
+        SocketAddr::from((pod_ip, istio::PROMETHEUS_PORT)),
+        "/stats/prometheus",
+    )
+    .await
+    else {
+        return 0;
+    };
+    let scoped = format!("_wasmcustom_{name}");
+    r.text()
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|line| {
+            let (metric, value) = line.rsplit_once(' ')?;
+            let bare = metric.split('{').next()?;
+            (bare == name || bare.ends_with(&scoped)).then(|| value.parse::<f64>().ok())?
+        })
+        .map(|v| v as u64)
+        .sum()
+}
+
 /// The consumer's retries to `cluster` from its Prometheus listener.
 /// Envoy's default tag extractor cuts a cluster name at its first dot, so
 /// the line for `outbound|80||provider.default...` is found by its parts.
@@ -873,9 +899,7 @@ fn kill_run(name: &str, upstream_instance: bool) -> KillRun {
         Box::pin(async move {
             (
                 retries_of(consumer_ip, &cluster).await,
-                prometheus(consumer_ip, "graceful_consumer_evictions")
-                    .await
-                    .unwrap_or(0),
+                prometheus_all_scopes(consumer_ip, "graceful_consumer_evictions").await,
             )
         })
     })
