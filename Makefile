@@ -265,9 +265,9 @@ test-envoy: build native $(call envoy_at,$(ENVOY_AT)) test-tools ## make test-en
 	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory images; fi
 	$(CARGO) build --profile test -p demo-app
 	GRACEFUL_ENVOY=$(CURDIR)/$(call envoy_at,$(ENVOY_AT)) GRACEFUL_DIST=$(CURDIR)/dist DEMO_APP=$(CURDIR)/target/debug/demo-app \
-	  $(CARGO) test -p graceful-harness $(addprefix --test ,$(HARNESS_SUITES)) -- --test-threads 2
+	  $(CARGO) test --no-fail-fast -p graceful-harness $(addprefix --test ,$(HARNESS_SUITES)) -- --test-threads 2
 	$(if $(call runs_native,$(ENVOY_AT)),GRACEFUL_DELIVERY=native GRACEFUL_ENVOY=$(CURDIR)/$(call envoy_at,$(ENVOY_AT)) GRACEFUL_DIST=$(CURDIR)/dist DEMO_APP=$(CURDIR)/target/debug/demo-app \
-	  $(CARGO) test -p graceful-harness $(addprefix --test ,$(NATIVE_SUITES)) -- --test-threads 2,@echo "the native module does not run on Envoy $(ENVOY_AT): skipped")
+	  $(CARGO) test --no-fail-fast -p graceful-harness $(addprefix --test ,$(NATIVE_SUITES)) -- --test-threads 2,@echo "the native module does not run on Envoy $(ENVOY_AT): skipped")
 
 .PHONY: test-one
 test-one: build envoy ## make test-one T=name: every test whose name contains `name`, in every crate (e2e ones too)
