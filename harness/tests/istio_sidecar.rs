@@ -192,16 +192,22 @@ fn in_pod(pod: &Pod, container: &str, command: &[String]) -> Command {
     cmd
 }
 
-/// A metric from a sidecar's Prometheus listener (what a scraper on the
-/// node reads): `name` without labels, None if absent.
-async fn prometheus(pod_ip: Ipv4Addr, name: &str) -> Option<u64> {
+/// A sidecar's Prometheus listener's whole answer, None if it did not
+/// answer.
+async fn prometheus_text(pod_ip: Ipv4Addr) -> Option<String> {
     let r = client::get(
         SocketAddr::from((pod_ip, istio::PROMETHEUS_PORT)),
         "/stats/prometheus",
     )
     .await
     .ok()?;
-    r.text().lines().find_map(|line| {
+    Some(r.text())
+}
+
+/// A metric from a sidecar's Prometheus listener (what a scraper on the
+/// node reads): `name` without labels, None if absent.
+async fn prometheus(pod_ip: Ipv4Addr, name: &str) -> Option<u64> {
+    prometheus_text(pod_ip).await?.lines().find_map(|line| {
         let rest = line.strip_prefix(name)?;
         let value = rest.strip_prefix("{}").unwrap_or(rest).trim();
         value.parse::<f64>().ok().map(|v| v as u64)
@@ -213,17 +219,9 @@ async fn prometheus(pod_ip: Ipv4Addr, name: &str) -> Option<u64> {
 /// 1.36 puts the metrics of a cluster's upstream wasm filters
 /// (`envoy_cluster_wasmcustom_<name>{...}`; 1.40 puts them at the root).
 async fn prometheus_all_scopes(pod_ip: Ipv4Addr, name: &str) -> u64 {
-    let Ok(r) = client::get(
-        SocketAddr::from((pod_ip, istio::PROMETHEUS_PORT)),
-        "/stats/prometheus",
-    )
-    .await
-    else {
-        return 0;
-    };
+    let text = prometheus_text(pod_ip).await.unwrap_or_default();
     let scoped = format!("_wasmcustom_{name}");
-    r.text()
-        .lines()
+    text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|line| {
             let (metric, value) = line.rsplit_once(' ')?;
@@ -238,17 +236,11 @@ async fn prometheus_all_scopes(pod_ip: Ipv4Addr, name: &str) -> u64 {
 /// Envoy's default tag extractor cuts a cluster name at its first dot, so
 /// the line for `outbound|80||provider.default...` is found by its parts.
 async fn retries_of(pod_ip: Ipv4Addr, cluster: &str) -> u64 {
-    let Ok(r) = client::get(
-        SocketAddr::from((pod_ip, istio::PROMETHEUS_PORT)),
-        "/stats/prometheus",
-    )
-    .await
-    else {
+    let Some(text) = prometheus_text(pod_ip).await else {
         return 0;
     };
     let head = cluster.split('.').next().unwrap_or(cluster);
-    let lines: Vec<String> = r
-        .text()
+    let lines: Vec<String> = text
         .lines()
         .filter(|l| l.contains("upstream_rq_retry{") && l.contains(&format!("\"{head}\"")))
         .map(String::from)

@@ -203,7 +203,10 @@ fn an_envoy_that_lacks_its_callbacks_refuses_it_with_one_line_naming_the_version
     let said =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{said}");
-    let ours: Vec<&str> = said.lines().filter(|l| l.starts_with("graceful:")).collect();
+    let ours: Vec<&str> = said
+        .lines()
+        .filter(|l| l.starts_with("graceful:"))
+        .collect();
     assert_eq!(ours.len(), 1, "{said}");
     assert!(
         ours[0].contains("lacks envoy_dynamic_module_callback_")
@@ -211,5 +214,8 @@ fn an_envoy_that_lacks_its_callbacks_refuses_it_with_one_line_naming_the_version
         "{}",
         ours[0]
     );
-    assert!(said.contains("Failed to initialize dynamic module"), "{said}");
+    assert!(
+        said.contains("Failed to initialize dynamic module"),
+        "{said}"
+    );
 }

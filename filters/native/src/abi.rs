@@ -398,13 +398,8 @@ unsafe fn metric(call: MetricCall, owner: *mut c_void, id: Option<usize>, value:
 
 /// Every metric definition has this shape: (config, name, label names,
 /// label count, id out).
-type DefineCall = unsafe fn(
-    ConfigEnvoyPtr,
-    ModuleBuffer,
-    *mut ModuleBuffer,
-    usize,
-    *mut usize,
-) -> MetricsResult;
+type DefineCall =
+    unsafe fn(ConfigEnvoyPtr, ModuleBuffer, *mut ModuleBuffer, usize, *mut usize) -> MetricsResult;
 
 pub fn log(level: LogLevel, message: &str) {
     // SAFETY: plain calls; the buffer is read during the call only.
