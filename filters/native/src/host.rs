@@ -138,7 +138,10 @@ impl<'a> Native<'a> {
 
     /// Pays what is owed to the metrics of `filter` this hook can write.
     fn settle(&self, filter: Owner) {
-        if !OWED_BY[owner_index(filter)].swap(false, SeqCst) {
+        // A load first: every mirrored change passes here, and a swap on
+        // every one would make the flag's cache line bounce between workers.
+        let owed = &OWED_BY[owner_index(filter)];
+        if !owed.load(SeqCst) || !owed.swap(false, SeqCst) {
             return;
         }
         let mut left = false;
@@ -156,7 +159,7 @@ impl<'a> Native<'a> {
             }
         }
         if left {
-            OWED_BY[owner_index(filter)].store(true, SeqCst);
+            owed.store(true, SeqCst);
         }
     }
 
