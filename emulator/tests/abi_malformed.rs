@@ -516,9 +516,6 @@ fn it_ignores_garbage_admin_clusters_answers() {
 
     let mut deep = vec![b'['; 100_000];
     deep.extend(vec![b']'; 100_000]);
-    let mut over_limit = b"{\"cluster_statuses\":[".to_vec();
-    over_limit.extend(vec![b' '; 5 << 20]);
-    over_limit.extend(b"]}");
     let garbage: Vec<(&str, Option<CallAnswer>)> = vec![
         ("empty", json(vec![])),
         ("truncated", json(b"{".to_vec())),
@@ -528,7 +525,6 @@ fn it_ignores_garbage_admin_clusters_answers() {
         ("name not a string", json(br#"{"cluster_statuses":[{"name":5}]}"#.to_vec())),
         ("port out of range", json(br#"{"cluster_statuses":[{"name":"providers","host_statuses":[{"address":{"socket_address":{"address":"10.0.0.9","port_value":70000}}}]}]}"#.to_vec())),
         ("deep nesting", json(deep)),
-        ("over 4 MiB", json(over_limit)),
         ("status 500", Some(CallAnswer::new(500, &[("x", "y")], "oops"))),
         ("status not a number", Some(CallAnswer::new(200, &[(":status", "abc")], ADMIN_JSON))),
     ];
@@ -550,7 +546,7 @@ fn it_ignores_garbage_admin_clusters_answers() {
         host.shared_data(graceful_core::keys::MEMBERS.name).unwrap(),
         good
     );
-    assert!(host.logs_containing("unreadable /clusters answer").len() >= 9);
+    assert!(host.logs_containing("unreadable admin answer").len() >= 8);
 
     // Valid JSON with odd content is taken for what it says, no trap.
     // (serde reads a struct from an array too: `[]` is an empty list.)
@@ -591,6 +587,53 @@ fn it_ignores_garbage_admin_clusters_answers() {
     host.request_headers(s, &[(":method", "GET"), (":path", "/")], true);
     let list = host.request_header(s, "x-graceful-override-host").unwrap();
     assert_eq!(list.split(',').count(), 8, "at most 8 hosts named");
+
+    // An answer over 4 MiB is Envoy before 1.38 listing every cluster: the
+    // next refresh reads the config dump, garbage there changes nothing,
+    // and a dump's members are taken.
+    let mut over_limit = b"{\"cluster_statuses\":[".to_vec();
+    over_limit.extend(vec![b' '; 5 << 20]);
+    over_limit.extend(b"]}");
+    answers.borrow_mut().push_back(json(over_limit));
+    host.advance(Duration::from_secs(1));
+    assert_eq!(
+        host.shared_data(graceful_core::keys::MEMBERS.name).unwrap(),
+        members,
+        "over 4 MiB: membership kept"
+    );
+    assert_eq!(host.logs_containing("/config_dump from now on").len(), 1);
+    for garbage in [&b"{"[..], br#"{"configs":5}"#, b"\xff"] {
+        answers.borrow_mut().push_back(json(garbage.to_vec()));
+        host.advance(Duration::from_secs(1));
+        assert_eq!(
+            host.shared_data(graceful_core::keys::MEMBERS.name).unwrap(),
+            members
+        );
+    }
+    let paths: Vec<String> = host
+        .http_calls()
+        .iter()
+        .filter(|c| c.cluster == "envoy_admin")
+        .map(|c| c.path())
+        .collect();
+    assert!(
+        paths
+            .last()
+            .is_some_and(|p| p.starts_with("/config_dump?include_eds&")),
+        "{paths:?}"
+    );
+    let dump = r#"{"configs":[{"dynamic_endpoint_configs":[{"endpoint_config":{"cluster_name":"providers","endpoints":[{"lb_endpoints":[
+        {"endpoint":{"address":{"socket_address":{"address":"10.0.0.7","port_value":8080}}},"health_status":"HEALTHY"}]}]}}]}]}"#;
+    answers.borrow_mut().push_back(json(dump.into()));
+    host.advance(Duration::from_secs(1));
+    let s = host.stream(w0);
+    host.set_cluster(s, "providers");
+    host.request_headers(s, &[(":method", "GET"), (":path", "/")], true);
+    assert_eq!(
+        host.request_header(s, "x-graceful-override-host")
+            .as_deref(),
+        Some("10.0.0.7:8080")
+    );
 }
 
 /// Every shared-data key the filters use (the core's registry) that

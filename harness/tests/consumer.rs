@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use graceful_harness::support::client::{self, load, Conn, Response};
-use graceful_harness::support::envoy::{eventually, free_port, wait_for, write_eds};
+use graceful_harness::support::envoy::{envoy_minor, eventually, free_port, wait_for, write_eds};
 use graceful_harness::support::mesh::{ConsumerSidecar, CLOSING};
 use graceful_harness::support::upstream::{Counters, Upstream};
 
@@ -352,6 +352,7 @@ async fn it_evicts_a_refusing_host_even_when_retries_hide_the_failure() {
         .stat("cluster.providers.upstream_rq_retry")
         .await
         .unwrap_or(0);
+    eprintln!("{retried} requests retried off the dead host, of {ok}");
     assert!(
         retried <= 4,
         "{retried} requests retried off the dead host, of {ok}"
@@ -660,6 +661,22 @@ async fn closing_hosts_leave_the_load_to_the_others(
          app requests to the closing hosts after their mark {since_mark:?}"
     );
     assert_left_to_the_others(&split, &closing, &since_mark);
+    if let Membership::Admin = membership {
+        assert_admin_source(&m.envoy.log());
+    }
+}
+
+/// Envoy before 1.38 ignores `/clusters`'s filter: the consumer said so
+/// and turned to the config dump (whose membership the split above used);
+/// a later Envoy never made it turn.
+fn assert_admin_source(log: &str) {
+    let turned = log.contains("membership is read from /config_dump from now on");
+    let minor = envoy_minor();
+    assert_eq!(
+        turned,
+        minor < (1, 38),
+        "Envoy {minor:?}: turned to the config dump {turned}; log:\n{log}"
+    );
 }
 
 async fn it_shares_the_load_when_one_of_three_hosts_closes(membership: Membership) {

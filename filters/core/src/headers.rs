@@ -9,6 +9,13 @@
 /// it was reached at, so a consumer's probe can tell the probed host from a
 /// fallback that override_host chose instead.
 pub const ADDRESS: &str = "x-graceful-address";
+/// Response header the consumer's upstream instance adds for a while after
+/// it wrote a tombstone, and the listener instance removes: on Envoy 1.36
+/// to 1.38 the upstream instance's change signal lives in the cluster's
+/// stats scope, so the listener would learn of the write only at its next
+/// tick. Seeing it makes the listener look at the shared tombstones at once
+/// (so a forged one costs a shared-data read, nothing more).
+pub const SIGNAL: &str = "x-graceful-consumer-signal";
 /// Envoy's own mark for active health checkers (it evicts a host only
 /// with active health checking configured on the cluster), added
 /// while closing when `immediate_health_check_fail` is set.

@@ -21,6 +21,7 @@ pub fn value(key: &Key) -> Option<Vec<u8>> {
         Encoding::Membership => Membership::default().encode(),
         Encoding::ClusterSet => ClusterSet::default().encode(),
         Encoding::U64 => 0u64.to_le_bytes().to_vec(),
+        Encoding::U8 => vec![0],
         Encoding::InstanceId | Encoding::Identity => return None,
     })
 }
@@ -51,6 +52,7 @@ mod tests {
                 Encoding::Membership => Membership::decode(&v) == Some(Membership::default()),
                 Encoding::ClusterSet => ClusterSet::decode(&v) == Some(ClusterSet::default()),
                 Encoding::U64 => crate::store::read_u64(&v) == Some(0),
+                Encoding::U8 => v == [0],
                 Encoding::InstanceId | Encoding::Identity => false,
             };
             assert!(empty, "{}", k.name);
@@ -80,6 +82,7 @@ mod tests {
                 "graceful.v1.consumer.observed.gen",
                 "graceful.v1.consumer.clusters",
                 "graceful.v1.consumer.refresh_lease",
+                "graceful.v1.consumer.admin_source",
             ]
         );
     }

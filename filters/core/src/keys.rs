@@ -34,6 +34,8 @@ pub enum Encoding {
     /// A u64, little-endian, 8 bytes (a counter, a generation or a lease's
     /// due time in µs).
     U64,
+    /// One byte.
+    U8,
     /// An instance id as text ([`crate::instance::is_valid`]).
     InstanceId,
     /// [`crate::instance::encode_identity`]: `<header name>\n<instance id>`.
@@ -156,6 +158,17 @@ pub const REFRESH_LEASE: Key = key(
     Encoding::U64,
     &[Consumer],
 );
+/// Where membership is read from Envoy's admin: 1 once an answer showed
+/// that this Envoy ignores `/clusters`'s filter (before 1.38), so every
+/// copy reads the config dump; 0: `/clusters`
+/// ([`crate::steering::AdminSource`]). Written whole, but created at
+/// configure like every key a tick writes.
+pub const ADMIN_SOURCE: Key = key(
+    "graceful.v1.consumer.admin_source",
+    Consumer,
+    Encoding::U8,
+    &[Consumer],
+);
 
 /// Every key, in the order filters create them.
 pub const ALL: &[Key] = &[
@@ -172,6 +185,7 @@ pub const ALL: &[Key] = &[
     OBSERVED_GEN,
     CLUSTERS,
     REFRESH_LEASE,
+    ADMIN_SOURCE,
 ];
 
 #[cfg(test)]

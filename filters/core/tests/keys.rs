@@ -68,6 +68,12 @@ fn the_registry_holds_exactly_the_documented_keys() {
             U64,
             &[Consumer],
         ),
+        (
+            "graceful.v1.consumer.admin_source",
+            Consumer,
+            U8,
+            &[Consumer],
+        ),
     ];
     let got: Vec<(&str, Owner, Encoding, &[Owner])> = ALL
         .iter()
@@ -88,6 +94,7 @@ fn initial_values_are_the_documented_bytes() {
             // phase serving, times and count zero: 40 bytes (README).
             "graceful.v1.instance" => Some(graceful_core::record::initial().1),
             "graceful.v1.instance_id" | "graceful.v1.identity" => None,
+            "graceful.v1.consumer.admin_source" => Some(vec![0]),
             "graceful.v1.consumer.tombstones" => Some(vec![1, 0, 0, 0, 0]),
             "graceful.v1.consumer.members" | "graceful.v1.consumer.observed" => Some(vec![2, 0, 0]),
             "graceful.v1.consumer.clusters" => Some(vec![1]),

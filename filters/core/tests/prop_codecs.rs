@@ -13,7 +13,7 @@ use std::time::Duration;
 use graceful_core::instance::{decode_identity, encode_identity, generate, is_valid};
 use graceful_core::record::{InstanceRecord, Phase, RECORD_LEN};
 use graceful_core::steering::{
-    admin_clusters_path, ClusterSet, Membership, MAX_CLUSTERS, MAX_MEMBERS,
+    admin_clusters_path, AdminSource, ClusterSet, Membership, MAX_CLUSTERS, MAX_MEMBERS,
 };
 use graceful_core::tombstone::{Observation, Tombstones, Ttls};
 use proptest::prelude::*;
@@ -286,6 +286,16 @@ proptest! {
         let _ = Membership::from_admin_json(&body, &["svc"]);
         let wrapped = serde_json::to_vec(&json!({"cluster_statuses": [{"name": "svc", "host_statuses": [v]}]})).unwrap();
         let _ = Membership::from_admin_json(&wrapped, &["svc"]);
+    }
+
+    #[test]
+    fn config_dump_json_never_panics(b in bytes(300), v in arbitrary_json()) {
+        let _ = AdminSource::ConfigDump.read(&b, &["svc", ""]);
+        let body = serde_json::to_vec(&v).unwrap();
+        let _ = AdminSource::ConfigDump.read(&body, &["svc"]);
+        let wrapped = serde_json::to_vec(&json!({"configs": [{"dynamic_endpoint_configs": [
+            {"endpoint_config": {"cluster_name": "svc", "endpoints": [{"lb_endpoints": [v]}]}}]}]})).unwrap();
+        let _ = AdminSource::ConfigDump.read(&wrapped, &["svc"]);
     }
 
     #[test]

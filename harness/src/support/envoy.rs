@@ -27,6 +27,30 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_default()
 }
 
+/// The Envoy under test's (major, minor), from `envoy --version`
+/// ("version: <sha>/1.36.4/Clean/RELEASE/BoringSSL").
+pub fn envoy_minor() -> (u32, u32) {
+    static MINOR: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
+    *MINOR.get_or_init(|| {
+        let out = std::process::Command::new(envoy_binary())
+            .arg("--version")
+            .output()
+            .unwrap_or_else(|e| panic!("envoy --version: {e}"));
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.split('/')
+            .find_map(|part| {
+                let mut n = part.split('.').map(|x| x.parse::<u32>().ok());
+                match (n.next(), n.next(), n.next(), n.next()) {
+                    (Some(Some(major)), Some(Some(minor)), Some(Some(_)), None) => {
+                        Some((major, minor))
+                    }
+                    _ => None,
+                }
+            })
+            .unwrap_or_else(|| panic!("no version in envoy --version: {text}"))
+    })
+}
+
 /// The Envoy binary: `$GRACEFUL_ENVOY`, else the one `make envoy` links at
 /// `.venv/envoy`, else `envoy` on PATH.
 pub fn envoy_binary() -> PathBuf {

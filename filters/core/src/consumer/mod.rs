@@ -106,19 +106,21 @@
 mod observe;
 mod refresh;
 mod signal;
+pub use signal::SIGNAL_HINTS;
 mod steer;
 #[cfg(test)]
 mod tests;
 
 use std::collections::HashMap;
 
-pub use refresh::{Call, CallKind, CALL_TIMEOUT, MAX_ADMIN_BODY};
+pub use crate::steering::MAX_ADMIN_BODY;
+pub use refresh::{Call, CallKind, CALL_TIMEOUT};
 use signal::Cached;
 use steer::CachedPlan;
 
 use crate::config::ConsumerConfig;
 use crate::instance;
-use crate::steering::{Membership, Observed};
+use crate::steering::{AdminSource, Membership, Observed};
 use crate::tombstone::{Tombstones, Ttls};
 
 /// Legacy response-flag bits (Envoy `stream_info.h`): upstream connection
@@ -157,6 +159,8 @@ pub struct Response {
     pub status_503: bool,
     /// The first value of the instance header, if a valid instance id.
     pub instance: Option<String>,
+    /// [`crate::headers::SIGNAL`] is present.
+    pub signal: bool,
 }
 
 impl Response {
@@ -179,6 +183,9 @@ impl Response {
             if !status_seen && name == crate::headers::STATUS.as_bytes() {
                 status_seen = true;
                 seen.status_503 = value == b"503";
+            }
+            if name.eq_ignore_ascii_case(crate::headers::SIGNAL.as_bytes()) {
+                seen.signal = true;
             }
             if !instance_seen && instance_header.is_some_and(|h| name.eq_ignore_ascii_case(h)) {
                 instance_seen = true;
@@ -283,11 +290,20 @@ pub struct Consumer {
     /// The admin `/clusters` call in flight and the clusters it asked for.
     admin_call: Option<u32>,
     admin_wanted: Vec<String>,
+    /// How the admin call in flight reads its answer.
+    admin_source: AdminSource,
     /// Probe calls in flight: token → probed address.
     probes: HashMap<u32, String>,
     /// A failed generation bump was logged already (once per VM copy: a
     /// store that refuses writes would otherwise log on every change).
     bump_warned: bool,
+    /// Upstream responses of this copy still to carry
+    /// [`headers::SIGNAL`](crate::headers::SIGNAL) since its last
+    /// tombstone write.
+    signal_hints_left: u8,
+    /// The tombstones' generation this copy last announced for a
+    /// [`crate::headers::SIGNAL`] it saw.
+    signalled_gen: Option<u64>,
 }
 
 /// Where the filter sits, from `vm_config.configuration`: empty for the
@@ -353,8 +369,11 @@ impl Consumer {
             rotation: 0,
             admin_call: None,
             admin_wanted: Vec::new(),
+            admin_source: AdminSource::Clusters,
             probes: HashMap::new(),
             bump_warned: false,
+            signal_hints_left: 0,
+            signalled_gen: None,
         }
     }
 

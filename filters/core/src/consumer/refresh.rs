@@ -11,21 +11,22 @@ use crate::duration::micros;
 use crate::headers;
 use crate::keys;
 use crate::steering::{
-    admin_clusters_path, probe_observation, probe_targets, ClusterSet, Membership,
+    probe_observation, probe_targets, AdminSource, ClusterSet, Membership, MAX_ADMIN_BODY,
 };
 use crate::store::{take_lease, SharedStore};
 use crate::tombstone::Tombstones;
 
 /// Timeout of every call the consumer makes (admin and probes).
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
-/// Most admin `/clusters` bytes read.
-pub const MAX_ADMIN_BODY: usize = 4 << 20;
 
 /// What a call is for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CallKind {
-    /// Admin `/clusters` for these clusters.
-    Admin { wanted: Vec<String> },
+    /// Membership of these clusters from the admin, read as `source`.
+    Admin {
+        wanted: Vec<String>,
+        source: AdminSource,
+    },
     /// Readiness probe of a tombstoned address.
     Probe { address: String },
 }
@@ -121,14 +122,16 @@ impl Consumer {
         if self.admin_call.is_some() || names.is_empty() {
             return Vec::new();
         }
+        let source = AdminSource::shared(store);
         vec![Call {
             kind: CallKind::Admin {
                 wanted: names.iter().map(|n| n.to_string()).collect(),
+                source,
             },
             cluster: admin.clone(),
             headers: vec![
                 (headers::METHOD.into(), "GET".into()),
-                (headers::PATH.into(), admin_clusters_path(&names)),
+                (headers::PATH.into(), source.path(&names)),
                 (headers::AUTHORITY.into(), headers::ADMIN_AUTHORITY.into()),
             ],
             timeout: CALL_TIMEOUT,
@@ -166,9 +169,10 @@ impl Consumer {
     /// The host took `call` under `token`.
     pub fn sent(&mut self, token: u32, call: Call) {
         match call.kind {
-            CallKind::Admin { wanted } => {
+            CallKind::Admin { wanted, source } => {
                 self.admin_call = Some(token);
                 self.admin_wanted = wanted;
+                self.admin_source = source;
             }
             CallKind::Probe { address } => {
                 self.probes.insert(token, address);
@@ -183,19 +187,23 @@ impl Consumer {
             self.admin_call = None;
             return Some(CallKind::Admin {
                 wanted: self.admin_wanted.clone(),
+                source: self.admin_source,
             });
         }
         let address = self.probes.remove(&token)?;
         Some(CallKind::Probe { address })
     }
 
-    /// The admin's answer for `wanted`: written to the shared membership
-    /// when it changed, then the probes it allows. `body` is read only for
-    /// a 200.
+    /// The admin's answer for `wanted`, read as `source`: written to the
+    /// shared membership when it changed, then the probes it allows.
+    /// `body` is read only for a 200. An answer that shows `/clusters`'s
+    /// filter ignored turns every copy to the config dump
+    /// ([`AdminSource`]).
     pub fn admin_answered(
         &mut self,
         store: &dyn SharedStore,
         wanted: &[String],
+        source: AdminSource,
         status: Option<&[u8]>,
         body: impl FnOnce() -> Vec<u8>,
         now: u64,
@@ -215,8 +223,24 @@ impl Consumer {
         }
         let body = body();
         let wanted: Vec<&str> = wanted.iter().map(String::as_str).collect();
-        let membership = match Membership::from_admin_json(&body, &wanted) {
-            Ok(m) => {
+        let answer = source.read(&body, &wanted);
+        let ignored_filter = source == AdminSource::Clusters
+            && match &answer {
+                Ok(a) => a.unfiltered,
+                Err(_) => body.len() >= MAX_ADMIN_BODY,
+            };
+        if ignored_filter && AdminSource::ConfigDump.share(store) {
+            effects.push(Effect::Log(
+                Level::Info,
+                format!(
+                    "this Envoy's /clusters ignores its filter (Envoy before 1.38): membership is read from /config_dump from now on ({} bytes answered)",
+                    body.len()
+                ),
+            ));
+        }
+        let membership = match answer {
+            Ok(answer) => {
+                let m = answer.membership;
                 // Written only when it changed: every change makes each
                 // worker decode it again.
                 self.members.stale();
@@ -233,13 +257,14 @@ impl Consumer {
                 }
                 m
             }
-            Err(e) => {
+            Err(e) if !ignored_filter => {
                 effects.push(Effect::Log(
                     Level::Warn,
-                    format!("membership refresh: unreadable /clusters answer: {e}"),
+                    format!("membership refresh: unreadable admin answer: {e}"),
                 ));
                 self.members.value.clone()
             }
+            Err(_) => self.members.value.clone(),
         };
         let calls = self.probes(&tombstones, &membership, now);
         (effects, calls)

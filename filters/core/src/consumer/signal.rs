@@ -7,6 +7,12 @@ use crate::keys;
 use crate::store::{self, add_bounded, SharedStore};
 use crate::tombstone::Tombstones;
 
+/// Upstream responses that carry [`crate::headers::SIGNAL`] after each
+/// tombstone write of a copy: enough that each worker's listener sees one
+/// soon (its first retried request brings it), few enough that the header
+/// costs nothing once every copy knows.
+pub const SIGNAL_HINTS: u8 = 32;
+
 /// A shared-data value decoded once per change of its generation key,
 /// whose generation key is read only when the change signal moved (or
 /// when a caller outside the request path asks for a check).
@@ -110,6 +116,33 @@ impl Consumer {
         Vec::new()
     }
 
+    /// Whether an upstream response should carry
+    /// [`headers::SIGNAL`](crate::headers::SIGNAL) (counted: each write
+    /// hints [`SIGNAL_HINTS`] responses of this copy).
+    pub fn take_signal_hint(&mut self) -> bool {
+        let hint = self.signal_hints_left > 0;
+        self.signal_hints_left = self.signal_hints_left.saturating_sub(1);
+        hint
+    }
+
+    /// An upstream response carried [`crate::headers::SIGNAL`]: the
+    /// upstream instance wrote tombstones that this scope's signal may not
+    /// show. Reads the list now, and moves the signal once per generation
+    /// of the list this copy was signalled (whatever the signal did since:
+    /// a move for another write may have come before this one, and the
+    /// copies that synced with it would not look again).
+    pub fn signalled(&mut self, store: &dyn SharedStore, signal: Option<u64>) -> Vec<Effect> {
+        self.sync(signal);
+        self.tombstones.stale();
+        self.refresh_tombstones(store);
+        let gen = self.tombstones.gen;
+        if gen.is_none() || gen == self.signalled_gen {
+            return Vec::new();
+        }
+        self.signalled_gen = gen;
+        self.announce()
+    }
+
     /// Moves the change signal for a write another instance made (its
     /// generation key moved already).
     pub(super) fn announce(&mut self) -> Vec<Effect> {
@@ -121,6 +154,9 @@ impl Consumer {
     /// bump did: the other copies then at least look); a failure is logged
     /// once per VM copy.
     pub(super) fn bump(&mut self, store: &dyn SharedStore, gen_key: &str) -> Vec<Effect> {
+        if gen_key == keys::TOMBSTONES_GEN.name {
+            self.signal_hints_left = SIGNAL_HINTS;
+        }
         let mut effects = Vec::new();
         if let Err(e) = add_bounded(store, gen_key, 1, u64::MAX) {
             if !std::mem::replace(&mut self.bump_warned, true) {

@@ -588,7 +588,8 @@ fn the_scan_finds_marks_status_and_instance_in_one_pass() {
         Response {
             closing: false,
             status_503: true,
-            instance: Some("i1".into())
+            instance: Some("i1".into()),
+            signal: false,
         },
         "the first of duplicates, as Envoy's single-value lookup"
     );
@@ -668,7 +669,8 @@ fn the_refresh_asks_the_admin_then_probes_what_is_still_a_member() {
     assert_eq!(
         admin.kind,
         CallKind::Admin {
-            wanted: vec!["svc".into()]
+            wanted: vec!["svc".into()],
+            source: AdminSource::Clusters,
         }
     );
     let (_, again) = c[0].on_tick(&store, 2 * S);
@@ -676,13 +678,20 @@ fn the_refresh_asks_the_admin_then_probes_what_is_still_a_member() {
     c[1].sent(7, admin.clone());
     let (_, in_flight) = c[1].on_tick(&store, 4 * S);
     assert!(in_flight.is_empty(), "one admin call at a time");
-    let Some(CallKind::Admin { wanted }) = c[1].answer_for(7) else {
+    let Some(CallKind::Admin { wanted, source }) = c[1].answer_for(7) else {
         panic!()
     };
     let body = br#"{"cluster_statuses":[{"name":"svc","host_statuses":[
         {"address":{"socket_address":{"address":"10.0.0.1","port_value":80}}},
         {"address":{"socket_address":{"address":"10.0.0.2","port_value":80}}}]}]}"#;
-    let (fx, probes) = c[1].admin_answered(&store, &wanted, Some(b"200"), || body.to_vec(), 4 * S);
+    let (fx, probes) = c[1].admin_answered(
+        &store,
+        &wanted,
+        source,
+        Some(b"200"),
+        || body.to_vec(),
+        4 * S,
+    );
     assert_eq!(
         fx,
         [Effect::Add(Counter::Generation, 1)],
@@ -717,7 +726,14 @@ fn the_refresh_asks_the_admin_then_probes_what_is_still_a_member() {
     // The same answer again: the membership is unchanged, nothing written.
     c[1].sent(9, admin.clone());
     c[1].answer_for(9);
-    c[1].admin_answered(&store, &wanted, Some(b"200"), || body.to_vec(), 6 * S);
+    c[1].admin_answered(
+        &store,
+        &wanted,
+        source,
+        Some(b"200"),
+        || body.to_vec(),
+        6 * S,
+    );
     assert_eq!(gen(&store, keys::MEMBERS_GEN), 1);
 }
 
@@ -741,6 +757,7 @@ fn a_failed_admin_answer_probes_from_the_last_known_membership() {
     let (fx, probes) = c[0].admin_answered(
         &store,
         &["svc".into()],
+        AdminSource::Clusters,
         None,
         || {
             read = true;
@@ -754,11 +771,78 @@ fn a_failed_admin_answer_probes_from_the_last_known_membership() {
     let (fx, _) = c[0].admin_answered(
         &store,
         &["svc".into()],
+        AdminSource::Clusters,
         Some(b"200"),
         || b"{".to_vec(),
         2 * S,
     );
     assert!(matches!(&fx[..], [Effect::Log(Level::Warn, l)] if l.contains("unreadable")));
+}
+
+#[test]
+fn an_admin_that_ignores_the_clusters_filter_turns_every_copy_to_the_config_dump() {
+    let json = r#"{"admin_cluster":"admin","membership_refresh":"1s"}"#;
+    let (store, mut c) = copies(json, 2);
+    observe(&mut c[0], &store, ok("i"), "10.0.0.1:80", Part::Headers, S);
+    let (_, calls) = c[0].on_tick(&store, 2 * S);
+    let [admin] = calls.as_slice() else {
+        panic!("{calls:?}")
+    };
+    assert!(admin
+        .headers
+        .iter()
+        .any(|(k, v)| k == ":path" && v.starts_with("/clusters?")));
+    // Envoy 1.36: every cluster, the admin's own too.
+    let body = br#"{"cluster_statuses":[{"name":"admin","host_statuses":[]},{"name":"svc","host_statuses":[
+        {"address":{"socket_address":{"address":"10.0.0.1","port_value":80}}}]}]}"#;
+    let (fx, _) = c[0].admin_answered(
+        &store,
+        &["svc".into()],
+        AdminSource::Clusters,
+        Some(b"200"),
+        || body.to_vec(),
+        2 * S,
+    );
+    assert!(
+        fx.iter()
+            .any(|e| matches!(e, Effect::Log(Level::Info, l) if l.contains("/config_dump"))),
+        "{fx:?}"
+    );
+    assert_eq!(gen(&store, keys::MEMBERS_GEN), 1, "the answer still counts");
+    // The other copy's next refresh reads the config dump.
+    let (_, calls) = c[1].on_tick(&store, 4 * S);
+    let [admin] = calls.as_slice() else {
+        panic!("{calls:?}")
+    };
+    assert!(matches!(
+        &admin.kind,
+        CallKind::Admin {
+            source: AdminSource::ConfigDump,
+            ..
+        }
+    ));
+    assert!(
+        admin
+            .headers
+            .iter()
+            .any(|(k, v)| k == ":path" && v.starts_with("/config_dump?include_eds&")),
+        "{admin:?}"
+    );
+    // An answer too big to read says the same.
+    let store2 = MemStore::new();
+    let (fx, _) = c[1].admin_answered(
+        &store2,
+        &["svc".into()],
+        AdminSource::Clusters,
+        Some(b"200"),
+        || vec![b' '; MAX_ADMIN_BODY],
+        4 * S,
+    );
+    assert!(
+        fx.iter().all(|e| !matches!(e, Effect::Log(Level::Warn, _))),
+        "no warning for an answer it understood: {fx:?}"
+    );
+    assert_eq!(AdminSource::shared(&store2), AdminSource::ConfigDump);
 }
 
 #[test]

@@ -253,6 +253,9 @@ impl ConsumerFilter {
     ) -> Action {
         st.answered.set(true);
         self.observe(copy, st, s, Map::ResponseHeaders, Part::Headers);
+        if self.upstream && copy.with(|c| c.core.take_signal_hint()) {
+            s.set_header(Map::ResponseHeaders, headers::SIGNAL, "1");
+        }
         Action::Continue
     }
 
@@ -283,10 +286,17 @@ impl ConsumerFilter {
         let Some(seen) = seen else {
             return;
         };
-        let effects = copy.with(|c| {
+        let mut effects = copy.with(|c| {
             c.core
                 .observe_response(s.store(), &mut st.view(s), &seen, part)
         });
+        if seen.signal && !self.upstream {
+            // The upstream instance wrote a tombstone: look now, and move
+            // this scope's signal for every copy if the list moved.
+            s.remove_header(map, headers::SIGNAL);
+            let signal = s.metric_get(Metric::ConsumerGeneration);
+            effects.extend(copy.with(|c| c.core.signalled(s.store(), signal)));
+        }
         carry_out(s, effects);
     }
 
@@ -391,12 +401,13 @@ impl ConsumerFilter {
             c.core.answer_for(token).map(|k| (k, cluster))
         });
         match kind {
-            Some((CallKind::Admin { wanted }, _)) => {
+            Some((CallKind::Admin { wanted, source }, _)) => {
                 let now = h.now_us();
                 let (effects, calls) = copy.with(|c| {
                     c.core.admin_answered(
                         h.store(),
                         &wanted,
+                        source,
                         status.as_deref(),
                         || answer.body(MAX_ADMIN_BODY),
                         now,

@@ -174,6 +174,68 @@ fn the_upstream_instance_counts_nothing_and_tombstones_an_attempt_that_could_not
 }
 
 #[test]
+fn the_upstream_instance_signals_its_write_in_a_response_header_the_listener_removes() {
+    // Envoy 1.36 to 1.38: the upstream instance's bump of the change signal
+    // lands in the cluster's stats scope, which the listener never reads.
+    let h = MockHost::new();
+    let listener = filter(&h, "", false);
+    let upstream = filter(&h, "", true);
+    let l = RefCell::new(listener.new_copy());
+    let u = RefCell::new(upstream.new_copy());
+    for address in ["10.0.0.1:8080", "10.0.0.2:8080"] {
+        exchange(&listener, &l, &h, address, &[(":status", "200")]);
+    }
+    let listener_scope = h.metric(Metric::ConsumerGeneration);
+    let attempt = ConsumerStream::default();
+    h.set_attribute(Attribute::UpstreamAddress, "10.0.0.1:8080");
+    h.set_attribute(
+        Attribute::UpstreamTransportFailureReason,
+        "delayed connect error: 111",
+    );
+    upstream.attempt_done(&u, &attempt, &h);
+    assert_eq!(live_tombstones(&h), 1);
+    h.metric_set(Metric::ConsumerGeneration, listener_scope);
+    let steered = |h: &MockHost| {
+        let st = ConsumerStream::default();
+        h.set_map(Map::RequestHeaders, &[(":path", "/")]);
+        listener.request_headers(&l, &st, h);
+        h.header_text(Map::RequestHeaders, "x-graceful-override-host")
+    };
+    assert_eq!(steered(&h), None, "the listener has not seen the write");
+    // The retry's attempt to another host is answered: the upstream
+    // instance adds the signal, for SIGNAL_HINTS answers.
+    h.set_attribute(Attribute::UpstreamTransportFailureReason, "");
+    let hinted = |h: &MockHost| {
+        let st = ConsumerStream::default();
+        h.set_map(Map::ResponseHeaders, &[(":status", "200")]);
+        upstream.response_headers(&u, &st, h);
+        h.header_text(Map::ResponseHeaders, crate::headers::SIGNAL)
+    };
+    assert_eq!(hinted(&h).as_deref(), Some("1"));
+    // The listener sees that answer next: it removes the header, looks,
+    // and moves its scope's signal for every copy.
+    let st = ConsumerStream::default();
+    h.set_attribute(Attribute::UpstreamAddress, "10.0.0.2:8080");
+    listener.response_headers(&l, &st, &h);
+    assert_eq!(h.header(Map::ResponseHeaders, crate::headers::SIGNAL), None);
+    assert_eq!(h.metric(Metric::ConsumerGeneration), listener_scope + 1);
+    assert_eq!(steered(&h).as_deref(), Some("10.0.0.2:8080"));
+    // Bounded: after its hints, the upstream instance adds nothing.
+    for _ in 1..crate::consumer::SIGNAL_HINTS {
+        assert!(hinted(&h).is_some());
+    }
+    assert_eq!(hinted(&h), None);
+    // A provider's forged signal: removed, a look, nothing moves.
+    h.set_map(
+        Map::ResponseHeaders,
+        &[(":status", "200"), ("X-Graceful-Consumer-Signal", "1")],
+    );
+    listener.response_headers(&l, &ConsumerStream::default(), &h);
+    assert_eq!(h.header(Map::ResponseHeaders, crate::headers::SIGNAL), None);
+    assert_eq!(h.metric(Metric::ConsumerGeneration), listener_scope + 1);
+}
+
+#[test]
 fn the_tick_refreshes_membership_from_the_admin_and_probes_a_tombstoned_host() {
     let h = MockHost::new();
     let f = filter(&h, r#"{"admin_cluster": "admin"}"#, false);

@@ -1,11 +1,11 @@
-//! Cluster membership: Envoy's admin `/clusters` view (with health), the
+//! Cluster membership: Envoy's admin view (with health, [`super::admin`]), the
 //! addresses that answered as every VM copy saw them (shared), and this
 //! copy's own recent answers.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 
-use serde::Deserialize;
+use super::admin::AdminSource;
 
 /// Encoding version of [`Membership`] values (2: a last-seen time per
 /// member).
@@ -45,66 +45,8 @@ pub struct Membership {
     clusters: Vec<(String, Vec<Member>)>,
 }
 
-#[derive(Deserialize)]
-struct AdminClusters {
-    #[serde(default)]
-    cluster_statuses: Vec<AdminCluster>,
-}
-
-#[derive(Deserialize)]
-struct AdminCluster {
-    name: String,
-    #[serde(default)]
-    host_statuses: Vec<AdminHost>,
-}
-
-#[derive(Deserialize)]
-struct AdminHost {
-    address: Option<AdminAddress>,
-    #[serde(default)]
-    health_status: AdminHealth,
-}
-
-#[derive(Deserialize)]
-struct AdminAddress {
-    socket_address: Option<AdminSocketAddress>,
-}
-
-#[derive(Deserialize)]
-struct AdminSocketAddress {
-    address: String,
-    #[serde(default)]
-    port_value: u16,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct AdminHealth {
-    eds_health_status: Option<String>,
-    failed_active_health_check: bool,
-    failed_outlier_check: bool,
-    pending_dynamic_removal: bool,
-    excluded_via_immediate_hc_fail: bool,
-    active_hc_timeout: bool,
-}
-
-impl AdminHealth {
-    fn usable(&self) -> bool {
-        let eds_ok = matches!(
-            self.eds_health_status.as_deref(),
-            None | Some("HEALTHY" | "DEGRADED" | "UNKNOWN")
-        );
-        eds_ok
-            && !self.failed_active_health_check
-            && !self.failed_outlier_check
-            && !self.pending_dynamic_removal
-            && !self.excluded_via_immediate_hc_fail
-            && !self.active_hc_timeout
-    }
-}
-
 /// `ip:port` the way Envoy prints host addresses (`[v6]:port`).
-fn host_address(ip: &str, port: u16) -> Option<String> {
+pub(super) fn host_address(ip: &str, port: u16) -> Option<String> {
     let ip: IpAddr = ip.parse().ok()?;
     Some(SocketAddr::new(ip, port).to_string())
 }
@@ -195,28 +137,14 @@ impl Membership {
     /// `wanted` (at most [`MAX_CLUSTERS`], [`MAX_MEMBERS`] hosts each).
     /// Hosts without an IP socket address are skipped.
     pub fn from_admin_json(body: &[u8], wanted: &[&str]) -> Result<Membership, String> {
-        let parsed: AdminClusters = serde_json::from_slice(body).map_err(|e| e.to_string())?;
-        let mut clusters = Vec::new();
-        for c in parsed.cluster_statuses {
-            if !wanted.contains(&c.name.as_str()) || clusters.len() >= MAX_CLUSTERS {
-                continue;
-            }
-            let members: Vec<Member> = c
-                .host_statuses
-                .iter()
-                .filter_map(|h| {
-                    let sock = h.address.as_ref()?.socket_address.as_ref()?;
-                    Some(Member {
-                        address: host_address(&sock.address, sock.port_value)?,
-                        usable: h.health_status.usable(),
-                        seen_s: 0,
-                    })
-                })
-                .take(MAX_MEMBERS)
-                .collect();
-            clusters.push((c.name, members));
-        }
-        Ok(Membership { clusters })
+        AdminSource::Clusters
+            .read(body, wanted)
+            .map(|answer| answer.membership)
+    }
+
+    /// The clusters and their members, for the admin answers' readers.
+    pub(super) fn from_clusters(clusters: Vec<(String, Vec<Member>)>) -> Membership {
+        Membership { clusters }
     }
 
     /// Layout: version u8, cluster count u16 LE, then per cluster: name
@@ -291,33 +219,6 @@ impl Membership {
         take(0)?;
         rest.is_empty().then_some(Membership { clusters })
     }
-}
-
-/// The admin path that lists just `clusters` (Envoy's `filter` is a regex
-/// on the cluster name; names are escaped, the query percent-encoded).
-pub fn admin_clusters_path(clusters: &[&str]) -> String {
-    let mut regex = String::from("^(");
-    for (i, name) in clusters.iter().enumerate() {
-        if i > 0 {
-            regex.push('|');
-        }
-        for c in name.chars() {
-            if "\\.^$|?*+()[]{}".contains(c) {
-                regex.push('\\');
-            }
-            regex.push(c);
-        }
-    }
-    regex.push_str(")$");
-    let mut path = String::from("/clusters?format=json&filter=");
-    for b in regex.bytes() {
-        if b.is_ascii_alphanumeric() || b"-._~".contains(&b) {
-            path.push(char::from(b));
-        } else {
-            path.push_str(&format!("%{b:02X}"));
-        }
-    }
-    path
 }
 
 /// Addresses that answered recently, per cluster: this VM copy's own view,
@@ -446,18 +347,6 @@ mod tests {
         for cut in 0..bytes.len() {
             assert_eq!(Membership::decode(&bytes[..cut]), None, "cut at {cut}");
         }
-    }
-
-    #[test]
-    fn admin_path_escapes_names() {
-        assert_eq!(
-            admin_clusters_path(&["svc"]),
-            "/clusters?format=json&filter=%5E%28svc%29%24"
-        );
-        assert_eq!(
-            admin_clusters_path(&["a.b", "c|d"]),
-            "/clusters?format=json&filter=%5E%28a%5C.b%7Cc%5C%7Cd%29%24"
-        );
     }
 
     #[test]

@@ -1,9 +1,10 @@
 //! Steering a consumer's requests away from tombstoned hosts, in four
 //! parts:
 //!
-//! - [`membership`]: who is in a cluster: Envoy's admin `/clusters` (with
-//!   health) when an admin cluster is configured, else the addresses that
-//!   recently answered ([`Observed`] per VM copy, [`Membership`] shared).
+//! - [`membership`]: who is in a cluster: Envoy's admin (with health, read
+//!   as [`admin`] says) when an admin cluster is configured, else the
+//!   addresses that recently answered ([`Observed`] per VM copy,
+//!   [`Membership`] shared).
 //! - [`clusters`]: the set of clusters routed to, so membership is known
 //!   before their first tombstone.
 //! - [`plan`](mod@plan): which hosts a request may go to, and its override header.
@@ -22,15 +23,16 @@
 //! echoes the address it was reached at), since override_host falls back to
 //! another host when the address is no longer in the cluster.
 
+pub mod admin;
 pub mod clusters;
 pub mod membership;
 pub mod plan;
 pub mod probe;
 
+pub use admin::{admin_clusters_path, AdminAnswer, AdminSource, MAX_ADMIN_BODY};
 pub use clusters::ClusterSet;
 pub use membership::{
-    admin_clusters_path, Member, Membership, Observed, MAX_CLUSTERS, MAX_MEMBERS,
-    OBSERVED_WINDOW_US, SEEN_REFRESH_US,
+    Member, Membership, Observed, MAX_CLUSTERS, MAX_MEMBERS, OBSERVED_WINDOW_US, SEEN_REFRESH_US,
 };
 pub use plan::{plan, Plan, Rules, Steering, MAX_OVERRIDE_HOSTS};
 pub use probe::{probe_observation, probe_targets, ADDRESS_HEADER, MAX_PROBES};
