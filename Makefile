@@ -187,6 +187,17 @@ harness-demo: images ## the docker harness on the engine: a rolling docker stop 
 	$(CARGO) build --profile tools -p graceful-harness --bin harness-demo
 	target/tools/harness-demo $(HARNESS_DEMO_FLAGS)
 
+# make bench-mesh BENCH_MESH_FLAGS="--rounds 3 --duration 5"; the Envoys it
+# compares (the oldest a shipped mesh runs, and ours).
+BENCH_MESH_FLAGS ?=
+BENCH_MESH_MINORS ?= $(ENVOY_OLDEST) $(ENVOY_VERSION)
+
+.PHONY: bench-mesh
+bench-mesh: build envoy bench-tools $(foreach v,$(BENCH_MESH_MINORS),$(call envoy_at,$(v))) ## graceful_consumer in a sidecar with 1,000 clusters of 10 endpoints, on Envoy 1.36 and 1.40, beside plain Envoy: bench/results/mesh.json
+	$(CARGO) build --profile tools -p graceful-harness --bin bench-mesh
+	envoys=""; for v in $(BENCH_MESH_MINORS); do envoys="$$envoys$${envoys:+,}$$v=$(CURDIR)/$(VENV)/envoys/$$v/envoy"; done; \
+	  BENCH_MESH_ENVOYS="$$envoys" $(E2E_ENV) target/tools/bench-mesh $(BENCH_MESH_FLAGS)
+
 .PHONY: bench
 bench: build native envoy bench-tools ## what the filters cost against plain Envoy (wrk), memory, and shutdown quality: bench/results/
 	@# The floor: a Rust wasm filter that only adds a response header, exporting only what it uses.

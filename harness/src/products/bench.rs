@@ -125,7 +125,7 @@ const CONSUMER_NO_ADMIN_CONFIG: &str = r#"{"failure_tombstone_ttl":"1h","tombsto
 /// The routes of every set: those of the shipped provider sidecar, where
 /// graceful_drain is enabled on its own endpoints only (a set that lists it
 /// with `"disabled": true`, as the sidecar does, runs it there alone).
-fn routes() -> Value {
+pub fn routes() -> Value {
     let drain_enabled = json!({"graceful_drain": {"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "config": {}}});
     json!([
         {"match": {"prefix": "/graceful/"}, "route": {"cluster": "upstream"}, "typed_per_filter_config": drain_enabled},
@@ -373,6 +373,18 @@ pub async fn start_proxy(
     upstream: &[SocketAddr],
     extra: &[SocketAddr],
 ) -> (Envoy, SocketAddr) {
+    let (spec, addr) = proxy_spec(set, upstream, extra);
+    let envoy = spec.start().await;
+    prepare_proxy(envoy, addr, set).await
+}
+
+/// The proxy's spec and listener address, before [`start_proxy`] starts it
+/// (the mesh bench adds to it).
+pub fn proxy_spec(
+    set: &FilterSet,
+    upstream: &[SocketAddr],
+    extra: &[SocketAddr],
+) -> (EnvoySpec, SocketAddr) {
     let port = free_port();
     let hosts: Vec<SocketAddr> = upstream.iter().chain(extra).copied().collect();
     let mut spec = EnvoySpec::new(&format!("bench-{}", set.name), "bench-proxy.yaml")
@@ -381,8 +393,12 @@ pub async fn start_proxy(
         .set("ROUTES", routes())
         .set("ENDPOINTS", endpoints(&hosts));
     spec.concurrency = 1;
-    let envoy = spec.start().await;
-    let addr = SocketAddr::from(([127, 0, 0, 1], port));
+    (spec, SocketAddr::from(([127, 0, 0, 1], port)))
+}
+
+/// Starts closing and makes tombstones as `set` says, then waits until the
+/// proxy answers.
+pub async fn prepare_proxy(envoy: Envoy, addr: SocketAddr, set: &FilterSet) -> (Envoy, SocketAddr) {
     if set.closing {
         let r = client::post(addr, "/graceful/closing")
             .await

@@ -4,4 +4,5 @@
 //! Their binaries are in `src/bin`.
 
 pub mod bench;
+pub mod bench_mesh;
 pub mod demo;

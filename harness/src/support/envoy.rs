@@ -136,6 +136,8 @@ pub struct EnvoySpec {
     pub delivery: Delivery,
     /// The native module to load (default: `dist/libgraceful.so`).
     pub module: Option<PathBuf>,
+    /// The Envoy to run (default: [`envoy_binary`]).
+    pub binary: Option<PathBuf>,
 }
 
 impl EnvoySpec {
@@ -148,6 +150,7 @@ impl EnvoySpec {
             concurrency: 2,
             delivery: Delivery::from_env(),
             module: None,
+            binary: None,
         };
         spec.values
             .insert("ADMIN_PORT".into(), free_port().to_string());
@@ -237,7 +240,7 @@ impl EnvoySpec {
             .value("ADMIN_PORT")
             .and_then(|p| p.parse().ok())
             .unwrap_or(9901);
-        let binary = envoy_binary();
+        let binary = self.binary.clone().unwrap_or_else(envoy_binary);
         let child = Command::new(&binary)
             .arg("-c")
             .arg(&config_path)

@@ -22,6 +22,15 @@ pub fn cpu_us(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// CPU time one thread of a process has used so far, µs: `tid` == `pid` is
+/// the main thread (Envoy's, which runs the admin and every root context).
+pub fn thread_cpu_us(pid: u32, tid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+        .ok()
+        .and_then(|s| stat_cpu_us(&s))
+        .unwrap_or(0)
+}
+
 /// utime + stime of a `/proc/PID/stat` line, µs. The fields after the
 /// command name's last `)` (the name may hold one) start with the state;
 /// utime is the 12th and stime the 13th, in clock ticks (USER_HZ, 100).

@@ -211,10 +211,20 @@ impl Consumer {
         let tombstones = self.tombstones.value.clone();
         let mut effects = Vec::new();
         if status != Some(b"200") {
+            // The config dump's refusals say why (its regex past the RE2
+            // limit: see `steering::admin`); /clusters has none to tell.
+            let why = match (source, status) {
+                (AdminSource::ConfigDump, Some(_)) => {
+                    let body = body();
+                    let text = String::from_utf8_lossy(&body[..body.len().min(300)]);
+                    format!(": {}", text.trim())
+                }
+                _ => String::new(),
+            };
             effects.push(Effect::Log(
                 Level::Warn,
                 format!(
-                    "membership refresh failed: status {:?}",
+                    "membership refresh failed: status {:?}{why}",
                     status.map(|s| String::from_utf8_lossy(s).into_owned())
                 ),
             ));

@@ -843,6 +843,20 @@ fn an_admin_that_ignores_the_clusters_filter_turns_every_copy_to_the_config_dump
         "no warning for an answer it understood: {fx:?}"
     );
     assert_eq!(AdminSource::shared(&store2), AdminSource::ConfigDump);
+    // Envoy refuses a dump whose regex is past its RE2 limit: its words
+    // are in the warning.
+    let (fx, _) = c[1].admin_answered(
+        &store2,
+        &["svc".into()],
+        AdminSource::ConfigDump,
+        Some(b"400"),
+        || b"INVALID_ARGUMENT: Error while parsing name_regex".to_vec(),
+        5 * S,
+    );
+    assert!(
+        matches!(&fx[..], [Effect::Log(Level::Warn, l)] if l.ends_with("status Some(\"400\"): INVALID_ARGUMENT: Error while parsing name_regex")),
+        "{fx:?}"
+    );
 }
 
 #[test]

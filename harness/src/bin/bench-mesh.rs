@@ -1,0 +1,166 @@
+//! `make bench-mesh`: graceful_consumer in a sidecar with 1,000 clusters of
+//! 10 endpoints, on each Envoy named in `BENCH_MESH_ENVOYS`
+//! (`version=path,...`), beside plain Envoy in the same run. Writes
+//! `bench/results/mesh.json` and prints the table BENCHMARKS.md quotes.
+//!
+//! Flags: `--rounds N` (3), `--duration S` per wrk run (5).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use graceful_harness::products::bench::start_upstream;
+use graceful_harness::products::bench_mesh::{
+    admin_latency, mesh_result, mesh_round, mesh_sets, write_cds, MeshEnvoy, MeshRound,
+    ENDPOINTS_PER_CLUSTER, MESH_CLUSTERS,
+};
+use graceful_harness::support::envoy::repo_root;
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    let mut rounds = 3usize;
+    let mut duration = Duration::from_secs(5);
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        match (
+            flag.as_str(),
+            args.next().and_then(|v| v.parse::<u64>().ok()),
+        ) {
+            ("--rounds", Some(n)) => rounds = n as usize,
+            ("--duration", Some(s)) => duration = Duration::from_secs(s),
+            _ => {
+                eprintln!("usage: bench-mesh [--rounds N] [--duration S]");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let envoys: Vec<(String, PathBuf)> = std::env::var("BENCH_MESH_ENVOYS")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|e| e.split_once('='))
+        .map(|(v, p)| (v.to_string(), PathBuf::from(p)))
+        .collect();
+    if envoys.is_empty() {
+        eprintln!("bench-mesh: BENCH_MESH_ENVOYS names no Envoy (version=path,...)");
+        return ExitCode::from(2);
+    }
+    let (_upstream, upstream_addrs) = start_upstream().await;
+    let dir = repo_root().join("target/bench/mesh");
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!("bench-mesh: {}: {e}", dir.display());
+        return ExitCode::FAILURE;
+    }
+    let cds = write_cds(&dir, &upstream_addrs);
+    let sets = mesh_sets();
+    let mut results = Vec::new();
+    for (version, binary) in &envoys {
+        let mut by_set: Vec<Vec<MeshRound>> = vec![Vec::new(); sets.len()];
+        let mut admin = None;
+        for round in 0..rounds {
+            for (i, set) in sets.iter().enumerate() {
+                let (r, envoy, _) =
+                    match mesh_round(binary, set, &cds, &upstream_addrs, duration).await {
+                        Ok(r) => r,
+                        Err(e) => {
+                            eprintln!("bench-mesh: {version} {}: {e}", set.name);
+                            return ExitCode::FAILURE;
+                        }
+                    };
+                println!(
+                    "{version} round {} {:<24} main thread {:>6.2} ms/s  admin {:>4.1} rq/s  RSS {:>6.1} MiB  CPU {:>5.1} us/request  {:>6.0} req/s",
+                    round + 1,
+                    set.name,
+                    r.main_ms_per_s,
+                    r.admin_rq_per_s,
+                    r.rss_kb as f64 / 1024.0,
+                    r.cpu_us_per_request,
+                    r.rps
+                );
+                if admin.is_none() && set.name == "consumer" {
+                    match admin_latency(&envoy).await {
+                        Ok(a) => admin = Some(a),
+                        Err(e) => {
+                            eprintln!("bench-mesh: admin latency: {e}");
+                            return ExitCode::FAILURE;
+                        }
+                    }
+                }
+                by_set[i].push(r);
+            }
+        }
+        results.push(MeshEnvoy {
+            envoy: version.clone(),
+            sets: sets
+                .iter()
+                .zip(by_set)
+                .map(|(s, r)| mesh_result(s.name, r))
+                .collect(),
+            admin: admin.unwrap_or_default(),
+        });
+    }
+    println!(
+        "\n{MESH_CLUSTERS} clusters x {ENDPOINTS_PER_CLUSTER} endpoints, {rounds} rounds (medians):\n"
+    );
+    println!("| Envoy | set | main thread idle, ms/s | admin requests/s | refresh, ms of main thread each | RSS MiB | CPU µs/request | vs `none` | vs `consumer` |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for e in &results {
+        let none = e
+            .sets
+            .iter()
+            .find(|s| s.set == "none")
+            .cloned()
+            .unwrap_or_default();
+        let consumer = e
+            .sets
+            .iter()
+            .find(|s| s.set == "consumer")
+            .cloned()
+            .unwrap_or_default();
+        for s in &e.sets {
+            let per_refresh = if s.set != "none" && s.admin_rq_per_s > 0.0 {
+                format!(
+                    "{:.2}",
+                    (s.main_ms_per_s - none.main_ms_per_s) / s.admin_rq_per_s
+                )
+            } else {
+                String::new()
+            };
+            println!(
+                "| {} | `{}` | {:.2} | {:.2} | {} | {:.1} | {:.1} | {:+.1} | {} |",
+                e.envoy,
+                s.set,
+                s.main_ms_per_s,
+                s.admin_rq_per_s,
+                per_refresh,
+                s.rss_kb / 1024.0,
+                s.cpu_us_per_request,
+                s.cpu_us_per_request - none.cpu_us_per_request,
+                if s.set == "consumer_100_tombstones" {
+                    format!("{:+.1}", s.cpu_us_per_request - consumer.cpu_us_per_request)
+                } else {
+                    String::new()
+                }
+            );
+        }
+    }
+    println!("\n| Envoy | `/clusters?filter=` bytes | ms | `/config_dump` bytes | ms |");
+    println!("|---|---:|---:|---:|---:|");
+    for e in &results {
+        println!(
+            "| {} | {} | {:.2} | {} | {:.2} |",
+            e.envoy,
+            e.admin.clusters_bytes,
+            e.admin.clusters_ms,
+            e.admin.config_dump_bytes,
+            e.admin.config_dump_ms
+        );
+    }
+    let out = repo_root().join("bench/results/mesh.json");
+    let json = serde_json::to_string_pretty(&results).unwrap_or_default();
+    if let Err(e) = std::fs::write(&out, json) {
+        eprintln!("bench-mesh: {}: {e}", out.display());
+        return ExitCode::FAILURE;
+    }
+    println!("\nwrote {}", out.display());
+    ExitCode::SUCCESS
+}
