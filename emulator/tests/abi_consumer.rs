@@ -476,3 +476,50 @@ fn it_moves_the_change_signal_after_each_shared_write() {
     // And the other worker steers from its next request.
     assert_eq!(steering(&mut host, w1), Some(vec![B.to_string()]));
 }
+
+#[test]
+fn with_the_admin_membership_an_answer_from_a_tombstoned_host_still_readmits_a_new_instance() {
+    // A steered answer without an instance id skips the address (it can
+    // readmit nothing); one with an instance id must still be asked about,
+    // for `override_host` falls back to its own pick when the listed hosts
+    // are unavailable.
+    let (mut host, w0, w1) = process(
+        r#"{"tombstone_ttl":"30s","admin_cluster":"envoy_admin","membership_refresh":"1s","probe_path":""}"#,
+    );
+    // The answer of an Envoy that honours `/clusters`'s filter: only the
+    // cluster asked for.
+    let json = admin_json();
+    let only_providers = format!("{}]}}", &json[..json.find(r#",{"name":"other""#).unwrap()]);
+    host.respond("envoy_admin", move |_| {
+        Some(CallAnswer::new(
+            200,
+            &[("content-type", "application/json")],
+            only_providers.clone(),
+        ))
+    });
+    // Worker 1's first answer is always observed (a sample).
+    exchange(&mut host, w1, B, "b1", false);
+    exchange(&mut host, w0, A, "a1", true);
+    host.advance_to(ms(1100));
+    let list = steering(&mut host, w1).expect("steered");
+    assert_eq!(set(&list), BTreeSet::from([B, "10.0.0.5:8080"]));
+    // The fallback picked A; it answers without an instance id: nothing to
+    // readmit, and the address is not read.
+    let s = send(&mut host, w1, &[]);
+    let mark = host.trace().len();
+    answer(&mut host, s, A, &[(":status", "200")]);
+    let trace = &host.trace()[mark..];
+    assert!(
+        !trace.contains("proxy_get_property(upstream.address"),
+        "{trace}"
+    );
+    assert_eq!(tombstones(&host).len(), 1);
+    // The closing instance answering unmarked changes nothing either.
+    exchange(&mut host, w1, A, "a1", false);
+    assert_eq!(tombstones(&host).len(), 1);
+    // A new instance there is readmitted at once.
+    exchange(&mut host, w1, A, "a2", false);
+    assert_eq!(host.metric("graceful_consumer_readmitted"), 1);
+    assert!(tombstones(&host).is_empty());
+    assert_eq!(steering(&mut host, w0), None);
+}

@@ -7,7 +7,9 @@
 //! and update BENCHMARKS.md's table). A trace this test cannot read fails
 //! too, instead of counting nothing and passing.
 
-use graceful_emulated_host::{Filter, Host, StreamId, Vm};
+use std::time::Duration;
+
+use graceful_emulated_host::{CallAnswer, Filter, Host, StreamId, Vm};
 
 /// One trace line, as far as cost goes.
 #[derive(Debug, PartialEq)]
@@ -234,6 +236,243 @@ fn an_ordinary_request_costs_each_filter_exactly_its_pinned_count() {
             cost.calls,
             calls,
             "{name}: hostcalls changed (pinned: {}):\n{}",
+            calls.len(),
+            cost.trace
+        );
+    }
+}
+
+const OVERRIDE: &str = "x-graceful-override-host";
+/// The route's cluster: four members, the first tombstoned.
+const DEAD: &str = "10.0.0.1:8080";
+const LIVE: [&str; 3] = ["10.0.0.2:8080", "10.0.0.3:8080", "10.0.0.4:8080"];
+/// The bench's consumer config (`consumer_100_tombstones`).
+const BENCH_CONSUMER: &str =
+    r#"{"admin_cluster":"envoy_admin","failure_tombstone_ttl":"1h","tombstone_ttl":"1h"}"#;
+
+/// The admin's `/clusters` answer: the route's cluster, every member healthy.
+fn admin_json() -> String {
+    let host = |address: &str| {
+        let (ip, port) = address.split_once(':').expect("ip:port");
+        format!(
+            r#"{{"address":{{"socket_address":{{"address":"{ip}","port_value":{port}}}}},"health_status":{{"eds_health_status":"HEALTHY"}}}}"#
+        )
+    };
+    let hosts: Vec<String> = std::iter::once(DEAD).chain(LIVE).map(host).collect();
+    format!(
+        r#"{{"cluster_statuses":[{{"name":"upstream","host_statuses":[{}]}}]}}"#,
+        hosts.join(",")
+    )
+}
+
+/// `request`, but answered by `upstream` with `headers`, and the override
+/// header the filter wrote (None: not steered).
+fn request_to(
+    host: &mut Host,
+    vm: Vm,
+    upstream: &str,
+    headers: &[(&str, &str)],
+) -> (StreamId, Option<String>) {
+    let s = host.stream(vm);
+    host.set_cluster(s, "upstream");
+    host.request_headers(
+        s,
+        &[(":method", "GET"), (":path", "/"), (":authority", "app")],
+        true,
+    );
+    let steered = host.request_header(s, OVERRIDE);
+    host.set_upstream(s, upstream);
+    host.response_headers(s, headers, false);
+    host.response_body(s, b"ok", true);
+    host.log(s);
+    (s, steered)
+}
+
+/// A response's headers.
+type Headers = &'static [(&'static str, &'static str)];
+
+/// What the benchmark's upstream answers (a direct response: no instance
+/// header).
+const PLAIN: Headers = &[
+    (":status", "200"),
+    ("content-length", "2"),
+    ("content-type", "text/plain"),
+];
+/// What a graceful_provider sidecar answers: its instance id too.
+const PROVIDER: Headers = &[
+    (":status", "200"),
+    ("content-length", "2"),
+    ("content-type", "text/plain"),
+    ("x-graceful-instance", "b1"),
+];
+
+/// One steered request on a worker copy, steady state: the route's
+/// cluster has a live tombstone (a refused connection, as in the bench),
+/// membership is known (from the admin when `config` names one, else from
+/// answers), and this copy has steered a request before. Returns its cost
+/// and the override list it wrote.
+fn measure_steered(config: &str, answer: &[(&str, &str)]) -> (Cost, String) {
+    let mut host = Host::new();
+    host.start_vm(Filter::Consumer, config);
+    let vm = host.start_vm(Filter::Consumer, config);
+    host.add_cluster("upstream");
+    host.respond("envoy_admin", |_| {
+        Some(CallAnswer::new(
+            200,
+            &[("content-type", "application/json")],
+            admin_json(),
+        ))
+    });
+    // Without the admin, membership is what answered.
+    for address in std::iter::once(DEAD).chain(LIVE) {
+        request_to(&mut host, vm, address, PLAIN);
+    }
+    // The dead host refuses a connection: the router's 503, flag UF.
+    let s = host.stream(vm);
+    host.set_cluster(s, "upstream");
+    host.request_headers(s, &[(":method", "GET"), (":path", "/")], true);
+    host.set_upstream(s, DEAD);
+    host.set_response_flags(s, 0x20);
+    host.response_headers(s, &[(":status", "503")], true);
+    host.log(s);
+    assert_eq!(host.metric("graceful_consumer_tombstones"), 1);
+    // A membership refresh (with an admin cluster) and its answer.
+    host.advance(Duration::from_secs(2));
+    let admin = host.http_calls().iter().any(|c| c.cluster == "envoy_admin");
+    assert_eq!(admin, config.contains("admin_cluster"), "the admin asked");
+    for _ in 0..2 {
+        let (_, list) = request_to(&mut host, vm, LIVE[0], answer);
+        assert!(list.is_some(), "steered");
+    }
+    let mark = host.trace().lines().count();
+    let (_, list) = request_to(&mut host, vm, LIVE[1], answer);
+    let list = list.expect("steered");
+    (cost(&host, mark), list)
+}
+
+#[test]
+fn a_steered_request_costs_the_consumer_exactly_its_pinned_count() {
+    // (what it is, config, the answer, the hostcalls in order); the
+    // callbacks entered are an ordinary request's.
+    let pinned: [(&str, &str, Headers, &[&str]); 3] = [
+        (
+            "admin membership, plain answer (the bench)",
+            BENCH_CONSUMER,
+            PLAIN,
+            &[
+                // request: drop the client's override header, in flight +1,
+                // started +1, the change signal, the clock (tombstones may
+                // be live), the route's cluster, the override list,
+                // steered +1
+                "proxy_remove_header_map_value",
+                "proxy_increment_metric",
+                "proxy_increment_metric",
+                "proxy_get_metric",
+                "proxy_get_current_time_nanoseconds",
+                "proxy_get_property",
+                "proxy_replace_header_map_value",
+                "proxy_increment_metric",
+                // response: every header in one read; no instance id (it
+                // can readmit nothing) and the admin lists the cluster
+                // (answers do not shape the plan): an ordinary answer, no
+                // address, no clock
+                "proxy_get_header_map_pairs",
+                // done: in flight -1
+                "proxy_increment_metric",
+            ],
+        ),
+        (
+            "admin membership, provider's answer",
+            BENCH_CONSUMER,
+            PROVIDER,
+            &[
+                // request: drop the client's override header, in flight +1,
+                // started +1, the change signal, the clock (tombstones may
+                // be live), the route's cluster, the override list,
+                // steered +1
+                "proxy_remove_header_map_value",
+                "proxy_increment_metric",
+                "proxy_increment_metric",
+                "proxy_get_metric",
+                "proxy_get_current_time_nanoseconds",
+                "proxy_get_property",
+                "proxy_replace_header_map_value",
+                "proxy_increment_metric",
+                // response: every header in one read; an instance id: the
+                // clock and the answering address (is it a tombstoned host
+                // answering with a new instance?)
+                "proxy_get_header_map_pairs",
+                "proxy_get_current_time_nanoseconds",
+                "proxy_get_property",
+                // done: in flight -1
+                "proxy_increment_metric",
+            ],
+        ),
+        (
+            "membership from answers (the default config)",
+            "",
+            PROVIDER,
+            &[
+                // request: drop the client's override header, in flight +1,
+                // started +1, the change signal, the clock (tombstones may
+                // be live), the route's cluster, the override list,
+                // steered +1
+                "proxy_remove_header_map_value",
+                "proxy_increment_metric",
+                "proxy_increment_metric",
+                "proxy_get_metric",
+                "proxy_get_current_time_nanoseconds",
+                "proxy_get_property",
+                "proxy_replace_header_map_value",
+                "proxy_increment_metric",
+                // response: every header in one read; the answering address
+                // and the clock (every answer is a membership observation,
+                // and a readmission question)
+                "proxy_get_header_map_pairs",
+                "proxy_get_current_time_nanoseconds",
+                "proxy_get_property",
+                // done: in flight -1
+                "proxy_increment_metric",
+            ],
+        ),
+    ];
+    for (what, config, answer, calls) in pinned {
+        let (cost, list) = measure_steered(config, answer);
+        let listed: Vec<&str> = list.split(',').collect();
+        assert!(
+            !listed.contains(&DEAD) && listed.iter().all(|a| LIVE.contains(a)),
+            "{what}: steered around the tombstone: {list}"
+        );
+        println!(
+            "steered, {what}: {} VM entries ({}), {} hostcalls ({})",
+            cost.entered.len(),
+            cost.entered.join(", "),
+            cost.calls.len(),
+            cost.calls.join(", ")
+        );
+        assert!(
+            !cost.entered.is_empty() && cost.exits == cost.entered.len(),
+            "{what}: read {} entries and {} exits: has the trace format changed?\n{}",
+            cost.entered.len(),
+            cost.exits,
+            cost.trace
+        );
+        assert_eq!(
+            cost.entered,
+            [
+                "proxy_on_context_create",
+                "proxy_on_request_headers",
+                "proxy_on_response_headers",
+                "proxy_on_done",
+                "proxy_on_delete",
+            ],
+            "{what}: VM entries changed:\n{}",
+            cost.trace
+        );
+        assert_eq!(
+            cost.calls,
+            calls,
+            "{what}: hostcalls changed (pinned: {}):\n{}",
             calls.len(),
             cost.trace
         );

@@ -60,7 +60,10 @@
 //!   host answering with a new instance id? A steered request normally went
 //!   to one that is not, but `override_host` falls back to its own pick
 //!   when the listed hosts are unavailable: the check is a lookup in the
-//!   cached list once the address is read); or a sampled membership
+//!   cached list once the address is read), unless it carries no instance
+//!   id (then it can readmit nothing) and the admin's membership lists the
+//!   route's cluster (then answers do not shape the plan): such a steered
+//!   answer is taken as an ordinary one; or a sampled membership
 //!   observation.
 //! - **Membership observations**: while steering would take membership
 //!   from observations (no `admin_cluster`, or none of its answers read
@@ -76,7 +79,10 @@
 //!   address that left the cluster leaves the list. Once the
 //!   admin's membership is known, one response in [`OBSERVE_EVERY`] is
 //!   observed (it registers the route's cluster for the refresh), and
-//!   every response while tombstones may be live. What steering cannot
+//!   every response while tombstones may be live, but for a steered
+//!   answer without an instance id to a cluster the admin lists (sampled
+//!   as an ordinary one: the plan takes that cluster's members from the
+//!   admin). What steering cannot
 //!   see without an admin: a host the balancer has not picked yet (one
 //!   added to the cluster while steering pins requests elsewhere).
 //! - **The upstream instance** reads `upstream.address` only when an

@@ -60,8 +60,9 @@ impl Consumer {
         // address is read anyway), and asked whether it is a tombstoned host
         // answering with a new instance id: usually not (a steered request
         // went to a host that is not tombstoned), a lookup in the cached
-        // list.
-        let live = self.may_be_live(x);
+        // list. An answer that can ask neither is taken as an ordinary one,
+        // without the address or the clock (see `steered_answer_is_ordinary`).
+        let live = !self.steered_answer_is_ordinary(store, x, seen) && self.may_be_live(x);
         if !(live || self.observes_membership(store)) {
             return Vec::new();
         }
@@ -86,6 +87,44 @@ impl Consumer {
             effects.extend(self.apply(store, &obs, now));
         }
         effects
+    }
+
+    /// While tombstones may be live, whether an answer can be taken as an
+    /// ordinary one (observed only as often, and not looked up in the
+    /// tombstones), which spares the steered path `upstream.address` and
+    /// the clock. It can when both questions a live tombstone adds have
+    /// their answer already:
+    ///
+    /// - readmission: an answer without a valid instance id readmits
+    ///   nothing (`Observation::Answered` with no instance never changes a
+    ///   tombstone, so it is never written);
+    /// - membership: steering takes the route's cluster's members from the
+    ///   admin's membership when it lists the cluster (`members`), so what
+    ///   answered there does not shape the plan; observing it as often as
+    ///   an ordinary answer keeps the observed set as fresh as without
+    ///   tombstones, should the admin's view drop the cluster.
+    ///
+    /// Without an admin cluster (or before its membership lists the
+    /// route's cluster) every answer stays an observation: sampling them
+    /// piled each worker's traffic onto the one host it had seen.
+    /// Costs nothing on the steered path: the cluster was read for the
+    /// plan, once per stream.
+    fn steered_answer_is_ordinary(
+        &mut self,
+        store: &dyn SharedStore,
+        x: &mut dyn Exchange,
+        seen: &Response,
+    ) -> bool {
+        if self.live_until == 0 || seen.instance.is_some() || self.config.admin_cluster.is_none() {
+            return false;
+        }
+        self.members.refresh(
+            store,
+            keys::MEMBERS_GEN.name,
+            keys::MEMBERS.name,
+            Membership::decode,
+        );
+        self.members.value.cluster(&x.cluster()).is_some()
     }
 
     /// As an upstream filter, whether an attempt that ended is worth asking

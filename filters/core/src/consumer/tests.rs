@@ -573,6 +573,115 @@ fn while_live_every_response_is_observed_and_checked_for_readmission() {
     assert!(fx.contains(&Effect::Add(Counter::Readmitted, 1)), "{fx:?}");
 }
 
+/// An unmarked 200 without an instance id (what an upstream that is no
+/// graceful_provider sends) to `cluster`.
+fn plain(cluster: &str) -> Stream {
+    Stream::to(cluster).with(":status", "200")
+}
+
+#[test]
+fn with_the_admin_listing_the_cluster_a_steered_answer_without_an_instance_id_is_an_ordinary_one() {
+    let (store, mut c) = copies(r#"{"admin_cluster":"admin","tombstone_ttl":"30s"}"#, 1);
+    admin_knows(&store, &["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"]);
+    observe(
+        &mut c[0],
+        &store,
+        closing("old"),
+        "127.0.0.2:1",
+        Part::Headers,
+        S,
+    );
+    let counting = Counting(&store, 0.into());
+    let (mut addresses, mut clocks) = (0, 0);
+    for i in 0..OBSERVE_EVERY {
+        let mut req = Stream::to("svc").at(2 * S + i);
+        let list = c[0].steer(&counting, &mut req, Some(SIGNAL.with(Cell::get)));
+        assert!(list.is_some_and(|l| !l.contains("127.0.0.2:1")), "steered");
+        // The glue reads the cluster once per stream: the response reuses it.
+        let mut s = plain("svc");
+        let fx = observe_with(
+            &mut c[0],
+            &counting,
+            &mut s,
+            "127.0.0.1:1",
+            Part::Headers,
+            2 * S + i,
+        );
+        // (the sampled one records the address in the observed set)
+        assert!(
+            fx.iter()
+                .all(|e| matches!(e, Effect::Add(Counter::Generation, 1))),
+            "{fx:?}"
+        );
+        addresses += s.address_reads;
+        clocks += s.clock_reads;
+    }
+    assert_eq!(
+        (addresses, clocks),
+        (1, 1),
+        "observed as often as an ordinary answer: one in {OBSERVE_EVERY}"
+    );
+    // A tombstoned host answering without an instance id readmits nothing
+    // (it never did: `Answered` with no instance changes no tombstone).
+    let fx = observe(
+        &mut c[0],
+        &store,
+        plain("svc"),
+        "127.0.0.2:1",
+        Part::Headers,
+        3 * S,
+    );
+    assert!(!fx.contains(&Effect::Add(Counter::Readmitted, 1)), "{fx:?}");
+    assert!(steer(&mut c[0], &store, "svc", 3 * S).is_some_and(|l| !l.contains("127.0.0.2:1")));
+    // With an instance id the address is read: a new one readmits at once,
+    // the closing one changes nothing.
+    let mut same = ok("old");
+    let fx = observe_with(
+        &mut c[0],
+        &store,
+        &mut same,
+        "127.0.0.2:1",
+        Part::Headers,
+        3 * S,
+    );
+    assert!(fx.is_empty(), "{fx:?}");
+    assert_eq!(same.address_reads, 1);
+    let fx = observe(
+        &mut c[0],
+        &store,
+        ok("new"),
+        "127.0.0.2:1",
+        Part::Headers,
+        4 * S,
+    );
+    assert!(fx.contains(&Effect::Add(Counter::Readmitted, 1)), "{fx:?}");
+    assert_eq!(steer(&mut c[0], &store, "svc", 5 * S), None);
+}
+
+#[test]
+fn while_live_every_answer_is_observed_where_the_admin_does_not_list_the_cluster() {
+    // The admin's membership is known, but not for `other`: steering there
+    // takes its members from answers, so none may be skipped (sampling
+    // them piled each worker's traffic onto the one host it had seen).
+    let (store, mut c) = copies(r#"{"admin_cluster":"admin","tombstone_ttl":"30s"}"#, 1);
+    admin_knows(&store, &["127.0.0.1:1"]);
+    let mut mark = Stream::to("other")
+        .with(":status", "200")
+        .with("x-graceful-closing", "true");
+    observe_with(&mut c[0], &store, &mut mark, "x:1", Part::Headers, S);
+    for (i, address) in ["y:1", "z:1", "y:1"].into_iter().enumerate() {
+        let now = 2 * S + i as u64;
+        assert!(steer(&mut c[0], &store, "other", now).is_some() || i == 0);
+        let mut s = plain("other");
+        observe_with(&mut c[0], &store, &mut s, address, Part::Headers, now);
+        assert_eq!(s.address_reads, 1, "answer {i}");
+    }
+    let list = steer(&mut c[0], &store, "other", 3 * S).expect("steered");
+    let mut hosts: Vec<&str> = list.split(',').collect();
+    hosts.sort_unstable();
+    assert_eq!(hosts, ["y:1", "z:1"]);
+}
+
 #[test]
 fn the_scan_finds_marks_status_and_instance_in_one_pass() {
     let cfg = config("");
