@@ -155,6 +155,16 @@ async fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
+            if saturated.non_2xx > 0 || one.non_2xx > 0 {
+                // A failed request costs what a failure costs: the set
+                // would not measure what it is named for.
+                eprintln!(
+                    "bench: {} answered {} requests with other than 2xx",
+                    set.name,
+                    saturated.non_2xx + one.non_2xx
+                );
+                return ExitCode::FAILURE;
+            }
             println!(
                 "round {} {:<26} {:>9.0} req/s  p50 {:>6.0} us  p99 {:>6.0} us  CPU {:>5.1} us/request",
                 round + 1,

@@ -337,7 +337,10 @@ pub fn wrk_with_cpu(
 /// The upstream Envoy and its four listener addresses.
 pub async fn start_upstream() -> (Envoy, Vec<SocketAddr>) {
     let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
-    let mut spec = EnvoySpec::new("bench-upstream", "bench-upstream.yaml");
+    // Every address, so that other loopback addresses reach it too
+    // ([`live_aliases`]).
+    let mut spec =
+        EnvoySpec::new("bench-upstream", "bench-upstream.yaml").set("LISTEN_ADDRESS", "0.0.0.0");
     for (i, p) in ports.iter().enumerate() {
         spec = spec.set(&format!("PORT_{}", i + 1), p);
     }
@@ -357,6 +360,23 @@ fn endpoints(addrs: &[SocketAddr]) -> String {
         .map(|a| json!({"endpoint": {"address": {"socket_address": {"address": a.ip().to_string(), "port_value": a.port()}}}}))
         .collect();
     Value::Array(list).to_string()
+}
+
+/// Live members every set's cluster has beside the upstream's 4 addresses.
+pub const LIVE_ALIASES: usize = 100;
+
+/// `n` more addresses of the upstream's listeners: other loopback
+/// addresses at their ports (the upstream listens on every address).
+pub fn live_aliases(upstream: &[SocketAddr], n: usize) -> Vec<SocketAddr> {
+    (0..n)
+        .filter_map(|i| {
+            let port = upstream.get(i % upstream.len().max(1))?.port();
+            Some(SocketAddr::from((
+                [127, 1, (i / 250) as u8, (i % 250 + 1) as u8],
+                port,
+            )))
+        })
+        .collect()
 }
 
 /// Addresses nothing listens on: connections to them are refused at once.
@@ -386,7 +406,14 @@ pub fn proxy_spec(
     extra: &[SocketAddr],
 ) -> (EnvoySpec, SocketAddr) {
     let port = free_port();
-    let hosts: Vec<SocketAddr> = upstream.iter().chain(extra).copied().collect();
+    // 104 live members in every set: with 100 tombstoned beside them, below
+    // half the members, the panic floor lists none of them again and every
+    // request is steered to a live host (with 4 live hosts and 100 dead,
+    // the floor named dead ones and nearly every request failed); and the
+    // sets without tombstones balance over the same hosts, so the
+    // difference is the steering.
+    let live = live_aliases(upstream, LIVE_ALIASES);
+    let hosts: Vec<SocketAddr> = upstream.iter().chain(&live).chain(extra).copied().collect();
     let mut spec = EnvoySpec::new(&format!("bench-{}", set.name), "bench-proxy.yaml")
         .set("LISTEN_PORT", port)
         .set("HTTP_FILTERS", Value::Array(set.filters.clone()))

@@ -205,6 +205,12 @@ pub async fn mesh_round(
     let rss = rss_kb(pid);
     wrk(addr, CONNECTIONS, Duration::from_secs(2))?;
     let r = wrk_with_cpu(pid, addr, CONNECTIONS, duration)?;
+    if r.non_2xx > 0 {
+        return Err(format!(
+            "{}: {} requests answered other than 2xx",
+            set.name, r.non_2xx
+        ));
+    }
     Ok((
         MeshRound {
             main_ms_per_s: cpu_after.saturating_sub(cpu_before) as f64 / 1000.0 / seconds,
