@@ -118,12 +118,7 @@ impl Consumer {
         if self.live_until == 0 || seen.instance.is_some() || self.config.admin_cluster.is_none() {
             return false;
         }
-        self.members.refresh(
-            store,
-            keys::MEMBERS_GEN.name,
-            keys::MEMBERS.name,
-            Membership::decode,
-        );
+        self.refresh_members(store);
         self.members.value.cluster(&x.cluster()).is_some()
     }
 
@@ -276,12 +271,7 @@ impl Consumer {
         if self.config.admin_cluster.is_none() {
             return false;
         }
-        self.members.refresh(
-            store,
-            keys::MEMBERS_GEN.name,
-            keys::MEMBERS.name,
-            Membership::decode,
-        );
+        self.refresh_members(store);
         !self.members.value.is_empty()
     }
 

@@ -254,12 +254,7 @@ impl Consumer {
                 // Written only when it changed: every change makes each
                 // worker decode it again.
                 self.members.stale();
-                self.members.refresh(
-                    store,
-                    keys::MEMBERS_GEN.name,
-                    keys::MEMBERS.name,
-                    Membership::decode,
-                );
+                self.refresh_members(store);
                 let changed = self.members.value != m;
                 if changed && store.set(keys::MEMBERS.name, &m.encode(), 0).is_ok() {
                     effects.extend(self.bump(store, keys::MEMBERS_GEN.name));

@@ -4,6 +4,7 @@
 
 use super::{Consumer, Counter, Effect, Exchange, Level};
 use crate::keys;
+use crate::steering::Membership;
 use crate::store::{self, add_bounded, SharedStore};
 use crate::tombstone::Tombstones;
 
@@ -170,6 +171,17 @@ impl Consumer {
         }
         effects.extend(self.announce());
         effects
+    }
+
+    /// Brings the cached admin membership up to date (reads only if
+    /// stale); true if it changed.
+    pub(super) fn refresh_members(&mut self, store: &dyn SharedStore) -> bool {
+        self.members.refresh(
+            store,
+            keys::MEMBERS_GEN.name,
+            keys::MEMBERS.name,
+            Membership::decode,
+        )
     }
 
     /// Brings the cached tombstones up to date (reads only if stale).

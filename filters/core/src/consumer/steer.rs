@@ -51,12 +51,7 @@ impl Consumer {
     /// nothing yet still steers from the first tombstone).
     fn members(&mut self, store: &dyn SharedStore, cluster: &str, now: u64) -> Vec<Member> {
         if self.config.admin_cluster.is_some() {
-            self.members.refresh(
-                store,
-                keys::MEMBERS_GEN.name,
-                keys::MEMBERS.name,
-                Membership::decode,
-            );
+            self.refresh_members(store);
             if let Some(m) = self.members.value.cluster(cluster) {
                 return m.to_vec();
             }
@@ -84,12 +79,7 @@ impl Consumer {
         rotation: usize,
     ) -> Steering {
         let members_gen = if self.config.admin_cluster.is_some() {
-            self.members.refresh(
-                store,
-                keys::MEMBERS_GEN.name,
-                keys::MEMBERS.name,
-                Membership::decode,
-            );
+            self.refresh_members(store);
             self.members.gen
         } else {
             None
