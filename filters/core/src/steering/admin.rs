@@ -106,14 +106,7 @@ impl AdminSource {
                     let members = c
                         .host_statuses
                         .iter()
-                        .filter_map(|h| {
-                            let sock = h.address.as_ref()?.socket_address.as_ref()?;
-                            Some(Member {
-                                address: host_address(&sock.address, sock.port_value)?,
-                                usable: h.health_status.usable(),
-                                seen_s: 0,
-                            })
-                        })
+                        .filter_map(|h| member(h.address.as_ref(), h.health_status.usable()))
                         .take(MAX_MEMBERS)
                         .collect();
                     keep(c.name, members);
@@ -133,12 +126,10 @@ impl AdminSource {
                             .iter()
                             .flat_map(|l| &l.lb_endpoints)
                             .filter_map(|e| {
-                                let sock = e.endpoint.address.as_ref()?.socket_address.as_ref()?;
-                                Some(Member {
-                                    address: host_address(&sock.address, sock.port_value)?,
-                                    usable: e.usable(),
-                                    seen_s: 0,
-                                })
+                                member(
+                                    e.endpoint.address.as_ref(),
+                                    eds_status_usable(e.health_status.as_deref()),
+                                )
                             })
                             .take(MAX_MEMBERS)
                             .collect();
@@ -152,6 +143,24 @@ impl AdminSource {
             unfiltered,
         })
     }
+}
+
+/// A host of either answer as a member; None without an IP socket
+/// address.
+fn member(address: Option<&AdminAddress>, usable: bool) -> Option<Member> {
+    let sock = address?.socket_address.as_ref()?;
+    Some(Member {
+        address: host_address(&sock.address, sock.port_value)?,
+        usable,
+        seen_s: 0,
+    })
+}
+
+/// Whether an EDS health status (as either answer spells it; absent is
+/// `UNKNOWN`, which proto3 JSON leaves out) lets Envoy's load balancer
+/// pick the host.
+fn eds_status_usable(status: Option<&str>) -> bool {
+    matches!(status, None | Some("HEALTHY" | "DEGRADED" | "UNKNOWN"))
 }
 
 /// The admin path that lists just `clusters` from `/clusters`.
@@ -232,11 +241,7 @@ struct AdminHealth {
 
 impl AdminHealth {
     fn usable(&self) -> bool {
-        let eds_ok = matches!(
-            self.eds_health_status.as_deref(),
-            None | Some("HEALTHY" | "DEGRADED" | "UNKNOWN")
-        );
-        eds_ok
+        eds_status_usable(self.eds_health_status.as_deref())
             && !self.failed_active_health_check
             && !self.failed_outlier_check
             && !self.pending_dynamic_removal
@@ -292,15 +297,6 @@ struct LbEndpoint {
 #[derive(Deserialize)]
 struct DumpedEndpoint {
     address: Option<AdminAddress>,
-}
-
-impl LbEndpoint {
-    fn usable(&self) -> bool {
-        matches!(
-            self.health_status.as_deref(),
-            None | Some("HEALTHY" | "DEGRADED" | "UNKNOWN")
-        )
-    }
 }
 
 #[cfg(test)]
