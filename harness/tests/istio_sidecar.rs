@@ -835,28 +835,30 @@ fn it_translates_the_wasmplugins_as_istiod_does_and_they_configure() {
     }
 }
 
-/// Whether the sidecar's Envoy (its admin, from inside the pod) holds no
-/// open connection to `host` within `deadline`: `/clusters` lists each
-/// host's `cx_active`.
-async fn no_connection_to(host: SocketAddr, deadline: Duration) -> bool {
+/// Waits until the sidecar's Envoy (its admin, from inside the pod) holds
+/// no open connection to `host`, or panics after `deadline`: `/clusters`
+/// lists each host's `cx_active`.
+async fn no_connection_to(host: SocketAddr, deadline: Duration) {
     let line = format!("::{host}::cx_active::");
     let admin = SocketAddr::from(([127, 0, 0, 1], istio::ADMIN_PORT));
-    let end = Instant::now() + deadline;
-    while Instant::now() < end {
-        if let Ok(r) = client::get(admin, "/clusters").await {
-            let active: Vec<u64> = r
-                .text()
-                .lines()
-                .filter_map(|l| l.split_once(&line)?.1.trim().parse().ok())
-                .collect();
-            assert!(!active.is_empty(), "/clusters lists {host}");
-            if active.iter().all(|&n| n == 0) {
-                return true;
+    eventually(
+        &format!("the sidecar holds no connection to {host}"),
+        deadline,
+        || {
+            let line = &line;
+            async move {
+                let r = client::get(admin, "/clusters").await.ok()?;
+                let active: Vec<u64> = r
+                    .text()
+                    .lines()
+                    .filter_map(|l| l.split_once(line.as_str())?.1.trim().parse().ok())
+                    .collect();
+                assert!(!active.is_empty(), "/clusters lists {host}");
+                active.iter().all(|&n| n == 0).then_some(())
             }
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
+        },
+    )
+    .await
 }
 
 /// What one kill costs, seen from the consumer.
@@ -913,15 +915,13 @@ fn kill_run(name: &str, upstream_instance: bool) -> KillRun {
     // is the in-flight case (`faults.rs`), not this one: wait until the
     // consumer's Envoy holds no connection to the pod.
     let victim_addr = SocketAddr::from((victim.pod.ip, APP_PORT));
-    let closed = in_netns(&mesh.consumer_pod.netns, move || {
+    in_netns(&mesh.consumer_pod.netns, move || {
         Box::pin(async move { no_connection_to(victim_addr, Duration::from_secs(10)).await })
     })
     .join()
-    .unwrap_or_else(|_| panic!("admin thread"));
-    assert!(
-        closed,
-        "the consumer's Envoy still holds a connection to {victim_addr} 10 s after the kill"
-    );
+    .unwrap_or_else(|_| {
+        panic!("the consumer's Envoy still holds a connection to {victim_addr} 10 s after the kill")
+    });
     // The registry lags a killed pod by seconds (kubelet, then istiod).
     let samples = load_for(&mesh.consumer_pod, Duration::from_secs(5));
     let consumer_ip = mesh.consumer_pod.ip;

@@ -10,21 +10,13 @@ use std::time::Duration;
 
 use graceful_harness::support::client::Conn;
 use graceful_harness::support::envoy::{
-    envoy_binary, free_port, native_module, repo_root, EnvoySpec,
+    envoy_binary, envoy_version, free_port, native_module, repo_root, EnvoySpec,
 };
 use graceful_harness::support::native::shipped_files;
 use graceful_harness::support::upstream::Upstream;
 
 /// What Envoy logs when the module's ABI version is its own.
 const MATCHED: &str = "Dynamic module ABI version v0.2.0 matched.";
-
-fn envoy_version() -> String {
-    Command::new(envoy_binary())
-        .arg("--version")
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_reports_the_abi_version_the_module_was_built_for() {

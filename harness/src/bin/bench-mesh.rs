@@ -104,18 +104,14 @@ async fn main() -> ExitCode {
     println!("| Envoy | set | main thread idle, ms/s | admin requests/s | refresh, ms of main thread each | RSS MiB | CPU µs/request | vs `none` | vs `consumer` |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
     for e in &results {
-        let none = e
-            .sets
-            .iter()
-            .find(|s| s.set == "none")
-            .cloned()
-            .unwrap_or_default();
-        let consumer = e
-            .sets
-            .iter()
-            .find(|s| s.set == "consumer")
-            .cloned()
-            .unwrap_or_default();
+        let named = |name: &str| {
+            e.sets
+                .iter()
+                .find(|s| s.set == name)
+                .cloned()
+                .unwrap_or_default()
+        };
+        let (none, consumer) = (named("none"), named("consumer"));
         for s in &e.sets {
             let per_refresh = if s.set != "none" && s.admin_rq_per_s > 0.0 {
                 format!(

@@ -31,7 +31,7 @@ use super::bench::{
     FilterSet,
 };
 use crate::support::client;
-use crate::support::envoy::{free_port, Envoy};
+use crate::support::envoy::{free_port, wait_for, Envoy};
 use crate::support::procfs::{rss_kb, thread_cpu_us};
 use graceful_core::steering::AdminSource;
 
@@ -170,13 +170,15 @@ pub async fn mesh_round(
     spec.binary = Some(binary.to_path_buf());
     let envoy = spec.start().await;
     // Every mesh cluster is in: CDS lands after the listener may be ready.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while stat(&envoy, "cluster_manager.active_clusters").await < MESH_CLUSTERS as u64 {
-        if Instant::now() > deadline {
-            return Err(format!("{}: the mesh's clusters never all came", set.name));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_for(
+        &format!("{}: the mesh's {MESH_CLUSTERS} clusters", set.name),
+        Duration::from_secs(60),
+        || async {
+            (stat(&envoy, "cluster_manager.active_clusters").await >= MESH_CLUSTERS as u64)
+                .then_some(())
+        },
+    )
+    .await?;
     let (envoy, addr) = prepare_proxy(envoy, addr, set).await;
     let mut conn = client::Conn::http1(addr).await?;
     for _ in 0..4 {

@@ -27,16 +27,22 @@ pub fn repo_root() -> PathBuf {
         .unwrap_or_default()
 }
 
-/// The Envoy under test's (major, minor), from `envoy --version`
-/// ("version: <sha>/1.36.4/Clean/RELEASE/BoringSSL").
+/// What the Envoy under test says to `envoy --version`
+/// ("envoy  version: <sha>/1.36.4/Clean/RELEASE/BoringSSL"), "" if it
+/// cannot run.
+pub fn envoy_version() -> String {
+    Command::new(envoy_binary())
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// The Envoy under test's (major, minor), from [`envoy_version`].
 pub fn envoy_minor() -> (u32, u32) {
     static MINOR: std::sync::OnceLock<(u32, u32)> = std::sync::OnceLock::new();
     *MINOR.get_or_init(|| {
-        let out = std::process::Command::new(envoy_binary())
-            .arg("--version")
-            .output()
-            .unwrap_or_else(|e| panic!("envoy --version: {e}"));
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = envoy_version();
         text.split('/')
             .find_map(|part| {
                 let mut n = part.split('.').map(|x| x.parse::<u32>().ok());
