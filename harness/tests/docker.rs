@@ -319,3 +319,48 @@ async fn a_killed_or_disconnected_provider_costs_at_most_its_requests_in_flight(
     assert!(failed_cut <= 16, "{failed_cut} failed around the cut");
     drop(harness);
 }
+
+/// The examples' hooks run from `graceful-wasm/graceful-hook`, an image
+/// holding that one binary (`FROM scratch`: no shell, no libc): it must run
+/// there as it runs in a distroless proxy, and with no admin to reach (no
+/// network here) say so in one line and fail open. Then `install` copies it
+/// out, as the examples' init container does.
+#[test]
+fn the_hook_image_runs_with_nothing_else_in_it() {
+    if !engine() {
+        return;
+    }
+    const HOOK_IMAGE: &str = "graceful-wasm/graceful-hook:latest";
+    let ready = std::process::Command::new("docker")
+        .args(["run", "--rm", "--network", "none", HOOK_IMAGE, "ready"])
+        .output()
+        .unwrap_or_else(|e| panic!("docker run: {e}"));
+    let said = String::from_utf8_lossy(&ready.stderr);
+    assert!(
+        ready.status.success() && said.contains("no Envoy admin at") && said.contains(": ready"),
+        "{HOOK_IMAGE} ready: {:?} {said}",
+        ready.status
+    );
+    let dir = graceful_harness::support::envoy::repo_root()
+        .join(format!("target/e2e/hook-install-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let mount = format!("{}:/graceful", dir.display());
+    let install = std::process::Command::new("docker")
+        .args(["run", "--rm", "--network", "none", "-v", &mount, HOOK_IMAGE])
+        .args(["install", "/graceful"])
+        .output()
+        .unwrap_or_else(|e| panic!("docker run: {e}"));
+    assert!(
+        install.status.success(),
+        "install: {}",
+        String::from_utf8_lossy(&install.stderr)
+    );
+    let copied = std::fs::metadata(dir.join("graceful-hook"))
+        .unwrap_or_else(|e| panic!("the installed hook: {e}"));
+    assert!(
+        copied.len() > 100_000,
+        "a whole binary: {} bytes",
+        copied.len()
+    );
+}

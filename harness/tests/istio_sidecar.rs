@@ -20,7 +20,7 @@ use graceful_harness::platform::netns::{self, Node, Pod};
 use graceful_harness::support::client;
 use graceful_harness::support::envoy::{envoy_binary, eventually, repo_root, wasm_dir, write_eds};
 use graceful_harness::support::load::{Load, Protocol, Sample};
-use graceful_harness::support::upstream::demo_app_binary;
+use graceful_harness::support::upstream::{demo_app_binary, hook_binary};
 use serde_json::Value;
 
 const SERVICE: &str = "provider.default.svc.cluster.local";
@@ -177,10 +177,13 @@ fn exec_command(container: &Value, what: &str, pointer: &str) -> Vec<String> {
 }
 
 /// A container's exec command run inside `pod`: the demo image's
-/// `demo-app` is the built binary, istio-proxy's commands run as its uid.
+/// `demo-app` and the shared volume's `/graceful/graceful-hook` (what the
+/// example's init container installs) are the built binaries, istio-proxy's
+/// commands run as its uid.
 fn in_pod(pod: &Pod, container: &str, command: &[String]) -> Command {
     let program = match command[0].as_str() {
         "demo-app" => demo_app_binary().display().to_string(),
+        "/graceful/graceful-hook" => hook_binary().display().to_string(),
         other => other.to_string(),
     };
     let mut cmd = if container == "istio-proxy" {
@@ -539,7 +542,7 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
         .unwrap_or_else(|e| panic!("{e}"));
     let drained_after = closing_at.elapsed();
     let app_said = String::from_utf8_lossy(&app_out.stderr).to_string();
-    let proxy_said = String::from_utf8_lossy(&proxy_out.stdout).to_string();
+    let proxy_said = String::from_utf8_lossy(&proxy_out.stderr).to_string();
     // Then SIGTERM: Envoy and the app stop.
     providers[0].envoy.terminate();
     providers[0].app.terminate();
@@ -618,7 +621,7 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
         "app hook: {app_said}"
     );
     assert!(
-        proxy_said.contains("graceful: drained"),
+        proxy_said.contains("prestop: drained"),
         "istio-proxy hook: {proxy_said}"
     );
     assert!(
@@ -664,12 +667,8 @@ fn it_relates_the_grace_period_hooks_and_drain_timeout_of_the_istio_example() {
         "istio-proxy preStop",
         "/lifecycle/preStop/exec/command",
     );
-    let script = proxy_hook.last().cloned().unwrap_or_default();
-    let proxy_wait_s: u64 = script
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("wait=").and_then(|v| v.parse().ok()))
-        .unwrap_or_else(|| panic!("no wait=N in the istio-proxy hook: {script}"));
-    let proxy_wait = Duration::from_secs(proxy_wait_s);
+    let proxy_wait = parse_duration(proxy_hook.last().map_or("", String::as_str))
+        .unwrap_or_else(|e| panic!("the istio-proxy hook's wait: {e:?}"));
     let annotation = template["metadata"]["annotations"]["proxy.istio.io/config"]
         .as_str()
         .unwrap_or("{}");
@@ -985,5 +984,177 @@ fn it_measures_what_the_missing_upstream_instance_costs_when_a_provider_is_kille
     assert!(
         with.retries <= 10,
         "then steers every request away: {with:?}"
+    );
+}
+
+/// The example's readiness probe and preStop hooks, run as the kubelet runs
+/// them in the pod.
+struct Hooks {
+    ready: Vec<String>,
+    app: Vec<String>,
+    proxy: Vec<String>,
+}
+
+impl Hooks {
+    fn of_example() -> Hooks {
+        let template = provider_pod_spec();
+        let app = container(&template, "app");
+        Hooks {
+            ready: exec_command(app, "app readiness", "/readinessProbe/exec/command"),
+            app: exec_command(app, "app preStop", "/lifecycle/preStop/exec/command"),
+            proxy: exec_command(
+                container(&template, "istio-proxy"),
+                "istio-proxy preStop",
+                "/lifecycle/preStop/exec/command",
+            ),
+        }
+    }
+
+    /// The readiness probe's verdict and what it said.
+    fn ready(&self, pod: &Pod) -> (bool, String) {
+        let out = in_pod(pod, "app", &self.ready)
+            .output()
+            .unwrap_or_else(|e| panic!("readiness probe: {e}"));
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    fn start(&self, pod: &Pod, container: &str) -> Child {
+        let command = if container == "app" {
+            &self.app
+        } else {
+            &self.proxy
+        };
+        in_pod(pod, container, command)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{container} hook: {e}"))
+    }
+}
+
+/// A hook's exit and what it said.
+fn finished(child: Child) -> (bool, String) {
+    let out = child.wait_with_output().unwrap_or_else(|e| panic!("{e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// An IPv6-only pod: its only address is IPv6, and its sidecar's admin and
+/// `prometheus_stats` are on `[::1]:15000`, where Istio's bootstrap puts
+/// them there (and on IPv6-first dual-stack pods with `ISTIO_DUAL_STACK`).
+/// The example's probe and hooks find that admin after `127.0.0.1:15000`
+/// refuses, start closing through it and wait for drained.
+#[test]
+fn it_closes_and_drains_an_ipv6_only_pod_through_its_admin_on_ipv6_loopback() {
+    if !pods_available() {
+        return;
+    }
+    let dir = run_dir("istio-ipv6");
+    let mut node = Node::new();
+    let pod = node.pod("p6", 61);
+    pod.make_ipv6_only("fd00:10:66::61/64");
+    let mut config =
+        istio::provider_sidecar("fd00:10:66::61", APP_PORT, &wasm_dir(), "/dev/stdout");
+    istio::on_ipv6_loopback(&mut config);
+    let path = write_config(&dir, "p6", &config);
+    let _app = app(&pod, "p6", &dir);
+    let _envoy = sidecar(&pod, &path, &dir);
+    let netns = pod.netns.clone();
+    let (v4_refused, phase) = in_netns(&netns, || {
+        Box::pin(async {
+            let v6 = SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, istio::ADMIN_PORT));
+            let phase = graceful_harness::support::envoy::wait_for(
+                "graceful_drain_phase on [::1]:15000",
+                Duration::from_secs(30),
+                || async move {
+                    let r = client::get(v6, "/stats?filter=^wasmcustom.graceful_drain_phase$")
+                        .await
+                        .ok()?;
+                    r.text().contains("graceful_drain_phase: 0").then_some(0)
+                },
+            )
+            .await;
+            let v4 = std::net::TcpStream::connect(("127.0.0.1", istio::ADMIN_PORT));
+            (v4.is_err(), phase)
+        })
+    })
+    .join()
+    .unwrap_or_else(|_| panic!("pod thread"));
+    assert_eq!(phase, Ok(0), "the sidecar serves, its admin on [::1]:15000");
+    assert!(v4_refused, "nothing listens on 127.0.0.1:15000 in this pod");
+
+    let hooks = Hooks::of_example();
+    let (ready, said) = hooks.ready(&pod);
+    assert!(ready, "readiness should pass while serving: {said}");
+    let app_hook = hooks.start(&pod, "app");
+    let proxy_hook = hooks.start(&pod, "istio-proxy");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (ready, said) = hooks.ready(&pod);
+        if !ready {
+            assert!(said.contains("NOT_SERVING"), "readiness: {said}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "readiness still passes 10 s after the hooks started"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (app_ok, app_said) = finished(app_hook);
+    let (proxy_ok, proxy_said) = finished(proxy_hook);
+    eprintln!("ipv6-only pod, app hook: {app_said}istio-proxy hook: {proxy_said}");
+    assert!(app_ok && proxy_ok, "both hooks succeed");
+    assert!(
+        app_said.contains("closing (POST http://[::1]:15000/healthcheck/fail)")
+            || proxy_said.contains("closing (POST http://[::1]:15000/healthcheck/fail)"),
+        "closing started through the IPv6 admin: {app_said} {proxy_said}"
+    );
+    for said in [&app_said, &proxy_said] {
+        assert!(
+            said.contains("prestop: drained") && !said.contains("forced"),
+            "drained, quiet: {said}"
+        );
+    }
+}
+
+/// A pod of the example's Deployment where no sidecar was injected (the
+/// namespace is not labelled for injection, or is an ambient one): the
+/// readiness probe passes and the preStop hook returns at once, each with
+/// one line saying why. A shutdown helper never holds a pod.
+#[test]
+fn it_neither_blocks_nor_holds_a_pod_without_a_sidecar() {
+    if !pods_available() {
+        return;
+    }
+    let dir = run_dir("istio-no-sidecar");
+    let mut node = Node::new();
+    let pod = node.pod("bare", 62);
+    let _app = app(&pod, "bare", &dir);
+    let hooks = Hooks::of_example();
+    let (ready, said) = hooks.ready(&pod);
+    let no_admin = "no Envoy admin at http://127.0.0.1:15000 or http://[::1]:15000";
+    assert!(ready, "ready without a sidecar: {said}");
+    assert!(
+        said.contains(no_admin) && said.lines().count() == 1,
+        "one line saying why: {said}"
+    );
+    let started = Instant::now();
+    let (ok, said) = finished(hooks.start(&pod, "app"));
+    let took = started.elapsed();
+    eprintln!("no sidecar: readiness and preStop said: {said}");
+    assert!(ok, "the hook succeeds: {said}");
+    assert!(
+        said.contains(no_admin) && said.contains("not waiting") && said.lines().count() == 1,
+        "one line saying why: {said}"
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "returned at once, not after {took:?}"
     );
 }

@@ -4,14 +4,17 @@
 //!
 //! Flags: `--duration S` per wrk run (10), `--rounds N` (3), `--quick`
 //! (cost only: no churn, no shutdown runs), `--sets a,b` (only these sets,
-//! and `none`, the baseline).
+//! and `none`, the baseline), `--pair a:b` (repeatable: the CPU per request
+//! set `a` added over set `b`, round by round, and its median). Odd rounds
+//! measure the sets in reverse order, so a drift during a round weighs on
+//! both ends of it alike.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use graceful_harness::products::bench::{
     chart, dead_hosts, filter_sets, start_proxy, start_upstream, unqueued, wrk, wrk_with_cpu,
-    SetResult, WrkResult,
+    Paired, SetResult, WrkResult,
 };
 use graceful_harness::products::demo::{run, DemoConfig, Mode};
 use graceful_harness::support::envoy::free_port;
@@ -48,6 +51,8 @@ struct Results {
     /// connection (no queueing), µs.
     unqueued_p50_added_us: serde_json::Map<String, serde_json::Value>,
     unqueued_p99_added_us: serde_json::Map<String, serde_json::Value>,
+    /// The `--pair` comparisons.
+    paired: Vec<Paired>,
     churn: Option<Churn>,
     shutdown: Vec<(String, RunReport)>,
     soak: Option<RunReport>,
@@ -103,10 +108,21 @@ async fn main() -> ExitCode {
     let mut rounds = 3;
     let mut quick = false;
     let mut only: Option<Vec<String>> = None;
+    let mut pairs: Vec<(String, String)> = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         if flag == "--quick" {
             quick = true;
+            continue;
+        }
+        if flag == "--pair" {
+            match args.next().as_deref().and_then(|v| v.split_once(':')) {
+                Some((a, b)) => pairs.push((a.to_string(), b.to_string())),
+                None => {
+                    eprintln!("bench: --pair takes SET:AGAINST");
+                    return ExitCode::from(2);
+                }
+            }
             continue;
         }
         if flag == "--sets" {
@@ -122,7 +138,9 @@ async fn main() -> ExitCode {
             ("--duration", Some(s)) => duration = Duration::from_secs(s),
             ("--rounds", Some(n)) => rounds = n as usize,
             _ => {
-                eprintln!("usage: bench [--duration S] [--rounds N] [--quick] [--sets a,b]");
+                eprintln!(
+                    "usage: bench [--duration S] [--rounds N] [--quick] [--sets a,b] [--pair a:b]..."
+                );
                 return ExitCode::from(2);
             }
         }
@@ -135,8 +153,22 @@ async fn main() -> ExitCode {
     let mut rounds_by_set: Vec<Vec<WrkResult>> = vec![Vec::new(); sets.len()];
     let mut unqueued_by_set: Vec<Vec<WrkResult>> = vec![Vec::new(); sets.len()];
     let mut rss: Vec<u64> = vec![0; sets.len()];
+    for (a, b) in &pairs {
+        for name in [a, b] {
+            if !sets.iter().any(|s| s.name == name.as_str()) {
+                eprintln!("bench: --pair names {name}, which is not a measured set");
+                return ExitCode::from(2);
+            }
+        }
+    }
     for round in 0..rounds {
-        for (i, set) in sets.iter().enumerate() {
+        let order: Vec<usize> = if round % 2 == 0 {
+            (0..sets.len()).collect()
+        } else {
+            (0..sets.len()).rev().collect()
+        };
+        for i in order {
+            let set = &sets[i];
             // Tombstoned hosts must be members of the cluster for steering to
             // be needed: add that many hosts that refuse connections.
             let dead = dead_hosts(set.tombstones, free_port());
@@ -184,6 +216,16 @@ async fn main() -> ExitCode {
         }
     }
     drop(upstream);
+    let rounds_of = |name: &str| {
+        sets.iter()
+            .position(|s| s.name == name)
+            .map(|i| rounds_by_set[i].clone())
+            .unwrap_or_default()
+    };
+    let paired: Vec<Paired> = pairs
+        .iter()
+        .filter_map(|(a, b)| Paired::new(a, &rounds_of(a), b, &rounds_of(b)))
+        .collect();
     let mut results: Vec<(String, SetResult)> = sets
         .iter()
         .zip(rounds_by_set.into_iter().zip(unqueued_by_set))
@@ -249,6 +291,20 @@ async fn main() -> ExitCode {
             r.rss_kb
         );
     }
+    for p in &paired {
+        let rounds: Vec<String> = p
+            .cpu_us_added_per_round
+            .iter()
+            .map(|d| format!("{d:+.1}"))
+            .collect();
+        println!(
+            "\n{} over {}, CPU per request, round by round: {} us; median {:+.1} us",
+            p.set,
+            p.against,
+            rounds.join(" "),
+            p.cpu_us_added_median
+        );
+    }
     let churn = if quick { None } else { Some(churn().await) };
     if let Some(c) = &churn {
         println!(
@@ -303,6 +359,7 @@ async fn main() -> ExitCode {
         p99_added_us: added,
         unqueued_p50_added_us: unqueued_p50_added,
         unqueued_p99_added_us: unqueued_p99_added,
+        paired,
         churn,
         shutdown,
         soak,

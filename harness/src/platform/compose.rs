@@ -133,7 +133,7 @@ services:
     command: ["/usr/local/bin/envoy", "-c", "/work/envoy/compose/provider-{i}.yaml", "--concurrency", "2", "---", "/usr/local/bin/demo-app", "--listen", "127.0.0.1:{APP_PORT}", "--name", "p{i}", "--latency-ms", "5"]
     stop_grace_period: 45s
     healthcheck:
-      test: ["CMD", "/usr/local/bin/demo-app", "ready", "--admin", "http://127.0.0.1:9901"]
+      test: ["CMD", "/usr/local/bin/demo-app", "ready", "--require-admin", "--admin", "http://127.0.0.1:9901"]
       interval: 1s
       timeout: 3s
       retries: 60

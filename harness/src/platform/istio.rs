@@ -309,6 +309,25 @@ fn bootstrap(node_id: &str, listeners: Vec<Value>, clusters: Vec<Value>) -> Valu
     })
 }
 
+/// What Istio's bootstrap makes of `{{ .localhost }}` on a pod whose
+/// addresses are all IPv6, or an IPv6-first dual-stack pod with
+/// `ISTIO_DUAL_STACK` (`pkg/bootstrap/config.go`, `toTemplateParams`):
+/// `::1`, for the admin and for `prometheus_stats` alike.
+pub fn on_ipv6_loopback(config: &mut Value) {
+    config["admin"]["address"] = socket("::1", ADMIN_PORT);
+    if let Some(clusters) = config
+        .pointer_mut("/static_resources/clusters")
+        .and_then(Value::as_array_mut)
+    {
+        for c in clusters
+            .iter_mut()
+            .filter(|c| c["name"] == "prometheus_stats")
+        {
+            *c = static_cluster("prometheus_stats", "::1", ADMIN_PORT);
+        }
+    }
+}
+
 /// Istio's default `stats_matcher`: only these stats are real, every other
 /// name is a null stat that reads 0 (`tools/packaging/common/envoy_bootstrap.json`
 /// and `pkg/bootstrap/config.go`'s required inclusions, with no proxy

@@ -204,6 +204,15 @@ impl Pod {
         cmd
     }
 
+    /// Makes the pod IPv6-only: `eth0` loses its IPv4 address (`ip` no
+    /// longer names the pod) and gets `cidr`, usable at once (no duplicate
+    /// address detection). Loopback keeps `127.0.0.1` and `::1`, as in a
+    /// Kubernetes IPv6-only pod.
+    pub fn make_ipv6_only(&self, cidr: &str) {
+        self.exec(&["ip", "-4", "addr", "flush", "dev", "eth0"]);
+        self.exec(&["ip", "-6", "addr", "add", cidr, "dev", "eth0", "nodad"]);
+    }
+
     /// Istio's sidecar capture, as `istio-iptables` writes it for a pod
     /// (nat table): inbound TCP to any port but the sidecar's own goes to
     /// 15006; outbound TCP goes to 15001, except the sidecar's own (uid

@@ -533,6 +533,40 @@ pub fn median(values: impl Iterator<Item = f64>) -> f64 {
     }
 }
 
+/// One set against another, round by round: the CPU per request `set`
+/// added over `against` in each round (both measured moments apart), and
+/// the median of those differences. A difference of medians compares
+/// rounds that ran minutes apart; on a shared host the paired one is what
+/// can resolve a few µs.
+#[derive(Debug, Clone, Serialize)]
+pub struct Paired {
+    pub set: String,
+    pub against: String,
+    pub cpu_us_added_per_round: Vec<f64>,
+    pub cpu_us_added_median: f64,
+}
+
+impl Paired {
+    /// `None` when the two sets do not have the same number of rounds (or
+    /// none): nothing to pair.
+    pub fn new(set: &str, a: &[WrkResult], against: &str, b: &[WrkResult]) -> Option<Paired> {
+        if a.is_empty() || a.len() != b.len() {
+            return None;
+        }
+        let diffs: Vec<f64> = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| x.cpu_us_per_request - y.cpu_us_per_request)
+            .collect();
+        Some(Paired {
+            set: set.to_string(),
+            against: against.to_string(),
+            cpu_us_added_median: median(diffs.iter().copied()),
+            cpu_us_added_per_round: diffs,
+        })
+    }
+}
+
 /// A horizontal bar chart per set: throughput ratio (wrk, saturated) and
 /// Envoy CPU time added per request.
 pub fn chart(sets: &[(&str, &SetResult)]) -> String {
@@ -601,6 +635,21 @@ Transfer/sec:      3.03MB
         );
         assert!((r.rps - 39712.3).abs() < 0.01);
         assert!(parse_wrk("garbage").is_none());
+    }
+
+    #[test]
+    fn pairs_rounds_and_takes_the_median_of_their_differences() {
+        let run = |cpu: f64| WrkResult {
+            cpu_us_per_request: cpu,
+            ..WrkResult::default()
+        };
+        let a = [run(110.0), run(300.0), run(104.0)];
+        let b = [run(100.0), run(290.0), run(101.0)];
+        let p = Paired::new("a", &a, "b", &b).unwrap_or_else(|| panic!("paired"));
+        assert_eq!(p.cpu_us_added_per_round, vec![10.0, 10.0, 3.0]);
+        assert_eq!(p.cpu_us_added_median, 10.0);
+        assert!(Paired::new("a", &a, "b", &b[..2]).is_none());
+        assert!(Paired::new("a", &[], "b", &[]).is_none());
     }
 
     #[test]

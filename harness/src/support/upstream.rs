@@ -19,3 +19,12 @@ pub fn demo_app_binary() -> PathBuf {
     }
     repo_root().join("target/release/demo-app")
 }
+
+/// `graceful-hook`, the examples' preStop hook and readiness probe:
+/// `GRACEFUL_HOOK`, else the debug build (`cargo build -p graceful-hook`).
+pub fn hook_binary() -> PathBuf {
+    if let Some(p) = std::env::var_os("GRACEFUL_HOOK") {
+        return PathBuf::from(p);
+    }
+    repo_root().join("target/debug/graceful-hook")
+}
