@@ -18,7 +18,9 @@ use graceful_core::duration::parse_duration;
 use graceful_harness::platform::istio;
 use graceful_harness::platform::netns::{self, Node, Pod};
 use graceful_harness::support::client;
-use graceful_harness::support::envoy::{envoy_binary, eventually, repo_root, wasm_dir, write_eds};
+use graceful_harness::support::envoy::{
+    envoy_binary, eventually, repo_root, wasm_dir, write_eds, write_eds_localities,
+};
 use graceful_harness::support::load::{Load, Protocol, Sample};
 use graceful_harness::support::upstream::{demo_app_binary, hook_binary};
 use serde_json::Value;
@@ -311,6 +313,16 @@ impl Mesh {
     /// filter of the outbound cluster (what the shipped consumer sidecar
     /// does and Istio cannot deliver), for the comparison.
     fn start(dir: &Path, upstream_instance: bool) -> Mesh {
+        Mesh::start_with(dir, |config, cluster| {
+            if upstream_instance {
+                istio::add_upstream_instance(config, cluster);
+            }
+        })
+    }
+
+    /// [`Mesh::start`], with `shape` applied to the consumer's config (its
+    /// outbound cluster's name given) before it starts.
+    fn start_with(dir: &Path, shape: impl FnOnce(&mut Value, &str)) -> Mesh {
         let mut node = Node::new();
         let consumer_pod = node.pod("c", 2);
         // Pod names double as the apps' names: p1..p3 (x-served-by).
@@ -338,9 +350,7 @@ impl Mesh {
             &wasm_dir(),
             "/dev/stdout",
         );
-        if upstream_instance {
-            istio::add_upstream_instance(&mut consumer_config, &cluster);
-        }
+        shape(&mut consumer_config, &cluster);
         let consumer_path = write_config(dir, "consumer", &consumer_config);
         let consumer_envoy = sidecar(&consumer_pod, &consumer_path, dir);
         let mesh = Mesh {
@@ -738,6 +748,20 @@ fn it_accepts_the_steering_patch_and_refuses_it_beside_locality_lb() {
     assert!(
         out.status.success(),
         "envoy refused the patched cluster: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // What istiod makes of the cluster with locality.yaml's DestinationRule
+    // (outlier detection, a panic threshold, no locality-weighted config):
+    // accepted beside the patch.
+    let mut failover = serde_json::json!({"static_resources": {"clusters": [plain.clone()]}});
+    istio::apply_locality_failover(&mut failover, &name);
+    let failover = failover["static_resources"]["clusters"][0].clone();
+    assert!(failover["outlier_detection"].is_object(), "{failover}");
+    let out = validate(failover, "failover");
+    assert!(
+        out.status.success(),
+        "envoy refused the patched cluster with locality.yaml's failover: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
@@ -1157,4 +1181,120 @@ fn it_neither_blocks_nor_holds_a_pod_without_a_sidecar() {
         took < Duration::from_secs(3),
         "returned at once, not after {took:?}"
     );
+}
+
+/// Topology-aware routing: the provider Service sets
+/// `trafficDistribution: PreferClose` and the example's
+/// `locality.yaml` DestinationRule applies, so istiod gives the consumer's
+/// outbound cluster outlier detection and EDS priorities by zone (the
+/// consumer's zone, p1 and p2, at 0; p3's at 1) and no
+/// `locality_weighted_lb_config`, which Envoy would refuse beside the
+/// EnvoyFilter's `override_host` (see
+/// `it_accepts_the_steering_patch_and_refuses_it_beside_locality_lb`).
+/// Envoy keeps the traffic in the zone; while p1 is closing, steering must
+/// too: every request to p2, none to p3, where a list of every other
+/// member would send p3 about half.
+#[test]
+fn it_keeps_steering_in_the_consumers_zone_under_istios_locality_failover() {
+    if !pods_available() {
+        return;
+    }
+    let dir = run_dir("istio-zones");
+    let mesh = Mesh::start_with(&dir, |config, cluster| {
+        istio::apply_locality_failover(config, cluster);
+    });
+    write_eds_localities(
+        &mesh.eds,
+        &mesh.cluster,
+        &[
+            (0, "z1", &mesh.endpoints[..2]),
+            (1, "z2", &mesh.endpoints[2..]),
+        ],
+    );
+    let consumer_ip = mesh.consumer_pod.ip;
+    let p1_pod = mesh.providers[0].pod.netns.clone();
+    let node = mesh.node.netns.clone();
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let epoch = Instant::now();
+    // Wait until the consumer's Envoy has the priorities (p3 serves
+    // nothing while p1 and p2 do), then load.
+    let load = in_netns(&mesh.consumer_pod.netns.clone(), move || {
+        Box::pin(async move {
+            let load = Load::start(SocketAddr::from((VIP, 80)), Protocol::Http1, 200, 8, epoch);
+            while stop_rx.try_recv().is_err() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            load.stop().await
+        })
+    });
+    // 3 s in the zone, then p1 starts closing (its admin, as the hooks do).
+    std::thread::sleep(Duration::from_secs(3));
+    let closing_at = Instant::now();
+    in_netns(&p1_pod, || {
+        Box::pin(async {
+            client::post(
+                SocketAddr::from(([127, 0, 0, 1], istio::ADMIN_PORT)),
+                "/healthcheck/fail",
+            )
+            .await
+            .map(|r| r.status)
+        })
+    })
+    .join()
+    .unwrap_or_else(|_| panic!("p1 thread"))
+    .unwrap_or_else(|e| panic!("p1's admin: {e}"));
+    let tombstoned_at = in_netns(&node, move || {
+        Box::pin(async move {
+            eventually(
+                "the consumer tombstones p1",
+                Duration::from_secs(10),
+                || async {
+                    prometheus(consumer_ip, "graceful_consumer_evictions")
+                        .await
+                        .filter(|n| *n >= 1)
+                },
+            )
+            .await;
+            Instant::now()
+        })
+    })
+    .join()
+    .unwrap_or_else(|_| panic!("node thread"));
+    std::thread::sleep(Duration::from_secs(3));
+    let _ = stop_tx.send(());
+    let samples = load.join().unwrap_or_else(|_| panic!("load thread"));
+    let ms = |t: Instant| u64::try_from(t.duration_since(epoch).as_millis()).unwrap_or(0);
+    // The first second is the consumer's Envoy reading the priorities.
+    let before: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.due_ms > 1000 && s.due_ms < ms(closing_at))
+        .collect();
+    // A request in flight when the tombstone was written may still land on
+    // p1: from 100 ms after, steering decides.
+    let steered: Vec<&Sample> = samples
+        .iter()
+        .filter(|s| s.due_ms > ms(tombstoned_at) + 100)
+        .collect();
+    let share = |set: &[&Sample], p: u8| set.iter().filter(|s| s.served_by == p).count();
+    eprintln!(
+        "zones: before closing p1 {} p2 {} p3 {}; steered p1 {} p2 {} p3 {}; failed {}",
+        share(&before, 1),
+        share(&before, 2),
+        share(&before, 3),
+        share(&steered, 1),
+        share(&steered, 2),
+        share(&steered, 3),
+        samples.iter().filter(|s| !s.ok).count(),
+    );
+    assert!(before.len() > 200 && steered.len() > 200, "the load ran");
+    assert_eq!(share(&before, 3), 0, "Envoy keeps traffic in priority 0");
+    assert!(
+        share(&before, 1) > before.len() / 4 && share(&before, 2) > before.len() / 4,
+        "both hosts of the zone serve"
+    );
+    assert_eq!(share(&steered, 3), 0, "steering keeps traffic in the zone");
+    assert_eq!(share(&steered, 1), 0, "nothing to the closing host");
+    assert_eq!(share(&steered, 2), steered.len(), "every request to p2");
+    assert!(samples.iter().all(|s| s.ok), "no request failed");
+    let _ = mesh;
 }

@@ -96,7 +96,7 @@ fn initial_values_are_the_documented_bytes() {
             "graceful.v1.instance_id" | "graceful.v1.identity" => None,
             "graceful.v1.consumer.admin_source" => Some(vec![0]),
             "graceful.v1.consumer.tombstones" => Some(vec![1, 0, 0, 0, 0]),
-            "graceful.v1.consumer.members" | "graceful.v1.consumer.observed" => Some(vec![2, 0, 0]),
+            "graceful.v1.consumer.members" | "graceful.v1.consumer.observed" => Some(vec![3, 0, 0]),
             "graceful.v1.consumer.clusters" => Some(vec![1]),
             _ => zero.clone(),
         };

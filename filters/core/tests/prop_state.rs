@@ -92,6 +92,7 @@ fn members() -> impl Strategy<Value = Vec<Member>> {
     prop::collection::vec((0..ADDRESSES.len(), prop::bool::weighted(0.8)), 0..8).prop_map(|v| {
         v.into_iter()
             .map(|(a, usable)| Member {
+                priority: 0,
                 address: ADDRESSES[a].to_string(),
                 usable,
                 seen_s: 0,

@@ -548,6 +548,61 @@ pub fn consumer_sidecar(
     )
 }
 
+/// What istiod makes of the example's `locality.yaml` DestinationRule on
+/// the consumer's outbound `cluster` (`cluster_traffic_policy.go`):
+/// `applyOutlierDetection` turns `outlierDetection` into Envoy's
+/// `outlier_detection` (a threshold of 0 enforces nothing; success rate
+/// enforcement always 0) and sets `healthy_panic_threshold` to
+/// `minHealthPercent` (0); `localityLbSetting: {enabled: true}` without
+/// `failover`, `failoverPriority` or `distribute` sets no
+/// `locality_weighted_lb_config` (`applyLocalityLoadBalancer`). The EDS
+/// priorities by zone it also brings are the test's to write
+/// (`write_eds_localities`). Panics if the file asks for more than that.
+pub fn apply_locality_failover(config: &mut Value, cluster: &str) {
+    let rule = documents("locality.yaml")
+        .into_iter()
+        .find(|d| d["kind"] == "DestinationRule")
+        .unwrap_or_else(|| panic!("examples/istio/locality.yaml has no DestinationRule"));
+    let policy = &rule["spec"]["trafficPolicy"];
+    assert_eq!(
+        policy["loadBalancer"]["localityLbSetting"],
+        json!({"enabled": true}),
+        "locality.yaml: anything beyond enabled brings back locality_weighted_lb_config"
+    );
+    let outlier = &policy["outlierDetection"];
+    assert!(
+        outlier.is_object(),
+        "locality.yaml: failover needs outlierDetection"
+    );
+    let mut envoy_outlier = json!({"enforcing_success_rate": 0});
+    for (field, threshold, enforcing) in [
+        (
+            "consecutive5xxErrors",
+            "consecutive_5xx",
+            "enforcing_consecutive_5xx",
+        ),
+        (
+            "consecutiveGatewayErrors",
+            "consecutive_gateway_failure",
+            "enforcing_consecutive_gateway_failure",
+        ),
+    ] {
+        if let Some(v) = outlier[field].as_u64() {
+            envoy_outlier[threshold] = json!(v);
+            envoy_outlier[enforcing] = json!(if v > 0 { 100 } else { 0 });
+        }
+    }
+    let Some(target) = config
+        .pointer_mut("/static_resources/clusters")
+        .and_then(Value::as_array_mut)
+        .and_then(|cs| cs.iter_mut().find(|c| c["name"] == cluster))
+    else {
+        panic!("no cluster {cluster} in the consumer config");
+    };
+    target["outlier_detection"] = envoy_outlier;
+    target["common_lb_config"]["healthy_panic_threshold"] = json!({"value": 0});
+}
+
 /// Adds graceful_consumer as an upstream HTTP filter of `cluster` in a
 /// consumer sidecar config, as `envoy/consumer-sidecar.yaml` ships it: the
 /// same plugin configuration, a VM of its own (`vm_config.configuration`

@@ -422,19 +422,33 @@ where
 /// Writes a file-based EDS answer for `cluster` listing `endpoints`,
 /// atomically (write, then rename), as Envoy's file watcher expects.
 pub fn write_eds(path: &Path, cluster: &str, endpoints: &[SocketAddr]) {
+    write_eds_localities(path, cluster, &[(0, "", endpoints)]);
+}
+
+/// [`write_eds`] with localities: `(priority, zone, endpoints)` each, the
+/// way a control plane doing locality failover assigns them (an empty zone
+/// writes no locality).
+pub fn write_eds_localities(path: &Path, cluster: &str, localities: &[(u32, &str, &[SocketAddr])]) {
     let mut yaml = format!(
-        "version_info: \"{}\"\nresources:\n- \"@type\": type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment\n  cluster_name: {cluster}\n  endpoints:\n  - lb_endpoints:\n",
+        "version_info: \"{}\"\nresources:\n- \"@type\": type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment\n  cluster_name: {cluster}\n  endpoints:\n",
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
     );
-    if endpoints.is_empty() {
-        yaml.push_str("    []\n");
-    }
-    for e in endpoints {
-        yaml.push_str(&format!(
-            "    - endpoint: {{address: {{socket_address: {{address: \"{}\", port_value: {}}}}}}}\n",
-            e.ip(),
-            e.port()
-        ));
+    for (priority, zone, endpoints) in localities {
+        yaml.push_str(&format!("  - priority: {priority}\n"));
+        if !zone.is_empty() {
+            yaml.push_str(&format!("    locality: {{region: r1, zone: {zone}}}\n"));
+        }
+        yaml.push_str("    lb_endpoints:\n");
+        if endpoints.is_empty() {
+            yaml.push_str("      []\n");
+        }
+        for e in *endpoints {
+            yaml.push_str(&format!(
+                "    - endpoint: {{address: {{socket_address: {{address: \"{}\", port_value: {}}}}}}}\n",
+                e.ip(),
+                e.port()
+            ));
+        }
     }
     let tmp = path.with_extension("tmp");
     fs::write(&tmp, yaml).unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));

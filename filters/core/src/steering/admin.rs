@@ -106,7 +106,9 @@ impl AdminSource {
                     let members = c
                         .host_statuses
                         .iter()
-                        .filter_map(|h| member(h.address.as_ref(), h.health_status.usable()))
+                        .filter_map(|h| {
+                            member(h.address.as_ref(), h.health_status.usable(), h.priority)
+                        })
                         .take(MAX_MEMBERS)
                         .collect();
                     keep(c.name, members);
@@ -124,11 +126,12 @@ impl AdminSource {
                         let members = assignment
                             .endpoints
                             .iter()
-                            .flat_map(|l| &l.lb_endpoints)
-                            .filter_map(|e| {
+                            .flat_map(|l| l.lb_endpoints.iter().map(move |e| (l.priority, e)))
+                            .filter_map(|(priority, e)| {
                                 member(
                                     e.endpoint.address.as_ref(),
                                     eds_status_usable(e.health_status.as_deref()),
+                                    priority,
                                 )
                             })
                             .take(MAX_MEMBERS)
@@ -147,12 +150,13 @@ impl AdminSource {
 
 /// A host of either answer as a member; None without an IP socket
 /// address.
-fn member(address: Option<&AdminAddress>, usable: bool) -> Option<Member> {
+fn member(address: Option<&AdminAddress>, usable: bool, priority: u32) -> Option<Member> {
     let sock = address?.socket_address.as_ref()?;
     Some(Member {
         address: host_address(&sock.address, sock.port_value)?,
         usable,
         seen_s: 0,
+        priority: u8::try_from(priority).unwrap_or(u8::MAX),
     })
 }
 
@@ -214,6 +218,9 @@ struct AdminHost {
     address: Option<AdminAddress>,
     #[serde(default)]
     health_status: AdminHealth,
+    /// Absent (proto3 JSON) for priority 0.
+    #[serde(default)]
+    priority: u32,
 }
 
 #[derive(Deserialize)]
@@ -283,6 +290,8 @@ struct ClusterLoadAssignment {
 struct LocalityEndpoints {
     #[serde(default)]
     lb_endpoints: Vec<LbEndpoint>,
+    #[serde(default)]
+    priority: u32,
 }
 
 #[derive(Deserialize)]
@@ -319,25 +328,25 @@ mod tests {
     const SVC: &str = "outbound|80||svc7.default.svc.cluster.local";
 
     #[test]
-    fn reads_the_config_dump_with_coarse_health_over_every_locality() {
+    fn reads_the_config_dump_with_coarse_health_and_priority_over_every_locality() {
         let answer = AdminSource::ConfigDump
             .read(DUMP.as_bytes(), &[SVC])
             .unwrap();
         assert!(answer.unfiltered, "the admin cluster was not asked for");
         assert_eq!(answer.membership.cluster("admin"), None);
-        let got: Vec<(&str, bool)> = answer
+        let got: Vec<(&str, bool, u8)> = answer
             .membership
             .cluster(SVC)
             .unwrap()
             .iter()
-            .map(|m| (m.address.as_str(), m.usable))
+            .map(|m| (m.address.as_str(), m.usable, m.priority))
             .collect();
         assert_eq!(
             got,
             [
-                ("10.1.7.1:8080", true),
-                ("10.1.7.2:8080", false),
-                ("[fd00::3]:8080", true)
+                ("10.1.7.1:8080", true, 0),
+                ("10.1.7.2:8080", false, 0),
+                ("[fd00::3]:8080", true, 1)
             ]
         );
         let only = AdminSource::ConfigDump

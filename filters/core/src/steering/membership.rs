@@ -8,8 +8,8 @@ use std::net::{IpAddr, SocketAddr};
 use super::admin::AdminSource;
 
 /// Encoding version of [`Membership`] values (2: a last-seen time per
-/// member).
-const VERSION: u8 = 2;
+/// member; 3: its priority).
+const VERSION: u8 = 3;
 
 /// Bounds on what membership keeps.
 pub const MAX_CLUSTERS: usize = 64;
@@ -32,6 +32,11 @@ pub struct Member {
     /// When it last answered, in seconds since the epoch, for observed
     /// membership; 0 for the admin's (its listing is the registry's).
     pub seen_s: u32,
+    /// Its EDS priority as the admin lists it (0 first; Istio's locality
+    /// failover and `trafficDistribution` put other zones and regions at
+    /// 1, 2, ...); 0 for observed members, whose priority nobody says.
+    /// Kept to 255.
+    pub priority: u8,
 }
 
 /// µs since the epoch as the seconds a member's `seen_s` holds.
@@ -129,6 +134,7 @@ impl Membership {
             address: address.to_string(),
             usable: true,
             seen_s: now_s,
+            priority: 0,
         });
         true
     }
@@ -170,6 +176,7 @@ impl Membership {
             out.extend_from_slice(&(members.len() as u16).to_le_bytes());
             for m in members {
                 out.push(u8::from(m.usable));
+                out.push(m.priority);
                 out.extend_from_slice(&m.seen_s.to_le_bytes());
                 out.push(m.address.len() as u8);
                 out.extend_from_slice(m.address.as_bytes());
@@ -205,6 +212,7 @@ impl Membership {
                     1 => true,
                     _ => return None,
                 };
+                let priority = *take(1)?.first()?;
                 let seen_s = u32::from_le_bytes(take(4)?.try_into().ok()?);
                 let len = usize::from(*take(1)?.first()?);
                 let address = String::from_utf8(take(len)?.to_vec()).ok()?;
@@ -212,6 +220,7 @@ impl Membership {
                     address,
                     usable,
                     seen_s,
+                    priority,
                 });
             }
             clusters.push((name, members));
@@ -281,6 +290,7 @@ impl Observed {
                     address: h.0.clone(),
                     usable: true,
                     seen_s: seconds(h.1),
+                    priority: 0,
                 })
                 .collect()
         })

@@ -64,6 +64,7 @@ pub(crate) mod testing {
                 address: a.to_string(),
                 usable: true,
                 seen_s: 0,
+                priority: 0,
             })
             .collect()
     }

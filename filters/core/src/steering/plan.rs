@@ -84,7 +84,12 @@ impl Rules {
 /// The plan for `cluster` at `now_us`, and until when it holds (the next
 /// expiry of a tombstone it depends on).
 ///
-/// The hosts are the usable members minus the tombstoned ones. When that
+/// The hosts are the usable members minus the tombstoned ones, of the
+/// first priority that has any left: Envoy sends a cluster's traffic to
+/// its priority 0 while those hosts are healthy, and Istio's locality
+/// failover and `trafficDistribution` put the consumer's own zone there,
+/// so steering keeps traffic where the balancer would have kept it
+/// (`override_host` itself ignores priorities: the list must). When that
 /// leaves fewer than the panic floor (`panic_threshold` percent of the
 /// usable members, rounded up) but at least one, the plan also lists the
 /// tombstoned members whose closing was confirmed longest ago, up to the
@@ -111,9 +116,19 @@ pub fn plan(
         return (Plan::LeaveAlone, until);
     }
     let tombstone_of = |address: &str| dead.iter().copied().find(|t| t.address == address);
+    // The first priority with a usable member that is not tombstoned; with
+    // none, the first with a usable member (the panic floor below decides).
+    let first_with = |acceptable_only: bool| {
+        members
+            .iter()
+            .filter(|m| m.usable && !(acceptable_only && tombstone_of(&m.address).is_some()))
+            .map(|m| m.priority)
+            .min()
+    };
+    let priority = first_with(true).or_else(|| first_with(false));
     let mut usable: Vec<&str> = Vec::new();
     for m in members {
-        if m.usable && !usable.contains(&m.address.as_str()) {
+        if m.usable && Some(m.priority) == priority && !usable.contains(&m.address.as_str()) {
             usable.push(&m.address);
         }
     }
@@ -179,6 +194,54 @@ mod tests {
             steer(&m, &t, "svc", 0, 2),
             Steering::Steer("a:1,c:1".into())
         );
+    }
+
+    /// Members at `priority`, as the admin lists a cluster whose EDS puts
+    /// the consumer's zone at 0 and another zone at 1 (Istio's locality
+    /// failover, `trafficDistribution: PreferClose`).
+    fn at(priority: u8, addrs: &[&str]) -> Vec<Member> {
+        members(addrs)
+            .into_iter()
+            .map(|m| Member { priority, ..m })
+            .collect()
+    }
+
+    #[test]
+    fn keeps_to_the_first_priority_that_has_hosts_left() {
+        let mut m = at(0, &["a:1", "b:1", "c:1"]);
+        m.extend(at(1, &["x:1", "y:1"]));
+        let rules = Rules {
+            panic_threshold: 0,
+            ..RULES
+        };
+        let hosts = |t: &Tombstones| plan(&m, t, "svc", 0, &rules).0;
+        assert_eq!(
+            hosts(&tombstoned(&["b:1"])),
+            Plan::Hosts(vec!["a:1".into(), "c:1".into()]),
+            "the zone's other hosts, not the other zone's"
+        );
+        assert_eq!(
+            hosts(&tombstoned(&["x:1"])),
+            Plan::Hosts(vec!["a:1".into(), "b:1".into(), "c:1".into()]),
+            "a tombstone in another priority: the first priority as it is"
+        );
+        assert_eq!(
+            hosts(&tombstoned(&["a:1", "b:1", "c:1"])),
+            Plan::Hosts(vec!["x:1".into(), "y:1".into()]),
+            "the whole zone tombstoned: the next priority, as Envoy fails over"
+        );
+        assert_eq!(
+            hosts(&tombstoned(&["a:1", "b:1", "c:1", "x:1", "y:1"])),
+            Plan::Hosts(vec![]),
+            "none left anywhere: the balancer decides"
+        );
+        // The panic floor counts the first priority's hosts.
+        let t = tombstoned(&["a:1", "b:1"]);
+        let Plan::Hosts(listed) = plan(&m, &t, "svc", 0, &RULES).0 else {
+            panic!("steered");
+        };
+        assert_eq!(listed.len(), 2, "half of 3, rounded up: {listed:?}");
+        assert!(listed.iter().all(|h| !h.starts_with(['x', 'y'])));
     }
 
     #[test]
