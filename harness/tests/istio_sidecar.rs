@@ -1298,3 +1298,66 @@ fn it_keeps_steering_in_the_consumers_zone_under_istios_locality_failover() {
     assert!(samples.iter().all(|s| s.ok), "no request failed");
     let _ = mesh;
 }
+
+/// Istio 1.30 and later translate a WasmPlugin into a TrafficExtension
+/// named `NAME~istio-translated-wasmplugin`, and the filters with it. Nothing
+/// of the example depends on those names (the EnvoyFilter patches only the
+/// cluster; the filters share data by `vm_id`, which Istio leaves empty):
+/// a provider whose sidecar has the 1.30 names drains through the hooks.
+#[test]
+fn it_drains_with_the_filter_names_of_istio_1_30() {
+    if !pods_available() {
+        return;
+    }
+    let dir = run_dir("istio-1-30-names");
+    let mut node = Node::new();
+    let pod = node.pod("p30", 63);
+    let mut config =
+        istio::provider_sidecar(&pod.ip.to_string(), APP_PORT, &wasm_dir(), "/dev/stdout");
+    assert_eq!(
+        istio::use_traffic_extension_names(&mut config),
+        2,
+        "graceful_drain and graceful_provider renamed"
+    );
+    let text = config.to_string();
+    assert!(
+        text.contains("default.graceful-drain~istio-translated-wasmplugin"),
+        "{text}"
+    );
+    let path = write_config(&dir, "p30", &config);
+    let _app = app(&pod, "p30", &dir);
+    let _envoy = sidecar(&pod, &path, &dir);
+    let netns = pod.netns.clone();
+    let phase = in_netns(&netns, || {
+        Box::pin(async {
+            let admin = SocketAddr::from(([127, 0, 0, 1], istio::ADMIN_PORT));
+            graceful_harness::support::envoy::wait_for(
+                "graceful_drain_phase on the admin",
+                Duration::from_secs(30),
+                || async move {
+                    let r = client::get(admin, "/stats?filter=^wasmcustom.graceful_drain_phase$")
+                        .await
+                        .ok()?;
+                    r.text().contains("graceful_drain_phase: 0").then_some(0)
+                },
+            )
+            .await
+        })
+    })
+    .join()
+    .unwrap_or_else(|_| panic!("pod thread"));
+    assert_eq!(phase, Ok(0), "the renamed filters serve");
+    let hooks = Hooks::of_example();
+    let (ready, said) = hooks.ready(&pod);
+    assert!(ready, "readiness while serving: {said}");
+    let (ok, said) = finished(hooks.start(&pod, "app"));
+    assert!(
+        ok && said.contains("prestop: drained") && !said.contains("forced"),
+        "{said}"
+    );
+    let (ready, said) = hooks.ready(&pod);
+    assert!(
+        !ready && said.contains("NOT_SERVING"),
+        "not ready once drained: {said}"
+    );
+}

@@ -163,6 +163,55 @@ pub fn wasm_filters(app: &str, side: Side, wasm_dir: &std::path::Path) -> Vec<Va
         .collect()
 }
 
+/// What Istio 1.30 on makes of the same WasmPlugins: each is translated
+/// into a TrafficExtension named `NAME~istio-translated-wasmplugin`
+/// (`pilot/pkg/config/kube/extensions/translate.go`, `syntheticMarker`), so
+/// the filter and its plugin are named `NAMESPACE.NAME~istio-translated-wasmplugin`
+/// where 1.28 and 1.29 say `NAMESPACE.NAME`. Renames every filter of `config`
+/// that [`wasm_filters`] named; returns how many.
+pub fn use_traffic_extension_names(config: &mut Value) -> usize {
+    const MARKER: &str = "~istio-translated-wasmplugin";
+    let plugins: Vec<String> = of_kind("WasmPlugin")
+        .iter()
+        .map(|p| {
+            format!(
+                "{}.{}",
+                p["metadata"]["namespace"].as_str().unwrap_or(NAMESPACE),
+                p["metadata"]["name"].as_str().unwrap_or_default()
+            )
+        })
+        .collect();
+    let mut renamed = 0;
+    let mut visit = vec![config];
+    while let Some(v) = visit.pop() {
+        match v {
+            Value::Object(map) => {
+                let named = map
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .is_some_and(|n| plugins.iter().any(|p| p == n))
+                    && map.contains_key("typed_config");
+                if named {
+                    let name = format!("{}{MARKER}", map["name"].as_str().unwrap_or_default());
+                    map.insert("name".into(), json!(name));
+                    if let Some(inner) = map
+                        .get_mut("typed_config")
+                        .and_then(|t| t.get_mut("config"))
+                        .and_then(Value::as_object_mut)
+                    {
+                        inner.insert("name".into(), json!(name));
+                    }
+                    renamed += 1;
+                }
+                visit.extend(map.values_mut());
+            }
+            Value::Array(items) => visit.extend(items.iter_mut()),
+            _ => {}
+        }
+    }
+    renamed
+}
+
 /// Merges `patch` into `target` the way an EnvoyFilter `MERGE` does
 /// (Istio's `pkg/proto/merge`): messages merge field by field, lists
 /// append, map entries (`typed_extension_protocol_options`, ...) and
