@@ -306,6 +306,9 @@ struct Mesh {
     cluster: String,
     endpoints: Vec<SocketAddr>,
     consumer_envoy: Proc,
+    /// The consumer's sidecar runs graceful_consumer (its metric says it
+    /// loaded); else its Envoy's own `server.live` does.
+    consumer_filtered: bool,
 }
 
 impl Mesh {
@@ -351,6 +354,9 @@ impl Mesh {
             "/dev/stdout",
         );
         shape(&mut consumer_config, &cluster);
+        let consumer_filtered = consumer_config
+            .to_string()
+            .contains("\"root_id\":\"graceful_consumer\"");
         let consumer_path = write_config(dir, "consumer", &consumer_config);
         let consumer_envoy = sidecar(&consumer_pod, &consumer_path, dir);
         let mesh = Mesh {
@@ -361,6 +367,7 @@ impl Mesh {
             cluster,
             endpoints,
             consumer_envoy,
+            consumer_filtered,
         };
         mesh.wait_filters();
         mesh
@@ -374,7 +381,14 @@ impl Mesh {
             .iter()
             .map(|p| (p.pod.ip, "graceful_drain_phase"))
             .collect();
-        pods.push((self.consumer_pod.ip, "graceful_consumer_tombstones"));
+        pods.push((
+            self.consumer_pod.ip,
+            if self.consumer_filtered {
+                "graceful_consumer_tombstones"
+            } else {
+                "envoy_server_live"
+            },
+        ));
         let node = self.node.netns.clone();
         in_netns(&node, move || {
             Box::pin(async move {
@@ -407,6 +421,7 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
         cluster,
         endpoints,
         consumer_envoy,
+        ..
     } = Mesh::start(&dir, false);
 
     let template = provider_pod_spec();
@@ -1360,4 +1375,83 @@ fn it_drains_with_the_filter_names_of_istio_1_30() {
         !ready && said.contains("NOT_SERVING"),
         "not ready once drained: {said}"
     );
+}
+
+/// One provider's shutdown through the example's hooks, seen by a consumer
+/// whose sidecar has no graceful_consumer, while its endpoints lag the pod
+/// by `lag` (istiod batches pushes up to `PILOT_DEBOUNCE_MAX`, 10 s by
+/// default): (requests, failed, marked) from the hooks' start on.
+fn plain_consumer_run(dir: &Path, lag: Duration, retry_503: bool) -> (usize, usize, usize) {
+    let mesh = Mesh::start_with(dir, |config, _| {
+        assert_eq!(
+            istio::without_consumer_filter(config),
+            1,
+            "graceful_consumer removed"
+        );
+        if retry_503 {
+            assert!(istio::retry_503(config) > 0, "a retry policy changed");
+        }
+    });
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let epoch = Instant::now();
+    let load = in_netns(&mesh.consumer_pod.netns.clone(), move || {
+        Box::pin(async move {
+            let load = Load::start(SocketAddr::from((VIP, 80)), Protocol::Http1, 200, 8, epoch);
+            while stop_rx.try_recv().is_err() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            load.stop().await
+        })
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    let hooks = Hooks::of_example();
+    let closing_at = Instant::now();
+    let app_hook = hooks.start(&mesh.providers[0].pod, "app");
+    let proxy_hook = hooks.start(&mesh.providers[0].pod, "istio-proxy");
+    std::thread::sleep(lag);
+    write_eds(&mesh.eds, &mesh.cluster, &mesh.endpoints[1..]);
+    let (app_ok, app_said) = finished(app_hook);
+    let (proxy_ok, _) = finished(proxy_hook);
+    assert!(app_ok && proxy_ok, "the hooks: {app_said}");
+    std::thread::sleep(Duration::from_secs(1));
+    let _ = stop_tx.send(());
+    let samples = load.join().unwrap_or_else(|_| panic!("load thread"));
+    let from = u64::try_from(closing_at.duration_since(epoch).as_millis()).unwrap_or(0);
+    let after: Vec<&Sample> = samples.iter().filter(|s| s.due_ms >= from).collect();
+    (
+        after.len(),
+        after.iter().filter(|s| !s.ok).count(),
+        after.iter().filter(|s| s.marked).count(),
+    )
+}
+
+/// What a consumer without graceful_consumer (the ingress gateway, another
+/// namespace) meets when a provider shuts down through the example: its
+/// sidecar keeps sending to the closing pod until its endpoints change.
+/// The closing marks do nothing there; under its steady traffic the gate
+/// passes at `consumer_update_wait` + `step_timeout` (3 s + 3 s, forced),
+/// and from then every request to the pod is the provider's 503, which
+/// Istio's default retry policy does not retry. Endpoints that change
+/// before that: nothing fails. Later (a slow push): failures, unless the
+/// route retries 503 (a VirtualService `retryOn` with `503`).
+#[test]
+fn it_measures_what_a_consumer_without_graceful_consumer_meets() {
+    if !pods_available() {
+        return;
+    }
+    let early = plain_consumer_run(&run_dir("istio-plain-early"), Duration::from_secs(2), false);
+    let late = plain_consumer_run(&run_dir("istio-plain-late"), Duration::from_secs(10), false);
+    let retried = plain_consumer_run(&run_dir("istio-plain-retry"), Duration::from_secs(10), true);
+    eprintln!(
+        "consumer without graceful_consumer, (requests, failed, marked) from the hooks' start:\n  endpoints after 2 s:  {early:?}\n  endpoints after 10 s: {late:?}\n  after 10 s, 503 retried: {retried:?}"
+    );
+    for (what, run) in [("early", early), ("late", late), ("retried", retried)] {
+        assert!(run.0 > 500, "{what}: the load ran: {run:?}");
+    }
+    assert_eq!(early.1, 0, "endpoints before the gate: nothing fails");
+    assert!(
+        late.1 > 0,
+        "endpoints after the gate: the provider's 503s reach the client"
+    );
+    assert_eq!(retried.1, 0, "a route that retries 503 loses nothing");
 }

@@ -521,6 +521,57 @@ pub fn default_retry_policy() -> Value {
     })
 }
 
+/// A consumer without graceful_consumer (an ingress gateway, a namespace
+/// the WasmPlugin does not select): removes it from every filter chain of
+/// `config`; returns how many were removed.
+pub fn without_consumer_filter(config: &mut Value) -> usize {
+    let mut removed = 0;
+    let mut visit = vec![config];
+    while let Some(v) = visit.pop() {
+        match v {
+            Value::Object(map) => {
+                if let Some(Value::Array(filters)) = map.get_mut("http_filters") {
+                    let before = filters.len();
+                    filters.retain(|f| {
+                        f.pointer("/typed_config/config/root_id")
+                            != Some(&json!("graceful_consumer"))
+                    });
+                    removed += before - filters.len();
+                }
+                visit.extend(map.values_mut());
+            }
+            Value::Array(items) => visit.extend(items.iter_mut()),
+            _ => {}
+        }
+    }
+    removed
+}
+
+/// What istiod makes of a VirtualService whose `retries.retryOn` adds
+/// `503` to Istio's default (`pilot/pkg/networking/core/route/retry/retry.go`
+/// reads a number in `retryOn` as a retriable status code): the routes of
+/// `config` retry a 503 on another host. Returns how many policies changed.
+pub fn retry_503(config: &mut Value) -> usize {
+    let mut changed = 0;
+    let mut visit = vec![config];
+    while let Some(v) = visit.pop() {
+        match v {
+            Value::Object(map) => {
+                if let Some(policy) = map.get_mut("retry_policy").and_then(Value::as_object_mut) {
+                    if policy.get("retry_host_predicate").is_some() {
+                        policy.insert("retriable_status_codes".into(), json!([503]));
+                        changed += 1;
+                    }
+                }
+                visit.extend(map.values_mut());
+            }
+            Value::Array(items) => visit.extend(items.iter_mut()),
+            _ => {}
+        }
+    }
+    changed
+}
+
 /// A consumer pod's sidecar calling `service_host` on `service_port`
 /// (its ClusterIP `vip`): `virtualOutbound` hands the app's captured
 /// connections to the `0.0.0.0_PORT` listener, whose route goes to the
