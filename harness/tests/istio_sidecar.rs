@@ -1455,3 +1455,95 @@ fn it_measures_what_a_consumer_without_graceful_consumer_meets() {
     );
     assert_eq!(retried.1, 0, "a route that retries 503 loses nothing");
 }
+
+/// The example's hooks start closing with `POST /healthcheck/fail` on the
+/// pod's admin. Envoy then closes connections on every listener of the
+/// default drain type (`drainClose()`), the pod's outbound ones included,
+/// where Istio's own shutdown drains only inbound
+/// (`drain_listeners?inboundonly`). Measured on the consumer pod (a pod
+/// that calls out, shutting down through the same hooks): what its app's
+/// calls through its own sidecar meet once the admin says fail.
+#[test]
+fn it_measures_what_healthcheck_fail_does_to_a_pods_outbound_calls() {
+    if !pods_available() {
+        return;
+    }
+    let dir = run_dir("istio-outbound-fail");
+    let mesh = Mesh::start(&dir, false);
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let epoch = Instant::now();
+    let netns = mesh.consumer_pod.netns.clone();
+    let load = in_netns(&netns, move || {
+        Box::pin(async move {
+            let load = Load::start(SocketAddr::from((VIP, 80)), Protocol::Http1, 200, 8, epoch);
+            while stop_rx.try_recv().is_err() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            load.stop().await
+        })
+    });
+    let probe = |netns: String| {
+        in_netns(&netns, || {
+            Box::pin(async {
+                // Two requests on one keep-alive connection: the first's
+                // `connection` header, and whether the second could follow.
+                let mut c = client::Conn::http1(SocketAddr::from((VIP, 80))).await?;
+                let first = c.get("/").await?;
+                let second = c.get("/").await;
+                Ok::<_, String>((first.header("connection"), second.is_ok()))
+            })
+        })
+        .join()
+        .unwrap_or_else(|_| panic!("probe thread"))
+        .unwrap_or_else(|e| panic!("probe: {e}"))
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    let before = probe(netns.clone());
+    let failed_at = Instant::now();
+    let status = in_netns(&netns, || {
+        Box::pin(async {
+            client::post(
+                SocketAddr::from(([127, 0, 0, 1], istio::ADMIN_PORT)),
+                "/healthcheck/fail",
+            )
+            .await
+            .map(|r| r.status)
+        })
+    })
+    .join()
+    .unwrap_or_else(|_| panic!("admin thread"));
+    assert_eq!(status, Ok(200), "the consumer pod's admin");
+    std::thread::sleep(Duration::from_millis(500));
+    let after = probe(netns.clone());
+    std::thread::sleep(Duration::from_secs(3));
+    let _ = stop_tx.send(());
+    let samples = load.join().unwrap_or_else(|_| panic!("load thread"));
+    let from = u64::try_from(failed_at.duration_since(epoch).as_millis()).unwrap_or(0);
+    let (before_fail, after_fail): (Vec<&Sample>, Vec<&Sample>) =
+        samples.iter().partition(|s| s.due_ms < from);
+    let failed = |set: &[&Sample]| set.iter().filter(|s| !s.ok).count();
+    eprintln!(
+        "outbound after /healthcheck/fail: a keep-alive connection's first answer says connection: {:?} (before: {:?}), a second request on it {}; load: {} requests before, {} failed; {} after, {} failed",
+        after.0,
+        before.0,
+        if after.1 { "succeeded" } else { "found it closed" },
+        before_fail.len(),
+        failed(&before_fail),
+        after_fail.len(),
+        failed(&after_fail),
+    );
+    assert_eq!(before, (None, true), "keep-alive before");
+    assert_eq!(
+        after.0.as_deref(),
+        Some("close"),
+        "after /healthcheck/fail the outbound listener closes each connection after its answer"
+    );
+    assert!(!after.1, "the connection was closed after the first answer");
+    assert!(after_fail.len() > 400, "the load ran on");
+    assert_eq!(
+        failed(&after_fail),
+        0,
+        "a client that honours connection: close loses nothing"
+    );
+    let _ = mesh;
+}

@@ -242,6 +242,14 @@ async fn worker(
                     .and_then(|n| n.strip_prefix('p').and_then(|i| i.parse::<u8>().ok()))
                     .unwrap_or(0);
                 let marked = r.header("x-graceful-closing").as_deref() == Some("true");
+                if protocol == Protocol::Http1
+                    && r.header("connection")
+                        .is_some_and(|c| c.eq_ignore_ascii_case("close"))
+                {
+                    // As an HTTP/1.1 client must (RFC 9112, 9.6): no more
+                    // requests on a connection the server is closing.
+                    conn = None;
+                }
                 Sample {
                     due_ms,
                     latency_us,
