@@ -313,12 +313,13 @@ struct Mesh {
 
 impl Mesh {
     /// `upstream_instance`: also run graceful_consumer as an upstream
-    /// filter of the outbound cluster (what the shipped consumer sidecar
-    /// does and Istio cannot deliver), for the comparison.
+    /// filter of the outbound cluster, delivered as the example's
+    /// `graceful-consumer-upstream` EnvoyFilter does (ECDS).
     fn start(dir: &Path, upstream_instance: bool) -> Mesh {
-        Mesh::start_with(dir, |config, cluster| {
+        let ecds_dir = dir.to_path_buf();
+        Mesh::start_with(dir, move |config, cluster| {
             if upstream_instance {
-                istio::add_upstream_instance(config, cluster);
+                istio::deliver_upstream_instance(config, cluster, &wasm_dir(), &ecds_dir);
             }
         })
     }
@@ -730,7 +731,7 @@ fn it_relates_the_grace_period_hooks_and_drain_timeout_of_the_istio_example() {
 /// case the README tells users to keep the patch away from).
 #[test]
 fn it_accepts_the_steering_patch_and_refuses_it_beside_locality_lb() {
-    let patches = istio::cluster_patches();
+    let patches = istio::cluster_patches(istio::STEERING);
     assert_eq!(
         patches.len(),
         1,
@@ -982,22 +983,22 @@ fn kill_run(name: &str, upstream_instance: bool) -> KillRun {
     }
 }
 
-/// Istio cannot run graceful_consumer as an upstream filter, so the
-/// listener's instance sees only each request's final answer: a refused
-/// connection that a retry hid never tombstones the host, and every request
-/// that picks the dead host pays a failed attempt until the registry drops
-/// it. Measured here beside the upstream instance the shipped consumer
-/// sidecar has (which Istio cannot deliver).
+/// A WasmPlugin is always a listener filter: without the example's
+/// `graceful-consumer-upstream` EnvoyFilter the listener's instance sees
+/// only each request's final answer, so a refused connection that a retry
+/// hid never tombstones the host, and every request that picks the dead
+/// host pays a failed attempt until the registry drops it. Measured beside
+/// the upstream instance that EnvoyFilter delivers (over ECDS).
 #[test]
-fn it_measures_what_the_missing_upstream_instance_costs_when_a_provider_is_killed() {
+fn it_measures_what_the_upstream_instance_buys_when_a_provider_is_killed() {
     if !pods_available() {
         return;
     }
     let without = kill_run("istio-kill-listener-only", false);
     let with = kill_run("istio-kill-upstream", true);
     eprintln!("SIGKILL of one of three providers (idle), then 200 req/s for 5 s before the registry drops it, Istio's default retry policy:");
-    eprintln!("  listener instance only (Istio): {without:?}");
-    eprintln!("  with the upstream instance:     {with:?}");
+    eprintln!("  WasmPlugin only (listener instance): {without:?}");
+    eprintln!("  with graceful-consumer-upstream:     {with:?}");
     for run in [&without, &with] {
         assert!(
             run.requests > 800,
@@ -1546,4 +1547,47 @@ fn it_measures_what_healthcheck_fail_does_to_a_pods_outbound_calls() {
         "a client that honours connection: close loses nothing"
     );
     let _ = mesh;
+}
+
+/// The upstream instance's EnvoyFilter restates what the consumer's
+/// WasmPlugin says (the module, the plugin's config, fail-open), plus what
+/// makes it the upstream instance: a user who edits one must edit the
+/// other, and this says where they drifted.
+#[test]
+fn it_keeps_the_upstream_instance_in_step_with_the_consumer_wasmplugin() {
+    let plugin = istio::of_kind("WasmPlugin")
+        .into_iter()
+        .find(|p| p["spec"]["pluginName"] == "graceful_consumer")
+        .unwrap_or_else(|| panic!("no graceful_consumer WasmPlugin"));
+    let filter = istio::of_kind("EnvoyFilter")
+        .into_iter()
+        .find(|f| f["metadata"]["name"] == istio::UPSTREAM_INSTANCE)
+        .unwrap_or_else(|| panic!("no EnvoyFilter {}", istio::UPSTREAM_INSTANCE));
+    assert_eq!(
+        filter["spec"]["workloadSelector"]["labels"], plugin["spec"]["selector"]["matchLabels"],
+        "the same pods"
+    );
+    let extension = filter["spec"]["configPatches"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["applyTo"] == "EXTENSION_CONFIG"))
+        .map(|p| p["patch"]["value"]["typed_config"]["config"].clone())
+        .unwrap_or_else(|| panic!("no EXTENSION_CONFIG patch"));
+    assert_eq!(
+        extension["vm_config"]["code"]["remote"]["http_uri"]["uri"], plugin["spec"]["url"],
+        "the same module"
+    );
+    assert_eq!(extension["root_id"], plugin["spec"]["pluginName"]);
+    assert_eq!(extension["failure_policy"], "FAIL_OPEN");
+    assert_eq!(plugin["spec"]["failStrategy"], "FAIL_OPEN");
+    assert_eq!(extension["vm_config"]["configuration"]["value"], "upstream");
+    let configured: Value = serde_json::from_str(
+        extension["configuration"]["value"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no configuration string")),
+    )
+    .unwrap_or_else(|e| panic!("configuration: {e}"));
+    assert_eq!(
+        configured, plugin["spec"]["pluginConfig"],
+        "the same plugin config"
+    );
 }

@@ -243,10 +243,18 @@ fn merge_at(target: &mut Value, patch: &Value, field: &str) {
     }
 }
 
-/// The example EnvoyFilter's CLUSTER patches (match and value).
-pub fn cluster_patches() -> Vec<(Value, Value)> {
+/// The EnvoyFilters of `consumer.yaml`: steering (always applied by
+/// [`consumer_sidecar`]) and the upstream instance
+/// ([`deliver_upstream_instance`]).
+pub const STEERING: &str = "graceful-consumer-steering";
+pub const UPSTREAM_INSTANCE: &str = "graceful-consumer-upstream";
+
+/// The CLUSTER patches (match and value) of the example's EnvoyFilter
+/// named `envoy_filter`.
+pub fn cluster_patches(envoy_filter: &str) -> Vec<(Value, Value)> {
     of_kind("EnvoyFilter")
         .iter()
+        .filter(|f| f["metadata"]["name"] == envoy_filter)
         .flat_map(|f| {
             f["spec"]["configPatches"]
                 .as_array()
@@ -587,7 +595,7 @@ pub fn consumer_sidecar(
 ) -> Value {
     let cluster_name = format!("outbound|{service_port}||{service_host}");
     let mut cluster = outbound_cluster(&cluster_name, eds_path);
-    for (matcher, value) in cluster_patches() {
+    for (matcher, value) in cluster_patches(STEERING) {
         let service = matcher["cluster"]["service"].as_str();
         let port = matcher["cluster"]["portNumber"].as_u64();
         let context_ok = matches!(
@@ -703,58 +711,92 @@ pub fn apply_locality_failover(config: &mut Value, cluster: &str) {
     target["common_lb_config"]["healthy_panic_threshold"] = json!({"value": 0});
 }
 
-/// Adds graceful_consumer as an upstream HTTP filter of `cluster` in a
-/// consumer sidecar config, as `envoy/consumer-sidecar.yaml` ships it: the
-/// same plugin configuration, a VM of its own (`vm_config.configuration`
-/// `upstream`). Istio's WasmPlugin cannot deliver this; the Istio-shaped
-/// suite uses it to measure what its absence costs.
-pub fn add_upstream_instance(config: &mut Value, cluster: &str) {
-    let Some(downstream) = config
-        .pointer("/static_resources/listeners")
-        .and_then(Value::as_array)
-        .and_then(|ls| {
-            ls.iter().find_map(|l| {
-                l.pointer("/filter_chains/0/filters/0/typed_config/http_filters")
-                    .and_then(Value::as_array)
-                    .and_then(|fs| {
-                        fs.iter().find(|f| {
-                            f.pointer("/typed_config/config/root_id")
-                                == Some(&json!("graceful_consumer"))
-                        })
-                    })
-                    .cloned()
-            })
-        })
-    else {
-        panic!("no graceful_consumer filter in the consumer config");
-    };
-    let mut upstream = downstream;
-    upstream["name"] = json!("graceful_consumer_upstream");
-    upstream["typed_config"]["config"]["name"] = json!("graceful_consumer_upstream");
-    upstream["typed_config"]["config"]["vm_config"]["configuration"] = json!({
-        "@type": "type.googleapis.com/google.protobuf.StringValue",
-        "value": "upstream",
+/// Delivers the upstream instance as the example's EnvoyFilter
+/// `graceful-consumer-upstream` does on Istio: its CLUSTER patch merged
+/// into `cluster` (matched as [`consumer_sidecar`] matches), and its
+/// EXTENSION_CONFIG value served over ECDS. Stand-ins, named: the ECDS
+/// answer is a file in `dir` (`path_config_source`) where istiod serves it
+/// over ADS under the same name, and its `oci://` module is the local
+/// `.wasm` where pilot-agent would have written the fetched one
+/// (`pkg/wasm/convert.go`). Panics if the example's shape changed.
+pub fn deliver_upstream_instance(
+    config: &mut Value,
+    cluster: &str,
+    wasm_dir: &std::path::Path,
+    dir: &std::path::Path,
+) {
+    let filter = of_kind("EnvoyFilter")
+        .into_iter()
+        .find(|f| f["metadata"]["name"] == UPSTREAM_INSTANCE)
+        .unwrap_or_else(|| panic!("consumer.yaml has no EnvoyFilter {UPSTREAM_INSTANCE}"));
+    let patches = filter["spec"]["configPatches"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let extension = patches
+        .iter()
+        .find(|p| p["applyTo"] == "EXTENSION_CONFIG" && p["patch"]["operation"] == "ADD")
+        .map(|p| p["patch"]["value"].clone())
+        .unwrap_or_else(|| panic!("{UPSTREAM_INSTANCE}: no EXTENSION_CONFIG ADD"));
+    let name = extension["name"].as_str().unwrap_or_default().to_string();
+    // What pilot-agent hands Envoy: the fetched module as a local file.
+    let mut typed = extension["typed_config"].clone();
+    let vm = &mut typed["config"]["vm_config"];
+    let url = vm["code"]["remote"]["http_uri"]["uri"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{UPSTREAM_INSTANCE}: no remote code uri"))
+        .to_string();
+    vm["code"] = json!({"local": {"filename": local_module(&url, wasm_dir)}});
+    let ecds = dir.join(format!("{name}.ecds.json"));
+    let answer = json!({
+        "version_info": "1",
+        "resources": [{
+            "@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
+            "name": name,
+            "typed_config": typed,
+        }],
     });
-    let Some(clusters) = config
+    std::fs::write(&ecds, answer.to_string()).unwrap_or_else(|e| panic!("{}: {e}", ecds.display()));
+    let Some(target) = config
         .pointer_mut("/static_resources/clusters")
         .and_then(Value::as_array_mut)
+        .and_then(|cs| cs.iter_mut().find(|c| c["name"] == cluster))
     else {
-        panic!("no clusters in the consumer config");
+        panic!("no cluster {cluster} in the consumer config");
     };
-    let Some(target) = clusters.iter_mut().find(|c| c["name"] == cluster) else {
-        panic!("no cluster {cluster}");
-    };
-    target["typed_extension_protocol_options"] = json!({
-        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-            "explicit_http_config": {"http_protocol_options": {}},
-            "http_filters": [
-                upstream,
-                {
-                    "name": "envoy.filters.http.upstream_codec",
-                    "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.upstream_codec.v3.UpstreamCodec"},
-                },
-            ],
-        },
-    });
+    let mut applied = 0;
+    for p in patches.iter().filter(|p| p["applyTo"] == "CLUSTER") {
+        merge_patch(target, &p["patch"]["value"]);
+        applied += 1;
+    }
+    assert_eq!(applied, 1, "{UPSTREAM_INSTANCE}: one CLUSTER patch");
+    // istiod's ADS for this name: the file.
+    let mut sources = 0;
+    let mut visit = vec![&mut *target];
+    while let Some(v) = visit.pop() {
+        match v {
+            Value::Object(map) => {
+                if map.get("name").and_then(Value::as_str) == Some(name.as_str()) {
+                    if let Some(source) = map
+                        .get_mut("config_discovery")
+                        .and_then(|d| d.get_mut("config_source"))
+                    {
+                        assert!(source["ads"].is_object(), "the example asks istiod (ads)");
+                        *source = json!({
+                            "resource_api_version": "V3",
+                            "path_config_source": {"path": ecds.display().to_string()},
+                        });
+                        sources += 1;
+                    }
+                }
+                visit.extend(map.values_mut());
+            }
+            Value::Array(items) => visit.extend(items.iter_mut()),
+            _ => {}
+        }
+    }
+    assert_eq!(
+        sources, 1,
+        "{UPSTREAM_INSTANCE}: one filter discovered by name"
+    );
 }
