@@ -1168,7 +1168,7 @@ fn it_closes_and_drains_an_ipv6_only_pod_through_its_admin_on_ipv6_loopback() {
 /// readiness probe passes and the preStop hook returns at once, each with
 /// one line saying why. A shutdown helper never holds a pod.
 #[test]
-fn it_neither_blocks_nor_holds_a_pod_without_a_sidecar() {
+fn it_neither_blocks_nor_holds_a_pod_without_a_sidecar_or_without_graceful_drain() {
     if !pods_available() {
         return;
     }
@@ -1196,6 +1196,67 @@ fn it_neither_blocks_nor_holds_a_pod_without_a_sidecar() {
     assert!(
         took < Duration::from_secs(3),
         "returned at once, not after {took:?}"
+    );
+
+    // A sidecar without graceful_drain (the WasmPlugin did not select the
+    // pod, or its module failed to load): the admin answers, the gauge is
+    // absent: ready, and the hook returns at once, each saying so.
+    let pod = node.pod("nodrain", 64);
+    let mut config =
+        istio::provider_sidecar(&pod.ip.to_string(), APP_PORT, &wasm_dir(), "/dev/stdout");
+    let mut removed = 0;
+    let mut visit = vec![&mut config];
+    while let Some(v) = visit.pop() {
+        match v {
+            Value::Object(map) => {
+                if let Some(Value::Array(filters)) = map.get_mut("http_filters") {
+                    let before = filters.len();
+                    filters.retain(|f| !f.to_string().contains("envoy.wasm.runtime"));
+                    removed += before - filters.len();
+                }
+                visit.extend(map.values_mut());
+            }
+            Value::Array(items) => visit.extend(items.iter_mut()),
+            _ => {}
+        }
+    }
+    assert_eq!(removed, 2, "graceful_drain and graceful_provider removed");
+    let path = write_config(&dir, "nodrain", &config);
+    let _app2 = app(&pod, "nodrain", &dir);
+    let _envoy = sidecar(&pod, &path, &dir);
+    in_netns(&pod.netns.clone(), || {
+        Box::pin(async {
+            let admin = SocketAddr::from(([127, 0, 0, 1], istio::ADMIN_PORT));
+            eventually(
+                "the sidecar's admin",
+                Duration::from_secs(30),
+                || async move {
+                    client::get(admin, "/ready")
+                        .await
+                        .ok()
+                        .filter(|r| r.status == 200)
+                },
+            )
+            .await;
+        })
+    })
+    .join()
+    .unwrap_or_else(|_| panic!("pod thread"));
+    let (ready, said) = hooks.ready(&pod);
+    assert!(
+        ready && said.contains("graceful_drain is not loaded") && said.lines().count() == 1,
+        "ready without graceful_drain, one line: {said}"
+    );
+    let started = Instant::now();
+    let (ok, said) = finished(hooks.start(&pod, "app"));
+    eprintln!("no graceful_drain: preStop said: {said}");
+    assert!(
+        ok && said.contains("graceful_drain is not loaded") && said.contains("not waiting"),
+        "{said}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "returned at once"
     );
 }
 
