@@ -278,6 +278,36 @@ fn in_netns<T: Send + 'static>(
     })
 }
 
+/// Load from a pod to the provider Service (its ClusterIP, captured to the
+/// pod's sidecar): 200 req/s on 8 keep-alive connections, on a thread of
+/// its own inside the pod's namespace, until [`Running::stop`].
+struct Running {
+    stop: std::sync::mpsc::Sender<()>,
+    load: std::thread::JoinHandle<Vec<Sample>>,
+}
+
+impl Running {
+    fn start(netns: &str, epoch: Instant) -> Running {
+        let (stop, stopped) = std::sync::mpsc::channel::<()>();
+        let load = in_netns(netns, move || {
+            Box::pin(async move {
+                let load = Load::start(SocketAddr::from((VIP, 80)), Protocol::Http1, 200, 8, epoch);
+                while stopped.try_recv().is_err() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                load.stop().await
+            })
+        });
+        Running { stop, load }
+    }
+
+    /// Every request's sample, ordered by due time.
+    fn stop(self) -> Vec<Sample> {
+        let _ = self.stop.send(());
+        self.load.join().unwrap_or_else(|_| panic!("load thread"))
+    }
+}
+
 struct Provider {
     pod: Pod,
     envoy: Proc,
@@ -508,17 +538,8 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
     );
 
     // Load from the consumer pod to the Service: captured to 15001.
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
     let epoch = Instant::now();
-    let load = in_netns(&consumer_pod.netns, move || {
-        Box::pin(async move {
-            let load = Load::start(SocketAddr::from((VIP, 80)), Protocol::Http1, 200, 8, epoch);
-            while stop_rx.try_recv().is_err() {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            load.stop().await
-        })
-    });
+    let load = Running::start(&consumer_pod.netns, epoch);
 
     rt.block_on(async {
         // Every provider serves through the consumer first.
@@ -601,8 +622,7 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
         .await
     });
     std::thread::sleep(Duration::from_secs(2));
-    let _ = stop_tx.send(());
-    let samples = load.join().unwrap_or_else(|_| panic!("load thread"));
+    let samples = load.stop();
     let (evictions, steered) = rt.block_on(async {
         (
             prometheus(consumer_pod.ip, "graceful_consumer_evictions")
@@ -1084,6 +1104,55 @@ fn finished(child: Child) -> (bool, String) {
     )
 }
 
+/// A provider pod of its own: the app and a sidecar configured like
+/// Istio's, `shape` applied to the pod and its config first; returned once
+/// the sidecar's admin answers on `admin` (`127.0.0.1`, or `::1` where the
+/// bootstrap puts it on IPv6 pods) with graceful_drain serving, or just
+/// answering `/ready` where `shape` took graceful_drain out.
+fn lone_provider(
+    node: &mut Node,
+    name: &str,
+    host: u8,
+    dir: &Path,
+    admin: std::net::IpAddr,
+    shape: impl FnOnce(&Pod, &mut Value),
+) -> (Pod, Proc, Proc) {
+    let pod = node.pod(name, host);
+    let mut config =
+        istio::provider_sidecar(&pod.ip.to_string(), APP_PORT, &wasm_dir(), "/dev/stdout");
+    shape(&pod, &mut config);
+    let drains = config
+        .to_string()
+        .contains("\"root_id\":\"graceful_drain\"");
+    let path = write_config(dir, name, &config);
+    let app = app(&pod, name, dir);
+    let envoy = sidecar(&pod, &path, dir);
+    in_netns(&pod.netns, move || {
+        Box::pin(async move {
+            let admin = SocketAddr::from((admin, istio::ADMIN_PORT));
+            let what = format!("{admin}: the sidecar's admin");
+            eventually(&what, Duration::from_secs(30), || async move {
+                if drains {
+                    let r = client::get(admin, "/stats?filter=^wasmcustom.graceful_drain_phase$")
+                        .await
+                        .ok()?;
+                    r.text().contains("graceful_drain_phase: 0").then_some(())
+                } else {
+                    client::get(admin, "/ready")
+                        .await
+                        .ok()
+                        .filter(|r| r.status == 200)
+                        .map(|_| ())
+                }
+            })
+            .await;
+        })
+    })
+    .join()
+    .unwrap_or_else(|_| panic!("{name}: the sidecar did not come up"));
+    (pod, app, envoy)
+}
+
 /// An IPv6-only pod: its only address is IPv6, and its sidecar's admin and
 /// `prometheus_stats` are on `[::1]:15000`, where Istio's bootstrap puts
 /// them there (and on IPv6-first dual-stack pods with `ISTIO_DUAL_STACK`).
@@ -1096,36 +1165,22 @@ fn it_closes_and_drains_an_ipv6_only_pod_through_its_admin_on_ipv6_loopback() {
     }
     let dir = run_dir("istio-ipv6");
     let mut node = Node::new();
-    let pod = node.pod("p6", 61);
-    pod.make_ipv6_only("fd00:10:66::61/64");
-    let mut config =
-        istio::provider_sidecar("fd00:10:66::61", APP_PORT, &wasm_dir(), "/dev/stdout");
-    istio::on_ipv6_loopback(&mut config);
-    let path = write_config(&dir, "p6", &config);
-    let _app = app(&pod, "p6", &dir);
-    let _envoy = sidecar(&pod, &path, &dir);
-    let netns = pod.netns.clone();
-    let (v4_refused, phase) = in_netns(&netns, || {
-        Box::pin(async {
-            let v6 = SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, istio::ADMIN_PORT));
-            let phase = graceful_harness::support::envoy::wait_for(
-                "graceful_drain_phase on [::1]:15000",
-                Duration::from_secs(30),
-                || async move {
-                    let r = client::get(v6, "/stats?filter=^wasmcustom.graceful_drain_phase$")
-                        .await
-                        .ok()?;
-                    r.text().contains("graceful_drain_phase: 0").then_some(0)
-                },
-            )
-            .await;
-            let v4 = std::net::TcpStream::connect(("127.0.0.1", istio::ADMIN_PORT));
-            (v4.is_err(), phase)
-        })
+    let (pod, _app, _envoy) = lone_provider(
+        &mut node,
+        "p6",
+        61,
+        &dir,
+        std::net::Ipv6Addr::LOCALHOST.into(),
+        |pod, config| {
+            pod.make_ipv6_only("fd00:10:66::61/64");
+            istio::on_ipv6_loopback(config);
+        },
+    );
+    let v4_refused = in_netns(&pod.netns, || {
+        Box::pin(async { std::net::TcpStream::connect(("127.0.0.1", istio::ADMIN_PORT)).is_err() })
     })
     .join()
     .unwrap_or_else(|_| panic!("pod thread"));
-    assert_eq!(phase, Ok(0), "the sidecar serves, its admin on [::1]:15000");
     assert!(v4_refused, "nothing listens on 127.0.0.1:15000 in this pod");
 
     let hooks = Hooks::of_example();
@@ -1201,47 +1256,19 @@ fn it_neither_blocks_nor_holds_a_pod_without_a_sidecar_or_without_graceful_drain
     // A sidecar without graceful_drain (the WasmPlugin did not select the
     // pod, or its module failed to load): the admin answers, the gauge is
     // absent: ready, and the hook returns at once, each saying so.
-    let pod = node.pod("nodrain", 64);
-    let mut config =
-        istio::provider_sidecar(&pod.ip.to_string(), APP_PORT, &wasm_dir(), "/dev/stdout");
-    let mut removed = 0;
-    let mut visit = vec![&mut config];
-    while let Some(v) = visit.pop() {
-        match v {
-            Value::Object(map) => {
-                if let Some(Value::Array(filters)) = map.get_mut("http_filters") {
-                    let before = filters.len();
-                    filters.retain(|f| !f.to_string().contains("envoy.wasm.runtime"));
-                    removed += before - filters.len();
-                }
-                visit.extend(map.values_mut());
-            }
-            Value::Array(items) => visit.extend(items.iter_mut()),
-            _ => {}
-        }
-    }
-    assert_eq!(removed, 2, "graceful_drain and graceful_provider removed");
-    let path = write_config(&dir, "nodrain", &config);
-    let _app2 = app(&pod, "nodrain", &dir);
-    let _envoy = sidecar(&pod, &path, &dir);
-    in_netns(&pod.netns.clone(), || {
-        Box::pin(async {
-            let admin = SocketAddr::from(([127, 0, 0, 1], istio::ADMIN_PORT));
-            eventually(
-                "the sidecar's admin",
-                Duration::from_secs(30),
-                || async move {
-                    client::get(admin, "/ready")
-                        .await
-                        .ok()
-                        .filter(|r| r.status == 200)
-                },
-            )
-            .await;
-        })
-    })
-    .join()
-    .unwrap_or_else(|_| panic!("pod thread"));
+    let (pod, _app2, _envoy) = lone_provider(
+        &mut node,
+        "nodrain",
+        64,
+        &dir,
+        std::net::Ipv4Addr::LOCALHOST.into(),
+        |_, config| {
+            let removed = istio::remove_http_filters(config, |f| {
+                f.to_string().contains("envoy.wasm.runtime")
+            });
+            assert_eq!(removed, 2, "graceful_drain and graceful_provider removed");
+        },
+    );
     let (ready, said) = hooks.ready(&pod);
     assert!(
         ready && said.contains("graceful_drain is not loaded") && said.lines().count() == 1,
@@ -1291,19 +1318,10 @@ fn it_keeps_steering_in_the_consumers_zone_under_istios_locality_failover() {
     let consumer_ip = mesh.consumer_pod.ip;
     let p1_pod = mesh.providers[0].pod.netns.clone();
     let node = mesh.node.netns.clone();
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
     let epoch = Instant::now();
-    // Wait until the consumer's Envoy has the priorities (p3 serves
-    // nothing while p1 and p2 do), then load.
-    let load = in_netns(&mesh.consumer_pod.netns.clone(), move || {
-        Box::pin(async move {
-            let load = Load::start(SocketAddr::from((VIP, 80)), Protocol::Http1, 200, 8, epoch);
-            while stop_rx.try_recv().is_err() {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            load.stop().await
-        })
-    });
+    // The first second is left out below: the consumer's Envoy reads the
+    // priorities written just now.
+    let load = Running::start(&mesh.consumer_pod.netns, epoch);
     // 3 s in the zone, then p1 starts closing (its admin, as the hooks do).
     std::thread::sleep(Duration::from_secs(3));
     let closing_at = Instant::now();
@@ -1338,8 +1356,7 @@ fn it_keeps_steering_in_the_consumers_zone_under_istios_locality_failover() {
     .join()
     .unwrap_or_else(|_| panic!("node thread"));
     std::thread::sleep(Duration::from_secs(3));
-    let _ = stop_tx.send(());
-    let samples = load.join().unwrap_or_else(|_| panic!("load thread"));
+    let samples = load.stop();
     let ms = |t: Instant| u64::try_from(t.duration_since(epoch).as_millis()).unwrap_or(0);
     // The first second is the consumer's Envoy reading the priorities.
     let before: Vec<&Sample> = samples
@@ -1388,42 +1405,25 @@ fn it_drains_with_the_filter_names_of_istio_1_30() {
     }
     let dir = run_dir("istio-1-30-names");
     let mut node = Node::new();
-    let pod = node.pod("p30", 63);
-    let mut config =
-        istio::provider_sidecar(&pod.ip.to_string(), APP_PORT, &wasm_dir(), "/dev/stdout");
-    assert_eq!(
-        istio::use_traffic_extension_names(&mut config),
-        2,
-        "graceful_drain and graceful_provider renamed"
+    let (pod, _app, _envoy) = lone_provider(
+        &mut node,
+        "p30",
+        63,
+        &dir,
+        std::net::Ipv4Addr::LOCALHOST.into(),
+        |_, config| {
+            assert_eq!(
+                istio::use_traffic_extension_names(config),
+                2,
+                "graceful_drain and graceful_provider renamed"
+            );
+            let text = config.to_string();
+            assert!(
+                text.contains("default.graceful-drain~istio-translated-wasmplugin"),
+                "{text}"
+            );
+        },
     );
-    let text = config.to_string();
-    assert!(
-        text.contains("default.graceful-drain~istio-translated-wasmplugin"),
-        "{text}"
-    );
-    let path = write_config(&dir, "p30", &config);
-    let _app = app(&pod, "p30", &dir);
-    let _envoy = sidecar(&pod, &path, &dir);
-    let netns = pod.netns.clone();
-    let phase = in_netns(&netns, || {
-        Box::pin(async {
-            let admin = SocketAddr::from(([127, 0, 0, 1], istio::ADMIN_PORT));
-            graceful_harness::support::envoy::wait_for(
-                "graceful_drain_phase on the admin",
-                Duration::from_secs(30),
-                || async move {
-                    let r = client::get(admin, "/stats?filter=^wasmcustom.graceful_drain_phase$")
-                        .await
-                        .ok()?;
-                    r.text().contains("graceful_drain_phase: 0").then_some(0)
-                },
-            )
-            .await
-        })
-    })
-    .join()
-    .unwrap_or_else(|_| panic!("pod thread"));
-    assert_eq!(phase, Ok(0), "the renamed filters serve");
     let hooks = Hooks::of_example();
     let (ready, said) = hooks.ready(&pod);
     assert!(ready, "readiness while serving: {said}");
@@ -1454,17 +1454,8 @@ fn plain_consumer_run(dir: &Path, lag: Duration, retry_503: bool) -> (usize, usi
             assert!(istio::retry_503(config) > 0, "a retry policy changed");
         }
     });
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
     let epoch = Instant::now();
-    let load = in_netns(&mesh.consumer_pod.netns.clone(), move || {
-        Box::pin(async move {
-            let load = Load::start(SocketAddr::from((VIP, 80)), Protocol::Http1, 200, 8, epoch);
-            while stop_rx.try_recv().is_err() {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            load.stop().await
-        })
-    });
+    let load = Running::start(&mesh.consumer_pod.netns, epoch);
     std::thread::sleep(Duration::from_secs(2));
     let hooks = Hooks::of_example();
     let closing_at = Instant::now();
@@ -1476,8 +1467,7 @@ fn plain_consumer_run(dir: &Path, lag: Duration, retry_503: bool) -> (usize, usi
     let (proxy_ok, _) = finished(proxy_hook);
     assert!(app_ok && proxy_ok, "the hooks: {app_said}");
     std::thread::sleep(Duration::from_secs(1));
-    let _ = stop_tx.send(());
-    let samples = load.join().unwrap_or_else(|_| panic!("load thread"));
+    let samples = load.stop();
     let from = u64::try_from(closing_at.duration_since(epoch).as_millis()).unwrap_or(0);
     let after: Vec<&Sample> = samples.iter().filter(|s| s.due_ms >= from).collect();
     (
@@ -1532,18 +1522,9 @@ fn it_measures_what_healthcheck_fail_does_to_a_pods_outbound_calls() {
     }
     let dir = run_dir("istio-outbound-fail");
     let mesh = Mesh::start(&dir, false);
-    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
     let epoch = Instant::now();
     let netns = mesh.consumer_pod.netns.clone();
-    let load = in_netns(&netns, move || {
-        Box::pin(async move {
-            let load = Load::start(SocketAddr::from((VIP, 80)), Protocol::Http1, 200, 8, epoch);
-            while stop_rx.try_recv().is_err() {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-            load.stop().await
-        })
-    });
+    let load = Running::start(&netns, epoch);
     let probe = |netns: String| {
         in_netns(&netns, || {
             Box::pin(async {
@@ -1578,8 +1559,7 @@ fn it_measures_what_healthcheck_fail_does_to_a_pods_outbound_calls() {
     std::thread::sleep(Duration::from_millis(500));
     let after = probe(netns.clone());
     std::thread::sleep(Duration::from_secs(3));
-    let _ = stop_tx.send(());
-    let samples = load.join().unwrap_or_else(|_| panic!("load thread"));
+    let samples = load.stop();
     let from = u64::try_from(failed_at.duration_since(epoch).as_millis()).unwrap_or(0);
     let (before_fail, after_fail): (Vec<&Sample>, Vec<&Sample>) =
         samples.iter().partition(|s| s.due_ms < from);

@@ -182,33 +182,25 @@ pub fn use_traffic_extension_names(config: &mut Value) -> usize {
         })
         .collect();
     let mut renamed = 0;
-    let mut visit = vec![config];
-    while let Some(v) = visit.pop() {
-        match v {
-            Value::Object(map) => {
-                let named = map
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .is_some_and(|n| plugins.iter().any(|p| p == n))
-                    && map.contains_key("typed_config");
-                if named {
-                    let name = format!("{}{MARKER}", map["name"].as_str().unwrap_or_default());
-                    map.insert("name".into(), json!(name));
-                    if let Some(inner) = map
-                        .get_mut("typed_config")
-                        .and_then(|t| t.get_mut("config"))
-                        .and_then(Value::as_object_mut)
-                    {
-                        inner.insert("name".into(), json!(name));
-                    }
-                    renamed += 1;
-                }
-                visit.extend(map.values_mut());
+    for_each_object(config, |map| {
+        let named = map
+            .get("name")
+            .and_then(Value::as_str)
+            .is_some_and(|n| plugins.iter().any(|p| p == n))
+            && map.contains_key("typed_config");
+        if named {
+            let name = format!("{}{MARKER}", map["name"].as_str().unwrap_or_default());
+            map.insert("name".into(), json!(name));
+            if let Some(inner) = map
+                .get_mut("typed_config")
+                .and_then(|t| t.get_mut("config"))
+                .and_then(Value::as_object_mut)
+            {
+                inner.insert("name".into(), json!(name));
             }
-            Value::Array(items) => visit.extend(items.iter_mut()),
-            _ => {}
+            renamed += 1;
         }
-    }
+    });
     renamed
 }
 
@@ -529,30 +521,43 @@ pub fn default_retry_policy() -> Value {
     })
 }
 
-/// A consumer without graceful_consumer (an ingress gateway, a namespace
-/// the WasmPlugin does not select): removes it from every filter chain of
-/// `config`; returns how many were removed.
-pub fn without_consumer_filter(config: &mut Value) -> usize {
-    let mut removed = 0;
-    let mut visit = vec![config];
+/// Calls `f` on every JSON object in `value`, nested ones included (the
+/// rendered configs' filters and policies sit at several depths).
+pub fn for_each_object(value: &mut Value, mut f: impl FnMut(&mut serde_json::Map<String, Value>)) {
+    let mut visit = vec![value];
     while let Some(v) = visit.pop() {
         match v {
             Value::Object(map) => {
-                if let Some(Value::Array(filters)) = map.get_mut("http_filters") {
-                    let before = filters.len();
-                    filters.retain(|f| {
-                        f.pointer("/typed_config/config/root_id")
-                            != Some(&json!("graceful_consumer"))
-                    });
-                    removed += before - filters.len();
-                }
+                f(map);
                 visit.extend(map.values_mut());
             }
             Value::Array(items) => visit.extend(items.iter_mut()),
             _ => {}
         }
     }
+}
+
+/// Removes the HTTP filters `unwanted` picks from every filter chain of
+/// `config`; returns how many.
+pub fn remove_http_filters(config: &mut Value, unwanted: impl Fn(&Value) -> bool) -> usize {
+    let mut removed = 0;
+    for_each_object(config, |map| {
+        if let Some(Value::Array(filters)) = map.get_mut("http_filters") {
+            let before = filters.len();
+            filters.retain(|f| !unwanted(f));
+            removed += before - filters.len();
+        }
+    });
     removed
+}
+
+/// A consumer without graceful_consumer (an ingress gateway, a namespace
+/// the WasmPlugin does not select): removes it from every filter chain of
+/// `config`; returns how many were removed.
+pub fn without_consumer_filter(config: &mut Value) -> usize {
+    remove_http_filters(config, |f| {
+        f.pointer("/typed_config/config/root_id") == Some(&json!("graceful_consumer"))
+    })
 }
 
 /// What istiod makes of a VirtualService whose `retries.retryOn` adds
@@ -561,22 +566,14 @@ pub fn without_consumer_filter(config: &mut Value) -> usize {
 /// `config` retry a 503 on another host. Returns how many policies changed.
 pub fn retry_503(config: &mut Value) -> usize {
     let mut changed = 0;
-    let mut visit = vec![config];
-    while let Some(v) = visit.pop() {
-        match v {
-            Value::Object(map) => {
-                if let Some(policy) = map.get_mut("retry_policy").and_then(Value::as_object_mut) {
-                    if policy.get("retry_host_predicate").is_some() {
-                        policy.insert("retriable_status_codes".into(), json!([503]));
-                        changed += 1;
-                    }
-                }
-                visit.extend(map.values_mut());
+    for_each_object(config, |map| {
+        if let Some(policy) = map.get_mut("retry_policy").and_then(Value::as_object_mut) {
+            if policy.get("retry_host_predicate").is_some() {
+                policy.insert("retriable_status_codes".into(), json!([503]));
+                changed += 1;
             }
-            Value::Array(items) => visit.extend(items.iter_mut()),
-            _ => {}
         }
-    }
+    });
     changed
 }
 
@@ -772,29 +769,21 @@ pub fn deliver_upstream_instance(
     assert_eq!(applied, 1, "{UPSTREAM_INSTANCE}: one CLUSTER patch");
     // istiod's ADS for this name: the file.
     let mut sources = 0;
-    let mut visit = vec![&mut *target];
-    while let Some(v) = visit.pop() {
-        match v {
-            Value::Object(map) => {
-                if map.get("name").and_then(Value::as_str) == Some(name.as_str()) {
-                    if let Some(source) = map
-                        .get_mut("config_discovery")
-                        .and_then(|d| d.get_mut("config_source"))
-                    {
-                        assert!(source["ads"].is_object(), "the example asks istiod (ads)");
-                        *source = json!({
-                            "resource_api_version": "V3",
-                            "path_config_source": {"path": ecds.display().to_string()},
-                        });
-                        sources += 1;
-                    }
-                }
-                visit.extend(map.values_mut());
+    for_each_object(target, |map| {
+        if map.get("name").and_then(Value::as_str) == Some(name.as_str()) {
+            if let Some(source) = map
+                .get_mut("config_discovery")
+                .and_then(|d| d.get_mut("config_source"))
+            {
+                assert!(source["ads"].is_object(), "the example asks istiod (ads)");
+                *source = json!({
+                    "resource_api_version": "V3",
+                    "path_config_source": {"path": ecds.display().to_string()},
+                });
+                sources += 1;
             }
-            Value::Array(items) => visit.extend(items.iter_mut()),
-            _ => {}
         }
-    }
+    });
     assert_eq!(
         sources, 1,
         "{UPSTREAM_INSTANCE}: one filter discovered by name"
