@@ -1070,9 +1070,12 @@ async fn it_spreads_the_load_within_1s_of_a_full_restart_with_probes(membership:
          {SPAN:?} then {span:?}, since the restart {since:?}"
     );
     let took = reached.unwrap_or_else(|e| panic!("{e}: last {SPAN:?} {span:?}, since {since:?}"));
+    // Spread is seen over a span of SPAN, so it is confirmed up to SPAN
+    // after it happened: a spread at 1 s is seen at 1 s + SPAN (a run on
+    // CI saw it at 1.0018 s when this bound left the span out).
     assert!(
-        took <= Duration::from_secs(1),
-        "the load took {took:?} to spread over 5 hosts: {span:?}"
+        took <= Duration::from_secs(1) + SPAN,
+        "the load took {took:?} to spread over 5 hosts (seen over {SPAN:?}): {span:?}"
     );
 }
 with_and_without_admin!(it_spreads_the_load_within_1s_of_a_full_restart_with_probes);
