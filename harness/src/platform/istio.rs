@@ -258,6 +258,34 @@ pub fn cluster_patches(envoy_filter: &str) -> Vec<(Value, Value)> {
         .collect()
 }
 
+/// Whether a CLUSTER patch's `match` selects the outbound cluster
+/// `outbound|PORT||HOST` of a sidecar, as istiod matches it (context,
+/// service, port; a field left out matches any).
+fn patch_matches(matcher: &Value, cluster_name: &str) -> bool {
+    let mut parts = cluster_name.split('|');
+    let (Some("outbound"), Some(port), Some(_subset), Some(host)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    let service = matcher["cluster"]["service"].as_str();
+    let wanted_port = matcher["cluster"]["portNumber"].as_u64();
+    matches!(
+        matcher["context"].as_str(),
+        Some("SIDECAR_OUTBOUND" | "ANY") | None
+    ) && service.is_none_or(|s| s == host)
+        && wanted_port.is_none_or(|p| Some(p) == port.parse().ok())
+}
+
+/// The cluster named `name` among `config`'s static clusters.
+fn cluster_mut<'a>(config: &'a mut Value, name: &str) -> &'a mut Value {
+    config
+        .pointer_mut("/static_resources/clusters")
+        .and_then(Value::as_array_mut)
+        .and_then(|cs| cs.iter_mut().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no cluster {name} in the config"))
+}
+
 fn socket(address: &str, port: u16) -> Value {
     json!({"socket_address": {"address": address, "port_value": port}})
 }
@@ -364,17 +392,8 @@ fn bootstrap(node_id: &str, listeners: Vec<Value>, clusters: Vec<Value>) -> Valu
 /// `::1`, for the admin and for `prometheus_stats` alike.
 pub fn on_ipv6_loopback(config: &mut Value) {
     config["admin"]["address"] = socket("::1", ADMIN_PORT);
-    if let Some(clusters) = config
-        .pointer_mut("/static_resources/clusters")
-        .and_then(Value::as_array_mut)
-    {
-        for c in clusters
-            .iter_mut()
-            .filter(|c| c["name"] == "prometheus_stats")
-        {
-            *c = static_cluster("prometheus_stats", "::1", ADMIN_PORT);
-        }
-    }
+    *cluster_mut(config, "prometheus_stats") =
+        static_cluster("prometheus_stats", "::1", ADMIN_PORT);
 }
 
 /// Istio's default `stats_matcher`: only these stats are real, every other
@@ -593,16 +612,7 @@ pub fn consumer_sidecar(
     let cluster_name = format!("outbound|{service_port}||{service_host}");
     let mut cluster = outbound_cluster(&cluster_name, eds_path);
     for (matcher, value) in cluster_patches(STEERING) {
-        let service = matcher["cluster"]["service"].as_str();
-        let port = matcher["cluster"]["portNumber"].as_u64();
-        let context_ok = matches!(
-            matcher["context"].as_str(),
-            Some("SIDECAR_OUTBOUND" | "ANY") | None
-        );
-        if context_ok
-            && service.is_none_or(|s| s == service_host)
-            && port.is_none_or(|p| p == u64::from(service_port))
-        {
+        if patch_matches(&matcher, &cluster_name) {
             merge_patch(&mut cluster, &value);
         }
     }
@@ -697,13 +707,7 @@ pub fn apply_locality_failover(config: &mut Value, cluster: &str) {
             envoy_outlier[enforcing] = json!(if v > 0 { 100 } else { 0 });
         }
     }
-    let Some(target) = config
-        .pointer_mut("/static_resources/clusters")
-        .and_then(Value::as_array_mut)
-        .and_then(|cs| cs.iter_mut().find(|c| c["name"] == cluster))
-    else {
-        panic!("no cluster {cluster} in the consumer config");
-    };
+    let target = cluster_mut(config, cluster);
     target["outlier_detection"] = envoy_outlier;
     target["common_lb_config"]["healthy_panic_threshold"] = json!({"value": 0});
 }
@@ -754,17 +758,13 @@ pub fn deliver_upstream_instance(
         }],
     });
     std::fs::write(&ecds, answer.to_string()).unwrap_or_else(|e| panic!("{}: {e}", ecds.display()));
-    let Some(target) = config
-        .pointer_mut("/static_resources/clusters")
-        .and_then(Value::as_array_mut)
-        .and_then(|cs| cs.iter_mut().find(|c| c["name"] == cluster))
-    else {
-        panic!("no cluster {cluster} in the consumer config");
-    };
+    let target = cluster_mut(config, cluster);
     let mut applied = 0;
     for p in patches.iter().filter(|p| p["applyTo"] == "CLUSTER") {
-        merge_patch(target, &p["patch"]["value"]);
-        applied += 1;
+        if patch_matches(&p["match"], cluster) {
+            merge_patch(target, &p["patch"]["value"]);
+            applied += 1;
+        }
     }
     assert_eq!(applied, 1, "{UPSTREAM_INSTANCE}: one CLUSTER patch");
     // istiod's ADS for this name: the file.
