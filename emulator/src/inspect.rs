@@ -4,7 +4,7 @@
 
 use crate::headers::HeaderMap;
 use crate::world::{Level, LogLine, Response};
-use crate::{Host, StreamId};
+use crate::{Host, StreamId, Vm};
 
 impl Drop for Host {
     fn drop(&mut self) {
@@ -146,6 +146,14 @@ impl Host {
             .filter(|l| l.message.contains(needle))
             .map(|l| l.message.clone())
             .collect()
+    }
+
+    /// The wasm operators VM copy `vm` has run since it started (wasmtime
+    /// fuel): what a callback costs the guest, independent of this host's
+    /// load.
+    pub fn fuel_used(&self, vm: Vm) -> u64 {
+        let left = self.vms[vm.0].store.get_fuel().unwrap_or(u64::MAX);
+        u64::MAX - left
     }
 
     /// The hostcall trace so far, one line per callback or hostcall.

@@ -55,6 +55,10 @@ pub(crate) fn engine() -> &'static Engine {
         // debug build of the tests (a few seconds instead of 20).
         config.strategy(Strategy::Winch);
         config.cranelift_opt_level(OptLevel::None);
+        // Fuel counts the wasm operators a callback runs: a cost that does
+        // not move with the host's load (`Host::fuel_used`, pinned in
+        // tests/abi_cost.rs). Every store starts with all the fuel there is.
+        config.consume_fuel(true);
         Engine::new(&config).unwrap_or_else(|e| panic!("wasmtime engine: {e}"))
     })
 }

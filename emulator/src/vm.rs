@@ -134,6 +134,9 @@ impl Host {
             },
         );
         let load = |e: String| StartError::Load(e);
+        store
+            .set_fuel(u64::MAX)
+            .map_err(|e| load(format!("fuel: {e}")))?;
         let instance = pre
             .instantiate(&mut store)
             .map_err(|e| load(format!("instantiate: {e:?}")))?;

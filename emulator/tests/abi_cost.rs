@@ -478,3 +478,99 @@ fn a_steered_request_costs_the_consumer_exactly_its_pinned_count() {
         );
     }
 }
+
+/// `n` addresses from 10.1.x.y:8080.
+fn addresses(from: usize, n: usize) -> Vec<String> {
+    (from..from + n)
+        .map(|i| format!("10.1.{}.{}:8080", i / 250, i % 250 + 1))
+        .collect()
+}
+
+/// The admin's `/clusters` answer listing `members` of `upstream`.
+fn admin_json_of(members: &[String]) -> String {
+    let hosts: Vec<String> = members
+        .iter()
+        .map(|address| {
+            let (ip, port) = address.split_once(':').expect("ip:port");
+            format!(
+                r#"{{"address":{{"socket_address":{{"address":"{ip}","port_value":{port}}}}},"health_status":{{"eds_health_status":"HEALTHY"}}}}"#
+            )
+        })
+        .collect();
+    format!(
+        r#"{{"cluster_statuses":[{{"name":"upstream","host_statuses":[{}]}}]}}"#,
+        hosts.join(",")
+    )
+}
+
+/// The wasm operators one steady-state request costs a worker copy of the
+/// bench's consumer (admin membership), with `dead` members tombstoned by
+/// refused connections beside `live` ones.
+fn fuel_per_request(dead: usize, live: usize) -> u64 {
+    let mut host = Host::new();
+    host.start_vm(Filter::Consumer, BENCH_CONSUMER);
+    let vm = host.start_vm(Filter::Consumer, BENCH_CONSUMER);
+    host.add_cluster("upstream");
+    let dead_hosts = addresses(0, dead);
+    let live_hosts = addresses(dead, live);
+    let members: Vec<String> = dead_hosts.iter().chain(&live_hosts).cloned().collect();
+    let answer = admin_json_of(&members);
+    host.respond("envoy_admin", move |_| {
+        Some(CallAnswer::new(
+            200,
+            &[("content-type", "application/json")],
+            answer.clone(),
+        ))
+    });
+    host.advance(Duration::from_secs(2));
+    for address in &dead_hosts {
+        let s = host.stream(vm);
+        host.set_cluster(s, "upstream");
+        host.request_headers(s, &[(":method", "GET"), (":path", "/")], true);
+        host.set_upstream(s, address);
+        host.set_response_flags(s, 0x20);
+        host.response_headers(s, &[(":status", "503")], true);
+        host.log(s);
+    }
+    assert_eq!(host.metric("graceful_consumer_tombstones"), dead as i64);
+    host.advance(Duration::from_secs(2));
+    for _ in 0..3 {
+        request_to(&mut host, vm, &live_hosts[0], PLAIN);
+    }
+    let before = host.fuel_used(vm);
+    let (_, list) = request_to(&mut host, vm, &live_hosts[0], PLAIN);
+    assert_eq!(list.is_some(), dead > 0, "steered only with a tombstone");
+    host.fuel_used(vm) - before
+}
+
+/// The most wasm operators steering may add to a request (2,151 measured
+/// when this was pinned): a ceiling, so a change that makes a request walk
+/// the tombstones or the members fails here, where the bench's CPU figures
+/// cannot tell it from this host's noise.
+const STEERING_OPERATORS_CEILING: u64 = 3_000;
+
+#[test]
+fn steering_adds_the_same_wasm_operators_with_1_or_100_tombstones_among_1000_members() {
+    let ordinary = fuel_per_request(0, 104);
+    let cases = [(1, 104), (100, 104), (100, 1_000)];
+    let steered: Vec<u64> = cases.iter().map(|&(d, l)| fuel_per_request(d, l)).collect();
+    println!("ordinary request: {ordinary} wasm operators");
+    for ((dead, live), fuel) in cases.iter().zip(&steered) {
+        println!(
+            "steered, {dead} tombstoned beside {live} live: {fuel} wasm operators (+{})",
+            fuel.saturating_sub(ordinary)
+        );
+    }
+    assert!(ordinary > 1_000, "counted {ordinary} operators: is fuel on?");
+    let least = steered.iter().min().copied().unwrap_or(0);
+    let most = steered.iter().max().copied().unwrap_or(u64::MAX);
+    assert!(
+        (most - least) * 100 <= least,
+        "steering's cost moves with the tombstones or the members: {steered:?}"
+    );
+    assert!(
+        most.saturating_sub(ordinary) <= STEERING_OPERATORS_CEILING,
+        "steering adds {} operators, over its ceiling {STEERING_OPERATORS_CEILING}",
+        most - ordinary
+    );
+}
