@@ -561,7 +561,10 @@ fn steering_adds_the_same_wasm_operators_with_1_or_100_tombstones_among_1000_mem
             fuel.saturating_sub(ordinary)
         );
     }
-    assert!(ordinary > 1_000, "counted {ordinary} operators: is fuel on?");
+    assert!(
+        ordinary > 1_000,
+        "counted {ordinary} operators: is fuel on?"
+    );
     let least = steered.iter().min().copied().unwrap_or(0);
     let most = steered.iter().max().copied().unwrap_or(u64::MAX);
     assert!(

@@ -1509,14 +1509,17 @@ fn it_measures_what_a_consumer_without_graceful_consumer_meets() {
 }
 
 /// The example's hooks start closing with `POST /healthcheck/fail` on the
-/// pod's admin. Envoy then closes connections on every listener of the
-/// default drain type (`drainClose()`), the pod's outbound ones included,
-/// where Istio's own shutdown drains only inbound
-/// (`drain_listeners?inboundonly`). Measured on the consumer pod (a pod
-/// that calls out, shutting down through the same hooks): what its app's
-/// calls through its own sidecar meet once the admin says fail.
+/// pod's admin. Envoy then drains every listener of drain type DEFAULT
+/// (`drainClose()`), where Istio's own shutdown drains only inbound
+/// (`drain_listeners?inboundonly`). The example's EnvoyFilter
+/// `graceful-outbound-drain-type` makes the outbound listeners MODIFY_ONLY.
+/// Measured on the consumer pod (a pod that calls out, shutting down
+/// through the same hooks): its app's calls through its own sidecar keep
+/// their keep-alive connections once the admin says fail. (Without the
+/// patch: every answer said `connection: close`; 0 of 705 failed, as the
+/// client honoured it.)
 #[test]
-fn it_measures_what_healthcheck_fail_does_to_a_pods_outbound_calls() {
+fn it_keeps_a_pods_outbound_calls_on_their_connections_after_healthcheck_fail() {
     if !pods_available() {
         return;
     }
@@ -1576,16 +1579,15 @@ fn it_measures_what_healthcheck_fail_does_to_a_pods_outbound_calls() {
     );
     assert_eq!(before, (None, true), "keep-alive before");
     assert_eq!(
-        after.0.as_deref(),
-        Some("close"),
-        "after /healthcheck/fail the outbound listener closes each connection after its answer"
+        after,
+        (None, true),
+        "after /healthcheck/fail the MODIFY_ONLY outbound listener keeps the connection"
     );
-    assert!(!after.1, "the connection was closed after the first answer");
     assert!(after_fail.len() > 400, "the load ran on");
     assert_eq!(
         failed(&after_fail),
         0,
-        "a client that honours connection: close loses nothing"
+        "the app's outbound calls lose nothing"
     );
     let _ = mesh;
 }

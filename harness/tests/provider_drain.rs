@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use graceful_core::status::Status;
 use graceful_harness::support::client::{self, abort_after, load, Conn};
-use graceful_harness::support::envoy::{eventually, free_port, Envoy, EnvoySpec};
+use graceful_harness::support::envoy::{eventually, free_port, wait_for, Envoy, EnvoySpec};
 use graceful_harness::support::mesh::{self, status_of};
 use graceful_harness::support::native::Delivery;
 use graceful_harness::support::upstream::{Counters, Upstream};
@@ -461,6 +461,16 @@ async fn it_refuses_bad_config_and_names_the_field() {
         &["unknown field `quiet_windw`"],
     )
     .await;
+    refused(
+        "bad-drain-close-connections",
+        r#"{"close_connections": "healthcheck_fail"}"#,
+        "{}",
+        &[
+            r#"field "close_connections": needs admin_cluster"#,
+            &Delivery::from_env().refusal("graceful_drain"),
+        ],
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -599,4 +609,188 @@ async fn it_never_admits_a_request_after_an_unforced_pass_under_racing_load() {
         Some(0)
     );
     assert!(s.envoy.stat("wasmcustom.graceful_drain_gate").await >= Some(1));
+}
+
+/// Closing lasts while the connection tests look (the gate cannot pass
+/// before `consumer_update_wait`).
+const LONG_CLOSING: &str = r#"{"consumer_update_wait":"20s","quiet_window":"500ms","step_timeout":"20s","timeout":"60s","admin_cluster":"envoy_admin"}"#;
+
+/// One GET on a raw keep-alive HTTP/1.1 connection that never closes it
+/// itself (as a client that ignores `connection: close` does): the
+/// response head, lower-cased.
+async fn raw_get(stream: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nhost: test\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    let done = |buf: &[u8]| {
+        let text = String::from_utf8_lossy(buf).to_ascii_lowercase();
+        let end = text.find("\r\n\r\n")?;
+        let head = text[..end].to_string();
+        let body = buf.len() - end - 4;
+        let length = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|n| n.trim().parse::<usize>().ok());
+        match length {
+            Some(n) => (body >= n).then_some(head),
+            None => text.ends_with("0\r\n\r\n").then_some(head),
+        }
+    };
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut chunk))
+            .await
+            .expect("an answer within 10 s")
+            .unwrap();
+        assert!(n > 0, "connection closed before an answer");
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(head) = done(&buf) {
+            return head;
+        }
+    }
+}
+
+/// What clients that never read the closing mark saw after
+/// `POST /graceful/closing`, each on a connection opened while serving.
+#[derive(Debug)]
+struct Told {
+    /// The first response of a raw keep-alive connection to say
+    /// `connection: close`, after closing started.
+    raw_close_after: Option<Duration>,
+    /// After that response, Envoy ended the raw connection (the client
+    /// never closes it): when, after closing started.
+    raw_ended_after: Option<Duration>,
+    /// hyper's HTTP/1.1 connection got `connection: close` and ended.
+    hyper_http1_ended: bool,
+    /// An HTTP/2 connection sending a request every 100 ms met GOAWAY.
+    goaway_after: Option<Duration>,
+}
+
+async fn told_after_closing(s: &Sidecar, look: Duration) -> Told {
+    use tokio::io::AsyncReadExt;
+    let mut raw = tokio::net::TcpStream::connect(s.inbound).await.unwrap();
+    let mut h1 = Conn::http1(s.inbound).await.unwrap();
+    let mut h2 = client::H2Conn::connect(s.inbound).await.unwrap();
+    // Serving: keep-alive is kept.
+    for _ in 0..2 {
+        let head = raw_get(&mut raw).await;
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert!(!head.contains("connection: close"), "serving: {head}");
+        let r = h1.get("/").await.unwrap();
+        assert_eq!((r.status, r.header("connection")), (200, None));
+        assert_eq!(h2.get("/").await, Ok(200));
+    }
+    let closing = client::post(s.inbound, "/graceful/closing").await.unwrap();
+    assert_eq!(closing.status, 202);
+    let t0 = Instant::now();
+    let raw_side = async {
+        while t0.elapsed() < look {
+            let head = raw_get(&mut raw).await;
+            assert!(head.contains(&format!("{CLOSING}: true")), "{head}");
+            if head.contains("connection: close") {
+                let told = t0.elapsed();
+                let mut rest = [0u8; 64];
+                let read = tokio::time::timeout(Duration::from_secs(15), raw.read(&mut rest)).await;
+                let ended = matches!(read, Ok(Ok(0)) | Ok(Err(_)));
+                return (Some(told), ended.then(|| t0.elapsed()));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        (None, None)
+    };
+    let h1_side = async {
+        while t0.elapsed() < look {
+            let r = h1.get("/").await.unwrap();
+            if r.header("connection").as_deref() == Some("close") {
+                return wait_for(
+                    "hyper's HTTP/1.1 connection to end",
+                    Duration::from_secs(5),
+                    || async { h1.is_closed().then_some(()) },
+                )
+                .await
+                .is_ok();
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    };
+    let h2_side = async {
+        while t0.elapsed() < look {
+            match h2.get("/").await {
+                Ok(status) => assert_eq!(status, 200),
+                Err(e) if e.starts_with(client::GOAWAY) => return Some(t0.elapsed()),
+                Err(e) => panic!("HTTP/2 request: {e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        None
+    };
+    let ((raw_close_after, raw_ended_after), hyper_http1_ended, goaway_after) =
+        tokio::join!(raw_side, h1_side, h2_side);
+    Told {
+        raw_close_after,
+        raw_ended_after,
+        hyper_http1_ended,
+        goaway_after,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn it_tells_keep_alive_and_http2_clients_to_leave_once_closing() {
+    let (s, _) = sidecar("close-connections", LONG_CLOSING, "{}").await;
+    let told = told_after_closing(&s, Duration::from_secs(3)).await;
+    println!("{told:?}");
+    let log = || s.envoy.log();
+    assert!(
+        told.raw_close_after
+            .is_some_and(|t| t < Duration::from_secs(2)),
+        "a keep-alive response says connection: close within 2 s: {told:?}\n{}",
+        log()
+    );
+    // Envoy ends it after its drain_timeout (5 s) even for a client that
+    // keeps it open.
+    assert!(
+        told.raw_ended_after
+            .is_some_and(|t| t < Duration::from_secs(10)),
+        "Envoy ends the raw connection: {told:?}"
+    );
+    assert!(told.hyper_http1_ended, "{told:?}");
+    assert!(
+        told.goaway_after
+            .is_some_and(|t| t < Duration::from_secs(3)),
+        "HTTP/2 GOAWAY within 3 s: {told:?}\n{}",
+        log()
+    );
+    // New connections are still accepted and served (marked) until drained.
+    for conn in [Conn::http1(s.inbound).await, Conn::http2(s.inbound).await] {
+        let r = conn.unwrap().get("/").await.unwrap();
+        assert_eq!(r.status, 200);
+        assert_eq!(r.header(CLOSING).as_deref(), Some("true"));
+    }
+    assert_eq!(status(&s).await.phase, "closing");
+    assert!(
+        log().contains("connections told to close: admin POST /healthcheck/fail: 200"),
+        "{}",
+        log()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn with_close_connections_off_keep_alive_and_http2_clients_are_not_told() {
+    let config = LONG_CLOSING.replace('}', r#","close_connections":"off"}"#);
+    let (s, _) = sidecar("close-connections-off", &config, "{}").await;
+    let told = told_after_closing(&s, Duration::from_secs(2)).await;
+    assert_eq!(
+        (
+            told.raw_close_after,
+            told.hyper_http1_ended,
+            told.goaway_after
+        ),
+        (None, false, None),
+        "{told:?}"
+    );
+    assert_eq!(status(&s).await.phase, "closing");
 }

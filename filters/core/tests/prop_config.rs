@@ -11,8 +11,8 @@
 use std::time::Duration;
 
 use graceful_core::config::{
-    ConsumerConfig, DrainConfig, OnDrained, Paths, ProviderConfig, MAX_MAX_TOMBSTONES,
-    MAX_MAX_WAITERS, MAX_ON_DRAINED_TIMEOUT,
+    CloseConnections, ConsumerConfig, DrainConfig, OnDrained, Paths, ProviderConfig,
+    MAX_MAX_TOMBSTONES, MAX_MAX_WAITERS, MAX_ON_DRAINED_TIMEOUT,
 };
 use graceful_core::duration::{format_duration, MAX_DURATION};
 use graceful_core::net::Cidr;
@@ -148,15 +148,29 @@ fn drain() -> impl Strategy<Value = DrainConfig> {
         on_drained,
         0..=MAX_MAX_WAITERS as u32,
         paths,
+        prop::sample::select(vec![
+            CloseConnections::HealthcheckFail,
+            CloseConnections::DrainListeners,
+            CloseConnections::Off,
+        ]),
     )
         .prop_map(
-            |(gate, allowed_sources, admin_cluster, on_drained, max_waiters, paths)| DrainConfig {
-                gate,
-                allowed_sources,
-                admin_cluster,
-                on_drained,
-                max_waiters,
-                paths,
+            |(gate, allowed_sources, admin_cluster, on_drained, max_waiters, paths, close)| {
+                // Closing connections goes through the admin.
+                let close_connections = if admin_cluster.is_some() {
+                    close
+                } else {
+                    CloseConnections::Off
+                };
+                DrainConfig {
+                    gate,
+                    allowed_sources,
+                    admin_cluster,
+                    on_drained,
+                    max_waiters,
+                    paths,
+                    close_connections,
+                }
             },
         )
 }
@@ -180,6 +194,11 @@ fn drain_json(c: &DrainConfig) -> Value {
     if let Some(a) = &c.admin_cluster {
         v["admin_cluster"] = json!(a);
     }
+    v["close_connections"] = json!(match c.close_connections {
+        CloseConnections::HealthcheckFail => "healthcheck_fail",
+        CloseConnections::DrainListeners => "drain_listeners",
+        CloseConnections::Off => "off",
+    });
     if let Some(cb) = &c.on_drained {
         v["on_drained"] =
             json!({"cluster": cb.cluster, "path": cb.path, "timeout": format_duration(cb.timeout)});
@@ -278,6 +297,7 @@ enum Kind {
     Paths,
     Headers,
     Path,
+    CloseConnections,
 }
 
 const PROVIDER_FIELDS: &[(&str, Kind)] = &[
@@ -298,6 +318,7 @@ const DRAIN_FIELDS: &[(&str, Kind)] = &[
     ("on_drained", Kind::OnDrained),
     ("max_waiters", Kind::Count),
     ("paths", Kind::Paths),
+    ("close_connections", Kind::CloseConnections),
 ];
 
 const CONSUMER_FIELDS: &[(&str, Kind)] = &[
@@ -378,6 +399,13 @@ fn field_value(kind: Kind) -> BoxedStrategy<Value> {
         .prop_map(|v| json!(v))
         .boxed(),
         Kind::Cluster => cluster().prop_map(Value::String).boxed(),
+        Kind::CloseConnections => prop_oneof![
+            prop::sample::select(vec!["healthcheck_fail", "drain_listeners", "off"])
+                .prop_map(|m| json!(m)),
+            "[ -~]{0,8}".prop_map(|m| json!(m)),
+            Just(json!(true)),
+        ]
+        .boxed(),
         Kind::OnDrained => (
             cluster(),
             prop::option::of(url_path()),
@@ -509,6 +537,10 @@ fn check_drain(c: &DrainConfig) -> Result<(), TestCaseError> {
     if let Some(a) = &c.admin_cluster {
         prop_assert!(!a.is_empty() && !a.chars().any(char::is_control));
     }
+    prop_assert!(
+        c.close_connections == CloseConnections::Off || c.admin_cluster.is_some(),
+        "connections are closed through the admin"
+    );
     Ok(())
 }
 
@@ -612,7 +644,7 @@ proptest! {
     }
 
     #[test]
-    fn a_bad_drain_field_is_reported_under_its_name(c in drain(), which in 0usize..9, kind in 0usize..3) {
+    fn a_bad_drain_field_is_reported_under_its_name(c in drain(), which in 0usize..10, kind in 0usize..3) {
         let mut v = drain_json(&c);
         let (field, bad) = match which {
             0 => ("consumer_update_wait", [json!("5"), json!(5), json!("25h")][kind].clone()),
@@ -634,6 +666,15 @@ proptest! {
             7 => {
                 v["on_drained"] = json!({"cluster": "app", "timeout": (["0s", "61s", "x"][kind])});
                 ("on_drained.timeout", Value::Null)
+            }
+            8 => {
+                if kind == 0 {
+                    // Named without the admin it goes through.
+                    v.as_object_mut().unwrap().remove("admin_cluster");
+                    ("close_connections", json!("healthcheck_fail"))
+                } else {
+                    ("close_connections", [json!(""), json!("on"), json!(true)][kind].clone())
+                }
             }
             _ => {
                 v["paths"]["drained"] = v["paths"]["closing"].clone();

@@ -19,7 +19,9 @@
 //!   `vm_id`, `failStrategy` as the failure policy, ordered by phase and
 //!   priority; the module is the local file the agent would have fetched;
 //! - the example's EnvoyFilter cluster patch merged with Istio's merge
-//!   rules ([`merge_patch`]).
+//!   rules ([`merge_patch`]), and its outbound LISTENER patch;
+//! - the listeners' `traffic_direction` (what `drain_listeners?inboundonly`
+//!   selects by).
 //!
 //! Where it differs: the readiness listener answers `/healthz/ready` with
 //! a direct 200 (pilot-agent's job), EDS is a file, there is no mTLS.
@@ -258,6 +260,29 @@ pub fn cluster_patches(envoy_filter: &str) -> Vec<(Value, Value)> {
         .collect()
 }
 
+/// The example's EnvoyFilter LISTENER patches for the sidecars' outbound
+/// listeners (context `SIDECAR_OUTBOUND`), their values merged into
+/// `listener` as istiod merges them.
+fn patch_outbound_listener(mut listener: Value) -> Value {
+    let patches = of_kind("EnvoyFilter").into_iter().flat_map(|f| {
+        f["spec"]["configPatches"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    });
+    for p in patches.filter(|p| p["applyTo"] == "LISTENER") {
+        let context = p["match"]["context"].as_str();
+        let name = p["match"]["listener"]["name"].as_str();
+        if matches!(context, Some("SIDECAR_OUTBOUND" | "ANY") | None)
+            && name.is_none_or(|n| listener["name"] == n)
+            && p["patch"]["operation"] == "MERGE"
+        {
+            merge_patch(&mut listener, &p["patch"]["value"]);
+        }
+    }
+    listener
+}
+
 /// Whether a CLUSTER patch's `match` selects the outbound cluster
 /// `outbound|PORT||HOST` of a sidecar, as istiod matches it (context,
 /// service, port; a field left out matches any).
@@ -453,6 +478,7 @@ pub fn provider_sidecar(
     let virtual_inbound = json!({
         "name": "virtualInbound",
         "address": socket("0.0.0.0", INBOUND_PORT),
+        "traffic_direction": "INBOUND",
         "listener_filters": [{
             "name": "envoy.filters.listener.original_dst",
             "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.listener.original_dst.v3.OriginalDst"},
@@ -639,6 +665,7 @@ pub fn consumer_sidecar(
     let service_listener = json!({
         "name": format!("0.0.0.0_{service_port}"),
         "address": socket("0.0.0.0", service_port),
+        "traffic_direction": "OUTBOUND",
         "bind_to_port": false,
         "filter_chains": [{"filters": [hcm(
             &format!("outbound_0.0.0.0_{service_port}"),
@@ -650,12 +677,16 @@ pub fn consumer_sidecar(
     let virtual_outbound = json!({
         "name": "virtualOutbound",
         "address": socket("0.0.0.0", OUTBOUND_PORT),
+        "traffic_direction": "OUTBOUND",
         "use_original_dst": true,
         "filter_chains": [{"name": "virtualOutbound-catchall-tcp", "filters": [tcp_proxy("PassthroughCluster", "PassthroughCluster")]}],
     });
     bootstrap(
         &format!("sidecar~{pod_ip}~consumer.{NAMESPACE}~{NAMESPACE}.svc.cluster.local"),
-        vec![virtual_outbound, service_listener],
+        vec![
+            patch_outbound_listener(virtual_outbound),
+            patch_outbound_listener(service_listener),
+        ],
         vec![
             cluster,
             json!({"name": "PassthroughCluster", "type": "ORIGINAL_DST", "lb_policy": "CLUSTER_PROVIDED", "connect_timeout": "10s"}),

@@ -139,10 +139,75 @@ impl Conn {
         self.send("GET", path, &[], Bytes::new()).await
     }
 
+    /// The connection has ended: closed by either side (HTTP/1.1 after a
+    /// `connection: close` answer), or, for HTTP/2, no new stream can open.
+    pub fn is_closed(&self) -> bool {
+        match &self.sender {
+            Sender::H1(s) => s.is_closed(),
+            Sender::H2(s) => s.is_closed(),
+        }
+    }
+
     /// A unary gRPC call with one framed message.
     pub async fn grpc(&mut self, path: &str, message: &[u8]) -> Result<Response, String> {
         let headers = [("content-type", "application/grpc"), ("te", "trailers")];
         self.send("POST", path, &headers, grpc_frame(message)).await
+    }
+}
+
+/// How [`H2Conn::get`]'s error begins when the server had sent the
+/// connection GOAWAY: the client must open a new connection.
+pub const GOAWAY: &str = "the server sent GOAWAY";
+
+/// An HTTP/2 connection on the `h2` library itself: hyper's client hides
+/// a GOAWAY behind "channel closed", h2's errors name it.
+pub struct H2Conn {
+    sender: h2::client::SendRequest<Bytes>,
+}
+
+impl H2Conn {
+    pub async fn connect(addr: SocketAddr) -> Result<H2Conn, String> {
+        let stream = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        stream.set_nodelay(true).map_err(|e| e.to_string())?;
+        let (sender, conn) = h2::client::handshake(stream)
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        Ok(H2Conn { sender })
+    }
+
+    /// A GET on a new stream and its status, its body read; a GOAWAY from
+    /// the server is an error that begins with [`GOAWAY`].
+    pub async fn get(&mut self, path: &str) -> Result<u16, String> {
+        let named = |e: h2::Error| {
+            if e.is_go_away() && e.is_remote() {
+                format!("{GOAWAY} ({:?})", e.reason())
+            } else {
+                e.to_string()
+            }
+        };
+        let fut = async {
+            let mut sender = self.sender.clone().ready().await.map_err(named)?;
+            let req = Request::get(format!("http://test{path}"))
+                .body(())
+                .map_err(|e| e.to_string())?;
+            let (answer, _) = sender.send_request(req, true).map_err(named)?;
+            let answer = answer.await.map_err(named)?;
+            let status = answer.status().as_u16();
+            let mut body = answer.into_body();
+            while let Some(chunk) = body.data().await {
+                let chunk = chunk.map_err(named)?;
+                let _ = body.flow_control().release_capacity(chunk.len());
+            }
+            Ok(status)
+        };
+        tokio::time::timeout(REQUEST_TIMEOUT, fut)
+            .await
+            .map_err(|_| format!("GET {path}: no answer within {REQUEST_TIMEOUT:?}"))?
     }
 }
 
@@ -194,8 +259,10 @@ pub async fn abort_after(addr: SocketAddr, path: &str, after: Duration) -> Resul
 }
 
 /// Runs `per_conn` sequential GETs of `path` on each of `conns` keep-alive
-/// HTTP/1.1 connections at once; returns every response. Panics on a
-/// transport error (a test wants to know).
+/// HTTP/1.1 connections at once; returns every response. A connection
+/// that was answered `connection: close` is replaced by a new one, as an
+/// HTTP/1.1 client must. Panics on a transport error (a test wants to
+/// know).
 pub async fn load(
     addr: SocketAddr,
     conns: usize,
@@ -208,7 +275,14 @@ pub async fn load(
                 let mut conn = Conn::http1(addr).await.unwrap_or_else(|e| panic!("{e}"));
                 let mut out = Vec::with_capacity(per_conn);
                 for _ in 0..per_conn {
-                    out.push(conn.get(path).await.unwrap_or_else(|e| panic!("{e}")));
+                    if conn.is_closed() {
+                        conn = Conn::http1(addr).await.unwrap_or_else(|e| panic!("{e}"));
+                    }
+                    let r = conn.get(path).await.unwrap_or_else(|e| panic!("{e}"));
+                    if r.header("connection").as_deref() == Some("close") {
+                        conn = Conn::http1(addr).await.unwrap_or_else(|e| panic!("{e}"));
+                    }
+                    out.push(r);
                 }
                 out
             })

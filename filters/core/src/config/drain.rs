@@ -52,6 +52,39 @@ pub struct OnDrained {
     pub timeout: Duration,
 }
 
+/// How closing reaches the clients' connections (`close_connections`):
+/// through Envoy's admin, since a filter cannot drain its own connection
+/// (a `connection` header it adds is stripped as hop-by-hop, and neither
+/// proxy-wasm nor the dynamic-module ABI of 1.36/1.37 can mark a stream's
+/// connection to drain).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseConnections {
+    /// Clients are not told; they learn at the gate's 503s.
+    Off,
+    /// `POST /healthcheck/fail`: every listener whose `drain_type` is
+    /// `DEFAULT` answers HTTP/1.1 with `connection: close` and sends HTTP/2
+    /// GOAWAY at its next response, at once whatever the drain strategy.
+    HealthcheckFail,
+    /// `POST /drain_listeners?graceful&skip_exit&inboundonly`: Envoy's drain
+    /// sequence on the `INBOUND` listeners, whatever their `drain_type` (as
+    /// Envoy Gateway's listeners are `MODIFY_ONLY`); every response is told
+    /// only with `--drain-strategy immediate`, and it cannot be undone.
+    DrainListeners,
+}
+
+impl CloseConnections {
+    /// The admin request that starts it (none for `Off`).
+    pub fn admin_path(self) -> Option<&'static str> {
+        match self {
+            CloseConnections::Off => None,
+            CloseConnections::HealthcheckFail => Some("/healthcheck/fail"),
+            CloseConnections::DrainListeners => {
+                Some("/drain_listeners?graceful&skip_exit&inboundonly")
+            }
+        }
+    }
+}
+
 /// Validated configuration of `graceful_drain`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DrainConfig {
@@ -61,6 +94,7 @@ pub struct DrainConfig {
     pub on_drained: Option<OnDrained>,
     pub max_waiters: u32,
     pub paths: Paths,
+    pub close_connections: CloseConnections,
 }
 
 #[derive(Deserialize, Default)]
@@ -75,6 +109,7 @@ struct DrainDto {
     on_drained: Option<OnDrainedDto>,
     max_waiters: Option<u64>,
     paths: Option<PathsDto>,
+    close_connections: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -176,6 +211,8 @@ impl DrainConfig {
                 ))
             }
         };
+        let close_connections =
+            close_connections(dto.close_connections.as_deref(), admin_cluster.is_some())?;
         Ok(DrainConfig {
             gate,
             allowed_sources,
@@ -183,8 +220,39 @@ impl DrainConfig {
             on_drained,
             max_waiters,
             paths: paths(dto.paths.unwrap_or_default())?,
+            close_connections,
         })
     }
+}
+
+/// `close_connections`: absent, `healthcheck_fail` where the admin is
+/// reachable and off where it is not; named, it needs `admin_cluster`.
+fn close_connections(
+    value: Option<&str>,
+    has_admin: bool,
+) -> Result<CloseConnections, ConfigError> {
+    let mode = match value {
+        None if has_admin => return Ok(CloseConnections::HealthcheckFail),
+        None => return Ok(CloseConnections::Off),
+        Some("off") => CloseConnections::Off,
+        Some("healthcheck_fail") => CloseConnections::HealthcheckFail,
+        Some("drain_listeners") => CloseConnections::DrainListeners,
+        Some(other) => {
+            return Err(ConfigError::new(
+                "close_connections",
+                format!(
+                    "{other:?} is not one of \"healthcheck_fail\", \"drain_listeners\", \"off\""
+                ),
+            ))
+        }
+    };
+    if mode != CloseConnections::Off && !has_admin {
+        return Err(ConfigError::new(
+            "close_connections",
+            "needs admin_cluster: the connections are drained through Envoy's admin",
+        ));
+    }
+    Ok(mode)
 }
 
 fn paths(dto: PathsDto) -> Result<Paths, ConfigError> {

@@ -9,6 +9,7 @@
 //! | `status`, `drained` | evaluates the gate ([`crate::drain::DrainCopy::advance`]) and answers; `drained?wait=` holds the stream until drained or its wait runs out |
 //! | tick (every [`TICK`]) | evaluates the gate; sends `on_drained` for a pass this copy made (on the tick or in an endpoint); wakes due long-polls; while serving, polls the admin's `/ready` (one copy per [`ADMIN_POLL_INTERVAL`], by lease) |
 //! | admin answer 503 `DRAINING` | starts closing (Envoy's `/healthcheck/fail`) |
+//! | closing started by this copy, `close_connections` on | at its next tick, POSTs the mode's admin path ([`CloseConnections::admin_path`]), so Envoy tells keep-alive and HTTP/2 clients to leave; a failed answer is tried again [`CLOSE_RETRY`] later, until closing ends with the process |
 //! | `on_drained` answer not 2xx | `graceful_drain_callback_failed` +1 |
 //! | a held stream ends | frees its long-poll slot |
 //!
@@ -21,7 +22,7 @@ use super::host::{
     Action, Attribute, CallResponse, Host, HostMetrics, HttpCall, Level, LocalReply, Map,
     StateCell, Stream,
 };
-use crate::config::DrainConfig;
+use crate::config::{CloseConnections, DrainConfig};
 use crate::drain::{raise_phase, DrainCopy, Evaluation};
 use crate::duration::micros;
 use crate::endpoints::{is_endpoint_path, route, Endpoint, Reply, Route, Stamp, Waiters};
@@ -40,6 +41,9 @@ pub const TICK: Duration = Duration::from_millis(50);
 /// How often one copy of the process asks the admin for `/ready`.
 pub const ADMIN_POLL_INTERVAL: Duration = Duration::from_secs(1);
 pub const ADMIN_POLL_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long after a failed `close_connections` call the next is sent.
+pub const CLOSE_RETRY: Duration = Duration::from_secs(1);
+pub const CLOSE_CALL_TIMEOUT: Duration = Duration::from_secs(1);
 /// Most bytes of a call's answer the drain reads (`DRAINING`).
 pub const MAX_ANSWER_BODY: usize = 64;
 
@@ -64,6 +68,15 @@ pub struct DrainState<W = ()> {
     /// The status JSON of a pass this copy made and has not told
     /// `on_drained` of yet.
     callback_owed: Option<String>,
+    /// This copy started closing and has not had the admin's 2xx to its
+    /// `close_connections` call yet.
+    close_owed: bool,
+    /// Token of the `close_connections` call in flight.
+    close_call: Option<u32>,
+    /// The earliest time (µs) the next `close_connections` call is sent.
+    close_not_before: u64,
+    /// A failed `close_connections` call was logged already (once per copy).
+    close_warned: bool,
 }
 
 impl<W> Default for DrainState<W> {
@@ -75,6 +88,10 @@ impl<W> Default for DrainState<W> {
             callback_call: None,
             admin_warned: false,
             callback_owed: None,
+            close_owed: false,
+            close_call: None,
+            close_not_before: 0,
+            close_warned: false,
         }
     }
 }
@@ -234,6 +251,7 @@ impl Drain {
         match record::start_closing(s.store(), now) {
             Ok((rec, started)) => {
                 if started {
+                    state.with(|st| st.close_owed = true);
                     raise_phase(&HostMetrics(s), Phase::Closing);
                     s.log(
                         Level::Info,
@@ -326,6 +344,7 @@ impl Drain {
         if eval.rec.phase == Phase::Serving {
             self.poll_admin(state, h, now);
         }
+        self.close_connections(state, h, now);
         due
     }
 
@@ -357,6 +376,40 @@ impl Drain {
                         "on_drained callback to cluster {:?} not sent: {reason}",
                         cb.cluster
                     ),
+                );
+            }
+        }
+    }
+
+    /// Asks Envoy's admin to tell the clients' connections to leave, if
+    /// this copy owes it (it started closing) and no call is in flight.
+    fn close_connections<W>(&self, state: &impl StateCell<DrainState<W>>, h: &impl Host, now: u64) {
+        let (Some(cluster), Some(path)) = (
+            &self.config.admin_cluster,
+            self.config.close_connections.admin_path(),
+        ) else {
+            return;
+        };
+        let due =
+            state.with(|st| st.close_owed && st.close_call.is_none() && now >= st.close_not_before);
+        if !due {
+            return;
+        }
+        let headers = [(METHOD, "POST"), (PATH, path), (AUTHORITY, ADMIN_AUTHORITY)];
+        let call = HttpCall {
+            cluster,
+            headers: &headers,
+            body: &[],
+            timeout: CLOSE_CALL_TIMEOUT,
+        };
+        match h.dispatch(&call) {
+            Ok(token) => state.with(|st| st.close_call = Some(token)),
+            Err(reason) => {
+                // No such cluster: it will not appear while closing.
+                state.with(|st| st.close_owed = false);
+                h.log(
+                    Level::Warn,
+                    &format!("connections not told to close: POST {path} to cluster {cluster:?} not sent ({reason})"),
                 );
             }
         }
@@ -407,17 +460,25 @@ impl Drain {
         answer: &impl CallResponse,
     ) {
         let status = answer.header(STATUS);
-        let (admin, callback) = state.with(|st| {
+        let (admin, callback, close) = state.with(|st| {
             let admin = st.admin_call == Some(token);
             let callback = st.callback_call == Some(token);
+            let close = st.close_call == Some(token);
             if admin {
                 st.admin_call = None;
             }
             if callback {
                 st.callback_call = None;
             }
-            (admin, callback)
+            if close {
+                st.close_call = None;
+            }
+            (admin, callback, close)
         });
+        if close {
+            self.close_answered(state, h, status.as_deref());
+            return;
+        }
         if admin {
             // /ready is 503 during Envoy's own start-up too (PRE_INITIALIZING,
             // INITIALIZING): only DRAINING, i.e. /healthcheck/fail, closes.
@@ -426,6 +487,11 @@ impl Drain {
             {
                 match record::start_closing(h.store(), h.now_us()) {
                     Ok((_, true)) => {
+                        // Envoy fails its health check already; a drain of
+                        // the listeners is still this copy's to start.
+                        if self.config.close_connections == CloseConnections::DrainListeners {
+                            state.with(|st| st.close_owed = true);
+                        }
                         raise_phase(&HostMetrics(h), Phase::Closing);
                         h.log(
                             Level::Info,
@@ -449,6 +515,48 @@ impl Drain {
                     ),
                 );
             }
+        }
+    }
+}
+
+impl Drain {
+    /// The admin's answer to the `close_connections` call: a 2xx settles it;
+    /// anything else is tried again [`CLOSE_RETRY`] later, logged once.
+    fn close_answered<W>(
+        &self,
+        state: &impl StateCell<DrainState<W>>,
+        h: &impl Host,
+        status: Option<&[u8]>,
+    ) {
+        let path = self
+            .config
+            .close_connections
+            .admin_path()
+            .unwrap_or_default();
+        let ok = status.is_some_and(|s| s.first() == Some(&b'2'));
+        let status = status.map_or("none (no answer)".into(), |s| {
+            String::from_utf8_lossy(s).into_owned()
+        });
+        let now = h.now_us();
+        let first_failure = state.with(|st| {
+            if ok {
+                st.close_owed = false;
+                false
+            } else {
+                st.close_not_before = now.saturating_add(micros(CLOSE_RETRY));
+                !std::mem::replace(&mut st.close_warned, true)
+            }
+        });
+        if ok {
+            h.log(
+                Level::Info,
+                &format!("connections told to close: admin POST {path}: {status}"),
+            );
+        } else if first_failure {
+            h.log(
+                Level::Warn,
+                &format!("connections not told to close yet: admin POST {path}: status {status}; trying again every {CLOSE_RETRY:?}"),
+            );
         }
     }
 }

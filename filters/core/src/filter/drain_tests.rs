@@ -329,6 +329,175 @@ fn a_bad_config_is_refused_naming_the_field() {
     assert!(err.contains("max_waiters"), "{err}");
 }
 
+/// The drain's calls to the admin cluster `admin` other than `/ready`.
+fn close_calls(h: &MockHost) -> Vec<crate::filter::mock::SentCall> {
+    h.take_calls()
+        .into_iter()
+        .filter(|c| c.cluster == "admin" && c.header(":path") != Some("/ready"))
+        .collect()
+}
+
+#[test]
+fn closing_tells_the_connections_to_close_through_the_admin_once() {
+    let h = MockHost::new();
+    let d = drain(&h, r#"{"admin_cluster": "admin"}"#);
+    let (a, b) = (state(), state());
+    call(&d, &a, &h, "POST", "/graceful/closing");
+    assert_eq!(only_reply(&h).status, 202);
+    // The copy that started closing calls at its next tick; another copy
+    // never does.
+    d.tick(&b, &h, |_, _| {});
+    assert_eq!(close_calls(&h), Vec::new());
+    d.tick(&a, &h, |_, _| {});
+    let calls = close_calls(&h);
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    assert_eq!(calls[0].header(":method"), Some("POST"));
+    assert_eq!(calls[0].header(":path"), Some("/healthcheck/fail"));
+    assert_eq!(calls[0].timeout, CLOSE_CALL_TIMEOUT);
+    // Nothing more while it is in flight, nor once answered.
+    h.advance(CLOSE_RETRY);
+    d.tick(&a, &h, |_, _| {});
+    assert_eq!(close_calls(&h), Vec::new());
+    d.call_answered(&a, &h, calls[0].token, &MockAnswer::status("200", "OK\n"));
+    assert_eq!(
+        h.logs_containing("connections told to close: admin POST /healthcheck/fail: 200")
+            .len(),
+        1
+    );
+    for _ in 0..3 {
+        h.advance(CLOSE_RETRY);
+        d.tick(&a, &h, |_, _| {});
+        d.tick(&b, &h, |_, _| {});
+    }
+    assert_eq!(close_calls(&h), Vec::new());
+}
+
+#[test]
+fn a_failed_close_call_is_tried_again_a_second_later_and_logged_once() {
+    let h = MockHost::new();
+    let d = drain(&h, r#"{"admin_cluster": "admin"}"#);
+    let st = state();
+    call(&d, &st, &h, "POST", "/graceful/closing");
+    d.tick(&st, &h, |_, _| {});
+    for answer in [MockAnswer::status("503", ""), MockAnswer::failed()] {
+        let calls = close_calls(&h);
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        d.call_answered(&st, &h, calls[0].token, &answer);
+        d.tick(&st, &h, |_, _| {});
+        assert_eq!(close_calls(&h), Vec::new(), "not before {CLOSE_RETRY:?}");
+        h.advance(CLOSE_RETRY);
+        d.tick(&st, &h, |_, _| {});
+    }
+    let calls = close_calls(&h);
+    assert_eq!(calls.len(), 1, "{calls:?}");
+    d.call_answered(&st, &h, calls[0].token, &MockAnswer::status("200", ""));
+    assert_eq!(
+        h.logs_containing("connections not told to close yet").len(),
+        1
+    );
+    assert_eq!(h.logs_containing("connections told to close:").len(), 1);
+    h.advance(CLOSE_RETRY);
+    d.tick(&st, &h, |_, _| {});
+    assert_eq!(close_calls(&h), Vec::new());
+}
+
+#[test]
+fn drain_listeners_starts_a_graceful_inbound_drain_that_keeps_the_listeners() {
+    for started_by_admin in [false, true] {
+        let h = MockHost::new();
+        let d = drain(
+            &h,
+            r#"{"admin_cluster": "admin", "close_connections": "drain_listeners"}"#,
+        );
+        let st = state();
+        if started_by_admin {
+            // Envoy's /healthcheck/fail does not drain MODIFY_ONLY listeners:
+            // the drain is still owed.
+            d.tick(&st, &h, |_, _| {});
+            let poll = h.take_calls();
+            d.call_answered(
+                &st,
+                &h,
+                poll[0].token,
+                &MockAnswer::status("503", "DRAINING"),
+            );
+        } else {
+            call(&d, &st, &h, "POST", "/graceful/closing");
+        }
+        d.tick(&st, &h, |_, _| {});
+        let calls = close_calls(&h);
+        assert_eq!(
+            calls.len(),
+            1,
+            "started by admin {started_by_admin}: {calls:?}"
+        );
+        assert_eq!(
+            calls[0].header(":path"),
+            Some("/drain_listeners?graceful&skip_exit&inboundonly")
+        );
+    }
+}
+
+#[test]
+fn no_close_call_when_off_without_an_admin_or_when_envoy_started_it() {
+    // (config, closing started by the admin's DRAINING)
+    let cases = [
+        (
+            r#"{"admin_cluster": "admin", "close_connections": "off"}"#,
+            false,
+        ),
+        ("", false),
+        // /healthcheck/fail closed the connections already.
+        (r#"{"admin_cluster": "admin"}"#, true),
+    ];
+    for (config, by_admin) in cases {
+        let h = MockHost::new();
+        let d = drain(&h, config);
+        let st = state();
+        if by_admin {
+            d.tick(&st, &h, |_, _| {});
+            let poll = h.take_calls();
+            d.call_answered(
+                &st,
+                &h,
+                poll[0].token,
+                &MockAnswer::status("503", "DRAINING"),
+            );
+        } else {
+            call(&d, &st, &h, "POST", "/graceful/closing");
+        }
+        assert_eq!(h.metric(Metric::DrainPhase), 1, "{config}: closing");
+        for _ in 0..3 {
+            d.tick(&st, &h, |_, _| {});
+            h.advance(CLOSE_RETRY);
+        }
+        assert_eq!(h.take_calls(), Vec::new(), "{config}");
+    }
+}
+
+#[test]
+fn close_connections_is_refused_without_the_admin_it_goes_through() {
+    let h = MockHost::new();
+    for (config, reason) in [
+        (
+            r#"{"close_connections": "healthcheck_fail"}"#,
+            "needs admin_cluster",
+        ),
+        (
+            r#"{"admin_cluster": "admin", "close_connections": "on"}"#,
+            "is not one of",
+        ),
+    ] {
+        let err = Drain::configure(&h, config.as_bytes())
+            .err()
+            .unwrap_or_default();
+        assert!(
+            err.contains("close_connections") && err.contains(reason),
+            "{config}: {err}"
+        );
+    }
+}
+
 fn state() -> RefCell<DrainState> {
     RefCell::new(DrainState::default())
 }
