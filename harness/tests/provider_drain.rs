@@ -33,17 +33,26 @@ async fn sidecar(
     drain_config: &str,
     provider_config: &str,
 ) -> (Sidecar, Arc<Counters>) {
+    sidecar_with(name, drain_config, provider_config, |spec| spec).await
+}
+
+/// [`sidecar`], its spec edited by `edit` before it starts.
+async fn sidecar_with(
+    name: &str,
+    drain_config: &str,
+    provider_config: &str,
+    edit: impl FnOnce(EnvoySpec) -> EnvoySpec,
+) -> (Sidecar, Arc<Counters>) {
     let upstream = Upstream::start().await;
     let counters = upstream.counters.clone();
     let inbound_port = free_port();
-    let envoy = EnvoySpec::new(name, "provider-sidecar.yaml")
+    let spec = EnvoySpec::new(name, "provider-sidecar.yaml")
         .set("LISTEN_ADDRESS", "127.0.0.1")
         .set("INBOUND_PORT", inbound_port)
         .set("APP_PORT", upstream.addr.port())
         .set("DRAIN_CONFIG", drain_config)
-        .set("PROVIDER_CONFIG", provider_config)
-        .start()
-        .await;
+        .set("PROVIDER_CONFIG", provider_config);
+    let envoy = edit(spec).start().await;
     let inbound = SocketAddr::from(([127, 0, 0, 1], inbound_port));
     (
         Sidecar {
@@ -793,4 +802,57 @@ async fn with_close_connections_off_keep_alive_and_http2_clients_are_not_told() 
         "{told:?}"
     );
     assert_eq!(status(&s).await.phase, "closing");
+}
+
+/// Envoy Gateway's shape: listeners of drain type MODIFY_ONLY, which
+/// `/healthcheck/fail` does not drain, and `--drain-strategy immediate`.
+/// `drain_listeners` starts Envoy's drain sequence on the inbound listener
+/// instead, and the clients are told as with `healthcheck_fail` on a
+/// DEFAULT listener; `healthcheck_fail` there tells them nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn drain_listeners_tells_clients_where_healthcheck_fail_cannot() {
+    for (mode, told) in [("drain_listeners", true), ("healthcheck_fail", false)] {
+        let config = LONG_CLOSING.replace('}', &format!(r#","close_connections":"{mode}"}}"#));
+        let (s, _) = sidecar_with(&format!("close-{mode}"), &config, "{}", |spec| {
+            spec.set("INBOUND_DRAIN_TYPE", "MODIFY_ONLY")
+                .arg("--drain-strategy")
+                .arg("immediate")
+        })
+        .await;
+        let seen = told_after_closing(&s, Duration::from_secs(2)).await;
+        println!("{mode} on a MODIFY_ONLY listener: {seen:?}");
+        assert_eq!(
+            (
+                seen.raw_close_after.is_some(),
+                seen.hyper_http1_ended,
+                seen.goaway_after.is_some()
+            ),
+            (told, told, told),
+            "{mode}: {seen:?}\n{}",
+            s.envoy.log()
+        );
+        if told {
+            assert!(seen
+                .raw_close_after
+                .is_some_and(|t| t < Duration::from_secs(2)));
+            assert!(seen
+                .goaway_after
+                .is_some_and(|t| t < Duration::from_secs(2)));
+            // skip_exit: the listener still takes new connections.
+            let r = Conn::http1(s.inbound)
+                .await
+                .unwrap()
+                .get("/")
+                .await
+                .unwrap();
+            assert_eq!(r.header(CLOSING).as_deref(), Some("true"));
+        }
+        assert!(
+            s.envoy
+                .log()
+                .contains("connections told to close: admin POST"),
+            "{}",
+            s.envoy.log()
+        );
+    }
 }

@@ -144,6 +144,8 @@ pub struct EnvoySpec {
     pub module: Option<PathBuf>,
     /// The Envoy to run (default: [`envoy_binary`]).
     pub binary: Option<PathBuf>,
+    /// More command-line arguments (`--drain-strategy immediate`).
+    pub args: Vec<String>,
 }
 
 impl EnvoySpec {
@@ -157,6 +159,7 @@ impl EnvoySpec {
             delivery: Delivery::from_env(),
             module: None,
             binary: None,
+            args: Vec::new(),
         };
         spec.values
             .insert("ADMIN_PORT".into(), free_port().to_string());
@@ -167,6 +170,12 @@ impl EnvoySpec {
 
     pub fn set(mut self, name: &str, value: impl ToString) -> EnvoySpec {
         self.values.insert(name.into(), value.to_string());
+        self
+    }
+
+    /// One more command-line argument.
+    pub fn arg(mut self, arg: &str) -> EnvoySpec {
+        self.args.push(arg.into());
         self
     }
 
@@ -258,6 +267,7 @@ impl EnvoySpec {
             ])
             .args(["--component-log-level", "wasm:debug,dynamic_modules:debug"])
             .args(["--file-flush-interval-msec", "100"])
+            .args(&self.args)
             .env("TZ", "UTC")
             .stdin(Stdio::null())
             .stdout(log)
