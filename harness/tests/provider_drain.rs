@@ -856,3 +856,64 @@ async fn drain_listeners_tells_clients_where_healthcheck_fail_cannot() {
         );
     }
 }
+
+const WATCH: &str = "/grpc.health.v1.Health/Watch";
+
+/// A gRPC health `Watch` held since serving is told of the closing within
+/// 2 s: gRPC's client-side health checking takes a Watch that ends with a
+/// status other than OK or UNIMPLEMENTED (here a reset, as Envoy ends a
+/// stream whose headers went out) for not serving. A Watch opened after
+/// closing is answered NOT_SERVING by the filter, and the held one never
+/// holds the gate: it passes unforced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn it_tells_a_grpc_health_watch_of_the_closing_and_the_watch_holds_no_gate() {
+    use client::{GrpcEvent, H2Conn};
+    let (s, _) = sidecar("grpc-watch", DRAIN_CONFIG, "{}").await;
+    let mut h2 = H2Conn::connect(s.inbound).await.unwrap();
+    let mut watch = h2.grpc_stream(WATCH).await.unwrap();
+    // HealthCheckResponse { status: SERVING }, from the app.
+    assert_eq!(
+        watch.next(Duration::from_secs(5)).await,
+        Ok(GrpcEvent::Message(vec![0x08, 0x01]))
+    );
+    assert!(
+        watch.next(Duration::from_millis(500)).await.is_err(),
+        "the app holds the Watch open"
+    );
+    assert_eq!(
+        client::post(s.inbound, "/graceful/closing")
+            .await
+            .unwrap()
+            .status,
+        202
+    );
+    let t0 = Instant::now();
+    let end = watch.next(Duration::from_secs(2)).await;
+    let told = t0.elapsed();
+    println!("held Watch after closing, at {told:?}: {end:?}");
+    let failed = match &end {
+        Ok(GrpcEvent::Reset(_)) => true,
+        Ok(GrpcEvent::Ended {
+            status: Some(code), ..
+        }) => code != "0" && code != "12",
+        _ => false,
+    };
+    assert!(failed, "the Watch ends, not OK: {end:?}\n{}", s.envoy.log());
+    // A new Watch: NOT_SERVING from the filter, the app never asked.
+    let mut fresh = H2Conn::connect(s.inbound).await.unwrap();
+    let mut late = fresh.grpc_stream(WATCH).await.unwrap();
+    assert_eq!(
+        late.next(Duration::from_secs(2)).await,
+        Ok(GrpcEvent::Ended {
+            status: Some("14".into()),
+            message: Some("NOT_SERVING".into())
+        })
+    );
+    // Nothing else in flight: the gate passes, unforced.
+    let drained = eventually("the gate to pass", Duration::from_secs(10), || async {
+        let st = status(&s).await;
+        (st.phase == "drained").then_some(st)
+    })
+    .await;
+    assert!(!drained.forced, "{drained:?}");
+}

@@ -9,6 +9,7 @@
 //! | `/grpc/trailers`                 | gRPC: one message, trailers `grpc-status: 0`                |
 //! | `/grpc/no-trailers`              | gRPC content type, one message, no trailers                 |
 //! | `/grpc.health.v1.Health/Check`   | gRPC health: SERVING                                        |
+//! | `/grpc.health.v1.Health/Watch`   | gRPC health stream: SERVING, then held for 10 minutes (OK)  |
 //! | `POST /shutdown`                 | 200; counted in `shutdown_calls` (an `on_drained` hook)     |
 //! | `/graceful/ready`                | what graceful_drain answers a consumer's probe: 200 (503 while closing) with the instance id and `x-graceful-address` |
 //! | anything else                    | 200 `ok`, after the configured latency                      |
@@ -210,6 +211,46 @@ impl hyper::body::Body for ResetBody {
     }
 }
 
+/// A gRPC health `Watch` answer: one SERVING message, then the stream held
+/// open (nothing changes while the app runs) until `hold` runs out, then
+/// `grpc-status: 0`.
+struct WatchBody {
+    sent: bool,
+    hold: std::pin::Pin<Box<tokio::time::Sleep>>,
+    ended: bool,
+}
+
+impl hyper::body::Body for WatchBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, std::io::Error>>> {
+        use std::task::Poll;
+        if !self.sent {
+            self.sent = true;
+            // HealthCheckResponse { status: SERVING (1) }
+            return Poll::Ready(Some(Ok(hyper::body::Frame::data(grpc_frame(&[
+                0x08, 0x01,
+            ])))));
+        }
+        if self.ended {
+            return Poll::Ready(None);
+        }
+        match self.hold.as_mut().poll(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(()) => {
+                self.ended = true;
+                let mut trailers = HeaderMap::new();
+                trailers.insert("grpc-status", HeaderValue::from_static("0"));
+                Poll::Ready(Some(Ok(hyper::body::Frame::trailers(trailers))))
+            }
+        }
+    }
+}
+
 fn text(status: u16, body: &'static str) -> Response<Body> {
     let mut res = Response::new(
         Full::new(Bytes::from_static(body.as_bytes()))
@@ -315,6 +356,18 @@ async fn route(
         (_, "/grpc/no-trailers") => grpc(b"hello", false),
         // HealthCheckResponse { status: SERVING (1) }
         (_, "/grpc.health.v1.Health/Check") => grpc(&[0x08, 0x01], true),
+        (_, "/grpc.health.v1.Health/Watch") => {
+            let hold = Box::pin(tokio::time::sleep(Duration::from_secs(600)));
+            let body = WatchBody {
+                sent: false,
+                hold,
+                ended: false,
+            };
+            let mut res = Response::new(BodyExt::boxed(body));
+            res.headers_mut()
+                .insert("content-type", HeaderValue::from_static("application/grpc"));
+            res
+        }
         (_, "/echo.Echo/Say") => {
             sleep(config.latency).await;
             // The request's single frame, echoed: strip the 5-byte prefix.

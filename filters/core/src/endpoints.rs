@@ -25,6 +25,8 @@ pub enum Endpoint {
     Drained { wait: Option<Duration> },
     /// `POST /grpc.health.v1.Health/Check`
     GrpcHealth,
+    /// `POST /grpc.health.v1.Health/Watch`
+    GrpcHealthWatch,
 }
 
 /// What the filter does with a request.
@@ -44,15 +46,7 @@ pub enum Route {
 /// request.
 pub fn is_endpoint_path(paths: &Paths, path: &[u8]) -> bool {
     let path = path.split(|&b| b == b'?').next().unwrap_or_default();
-    [
-        &paths.closing,
-        &paths.ready,
-        &paths.status,
-        &paths.drained,
-        &paths.grpc_health,
-    ]
-    .iter()
-    .any(|p| p.as_bytes() == path)
+    paths.named().iter().any(|(_, p)| p.as_bytes() == path)
 }
 
 /// Classifies a request by `:method` and `:path` (query included).
@@ -63,13 +57,18 @@ pub fn route(paths: &Paths, method: &[u8], path: &[u8]) -> Route {
     };
     let is = |p: &String| p.as_bytes() == path;
     let read_only = method == b"GET" || method == b"HEAD";
-    if is(&paths.grpc_health) {
-        // Any other method is the app's business, not a health check.
-        return if method == b"POST" {
-            Route::Endpoint(Endpoint::GrpcHealth)
-        } else {
-            Route::Pass
-        };
+    for (grpc_path, endpoint) in [
+        (&paths.grpc_health, Endpoint::GrpcHealth),
+        (&paths.grpc_health_watch, Endpoint::GrpcHealthWatch),
+    ] {
+        if is(grpc_path) {
+            // Any other method is the app's business, not a health check.
+            return if method == b"POST" {
+                Route::Endpoint(endpoint)
+            } else {
+                Route::Pass
+            };
+        }
     }
     if is(&paths.closing) {
         return if method == b"POST" {
@@ -356,6 +355,10 @@ mod tests {
             r("POST", "/grpc.health.v1.Health/Check"),
             Route::Endpoint(Endpoint::GrpcHealth)
         );
+        assert_eq!(
+            r("POST", "/grpc.health.v1.Health/Watch"),
+            Route::Endpoint(Endpoint::GrpcHealthWatch)
+        );
     }
 
     #[test]
@@ -377,7 +380,8 @@ mod tests {
             ("GET", "/GRACEFUL/READY"),
             ("GET", "/graceful/readyz"),
             ("GET", "/grpc.health.v1.Health/Check"),
-            ("POST", "/grpc.health.v1.Health/Watch"),
+            ("GET", "/grpc.health.v1.Health/Watch"),
+            ("POST", "/grpc.health.v1.Health/List"),
         ] {
             assert_eq!(r(m, p), Route::Pass, "{m} {p}");
         }

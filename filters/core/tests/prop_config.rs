@@ -130,7 +130,7 @@ fn drain() -> impl Strategy<Value = DrainConfig> {
             timeout,
         },
     ));
-    let paths = prop::collection::vec(url_path(), 5)
+    let paths = prop::collection::vec(url_path(), 6)
         .prop_filter("paths must be distinct", |p| {
             (0..p.len()).all(|i| !p[..i].contains(&p[i]))
         })
@@ -140,6 +140,7 @@ fn drain() -> impl Strategy<Value = DrainConfig> {
             status: p[2].clone(),
             drained: p[3].clone(),
             grpc_health: p[4].clone(),
+            grpc_health_watch: p[5].clone(),
         });
     (
         gate,
@@ -189,6 +190,7 @@ fn drain_json(c: &DrainConfig) -> Value {
             "status": c.paths.status,
             "drained": c.paths.drained,
             "grpc_health": c.paths.grpc_health,
+            "grpc_health_watch": c.paths.grpc_health_watch,
         },
     });
     if let Some(a) = &c.admin_cluster {
@@ -431,7 +433,14 @@ fn field_value(kind: Kind) -> BoxedStrategy<Value> {
             .boxed(),
         Kind::Paths => prop::collection::vec(
             (
-                prop::sample::select(vec!["closing", "ready", "status", "drained", "grpc_health"]),
+                prop::sample::select(vec![
+                    "closing",
+                    "ready",
+                    "status",
+                    "drained",
+                    "grpc_health",
+                    "grpc_health_watch",
+                ]),
                 prop_oneof![
                     4 => url_path(),
                     1 => Just("/graceful/ready".to_string()),
@@ -524,7 +533,7 @@ fn check_drain(c: &DrainConfig) -> Result<(), TestCaseError> {
     prop_assert!(g.timeout >= g.consumer_update_wait);
     prop_assert!(u64::from(c.max_waiters) <= MAX_MAX_WAITERS);
     let p = &c.paths;
-    let all = [&p.closing, &p.ready, &p.status, &p.drained, &p.grpc_health];
+    let all: Vec<&String> = p.named().iter().map(|(_, path)| *path).collect();
     for (i, path) in all.iter().enumerate() {
         prop_assert!(path.starts_with('/'));
         prop_assert!(!path.contains('?') && !path.contains('#'));

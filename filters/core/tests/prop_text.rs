@@ -388,19 +388,18 @@ proptest! {
     ) {
         let paths = Paths::default();
         let bare = path.split('?').next().unwrap_or_default();
-        let endpoint_paths = [&paths.closing, &paths.ready, &paths.status, &paths.drained, &paths.grpc_health];
-        prop_assume!(!endpoint_paths.iter().any(|p| p.as_str() == bare));
+        prop_assume!(!paths.named().iter().any(|(_, p)| p.as_str() == bare));
         prop_assert_eq!(route(&paths, method.as_bytes(), path.as_bytes()), Route::Pass);
     }
 
     #[test]
     fn route_answers_endpoints_only_for_their_methods(
-        which in 0usize..5,
+        which in 0usize..6,
         method in prop::sample::select(vec!["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "get", "post", ""]),
         query in prop::option::of("[a-z=&0-9]{0,20}"),
     ) {
         let paths = Paths::default();
-        let path = [&paths.closing, &paths.ready, &paths.status, &paths.drained, &paths.grpc_health][which];
+        let path = paths.named()[which].1;
         let full = match &query {
             Some(q) => format!("{path}?{q}"),
             None => path.clone(),
@@ -412,6 +411,8 @@ proptest! {
             0 => prop_assert_eq!(got, Route::MethodNotAllowed("POST")),
             4 if method == "POST" => prop_assert_eq!(got, Route::Endpoint(Endpoint::GrpcHealth)),
             4 => prop_assert_eq!(got, Route::Pass),
+            5 if method == "POST" => prop_assert_eq!(got, Route::Endpoint(Endpoint::GrpcHealthWatch)),
+            5 => prop_assert_eq!(got, Route::Pass),
             1 if read_only => prop_assert_eq!(got, Route::Endpoint(Endpoint::Ready)),
             2 if read_only => prop_assert_eq!(got, Route::Endpoint(Endpoint::Status)),
             3 if read_only => prop_assert!(

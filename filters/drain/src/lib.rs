@@ -73,7 +73,7 @@ impl RootContext for DrainRoot {
             // The stream may have gone meanwhile: then the host refuses the
             // context and there is nobody to answer.
             if hostcalls::set_effective_context(context_id).is_ok() {
-                s.drain.answer_woken(&s.state, &s.host);
+                s.drain.answer_woken(&s.state, &s.host, context_id);
             }
         }
     }

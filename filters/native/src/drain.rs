@@ -99,10 +99,12 @@ impl DrainStream {
         )
     }
 
-    /// The tick woke this stream's long-poll.
+    /// The tick woke this stream: its long-poll, or its kept gRPC health
+    /// `Watch` at closing.
     pub fn scheduled(&self, c: &Config, s: Stream) {
-        if self.waiting.get().is_some() {
-            c.drain.answer_woken(&c.state, &Native::stream(s, &c.ids));
+        if let Some((id, _)) = self.waiting.get() {
+            c.drain
+                .answer_woken(&c.state, &Native::stream(s, &c.ids), id);
         }
     }
 

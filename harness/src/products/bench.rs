@@ -130,6 +130,7 @@ pub fn routes() -> Value {
     json!([
         {"match": {"prefix": "/graceful/"}, "route": {"cluster": "upstream"}, "typed_per_filter_config": drain_enabled},
         {"match": {"path": "/grpc.health.v1.Health/Check"}, "route": {"cluster": "upstream"}, "typed_per_filter_config": drain_enabled},
+        {"match": {"path": "/grpc.health.v1.Health/Watch"}, "route": {"cluster": "upstream", "timeout": "0s"}, "typed_per_filter_config": drain_enabled},
         {"match": {"prefix": "/"}, "route": {"cluster": "upstream"}}
     ])
 }

@@ -211,6 +211,125 @@ impl H2Conn {
     }
 }
 
+/// What a gRPC server stream ([`H2Conn::grpc_stream`]) gives next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GrpcEvent {
+    /// One message, without its 5-byte frame prefix.
+    Message(Vec<u8>),
+    /// The stream ended with this `grpc-status` and `grpc-message` (in
+    /// trailers, or in the headers of a trailers-only answer).
+    Ended {
+        status: Option<String>,
+        message: Option<String>,
+    },
+    /// The stream was reset, or its connection failed.
+    Reset(String),
+}
+
+/// A gRPC call whose answer is read message by message.
+pub struct GrpcStream {
+    /// A trailers-only answer's end, told by the first `next`.
+    ended: Option<GrpcEvent>,
+    body: Option<h2::RecvStream>,
+    buf: Vec<u8>,
+}
+
+fn grpc_end(headers: &HeaderMap) -> GrpcEvent {
+    let text = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+    };
+    GrpcEvent::Ended {
+        status: text("grpc-status"),
+        message: text("grpc-message"),
+    }
+}
+
+impl GrpcStream {
+    /// The next message or the end, within `within`.
+    pub async fn next(&mut self, within: Duration) -> Result<GrpcEvent, String> {
+        tokio::time::timeout(within, self.read())
+            .await
+            .map_err(|_| format!("nothing on the gRPC stream within {within:?}"))
+    }
+
+    async fn read(&mut self) -> GrpcEvent {
+        if let Some(end) = self.ended.take() {
+            return end;
+        }
+        loop {
+            if self.buf.len() >= 5 {
+                let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]);
+                let end = 5 + len as usize;
+                if self.buf.len() >= end {
+                    let message = self.buf[5..end].to_vec();
+                    self.buf.drain(..end);
+                    return GrpcEvent::Message(message);
+                }
+            }
+            let Some(body) = self.body.as_mut() else {
+                return GrpcEvent::Reset("read past the end".into());
+            };
+            match body.data().await {
+                Some(Ok(chunk)) => {
+                    let _ = body.flow_control().release_capacity(chunk.len());
+                    self.buf.extend_from_slice(&chunk);
+                }
+                Some(Err(e)) => return GrpcEvent::Reset(e.to_string()),
+                None => {
+                    let end = match body.trailers().await {
+                        Ok(Some(t)) => grpc_end(&t),
+                        Ok(None) => GrpcEvent::Ended {
+                            status: None,
+                            message: None,
+                        },
+                        Err(e) => GrpcEvent::Reset(e.to_string()),
+                    };
+                    self.body = None;
+                    return end;
+                }
+            }
+        }
+    }
+}
+
+impl H2Conn {
+    /// Starts a gRPC call of `path` with one empty request message (a
+    /// `HealthCheckRequest` for every service) and returns once the answer's
+    /// headers arrived.
+    pub async fn grpc_stream(&mut self, path: &str) -> Result<GrpcStream, String> {
+        let fut = async {
+            let mut sender = self
+                .sender
+                .clone()
+                .ready()
+                .await
+                .map_err(|e| e.to_string())?;
+            let req = Request::post(format!("http://test{path}"))
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(())
+                .map_err(|e| e.to_string())?;
+            let (answer, mut send) = sender.send_request(req, false).map_err(|e| e.to_string())?;
+            send.send_data(grpc_frame(&[]), true)
+                .map_err(|e| e.to_string())?;
+            let answer = answer.await.map_err(|e| e.to_string())?;
+            let (parts, body) = answer.into_parts();
+            let trailers_only = parts.headers.contains_key("grpc-status");
+            Ok(GrpcStream {
+                ended: trailers_only.then(|| grpc_end(&parts.headers)),
+                body: (!trailers_only).then_some(body),
+                buf: Vec::new(),
+            })
+        };
+        tokio::time::timeout(REQUEST_TIMEOUT, fut)
+            .await
+            .map_err(|_| format!("POST {path}: no answer within {REQUEST_TIMEOUT:?}"))?
+    }
+}
+
 async fn collect(res: HyperResponse<Incoming>) -> Result<Response, String> {
     let (parts, body) = res.into_parts();
     let collected = body.collect().await.map_err(|e| e.to_string())?;

@@ -30,6 +30,21 @@ pub struct Paths {
     pub status: String,
     pub drained: String,
     pub grpc_health: String,
+    pub grpc_health_watch: String,
+}
+
+impl Paths {
+    /// Every endpoint's path beside its field name under `paths`.
+    pub fn named(&self) -> [(&'static str, &String); 6] {
+        [
+            ("closing", &self.closing),
+            ("ready", &self.ready),
+            ("status", &self.status),
+            ("drained", &self.drained),
+            ("grpc_health", &self.grpc_health),
+            ("grpc_health_watch", &self.grpc_health_watch),
+        ]
+    }
 }
 
 impl Default for Paths {
@@ -40,6 +55,7 @@ impl Default for Paths {
             status: "/graceful/status".into(),
             drained: "/graceful/drained".into(),
             grpc_health: "/grpc.health.v1.Health/Check".into(),
+            grpc_health_watch: "/grpc.health.v1.Health/Watch".into(),
         }
     }
 }
@@ -128,6 +144,7 @@ struct PathsDto {
     status: Option<String>,
     drained: Option<String>,
     grpc_health: Option<String>,
+    grpc_health_watch: Option<String>,
 }
 
 impl DrainConfig {
@@ -267,19 +284,18 @@ fn paths(dto: PathsDto) -> Result<Paths, ConfigError> {
         status: pick("paths.status", dto.status, defaults.status)?,
         drained: pick("paths.drained", dto.drained, defaults.drained)?,
         grpc_health: pick("paths.grpc_health", dto.grpc_health, defaults.grpc_health)?,
+        grpc_health_watch: pick(
+            "paths.grpc_health_watch",
+            dto.grpc_health_watch,
+            defaults.grpc_health_watch,
+        )?,
     };
-    let named = [
-        ("paths.closing", &paths.closing),
-        ("paths.ready", &paths.ready),
-        ("paths.status", &paths.status),
-        ("paths.drained", &paths.drained),
-        ("paths.grpc_health", &paths.grpc_health),
-    ];
+    let named = paths.named();
     for (i, (field, path)) in named.iter().enumerate() {
         if let Some((other, _)) = named.iter().take(i).find(|(_, p)| p == path) {
             return Err(ConfigError::new(
-                field,
-                format!("{path:?} is already used by {other}"),
+                &format!("paths.{field}"),
+                format!("{path:?} is already used by paths.{other}"),
             ));
         }
     }

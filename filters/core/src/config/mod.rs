@@ -324,6 +324,7 @@ mod tests {
             "allowed_sources",
             "admin_cluster",
             "max_waiters",
+            "close_connections",
         ];
         let consumer = [
             "closing_headers",
@@ -355,7 +356,7 @@ mod tests {
                 drain_err(&json),
             ));
         }
-        for field in ["closing", "ready", "status", "drained", "grpc_health"] {
+        for (field, _) in crate::config::Paths::default().named() {
             let json = format!(r#"{{"paths":{{"{field}":null}}}}"#);
             cases.push((json.clone(), format!("paths.{field}"), drain_err(&json)));
         }
@@ -364,7 +365,7 @@ mod tests {
             let err = ConsumerConfig::from_json(json.as_bytes()).unwrap_err();
             cases.push((json, field.into(), err));
         }
-        assert_eq!(cases.len(), 29);
+        assert_eq!(cases.len(), 31);
         for (json, field, err) in cases {
             assert_eq!(err.field, field, "{json}: {err}");
             assert_eq!(

@@ -5,7 +5,9 @@
 //! |---|---|
 //! | request headers, not an endpoint | nothing (one header read) |
 //! | `closing` (allowed source) | starts closing, raises the phase, answers 202 with the status |
-//! | `ready`, gRPC health | answers from the record (gRPC health while serving: the app's) |
+//! | `ready`, gRPC health `Check` | answers from the record (gRPC health while serving: the app's) |
+//! | gRPC health `Watch` | while serving, the app's, and this copy keeps the stream (at most [`MAX_WATCHES`]); once closing, answered `NOT_SERVING` |
+//! | tick, closing, kept `Watch` streams | wakes each: answered `NOT_SERVING`, which Envoy turns into a reset once the app's headers went out (the client's health check sees the stream fail); so none holds the gate |
 //! | `status`, `drained` | evaluates the gate ([`crate::drain::DrainCopy::advance`]) and answers; `drained?wait=` holds the stream until drained or its wait runs out |
 //! | tick (every [`TICK`]) | evaluates the gate; sends `on_drained` for a pass this copy made (on the tick or in an endpoint); wakes due long-polls; while serving, polls the admin's `/ready` (one copy per [`ADMIN_POLL_INTERVAL`], by lease) |
 //! | admin answer 503 `DRAINING` | starts closing (Envoy's `/healthcheck/fail`) |
@@ -41,6 +43,9 @@ pub const TICK: Duration = Duration::from_millis(50);
 /// How often one copy of the process asks the admin for `/ready`.
 pub const ADMIN_POLL_INTERVAL: Duration = Duration::from_secs(1);
 pub const ADMIN_POLL_TIMEOUT: Duration = Duration::from_secs(1);
+/// Most gRPC health `Watch` streams one copy keeps to end at closing; more
+/// go to the app unkept (the process exit ends them).
+pub const MAX_WATCHES: usize = 1024;
 /// How long after a failed `close_connections` call the next is sent.
 pub const CLOSE_RETRY: Duration = Duration::from_secs(1);
 pub const CLOSE_CALL_TIMEOUT: Duration = Duration::from_secs(1);
@@ -58,6 +63,10 @@ pub struct Drain {
 pub struct DrainState<W = ()> {
     copy: DrainCopy,
     waiters: Waiters<W>,
+    /// gRPC health `Watch` streams held by the app since serving.
+    watches: Waiters<W>,
+    /// Woken `Watch` streams not answered yet.
+    ending_watches: Vec<u32>,
     /// Token of the admin `/ready` call in flight.
     admin_call: Option<u32>,
     /// Token of the `on_drained` call in flight.
@@ -84,6 +93,8 @@ impl<W> Default for DrainState<W> {
         DrainState {
             copy: DrainCopy::default(),
             waiters: Waiters::default(),
+            watches: Waiters::default(),
+            ending_watches: Vec::new(),
             admin_call: None,
             callback_call: None,
             admin_warned: false,
@@ -196,6 +207,9 @@ impl Drain {
         waiter: impl FnOnce() -> (u32, W),
     ) -> Answer {
         let now = s.now_us();
+        if endpoint == Endpoint::GrpcHealthWatch {
+            return self.watch(state, s, waiter);
+        }
         Answer::Now(match endpoint {
             Endpoint::Closing => self.start_closing(state, s, now),
             Endpoint::Ready => match record::read(s.store()) {
@@ -216,12 +230,34 @@ impl Drain {
                 },
                 Err(e) => Reply::unavailable(&format!("{e:?}")),
             },
-            Endpoint::GrpcHealth => match record::read(s.store()) {
+            Endpoint::GrpcHealth | Endpoint::GrpcHealthWatch => match record::read(s.store()) {
                 // While serving, the app's own health service answers.
                 Ok(rec) if rec.phase == Phase::Serving => return Answer::App,
                 _ => Reply::grpc_not_serving(),
             },
         })
+    }
+
+    /// A gRPC health `Watch`: while serving, the app answers and this copy
+    /// keeps the stream to end at closing; once closing, `NOT_SERVING`.
+    fn watch<W>(
+        &self,
+        state: &impl StateCell<DrainState<W>>,
+        s: &impl Stream,
+        waiter: impl FnOnce() -> (u32, W),
+    ) -> Answer {
+        match record::read(s.store()) {
+            Ok(rec) if rec.phase == Phase::Serving => {
+                if state.with(|st| st.watches.len()) < MAX_WATCHES {
+                    let (id, wake) = waiter();
+                    state.with(|st| st.watches.hold(id, wake, u64::MAX));
+                }
+                Answer::App
+            }
+            // Unreadable state fails open: the app answers.
+            Err(_) => Answer::App,
+            Ok(_) => Answer::Now(Reply::grpc_not_serving()),
+        }
     }
 
     fn start_closing<W>(
@@ -291,8 +327,18 @@ impl Drain {
         }
     }
 
-    /// A woken long-poll's answer: `drained` with the status now.
-    pub fn answer_woken<W>(&self, state: &impl StateCell<DrainState<W>>, s: &impl Stream) {
+    /// A woken stream's answer: a kept `Watch` is told `NOT_SERVING`; a
+    /// long-poll gets `drained` with the status now.
+    pub fn answer_woken<W>(&self, state: &impl StateCell<DrainState<W>>, s: &impl Stream, id: u32) {
+        let watch = state.with(|st| {
+            let before = st.ending_watches.len();
+            st.ending_watches.retain(|w| *w != id);
+            st.ending_watches.len() != before
+        });
+        if watch {
+            send(s, &Reply::grpc_not_serving());
+            return;
+        }
         let now = s.now_us();
         let reply = match state.with(|st| self.look(st, s, now)) {
             Ok(eval) => Reply::drained(&eval.status(now)),
@@ -308,6 +354,8 @@ impl Drain {
         if st.waiters.release(id) {
             let _ = add_bounded(h.store(), keys::WAITERS.name, -1, u64::MAX);
         }
+        st.watches.release(id);
+        st.ending_watches.retain(|w| *w != id);
     }
 
     /// The tick (see the module table). `wake` is called for each due
@@ -333,14 +381,29 @@ impl Drain {
             self.call_on_drained(state, h, &body);
         }
         let drained = eval.rec.phase == Phase::Drained;
+        let closing = eval.rec.phase != Phase::Serving;
         let due = state.with(|st| {
-            let due = st.waiters.take_due(drained, now);
+            let mut due = st.waiters.take_due(drained, now);
             for (id, w) in &due {
                 let _ = add_bounded(h.store(), keys::WAITERS.name, -1, u64::MAX);
                 wake(*id, w);
             }
-            due
+            let watches = st.watches.take_due(closing, now);
+            for (id, w) in &watches {
+                st.ending_watches.push(*id);
+                wake(*id, w);
+            }
+            let ended = watches.len();
+            due.extend(watches);
+            (due, ended)
         });
+        let (due, ended) = due;
+        if ended > 0 {
+            h.log(
+                Level::Info,
+                &format!("closing: telling {ended} gRPC health Watch stream(s) NOT_SERVING"),
+            );
+        }
         if eval.rec.phase == Phase::Serving {
             self.poll_admin(state, h, now);
         }

@@ -231,7 +231,7 @@ fn a_long_poll_is_held_then_woken_once_drained() {
     h.metric_add(Metric::ProviderInflight, -1);
     let due = d.tick(&st, &h, |id, w| woken.push((id, *w)));
     assert_eq!((due, woken), (vec![(5, 'w')], vec![(5, 'w')]));
-    d.answer_woken(&st, &h);
+    d.answer_woken(&st, &h, 5);
     assert_eq!(only_reply(&h).status, 200);
     // Its slot was freed when woken: ending the stream frees nothing more.
     d.release(&mut st.borrow_mut(), &h, 5);
@@ -251,7 +251,7 @@ fn a_long_poll_past_its_wait_is_answered_503_and_a_gone_one_frees_its_slot() {
     assert_eq!(only_reply(&h).status, 429);
     h.advance(Duration::from_secs(2));
     assert_eq!(d.tick(&st, &h, |_, _| {}), vec![(1, ())]);
-    d.answer_woken(&st, &h);
+    d.answer_woken(&st, &h, 1);
     assert_eq!(only_reply(&h).status, 503);
     // A held stream that goes away frees its slot.
     assert_eq!(d.request_headers(&st, &h, || (3, ())), Action::Stop);
@@ -327,6 +327,59 @@ fn a_bad_config_is_refused_naming_the_field() {
         .err()
         .unwrap_or_default();
     assert!(err.contains("max_waiters"), "{err}");
+}
+
+const WATCH: &str = "/grpc.health.v1.Health/Watch";
+
+#[test]
+fn a_watch_held_since_serving_is_told_at_closing_and_a_new_one_at_once() {
+    let h = MockHost::new();
+    let (d, st) = (drain(&h, ""), state());
+    // Serving: the app answers each Watch; this copy keeps them.
+    request(&h, "POST", WATCH, "10.0.0.9:4000");
+    assert_eq!(d.request_headers(&st, &h, || (11, ())), Action::Continue);
+    assert_eq!(d.request_headers(&st, &h, || (12, ())), Action::Continue);
+    // One ends by itself.
+    d.release(&mut st.borrow_mut(), &h, 12);
+    let mut woken = Vec::new();
+    assert!(d.tick(&st, &h, |id, w| woken.push((id, *w))).is_empty());
+    assert!(h.replies().is_empty());
+    call(&d, &st, &h, "POST", "/graceful/closing");
+    h.take_replies();
+    // The next tick wakes the kept one, once.
+    let due = d.tick(&st, &h, |id, w| woken.push((id, *w)));
+    assert_eq!((due, woken.clone()), (vec![(11, ())], vec![(11, ())]));
+    assert!(d.tick(&st, &h, |id, w| woken.push((id, *w))).is_empty());
+    assert_eq!(woken.len(), 1, "woken once");
+    d.answer_woken(&st, &h, 11);
+    let r = only_reply(&h);
+    assert_eq!(
+        (r.grpc_status, r.body_text().as_str()),
+        (Some(14), "NOT_SERVING")
+    );
+    // A new Watch after closing: NOT_SERVING at once, the app never asked.
+    request(&h, "POST", WATCH, "10.0.0.9:4001");
+    assert_eq!(d.request_headers(&st, &h, || (13, ())), Action::Stop);
+    assert_eq!(only_reply(&h).grpc_status, Some(14));
+    // Other methods on the path are the app's.
+    request(&h, "GET", WATCH, "10.0.0.9:4002");
+    assert_eq!(d.request_headers(&st, &h, || (14, ())), Action::Continue);
+    // Not a long-poll: the slot counter never moved.
+    let waiters = h.store().get(keys::WAITERS.name).ok().flatten();
+    assert_eq!(waiters.map(|(v, _)| v), Some(0u64.to_le_bytes().to_vec()));
+}
+
+#[test]
+fn watches_past_the_bound_go_to_the_app_unkept() {
+    let h = MockHost::new();
+    let (d, st) = (drain(&h, ""), state());
+    request(&h, "POST", WATCH, "10.0.0.9:4000");
+    for id in 0..MAX_WATCHES as u32 + 5 {
+        assert_eq!(d.request_headers(&st, &h, || (id, ())), Action::Continue);
+    }
+    call(&d, &st, &h, "POST", "/graceful/closing");
+    h.take_replies();
+    assert_eq!(d.tick(&st, &h, |_, _| {}).len(), MAX_WATCHES);
 }
 
 /// The drain's calls to the admin cluster `admin` other than `/ready`.
