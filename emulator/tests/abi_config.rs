@@ -231,13 +231,15 @@ fn it_refuses_every_bad_consumer_field() {
 #[test]
 fn it_starts_with_empty_and_with_complete_configurations() {
     let cases: &[(Filter, &str, Option<Duration>)] = &[
-        (Filter::Provider, "", None),
-        (Filter::Provider, " \n", None),
+        // The provider ticks to end its long-lived streams once drained.
+        (Filter::Provider, "", Some(Duration::from_millis(100))),
+        (Filter::Provider, " \n", Some(Duration::from_millis(100))),
         (
             Filter::Provider,
             r#"{"closing_header":"Closing","instance_header":"X-Pod","instance_id":"pod-7",
-               "immediate_health_check_fail":true,"reject_when_drained":false}"#,
-            None,
+               "immediate_health_check_fail":true,"reject_when_drained":false,
+               "long_lived_paths":["/events","/stream/*"],"long_lived_upgrades":false}"#,
+            Some(Duration::from_millis(100)),
         ),
         (Filter::Drain, "{}", Some(Duration::from_millis(50))),
         (

@@ -143,7 +143,7 @@ fn an_ordinary_request_costs_each_filter_exactly_its_pinned_count() {
     // (filter, config, the callbacks entered in order, the hostcalls in
     // order: their kinds matter as much as their number, a call that
     // returns data costs several times one that does not)
-    let pinned: [(Filter, &str, &[&str], &[&str]); 3] = [
+    let pinned: [(Filter, &str, &[&str], &[&str]); 4] = [
         (
             Filter::Drain,
             "",
@@ -165,14 +165,35 @@ fn an_ordinary_request_costs_each_filter_exactly_its_pinned_count() {
                 "proxy_on_delete",
             ],
             &[
-                // request: in flight +1, the gate, started +1
+                // request: in flight +1, the gate, started +1, `upgrade`
+                // (a WebSocket is a long-lived stream: long_lived_upgrades)
                 "proxy_increment_metric",
                 "proxy_get_metric",
                 "proxy_increment_metric",
+                "proxy_get_header_map_value",
                 // response headers: the instance id, the phase
                 "proxy_replace_header_map_value",
                 "proxy_get_metric",
                 // delete: in flight -1
+                "proxy_increment_metric",
+            ],
+        ),
+        (
+            Filter::Provider,
+            r#"{"long_lived_upgrades": false}"#,
+            &[
+                "proxy_on_context_create",
+                "proxy_on_request_headers",
+                "proxy_on_response_headers",
+                "proxy_on_delete",
+            ],
+            &[
+                // no long-lived streams to tell: no header read
+                "proxy_increment_metric",
+                "proxy_get_metric",
+                "proxy_increment_metric",
+                "proxy_replace_header_map_value",
+                "proxy_get_metric",
                 "proxy_increment_metric",
             ],
         ),

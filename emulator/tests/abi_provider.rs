@@ -150,22 +150,30 @@ fn it_counts_inflight_exactly_across_two_workers_with_resets_and_local_replies()
 }
 
 #[test]
-fn an_ordinary_request_touches_no_shared_data_and_reads_no_header() {
-    let (mut host, w0, _w1) = process("");
-    let before = host.trace().len();
-    let s = get(&mut host, w0, "/");
-    ok(&mut host, s);
-    host.log(s);
-    let trace = host.trace()[before..].to_string();
-    for call in [
-        "get_shared_data",
-        "set_shared_data",
-        "get_header_map_value",
-        "get_current_time",
-    ] {
-        assert!(!trace.contains(call), "{call} while serving:\n{trace}");
+fn an_ordinary_request_touches_no_shared_data_and_reads_one_header_at_most() {
+    // (config, the header reads: `upgrade` only where upgrades are
+    // long-lived streams)
+    for (config, reads) in [("", 1), (r#"{"long_lived_upgrades": false}"#, 0)] {
+        let (mut host, w0, _w1) = process(config);
+        let before = host.trace().len();
+        let s = get(&mut host, w0, "/");
+        ok(&mut host, s);
+        host.log(s);
+        let trace = host.trace()[before..].to_string();
+        for call in ["get_shared_data", "set_shared_data", "get_current_time"] {
+            assert!(!trace.contains(call), "{call} while serving:\n{trace}");
+        }
+        let header_reads: Vec<&str> = trace
+            .lines()
+            .filter(|l| l.contains("proxy_get_header_map_value"))
+            .collect();
+        assert_eq!(header_reads.len(), reads, "{config}: {trace}");
+        assert!(
+            header_reads.iter().all(|l| l.contains("\"upgrade\"")),
+            "{trace}"
+        );
+        assert!(trace.contains("proxy_get_metric"), "{trace}");
     }
-    assert!(trace.contains("proxy_get_metric"), "{trace}");
 }
 
 #[test]

@@ -917,3 +917,64 @@ async fn it_tells_a_grpc_health_watch_of_the_closing_and_the_watch_holds_no_gate
     .await;
     assert!(!drained.forced, "{drained:?}");
 }
+
+/// A gRPC server stream the app never ends. Configured as long-lived it
+/// leaves the in-flight count, the gate passes unforced with it open, and
+/// it ends within a tick of the pass (a reset: its headers went out; a
+/// gRPC client reads the stream as failed, not OK). Not configured, it
+/// holds the gate until the step timeout forces it (the old behaviour).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_long_lived_stream_does_not_hold_the_gate_and_ends_at_drained() {
+    use client::{GrpcEvent, H2Conn};
+    let drain = r#"{"consumer_update_wait":"1s","quiet_window":"500ms","step_timeout":"2s","timeout":"60s","admin_cluster":"envoy_admin"}"#;
+    for (provider, long_lived) in [(r#"{"long_lived_paths":["/grpc/*"]}"#, true), ("{}", false)] {
+        let (s, _) = sidecar(&format!("long-lived-{long_lived}"), drain, provider).await;
+        let mut h2 = H2Conn::connect(s.inbound).await.unwrap();
+        let mut held = h2.grpc_stream("/grpc/hold").await.unwrap();
+        assert_eq!(
+            held.next(Duration::from_secs(5)).await,
+            Ok(GrpcEvent::Message(b"hello".to_vec()))
+        );
+        let inflight = s.envoy.stat("wasmcustom.graceful_provider_inflight").await;
+        assert_eq!(
+            inflight,
+            Some(u64::from(!long_lived)),
+            "long-lived {long_lived}"
+        );
+        assert_eq!(
+            client::post(s.inbound, "/graceful/closing")
+                .await
+                .unwrap()
+                .status,
+            202
+        );
+        let t0 = Instant::now();
+        let drained = eventually("the gate to pass", Duration::from_secs(15), || async {
+            let st = status(&s).await;
+            (st.phase == "drained").then_some(st)
+        })
+        .await;
+        let passed = t0.elapsed();
+        println!(
+            "long-lived {long_lived}: gate passed at {passed:?}, forced {}",
+            drained.forced
+        );
+        assert_eq!(drained.forced, !long_lived, "{drained:?}");
+        if long_lived {
+            let end = held.next(Duration::from_secs(2)).await;
+            println!("the held stream after the pass: {end:?}");
+            let failed = match &end {
+                Ok(GrpcEvent::Reset(_)) => true,
+                Ok(GrpcEvent::Ended {
+                    status: Some(code), ..
+                }) => code != "0",
+                _ => false,
+            };
+            assert!(failed, "{end:?}\n{}", s.envoy.log());
+            assert!(s
+                .envoy
+                .log()
+                .contains("drained: ending 1 long-lived stream(s)"));
+        }
+    }
+}

@@ -10,6 +10,7 @@
 //! | `/grpc/no-trailers`              | gRPC content type, one message, no trailers                 |
 //! | `/grpc.health.v1.Health/Check`   | gRPC health: SERVING                                        |
 //! | `/grpc.health.v1.Health/Watch`   | gRPC health stream: SERVING, then held for 10 minutes (OK)  |
+//! | `/grpc/hold`                     | gRPC server stream: one message, then held for 10 minutes   |
 //! | `POST /shutdown`                 | 200; counted in `shutdown_calls` (an `on_drained` hook)     |
 //! | `/graceful/ready`                | what graceful_drain answers a consumer's probe: 200 (503 while closing) with the instance id and `x-graceful-address` |
 //! | anything else                    | 200 `ok`, after the configured latency                      |
@@ -211,16 +212,32 @@ impl hyper::body::Body for ResetBody {
     }
 }
 
-/// A gRPC health `Watch` answer: one SERVING message, then the stream held
-/// open (nothing changes while the app runs) until `hold` runs out, then
-/// `grpc-status: 0`.
-struct WatchBody {
+/// A held gRPC server stream (a health `Watch`: nothing changes while the
+/// app runs): one message, then the stream open until `hold` runs out,
+/// then `grpc-status: 0`.
+struct HeldBody {
+    message: &'static [u8],
     sent: bool,
     hold: std::pin::Pin<Box<tokio::time::Sleep>>,
     ended: bool,
 }
 
-impl hyper::body::Body for WatchBody {
+impl HeldBody {
+    fn response(message: &'static [u8]) -> Response<Body> {
+        let body = HeldBody {
+            message,
+            sent: false,
+            hold: Box::pin(tokio::time::sleep(Duration::from_secs(600))),
+            ended: false,
+        };
+        let mut res = Response::new(BodyExt::boxed(body));
+        res.headers_mut()
+            .insert("content-type", HeaderValue::from_static("application/grpc"));
+        res
+    }
+}
+
+impl hyper::body::Body for HeldBody {
     type Data = Bytes;
     type Error = std::io::Error;
 
@@ -231,10 +248,7 @@ impl hyper::body::Body for WatchBody {
         use std::task::Poll;
         if !self.sent {
             self.sent = true;
-            // HealthCheckResponse { status: SERVING (1) }
-            return Poll::Ready(Some(Ok(hyper::body::Frame::data(grpc_frame(&[
-                0x08, 0x01,
-            ])))));
+            return Poll::Ready(Some(Ok(hyper::body::Frame::data(grpc_frame(self.message)))));
         }
         if self.ended {
             return Poll::Ready(None);
@@ -356,18 +370,9 @@ async fn route(
         (_, "/grpc/no-trailers") => grpc(b"hello", false),
         // HealthCheckResponse { status: SERVING (1) }
         (_, "/grpc.health.v1.Health/Check") => grpc(&[0x08, 0x01], true),
-        (_, "/grpc.health.v1.Health/Watch") => {
-            let hold = Box::pin(tokio::time::sleep(Duration::from_secs(600)));
-            let body = WatchBody {
-                sent: false,
-                hold,
-                ended: false,
-            };
-            let mut res = Response::new(BodyExt::boxed(body));
-            res.headers_mut()
-                .insert("content-type", HeaderValue::from_static("application/grpc"));
-            res
-        }
+        // HealthCheckResponse { status: SERVING (1) }
+        (_, "/grpc.health.v1.Health/Watch") => HeldBody::response(&[0x08, 0x01]),
+        (_, "/grpc/hold") => HeldBody::response(b"hello"),
         (_, "/echo.Echo/Say") => {
             sleep(config.latency).await;
             // The request's single frame, echoed: strip the 5-byte prefix.

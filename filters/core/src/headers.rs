@@ -29,6 +29,9 @@ pub const CONTENT_TYPE: &str = "content-type";
 pub const STATUS: &str = ":status";
 pub const PATH: &str = ":path";
 pub const METHOD: &str = ":method";
+/// An upgrade request's (WebSocket; Envoy shows an HTTP/2 extended CONNECT
+/// to filters in this form too).
+pub const UPGRADE: &str = "upgrade";
 pub const AUTHORITY: &str = ":authority";
 
 /// The `:authority` of calls to Envoy's admin through an admin cluster.

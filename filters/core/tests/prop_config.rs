@@ -11,8 +11,8 @@
 use std::time::Duration;
 
 use graceful_core::config::{
-    CloseConnections, ConsumerConfig, DrainConfig, OnDrained, Paths, ProviderConfig,
-    MAX_MAX_TOMBSTONES, MAX_MAX_WAITERS, MAX_ON_DRAINED_TIMEOUT,
+    CloseConnections, ConsumerConfig, DrainConfig, LongLivedPath, OnDrained, Paths, ProviderConfig,
+    MAX_LONG_LIVED_PATHS, MAX_MAX_TOMBSTONES, MAX_MAX_WAITERS, MAX_ON_DRAINED_TIMEOUT,
 };
 use graceful_core::duration::{format_duration, MAX_DURATION};
 use graceful_core::net::Cidr;
@@ -75,17 +75,39 @@ fn provider() -> impl Strategy<Value = ProviderConfig> {
         prop::option::of("[!-~]{1,128}"),
         any::<bool>(),
         any::<bool>(),
+        // A trailing `*` writes a prefix: no exact path ends in one.
+        prop::collection::vec(
+            (
+                url_path().prop_filter("no trailing *", |p| !p.ends_with('*')),
+                any::<bool>(),
+            ),
+            0..4,
+        ),
+        any::<bool>(),
     )
         .prop_filter("instance_header must differ", |(c, i, ..)| {
             i.as_ref() != Some(c)
         })
         .prop_map(
-            |(closing_header, instance_header, instance_id, ihcf, reject)| ProviderConfig {
-                closing_header,
-                instance_header,
-                instance_id,
-                immediate_health_check_fail: ihcf,
-                reject_when_drained: reject,
+            |(closing_header, instance_header, instance_id, ihcf, reject, paths, upgrades)| {
+                ProviderConfig {
+                    closing_header,
+                    instance_header,
+                    instance_id,
+                    immediate_health_check_fail: ihcf,
+                    reject_when_drained: reject,
+                    long_lived_paths: paths
+                        .into_iter()
+                        .map(|(p, prefix)| {
+                            if prefix {
+                                LongLivedPath::Prefix(p)
+                            } else {
+                                LongLivedPath::Exact(p)
+                            }
+                        })
+                        .collect(),
+                    long_lived_upgrades: upgrades,
+                }
             },
         )
 }
@@ -97,6 +119,11 @@ fn provider_json(c: &ProviderConfig, mask: u64) -> Value {
         "instance_id": c.instance_id,
         "immediate_health_check_fail": c.immediate_health_check_fail,
         "reject_when_drained": c.reject_when_drained,
+        "long_lived_paths": c.long_lived_paths.iter().map(|p| match p {
+            LongLivedPath::Exact(p) => p.clone(),
+            LongLivedPath::Prefix(p) => format!("{p}*"),
+        }).collect::<Vec<_>>(),
+        "long_lived_upgrades": c.long_lived_upgrades,
     })
     .as_object()
     .map(|m| {
@@ -300,6 +327,7 @@ enum Kind {
     Headers,
     Path,
     CloseConnections,
+    LongLivedPaths,
 }
 
 const PROVIDER_FIELDS: &[(&str, Kind)] = &[
@@ -308,6 +336,8 @@ const PROVIDER_FIELDS: &[(&str, Kind)] = &[
     ("instance_id", Kind::Id),
     ("immediate_health_check_fail", Kind::Bool),
     ("reject_when_drained", Kind::Bool),
+    ("long_lived_paths", Kind::LongLivedPaths),
+    ("long_lived_upgrades", Kind::Bool),
 ];
 
 const DRAIN_FIELDS: &[(&str, Kind)] = &[
@@ -457,6 +487,16 @@ fn field_value(kind: Kind) -> BoxedStrategy<Value> {
             )
         })
         .boxed(),
+        Kind::LongLivedPaths => prop::collection::vec(
+            prop_oneof![
+                4 => url_path(),
+                2 => url_path().prop_map(|p| format!("{p}*")),
+                1 => "[ -~]{0,8}",
+            ],
+            0..4,
+        )
+        .prop_map(|v| json!(v))
+        .boxed(),
         Kind::Headers => prop::collection::vec(
             prop_oneof![
                 6 => (header(), any::<u64>()).prop_map(|(h, m)| recased(&h, m)),
@@ -516,6 +556,11 @@ fn check_provider(c: &ProviderConfig) -> Result<(), TestCaseError> {
     }
     if let Some(id) = &c.instance_id {
         prop_assert!(graceful_core::instance::is_valid(id.as_bytes()));
+    }
+    prop_assert!(c.long_lived_paths.len() <= MAX_LONG_LIVED_PATHS);
+    for p in &c.long_lived_paths {
+        let (LongLivedPath::Exact(p) | LongLivedPath::Prefix(p)) = p;
+        prop_assert!(p.starts_with('/') && !p.contains('?'), "{p}");
     }
     Ok(())
 }

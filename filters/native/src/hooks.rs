@@ -42,7 +42,7 @@ enum FilterConfig {
 }
 
 enum FilterStream {
-    Provider(graceful_core::filter::provider::ProviderStream),
+    Provider(provider::NativeProviderStream),
     Drain(drain::DrainStream),
     Consumer(consumer::ConsumerStream),
 }
@@ -325,7 +325,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: Fil
     });
 }
 
-/// A held long-poll woken by the drain tick, on its worker.
+/// A stream woken by a tick, on its worker: the drain's held long-poll or
+/// Watch, the provider's kept long-lived stream.
 ///
 /// # Safety
 /// Envoy's pointers for a live stream.
@@ -337,15 +338,17 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
 ) {
     // SAFETY: a live filter.
     unsafe {
-        on_stream("scheduled", module, (), |stream, c| {
-            if let (FilterStream::Drain(d), FilterConfig::Drain(dc)) = (stream, c) {
-                d.scheduled(dc, Stream(envoy));
+        on_stream("scheduled", module, (), |stream, c| match (stream, c) {
+            (FilterStream::Drain(d), FilterConfig::Drain(dc)) => d.scheduled(dc, Stream(envoy)),
+            (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
+                pc.scheduled(p, Stream(envoy))
             }
+            _ => {}
         })
     }
 }
 
-/// The drain timer's tick, on the main thread.
+/// A config timer's tick (drain, provider, consumer), on the main thread.
 ///
 /// # Safety
 /// `config` came from `config_new`.
@@ -360,6 +363,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
         match unsafe { config.cast::<FilterConfig>().as_ref() } {
             Some(FilterConfig::Drain(dc)) => dc.tick(),
             Some(FilterConfig::Consumer(kc)) => kc.tick(),
+            Some(FilterConfig::Provider(pc)) => pc.tick(),
             _ => {}
         }
     });

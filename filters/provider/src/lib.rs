@@ -5,15 +5,19 @@
 //! An ordinary request enters the VM four times (context create, request
 //! headers, response headers, delete: one more than a filter that only adds
 //! a response header) and makes only the cheapest hostcalls: gauge +1, one
-//! gauge read (the gate), counter +1; on the response the instance header
-//! and one gauge read (the phase); gauge −1 at the end. No shared data, no
-//! clock, no header read.
+//! gauge read (the gate), counter +1, one header read (`upgrade`: is it a
+//! long-lived stream?); on the response the instance header and one gauge
+//! read (the phase); gauge −1 at the end. No shared data, no clock. Every
+//! VM copy ticks to end its kept long-lived streams once drained, answering
+//! each through its context, made effective.
 
+use std::cell::RefCell;
 use std::rc::Rc;
 
-use graceful_core::filter::provider::{Provider, ProviderStream};
+use graceful_core::filter::provider::{LongLived, Provider, ProviderStream, TICK};
 use graceful_core::keys::Owner;
 use graceful_guest::{action, Guest};
+use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};
 use proxy_wasm::types::{Action, ContextType, LogLevel};
 
@@ -25,6 +29,8 @@ proxy_wasm::main! {{
 struct Shared {
     provider: Provider,
     host: Guest,
+    /// This VM copy's kept long-lived streams.
+    long_lived: RefCell<LongLived>,
 }
 
 struct ProviderRoot {
@@ -38,7 +44,12 @@ impl RootContext for ProviderRoot {
         let host = Guest::define(Owner::Provider);
         match Provider::configure(&host, &graceful_guest::plugin_configuration()) {
             Ok(provider) => {
-                self.shared = Some(Rc::new(Shared { provider, host }));
+                self.shared = Some(Rc::new(Shared {
+                    provider,
+                    host,
+                    long_lived: RefCell::new(LongLived::default()),
+                }));
+                graceful_guest::set_tick_period(TICK);
                 true
             }
             Err(e) => {
@@ -48,12 +59,26 @@ impl RootContext for ProviderRoot {
         }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn on_tick(&mut self) {
+        let Some(s) = &self.shared else {
+            return;
+        };
+        for (context_id, ()) in s.provider.tick(&s.long_lived, &s.host, |_, _| {}) {
+            // The stream may have gone meanwhile: then the host refuses the
+            // context and there is nobody to answer.
+            if hostcalls::set_effective_context(context_id).is_ok() {
+                s.provider.answer_woken(&s.host);
+            }
+        }
+    }
+
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         // The SDK panics on None; an unconfigured root (Envoy never routes
         // streams to one) gets a stream that does nothing.
         Some(Box::new(WasmStream {
             shared: self.shared.clone(),
             stream: ProviderStream::default(),
+            context_id,
         }))
     }
 
@@ -65,14 +90,19 @@ impl RootContext for ProviderRoot {
 struct WasmStream {
     shared: Option<Rc<Shared>>,
     stream: ProviderStream,
+    context_id: u32,
 }
 
 impl Context for WasmStream {}
 
 impl HttpContext for WasmStream {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+        let id = self.context_id;
         self.shared.as_ref().map_or(Action::Continue, |s| {
-            action(s.provider.request_headers(&self.stream, &s.host))
+            action(
+                s.provider
+                    .request_headers(&self.stream, &s.host, &s.long_lived, || (id, ())),
+            )
         })
     }
 
@@ -97,7 +127,7 @@ impl HttpContext for WasmStream {
 impl Drop for WasmStream {
     fn drop(&mut self) {
         if let Some(s) = &self.shared {
-            s.provider.stream_end(&self.stream, &s.host);
+            s.provider.stream_end(&self.stream, &s.host, &s.long_lived);
         }
     }
 }

@@ -33,7 +33,10 @@ pub use drain::{
     DEFAULT_ON_DRAINED_TIMEOUT, DEFAULT_QUIET_WINDOW, DEFAULT_STEP_TIMEOUT, DEFAULT_TIMEOUT,
     MAX_MAX_WAITERS, MAX_ON_DRAINED_TIMEOUT,
 };
-pub use provider::{ProviderConfig, DEFAULT_CLOSING_HEADER, DEFAULT_INSTANCE_HEADER};
+pub use provider::{
+    LongLivedPath, ProviderConfig, DEFAULT_CLOSING_HEADER, DEFAULT_INSTANCE_HEADER,
+    MAX_LONG_LIVED_PATHS,
+};
 
 /// A refused configuration: which field, and why. Displayed as one log line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -315,6 +318,8 @@ mod tests {
             "instance_id",
             "immediate_health_check_fail",
             "reject_when_drained",
+            "long_lived_paths",
+            "long_lived_upgrades",
         ];
         let drain = [
             "consumer_update_wait",
@@ -365,7 +370,7 @@ mod tests {
             let err = ConsumerConfig::from_json(json.as_bytes()).unwrap_err();
             cases.push((json, field.into(), err));
         }
-        assert_eq!(cases.len(), 31);
+        assert_eq!(cases.len(), 33);
         for (json, field, err) in cases {
             assert_eq!(err.field, field, "{json}: {err}");
             assert_eq!(

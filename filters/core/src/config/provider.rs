@@ -2,11 +2,31 @@
 
 use serde::Deserialize;
 
-use super::{header_name, read_dto, ConfigError};
+use super::{header_name, read_dto, url_path, ConfigError};
 
 /// Defaults fixed by the public contract.
 pub const DEFAULT_CLOSING_HEADER: &str = "x-graceful-closing";
 pub const DEFAULT_INSTANCE_HEADER: &str = "x-graceful-instance";
+/// Most entries in `long_lived_paths`.
+pub const MAX_LONG_LIVED_PATHS: usize = 32;
+
+/// A path whose requests are long-lived streams: exact, or every path
+/// under a prefix (written with a trailing `*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LongLivedPath {
+    Exact(String),
+    Prefix(String),
+}
+
+impl LongLivedPath {
+    /// Whether `path` (query excluded) is this one.
+    pub fn matches(&self, path: &[u8]) -> bool {
+        match self {
+            LongLivedPath::Exact(p) => p.as_bytes() == path,
+            LongLivedPath::Prefix(p) => path.starts_with(p.as_bytes()),
+        }
+    }
+}
 
 /// Validated configuration of `graceful_provider`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -19,6 +39,12 @@ pub struct ProviderConfig {
     pub instance_id: Option<String>,
     pub immediate_health_check_fail: bool,
     pub reject_when_drained: bool,
+    /// Requests on these paths are long-lived streams: not in the in-flight
+    /// count, ended when the gate passes.
+    pub long_lived_paths: Vec<LongLivedPath>,
+    /// Upgraded requests (WebSocket, over HTTP/1.1 or HTTP/2) are
+    /// long-lived streams too.
+    pub long_lived_upgrades: bool,
 }
 
 #[derive(Deserialize, Default)]
@@ -29,6 +55,8 @@ struct ProviderDto {
     instance_id: Option<String>,
     immediate_health_check_fail: Option<bool>,
     reject_when_drained: Option<bool>,
+    long_lived_paths: Option<Vec<String>>,
+    long_lived_upgrades: Option<bool>,
 }
 
 impl ProviderConfig {
@@ -58,12 +86,32 @@ impl ProviderConfig {
             None => None,
             Some(id) => Some(instance_id("instance_id", &id)?),
         };
+        let paths = dto.long_lived_paths.unwrap_or_default();
+        if paths.len() > MAX_LONG_LIVED_PATHS {
+            return Err(ConfigError::new(
+                "long_lived_paths",
+                format!("{} entries, at most {MAX_LONG_LIVED_PATHS}", paths.len()),
+            ));
+        }
+        let long_lived_paths = paths
+            .iter()
+            .enumerate()
+            .map(|(i, p)| {
+                let field = format!("long_lived_paths[{i}]");
+                match p.strip_suffix('*') {
+                    Some(prefix) => url_path(&field, prefix).map(LongLivedPath::Prefix),
+                    None => url_path(&field, p).map(LongLivedPath::Exact),
+                }
+            })
+            .collect::<Result<_, _>>()?;
         Ok(ProviderConfig {
             closing_header,
             instance_header,
             instance_id,
             immediate_health_check_fail: dto.immediate_health_check_fail.unwrap_or(false),
             reject_when_drained: dto.reject_when_drained.unwrap_or(true),
+            long_lived_paths,
+            long_lived_upgrades: dto.long_lived_upgrades.unwrap_or(true),
         })
     }
 }
@@ -100,7 +148,44 @@ mod tests {
             assert_eq!(cfg.instance_id, None);
             assert!(!cfg.immediate_health_check_fail);
             assert!(cfg.reject_when_drained);
+            assert_eq!(cfg.long_lived_paths, Vec::new());
+            assert!(cfg.long_lived_upgrades);
         }
+    }
+
+    #[test]
+    fn long_lived_paths_are_exact_or_prefixes_and_bad_ones_are_named() {
+        let cfg = ProviderConfig::from_json(
+            br#"{"long_lived_paths":["/events","/stream/*"],"long_lived_upgrades":false}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.long_lived_paths,
+            vec![
+                LongLivedPath::Exact("/events".into()),
+                LongLivedPath::Prefix("/stream/".into())
+            ]
+        );
+        assert!(!cfg.long_lived_upgrades);
+        let [exact, prefix] = [&cfg.long_lived_paths[0], &cfg.long_lived_paths[1]];
+        assert!(exact.matches(b"/events") && !exact.matches(b"/events/1"));
+        assert!(prefix.matches(b"/stream/1") && !prefix.matches(b"/streams"));
+        for (json, field) in [
+            (r#"{"long_lived_paths":["events"]}"#, "long_lived_paths[0]"),
+            (
+                r#"{"long_lived_paths":["/a","/b c"]}"#,
+                "long_lived_paths[1]",
+            ),
+            (r#"{"long_lived_paths":"/a"}"#, "long_lived_paths"),
+            (r#"{"long_lived_upgrades":"yes"}"#, "long_lived_upgrades"),
+        ] {
+            assert_eq!(provider_err(json).field, field, "{json}");
+        }
+        let many: Vec<String> = (0..=MAX_LONG_LIVED_PATHS)
+            .map(|i| format!("\"/p{i}\""))
+            .collect();
+        let json = format!(r#"{{"long_lived_paths":[{}]}}"#, many.join(","));
+        assert_eq!(provider_err(&json).field, "long_lived_paths");
     }
 
     #[test]

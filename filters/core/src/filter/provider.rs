@@ -7,20 +7,67 @@
 //!
 //! | callback | reads | writes |
 //! |---|---|---|
-//! | request headers | gate gauge | in flight +1, started +1; or rejected +1 and the marked 503 |
+//! | request headers | gate gauge; `upgrade` (with `long_lived_upgrades`), `:path` (with `long_lived_paths`) | in flight +1, started +1; or rejected +1 and the marked 503; a long-lived stream leaves the in-flight count at once and is kept by this copy (at most [`MAX_LONG_LIVED`]) |
 //! | response headers | phase gauge | instance header; the closing mark while closing (closing_marked +1 once) |
 //! | response trailers | phase gauge | the closing mark while closing |
-//! | stream end | nothing | in flight −1 if counted |
+//! | tick (every [`TICK`]) | gate gauge | once the gate passed, wakes every kept long-lived stream |
+//! | woken long-lived stream | nothing | the marked 503 (gRPC UNAVAILABLE); Envoy resets a stream whose headers went out |
+//! | stream end | nothing | in flight −1 if counted; a kept stream is forgotten |
+//!
+//! A long-lived stream (a WebSocket, a gRPC stream the app never ends)
+//! would hold the drain gate until its `timeout` and then be cut by the
+//! process exit; kept out of the count, it is ended when the gate passes,
+//! with a status its client retries.
 
 use std::cell::Cell;
+use std::time::Duration;
 
-use super::host::{Action, Host, HostMetrics, Level, LocalReply, Map, Stream};
+use super::host::{Action, Host, HostMetrics, Level, LocalReply, Map, StateCell, Stream};
 use crate::config::ProviderConfig;
+use crate::endpoints::Waiters;
 use crate::gate::{self, Admission};
-use crate::headers::IMMEDIATE_HC_FAIL;
+use crate::headers::{IMMEDIATE_HC_FAIL, PATH, UPGRADE};
 use crate::instance;
 use crate::keys::{self, Owner};
 use crate::metrics::Metric;
+
+/// How often each copy looks whether the gate passed, to end its kept
+/// long-lived streams: they end at most this late.
+pub const TICK: Duration = Duration::from_millis(100);
+/// Most long-lived streams one copy keeps; more are counted in flight as
+/// any request (they hold the gate, as before).
+pub const MAX_LONG_LIVED: usize = 1024;
+
+/// One copy's kept long-lived streams (a VM copy's; the native config's).
+/// `W` wakes one (nothing in a VM, whose tick answers through the
+/// stream's context id; the stream's scheduler natively).
+#[derive(Debug)]
+pub struct LongLived<W = ()> {
+    kept: Waiters<W>,
+}
+
+impl<W> Default for LongLived<W> {
+    fn default() -> Self {
+        LongLived {
+            kept: Waiters::default(),
+        }
+    }
+}
+
+impl<W> LongLived<W> {
+    pub fn len(&self) -> usize {
+        self.kept.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.kept.is_empty()
+    }
+
+    /// Forgets stream `id` (it ended); true if it was kept.
+    pub fn release(&mut self, id: u32) -> bool {
+        self.kept.release(id)
+    }
+}
 
 /// One configured provider.
 pub struct Provider {
@@ -37,6 +84,8 @@ pub struct ProviderStream {
     counted: Cell<bool>,
     /// The closing mark was counted for this response.
     marked: Cell<bool>,
+    /// Kept as a long-lived stream under this id.
+    kept: Cell<Option<u32>>,
 }
 
 impl Provider {
@@ -98,35 +147,114 @@ impl Provider {
         h.metric_get(Metric::DrainPhase).is_some_and(|p| p > 0)
     }
 
-    pub fn request_headers(&self, st: &ProviderStream, s: &impl Stream) -> Action {
+    /// Whether the request is a long-lived stream (the reads the config
+    /// asks for, no more).
+    fn is_long_lived(&self, s: &impl Stream) -> bool {
+        let cfg = &self.config;
+        if cfg.long_lived_upgrades
+            && s.header(Map::RequestHeaders, UPGRADE)
+                .is_some_and(|u| !u.is_empty())
+        {
+            return true;
+        }
+        if cfg.long_lived_paths.is_empty() {
+            return false;
+        }
+        s.header(Map::RequestHeaders, PATH).is_some_and(|path| {
+            let path = path.split(|&b| b == b'?').next().unwrap_or_default();
+            cfg.long_lived_paths.iter().any(|p| p.matches(path))
+        })
+    }
+
+    /// A request's headers. `waiter` gives the stream's id and its wake
+    /// handle, asked only when it is kept as a long-lived stream.
+    pub fn request_headers<W>(
+        &self,
+        st: &ProviderStream,
+        s: &impl Stream,
+        copy: &impl StateCell<LongLived<W>>,
+        waiter: impl FnOnce() -> (u32, W),
+    ) -> Action {
         match gate::admit(&HostMetrics(s), self.config.reject_when_drained) {
             Admission::Admitted => {
-                st.counted.set(true);
+                // Admitted as any request (counted before the gate is
+                // read), then a long-lived one leaves the count at once.
+                if self.is_long_lived(s) && copy.with(|c| c.len()) < MAX_LONG_LIVED {
+                    let (id, wake) = waiter();
+                    copy.with(|c| c.kept.hold(id, wake, u64::MAX));
+                    st.kept.set(Some(id));
+                    gate::finish(&HostMetrics(s));
+                } else {
+                    st.counted.set(true);
+                }
                 Action::Continue
             }
             Admission::Rejected => {
                 s.metric_add(Metric::ProviderRejected, 1);
-                let mut headers = vec![(self.config.closing_header.as_str(), "true")];
-                if self.config.immediate_health_check_fail {
-                    headers.push((IMMEDIATE_HC_FAIL, "true"));
-                }
-                if let Some(h) = &self.config.instance_header {
-                    headers.push((h.as_str(), self.instance_id.as_str()));
-                }
-                let sent = s.send_reply(&LocalReply {
-                    status: 503,
-                    headers: &headers,
-                    body: b"instance is shutting down\n",
-                    grpc_status: None,
-                    details: "graceful_provider_drained",
-                });
-                if sent {
+                if self.send_drained(s) {
                     Action::Stop
                 } else {
+                    // A refused reply lets the request through (fail open).
                     Action::Continue
                 }
             }
         }
+    }
+
+    /// The tick: once the gate has passed, every kept long-lived stream is
+    /// due (`wake` is called for each under the copy's lock) and returned.
+    pub fn tick<W>(
+        &self,
+        copy: &impl StateCell<LongLived<W>>,
+        h: &impl Host,
+        mut wake: impl FnMut(u32, &W),
+    ) -> Vec<(u32, W)> {
+        if copy.with(|c| c.is_empty()) {
+            return Vec::new();
+        }
+        let passed = h.metric_get(Metric::DrainGate).is_some_and(|g| g > 0);
+        let due = copy.with(|c| {
+            let due = c.kept.take_due(passed, 0);
+            for (id, w) in &due {
+                wake(*id, w);
+            }
+            due
+        });
+        if !due.is_empty() {
+            h.log(
+                Level::Info,
+                &format!("drained: ending {} long-lived stream(s)", due.len()),
+            );
+        }
+        due
+    }
+
+    /// A kept long-lived stream woken at drained: the marked 503 (a gRPC
+    /// client reads UNAVAILABLE). Once the app's headers went out Envoy
+    /// turns it into a reset (RST_STREAM; gRPC reads INTERNAL): neither
+    /// ABI can end a downstream stream with trailers or REFUSED_STREAM
+    /// (the connection manager resets downstream streams as LocalReset
+    /// whatever reason a dynamic module gives: tried on 1.40).
+    pub fn answer_woken(&self, s: &impl Stream) {
+        self.send_drained(s);
+    }
+
+    /// The marked 503 of a drained instance; false if the host refused it.
+    fn send_drained(&self, s: &impl Stream) -> bool {
+        let mut headers = vec![(self.config.closing_header.as_str(), "true")];
+        if self.config.immediate_health_check_fail {
+            headers.push((IMMEDIATE_HC_FAIL, "true"));
+        }
+        if let Some(h) = &self.config.instance_header {
+            headers.push((h.as_str(), self.instance_id.as_str()));
+        }
+        s.send_reply(&LocalReply {
+            status: 503,
+            headers: &headers,
+            body: b"instance is shutting down\n",
+            grpc_status: None,
+            details: "graceful_provider_drained",
+        })
     }
 
     fn note_marked(st: &ProviderStream, s: &impl Host) {
@@ -170,17 +298,31 @@ impl Provider {
 
     /// The stream is over: it leaves the in-flight count, exactly once
     /// however often the host says so.
-    pub fn stream_end(&self, st: &ProviderStream, h: &impl Host) {
+    pub fn stream_end<W>(
+        &self,
+        st: &ProviderStream,
+        h: &(impl Host + ?Sized),
+        copy: &impl StateCell<LongLived<W>>,
+    ) {
         if st.counted.take() {
             gate::finish(&HostMetrics(h));
+        }
+        if let Some(id) = st.kept.take() {
+            copy.with(|c| c.release(id));
         }
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::cell::RefCell;
+
     use super::*;
     use crate::filter::mock::MockHost;
+
+    fn copy() -> RefCell<LongLived> {
+        RefCell::new(LongLived::default())
+    }
 
     fn provider(h: &MockHost, json: &str) -> Provider {
         match Provider::configure(h, json.as_bytes()) {
@@ -194,11 +336,14 @@ mod tests {
         let h = MockHost::new();
         let p = provider(&h, "");
         let st = ProviderStream::default();
-        assert_eq!(p.request_headers(&st, &h), Action::Continue);
+        assert_eq!(
+            p.request_headers(&st, &h, &copy(), || (1, ())),
+            Action::Continue
+        );
         assert_eq!(h.metric(Metric::ProviderInflight), 1);
         assert_eq!(h.metric(Metric::ProviderStarted), 1);
-        p.stream_end(&st, &h);
-        p.stream_end(&st, &h);
+        p.stream_end(&st, &h, &copy());
+        p.stream_end(&st, &h, &copy());
         assert_eq!(h.metric(Metric::ProviderInflight), 0);
         assert!(h.replies().is_empty());
     }
@@ -212,7 +357,10 @@ mod tests {
         );
         h.metric_set(Metric::DrainGate, 1);
         let st = ProviderStream::default();
-        assert_eq!(p.request_headers(&st, &h), Action::Stop);
+        assert_eq!(
+            p.request_headers(&st, &h, &copy(), || (1, ())),
+            Action::Stop
+        );
         let replies = h.replies();
         assert_eq!(replies.len(), 1);
         let r = &replies[0];
@@ -228,7 +376,7 @@ mod tests {
         }
         assert_eq!(h.metric(Metric::ProviderRejected), 1);
         assert_eq!(h.metric(Metric::ProviderInflight), 0);
-        p.stream_end(&st, &h);
+        p.stream_end(&st, &h, &copy());
         assert_eq!(h.metric(Metric::ProviderInflight), 0);
     }
 
@@ -239,7 +387,7 @@ mod tests {
         h.metric_set(Metric::DrainGate, 1);
         h.refuse_replies();
         assert_eq!(
-            p.request_headers(&ProviderStream::default(), &h),
+            p.request_headers(&ProviderStream::default(), &h, &copy(), || (1, ())),
             Action::Continue
         );
     }
@@ -249,7 +397,7 @@ mod tests {
         let h = MockHost::new();
         let p = provider(&h, r#"{"immediate_health_check_fail": true}"#);
         let st = ProviderStream::default();
-        p.request_headers(&st, &h);
+        p.request_headers(&st, &h, &copy(), || (1, ()));
         p.response_headers(&st, &h);
         let id = p.instance_id().to_string();
         assert_eq!(
@@ -313,5 +461,90 @@ mod tests {
         let p = provider(&h, "");
         assert!(instance::is_valid(p.instance_id().as_bytes()));
         assert_eq!(h.logs_containing("instance id not shared").len(), 1);
+    }
+
+    /// A request on `path` with `upgrade`, through `copy` as stream `id`.
+    fn open(
+        p: &Provider,
+        h: &MockHost,
+        copy: &RefCell<LongLived>,
+        path: &str,
+        upgrade: Option<&str>,
+        id: u32,
+    ) -> ProviderStream {
+        let mut headers = vec![(":method", "GET"), (":path", path)];
+        if let Some(u) = upgrade {
+            headers.push(("upgrade", u));
+        }
+        h.set_map(Map::RequestHeaders, &headers);
+        let st = ProviderStream::default();
+        assert_eq!(
+            p.request_headers(&st, h, copy, || (id, ())),
+            Action::Continue
+        );
+        st
+    }
+
+    #[test]
+    fn long_lived_streams_leave_the_count_and_end_once_the_gate_passed() {
+        let h = MockHost::new();
+        let p = provider(&h, r#"{"long_lived_paths": ["/events", "/stream/*"]}"#);
+        let copy = copy();
+        let ws = open(&p, &h, &copy, "/chat", Some("websocket"), 1);
+        let events = open(&p, &h, &copy, "/events?since=3", None, 2);
+        let stream = open(&p, &h, &copy, "/stream/a", None, 3);
+        let plain = open(&p, &h, &copy, "/eventsx", None, 4);
+        // Only the plain request holds the gate; every one was a start.
+        assert_eq!(h.metric(Metric::ProviderInflight), 1);
+        assert_eq!(h.metric(Metric::ProviderStarted), 4);
+        assert_eq!(copy.borrow().len(), 3);
+        // One ends by itself; nothing is due before the gate passes.
+        p.stream_end(&stream, &h, &copy);
+        assert!(p.tick(&copy, &h, |_, _| {}).is_empty());
+        h.metric_set(Metric::DrainGate, 1);
+        let mut woken = Vec::new();
+        let due = p.tick(&copy, &h, |id, _| woken.push(id));
+        assert_eq!((due.len(), woken), (2, vec![1, 2]));
+        assert!(p.tick(&copy, &h, |_, _| {}).is_empty(), "once");
+        p.answer_woken(&h);
+        let r = &h.replies()[0];
+        assert_eq!((r.status, r.details), (503, "graceful_provider_drained"));
+        assert!(r
+            .headers
+            .contains(&("x-graceful-closing".into(), "true".into())));
+        for st in [&ws, &events, &plain] {
+            p.stream_end(st, &h, &copy);
+        }
+        assert_eq!(h.metric(Metric::ProviderInflight), 0);
+        assert!(copy.borrow().is_empty());
+    }
+
+    #[test]
+    fn without_the_config_upgrades_and_paths_are_ordinary_requests() {
+        let h = MockHost::new();
+        let p = provider(&h, r#"{"long_lived_upgrades": false}"#);
+        let copy = copy();
+        let _ws = open(&p, &h, &copy, "/chat", Some("websocket"), 1);
+        let _empty = open(&p, &h, &copy, "/x", Some(""), 2);
+        assert_eq!(h.metric(Metric::ProviderInflight), 2);
+        assert!(copy.borrow().is_empty());
+        // The default: upgrades are long-lived, an empty upgrade is not.
+        let p = provider(&h, "");
+        let _ws = open(&p, &h, &copy, "/chat", Some("websocket"), 3);
+        let _empty = open(&p, &h, &copy, "/x", Some(""), 4);
+        assert_eq!(h.metric(Metric::ProviderInflight), 3);
+        assert_eq!(copy.borrow().len(), 1);
+    }
+
+    #[test]
+    fn past_the_bound_a_long_lived_stream_is_counted_as_any_request() {
+        let h = MockHost::new();
+        let p = provider(&h, "");
+        let copy = copy();
+        for id in 0..MAX_LONG_LIVED as u32 + 2 {
+            let _open = open(&p, &h, &copy, "/ws", Some("websocket"), id);
+        }
+        assert_eq!(copy.borrow().len(), MAX_LONG_LIVED);
+        assert_eq!(h.metric(Metric::ProviderInflight), 2);
     }
 }
