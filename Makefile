@@ -28,7 +28,7 @@ envoy_at = $(VENV)/envoys/$(1)/envoy
 e2e_env_at = GRACEFUL_ENVOY=$(CURDIR)/$(call envoy_at,$(1)) GRACEFUL_DIST=$(CURDIR)/dist DEMO_APP=$(CURDIR)/target/debug/demo-app
 VENV := .venv
 ENVOY := $(VENV)/envoy
-TEMPLATES := $(wildcard envoy/*-sidecar.yaml envoy/bench-*.yaml)
+TEMPLATES := $(wildcard envoy/*-sidecar.yaml envoy/bench-*.yaml) envoy/l4-balancer.yaml
 RENDERED := $(patsubst envoy/%.yaml,target/envoy/%.yaml,$(TEMPLATES))
 COMPOSE_CONFIGS := envoy/compose/provider-1.yaml envoy/compose/provider-2.yaml envoy/compose/provider-3.yaml envoy/compose/consumer.yaml
 CARGO ?= cargo

@@ -123,7 +123,9 @@ async fn main() -> ExitCode {
     let started = Instant::now();
     let mut cells: Vec<(Cell, Vec<_>)> = Vec::new();
     for scenario in &plan.scenarios {
-        let protocols = if scenario.name == "today" {
+        // Each protocol where it is what differs: `today`, and callers
+        // holding their own connections (HTTP/2 is told by GOAWAY).
+        let protocols = if scenario.name == "today" || scenario.balancer {
             plan.protocols.clone()
         } else {
             plan.protocols[..1].to_vec()
@@ -135,7 +137,11 @@ async fn main() -> ExitCode {
                     Some(wanted) => wanted.contains(&approach.name()),
                     // The other protocols of `today` compare the filters
                     // with the short sleep only (the run fits in ~10 min).
-                    None => i == 0 || ["graceful", "sleep_3s"].contains(&approach.name().as_str()),
+                    None => {
+                        i == 0
+                            || ["graceful", "graceful_close_off", "sleep_3s"]
+                                .contains(&approach.name().as_str())
+                    }
                 };
                 if !wanted {
                     continue;

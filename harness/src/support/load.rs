@@ -199,6 +199,12 @@ async fn worker(
                 None => break,
             }
         };
+        // A connection the server ended (HTTP/2 GOAWAY; HTTP/1.1 closed)
+        // takes no new request: a client opens another, as HTTP/2 and gRPC
+        // clients do.
+        if conn.as_ref().is_some_and(Conn::is_closed) {
+            conn = None;
+        }
         if conn.is_none() {
             conn = connect(addr, protocol).await;
         }

@@ -8,10 +8,12 @@
 //! | `no_retry_post` | short POSTs | none | 2 s | shutdown |
 //! | `slow_registry` | short GETs | shipped | 6 s (longer than a 3 s sleep) | shutdown |
 //! | `killed` | short GETs | Istio's default | 2 s | SIGKILL of sidecar and app |
+//! | `keepalive_clients` | short GETs from callers without graceful_consumer, on keep-alive HTTP/1.1 or HTTP/2 connections through an L4 balancer (a kube-proxy stand-in, `envoy/l4-balancer.yaml`) | none | 2 s | shutdown |
 //!
 //! | approach | the provider's preStop |
 //! |---|---|
 //! | `graceful` | the filters: `POST /graceful/closing`, wait for `drained` |
+//! | `graceful_close_off` | the same with graceful_drain's `close_connections: "off"` (`keepalive_clients` only: what telling the connections buys) |
 //! | `sleep_3s`, `sleep_15s` | plain Envoy: `POST /healthcheck/fail`, a fixed sleep |
 //! | `registry_only` | plain Envoy: none; SIGTERM at once, the registry follows |
 //! | `plain` | plain Envoy (for `killed`, where no preStop runs) |
@@ -31,9 +33,12 @@ pub struct Scenario {
     pub registry_lag: Duration,
     /// The provider dies by SIGKILL instead of shutting down.
     pub killed: bool,
+    /// The callers reach the providers through an L4 balancer, not a
+    /// consumer sidecar: nothing reads the closing mark or retries.
+    pub balancer: bool,
 }
 
-pub const SCENARIOS: [Scenario; 5] = [
+pub const SCENARIOS: [Scenario; 6] = [
     Scenario {
         name: "today",
         what: "short GETs, the shipped retry policy, registry lag 2 s",
@@ -45,6 +50,7 @@ pub const SCENARIOS: [Scenario; 5] = [
         },
         registry_lag: Duration::from_secs(2),
         killed: false,
+        balancer: false,
     },
     Scenario {
         name: "istio_long",
@@ -57,6 +63,7 @@ pub const SCENARIOS: [Scenario; 5] = [
         },
         registry_lag: Duration::from_secs(2),
         killed: false,
+        balancer: false,
     },
     Scenario {
         name: "no_retry_post",
@@ -69,6 +76,7 @@ pub const SCENARIOS: [Scenario; 5] = [
         },
         registry_lag: Duration::from_secs(2),
         killed: false,
+        balancer: false,
     },
     Scenario {
         name: "slow_registry",
@@ -81,6 +89,7 @@ pub const SCENARIOS: [Scenario; 5] = [
         },
         registry_lag: Duration::from_secs(6),
         killed: false,
+        balancer: false,
     },
     Scenario {
         name: "killed",
@@ -93,6 +102,20 @@ pub const SCENARIOS: [Scenario; 5] = [
         },
         registry_lag: Duration::from_secs(2),
         killed: true,
+        balancer: false,
+    },
+    Scenario {
+        name: "keepalive_clients",
+        what: "callers without graceful_consumer on keep-alive connections through an L4 balancer, no retries",
+        retry: Retry::Never,
+        shape: Shape {
+            method: "GET",
+            long_every: 0,
+            long_ms: (0, 0),
+        },
+        registry_lag: Duration::from_secs(2),
+        killed: false,
+        balancer: true,
     },
 ];
 
@@ -103,6 +126,9 @@ pub enum Approach {
     /// The filters with graceful_consumer on the contract's defaults: no
     /// `admin_cluster`, so steering knows the members it saw answer.
     GracefulNoAdmin,
+    /// The filters with graceful_drain's `close_connections: "off"`: keep-
+    /// alive callers are not told at the connection level.
+    GracefulCloseOff,
     Sleep(Duration),
     RegistryOnly,
     /// Plain Envoy where no shutdown runs (the `killed` scenario).
@@ -114,6 +140,7 @@ impl Approach {
         match self {
             Approach::Graceful => "graceful".into(),
             Approach::GracefulNoAdmin => "graceful_no_admin".into(),
+            Approach::GracefulCloseOff => "graceful_close_off".into(),
             Approach::Sleep(d) => format!("sleep_{}s", d.as_secs()),
             Approach::RegistryOnly => "registry_only".into(),
             Approach::Plain => "plain".into(),
@@ -130,6 +157,9 @@ impl Approach {
         let mut all = vec![Approach::Graceful];
         if scenario.name == "today" {
             all.push(Approach::GracefulNoAdmin);
+        }
+        if scenario.balancer {
+            all.push(Approach::GracefulCloseOff);
         }
         all.extend([
             Approach::Sleep(Duration::from_secs(3)),
@@ -165,6 +195,7 @@ pub fn cell(
         scenario.shape
     };
     config.registry_lag = scenario.registry_lag;
+    config.balancer = scenario.balancer;
     if scenario.shape.long_every > 0 {
         // Long requests hold a connection each: enough of them for the
         // open-loop rate (5% of 500/s × 4 s ≈ 100 at once).
@@ -174,6 +205,12 @@ pub fn cell(
         (Approach::Graceful, false) => Mode::Graceful,
         (Approach::GracefulNoAdmin, _) => {
             config.consumer_config = "{}".into();
+            Mode::Graceful
+        }
+        (Approach::GracefulCloseOff, _) => {
+            let json = config.drain_config.trim_end();
+            let open = json.strip_suffix('}').unwrap_or(json);
+            config.drain_config = format!(r#"{open},"close_connections":"off"}}"#);
             Mode::Graceful
         }
         (Approach::Graceful, true) => Mode::Killed,

@@ -149,6 +149,9 @@ pub struct DemoConfig {
     pub shape: Shape,
     /// Where logs, EDS and access logs go.
     pub work_dir: PathBuf,
+    /// The load reaches the providers through an L4 balancer
+    /// (`envoy/l4-balancer.yaml`) instead of a consumer sidecar.
+    pub balancer: bool,
 }
 
 impl Default for DemoConfig {
@@ -170,6 +173,7 @@ impl Default for DemoConfig {
             retry: Retry::Shipped,
             shape: Shape::default(),
             work_dir: repo_root().join("target/demo"),
+            balancer: false,
         }
     }
 }
@@ -501,7 +505,9 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
         config.registry_lag,
     );
     let outbound_port = free_port();
-    let consumer_template = if mode.graceful() {
+    let consumer_template = if config.balancer {
+        "l4-balancer.yaml"
+    } else if mode.graceful() {
         "consumer-sidecar.yaml"
     } else {
         "baseline-consumer-sidecar.yaml"
@@ -571,7 +577,7 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
     // (the gauge is refreshed every `membership_refresh`, 1 s: give it 3).
     // Plain Envoy has no such gauge: None.
     let deadline = Instant::now() + Duration::from_secs(3);
-    let inflight_end = if mode.graceful() {
+    let inflight_end = if mode.graceful() && !config.balancer {
         loop {
             let n = consumer.stat("wasmcustom.graceful_consumer_inflight").await;
             if n == Some(0) || Instant::now() >= deadline {
