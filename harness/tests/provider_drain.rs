@@ -64,6 +64,12 @@ async fn sidecar_with(
     )
 }
 
+/// `POST /graceful/closing`, answered 202.
+async fn start_closing(s: &Sidecar) {
+    let r = client::post(s.inbound, "/graceful/closing").await.unwrap();
+    assert_eq!(r.status, 202, "{r:?}");
+}
+
 async fn status(s: &Sidecar) -> Status {
     mesh::status(s.inbound).await
 }
@@ -278,13 +284,7 @@ async fn it_marks_grpc_trailers_and_answers_grpc_health() {
     assert_eq!(r.grpc_status().as_deref(), Some("0"));
     assert_eq!(r.trailer(CLOSING), None);
 
-    assert_eq!(
-        client::post(s.inbound, "/graceful/closing")
-            .await
-            .unwrap()
-            .status,
-        202
-    );
+    start_closing(&s).await;
 
     // Upstream trailers get the mark next to grpc-status.
     let r = h2.grpc("/grpc/trailers", b"hi").await.unwrap();
@@ -347,13 +347,7 @@ async fn it_forces_the_gate_at_step_timeout_and_counts_it() {
     })
     .await;
     let started = Instant::now();
-    assert_eq!(
-        client::post(s.inbound, "/graceful/closing")
-            .await
-            .unwrap()
-            .status,
-        202
-    );
+    start_closing(&s).await;
     let r = client::get(s.inbound, "/graceful/drained?wait=10s")
         .await
         .unwrap();
@@ -692,8 +686,7 @@ async fn told_after_closing(s: &Sidecar, look: Duration) -> Told {
         assert_eq!((r.status, r.header("connection")), (200, None));
         assert_eq!(h2.get("/").await, Ok(200));
     }
-    let closing = client::post(s.inbound, "/graceful/closing").await.unwrap();
-    assert_eq!(closing.status, 202);
+    start_closing(s).await;
     let t0 = Instant::now();
     let raw_side = async {
         while t0.elapsed() < look {
@@ -880,13 +873,7 @@ async fn it_tells_a_grpc_health_watch_of_the_closing_and_the_watch_holds_no_gate
         watch.next(Duration::from_millis(500)).await.is_err(),
         "the app holds the Watch open"
     );
-    assert_eq!(
-        client::post(s.inbound, "/graceful/closing")
-            .await
-            .unwrap()
-            .status,
-        202
-    );
+    start_closing(&s).await;
     let t0 = Instant::now();
     let end = watch.next(Duration::from_secs(2)).await;
     let told = t0.elapsed();
@@ -941,13 +928,7 @@ async fn a_long_lived_stream_does_not_hold_the_gate_and_ends_at_drained() {
             Some(u64::from(!long_lived)),
             "long-lived {long_lived}"
         );
-        assert_eq!(
-            client::post(s.inbound, "/graceful/closing")
-                .await
-                .unwrap()
-                .status,
-            202
-        );
+        start_closing(&s).await;
         let t0 = Instant::now();
         let drained = eventually("the gate to pass", Duration::from_secs(15), || async {
             let st = status(&s).await;

@@ -454,6 +454,18 @@ fn a_failed_close_call_is_tried_again_a_second_later_and_logged_once() {
     assert_eq!(close_calls(&h), Vec::new());
 }
 
+/// Starts closing the way the admin does (its poll answered DRAINING: Envoy's
+/// `/healthcheck/fail`) or by `POST /graceful/closing`.
+fn start_closing(d: &Drain, st: &RefCell<DrainState>, h: &MockHost, by_admin: bool) {
+    if by_admin {
+        d.tick(st, h, |_, _| {});
+        let poll = h.take_calls();
+        d.call_answered(st, h, poll[0].token, &MockAnswer::status("503", "DRAINING"));
+    } else {
+        call(d, st, h, "POST", "/graceful/closing");
+    }
+}
+
 #[test]
 fn drain_listeners_starts_a_graceful_inbound_drain_that_keeps_the_listeners() {
     for started_by_admin in [false, true] {
@@ -463,20 +475,9 @@ fn drain_listeners_starts_a_graceful_inbound_drain_that_keeps_the_listeners() {
             r#"{"admin_cluster": "admin", "close_connections": "drain_listeners"}"#,
         );
         let st = state();
-        if started_by_admin {
-            // Envoy's /healthcheck/fail does not drain MODIFY_ONLY listeners:
-            // the drain is still owed.
-            d.tick(&st, &h, |_, _| {});
-            let poll = h.take_calls();
-            d.call_answered(
-                &st,
-                &h,
-                poll[0].token,
-                &MockAnswer::status("503", "DRAINING"),
-            );
-        } else {
-            call(&d, &st, &h, "POST", "/graceful/closing");
-        }
+        // Envoy's /healthcheck/fail does not drain MODIFY_ONLY listeners:
+        // started by the admin, the drain is still owed.
+        start_closing(&d, &st, &h, started_by_admin);
         d.tick(&st, &h, |_, _| {});
         let calls = close_calls(&h);
         assert_eq!(
@@ -507,18 +508,7 @@ fn no_close_call_when_off_without_an_admin_or_when_envoy_started_it() {
         let h = MockHost::new();
         let d = drain(&h, config);
         let st = state();
-        if by_admin {
-            d.tick(&st, &h, |_, _| {});
-            let poll = h.take_calls();
-            d.call_answered(
-                &st,
-                &h,
-                poll[0].token,
-                &MockAnswer::status("503", "DRAINING"),
-            );
-        } else {
-            call(&d, &st, &h, "POST", "/graceful/closing");
-        }
+        start_closing(&d, &st, &h, by_admin);
         assert_eq!(h.metric(Metric::DrainPhase), 1, "{config}: closing");
         for _ in 0..3 {
             d.tick(&st, &h, |_, _| {});
