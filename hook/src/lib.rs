@@ -30,7 +30,8 @@
 //! | command | the phase reads | exit |
 //! |---|---|---|
 //! | `ready` | 0, or no gauge, or no admin, or unreadable | 0 (ready) |
-//! | `ready --require-admin` | no admin (Envoy in the same container, not up yet) | 1 |
+//! | `ready` | Envoy's own `/ready` says it is still starting (`PRE_INITIALIZING`, `INITIALIZING`: its listeners and filters are not up, so no gauge yet) | 1 (not ready yet) |
+//! | `ready --require-admin` | no admin, or an admin that does not answer (Envoy in the same container, not up yet) | 1 |
 //! | `ready` | 1 or 2 | 1 (not ready: closing) |
 //! | `prestop` | 2 (drained) | 0, says whether a timeout forced it |
 //! | `prestop` | no gauge, or no admin | 0 at once |
@@ -262,8 +263,29 @@ fn no_admin(admins: &[String]) -> String {
     )
 }
 
+/// Envoy's start-up state when its admin's `/ready` says it is still
+/// starting (503 `PRE_INITIALIZING` or `INITIALIZING`); None otherwise
+/// (`LIVE`, `DRAINING`, or an answer not to act on).
+fn starting(status: u16, body: &str) -> Option<&str> {
+    let state = body.trim();
+    (status == 503 && matches!(state, "PRE_INITIALIZING" | "INITIALIZING")).then_some(state)
+}
+
 fn ready(admins: &[String], require_admin: bool) -> ExitCode {
-    match find_admin(admins) {
+    let found = find_admin(admins);
+    // An Envoy still starting has no listener and no filter yet: the
+    // missing gauge says nothing about graceful_drain, and traffic sent now
+    // is refused. Not ready until it is up (Istio's own probe waits for it
+    // too); an unreadable /ready fails open below.
+    if let Some((admin, _)) = &found {
+        if let Ok((status, body)) = http("GET", admin, "/ready", REQUEST_TIMEOUT) {
+            if let Some(state) = starting(status, &body) {
+                eprintln!("ready: Envoy at {admin} is {state}: not ready yet");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    match found {
         None if require_admin => {
             eprintln!(
                 "ready: no Envoy admin at {} yet: not ready",
@@ -284,6 +306,13 @@ fn ready(admins: &[String], require_admin: bool) -> ExitCode {
         }
         Some((_, Ok(Some(phase)))) => {
             eprintln!("ready: NOT_SERVING (graceful_drain_phase {phase})");
+            ExitCode::FAILURE
+        }
+        // Envoy in the same container (--require-admin): an admin that
+        // takes the connection but does not answer is an Envoy busy
+        // starting (its main thread compiles the filters).
+        Some((admin, Err(e))) if require_admin => {
+            eprintln!("ready: {admin}: {e}: not ready yet");
             ExitCode::FAILURE
         }
         Some((admin, Err(e))) => {
@@ -488,5 +517,22 @@ mod tests {
             ExitCode::SUCCESS
         );
         assert!(started.elapsed() < Duration::from_secs(5), "did not wait");
+    }
+
+    #[test]
+    fn an_envoy_still_starting_is_told_from_live_and_draining() {
+        assert_eq!(
+            starting(503, "PRE_INITIALIZING\n"),
+            Some("PRE_INITIALIZING")
+        );
+        assert_eq!(starting(503, "INITIALIZING\n"), Some("INITIALIZING"));
+        for (status, body) in [
+            (200, "LIVE\n"),
+            (503, "DRAINING\n"),
+            (503, ""),
+            (404, "INITIALIZING"),
+        ] {
+            assert_eq!(starting(status, body), None, "{status} {body:?}");
+        }
     }
 }
