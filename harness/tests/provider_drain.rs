@@ -959,3 +959,20 @@ async fn a_long_lived_stream_does_not_hold_the_gate_and_ends_at_drained() {
         }
     }
 }
+
+/// Once the gate has passed, a new gRPC call is refused as the contract
+/// says: UNAVAILABLE (14), the closing mark beside it, on both deliveries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_drained_a_grpc_call_gets_unavailable_with_the_mark() {
+    let drain = r#"{"consumer_update_wait":"0s","quiet_window":"100ms","step_timeout":"3s","timeout":"10s","admin_cluster":"envoy_admin"}"#;
+    let (s, _) = sidecar("drained-grpc", drain, "{}").await;
+    start_closing(&s).await;
+    eventually("the gate to pass", Duration::from_secs(10), || async {
+        (status(&s).await.phase == "drained").then_some(())
+    })
+    .await;
+    let mut h2 = Conn::http2(s.inbound).await.unwrap();
+    let r = h2.grpc("/echo.Echo/Say", b"hi").await.unwrap();
+    assert_eq!(r.grpc_status().as_deref(), Some("14"), "{r:?}");
+    assert_eq!(r.header(CLOSING).as_deref(), Some("true"), "{r:?}");
+}

@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::SeqCst};
 use graceful_core::filter::host::{
     Attribute, CallResponse, HeaderScan, Host, HttpCall, Level, LocalReply, Map, Stream,
 };
+use graceful_core::headers::CONTENT_TYPE;
 use graceful_core::keys::Owner;
 use graceful_core::metrics::{AtomicMetrics, Kind, Metric};
 use graceful_core::store::{SharedStore, SyncStore};
@@ -280,13 +281,21 @@ impl Stream for Native<'_> {
     }
 
     /// The native local reply derives no grpc-status from the HTTP status
-    /// (it sends 0): a gRPC answer carries its own.
+    /// (a gRPC caller reads 0, OK): a reply to a gRPC request carries its
+    /// own, as proxy-wasm's `grpc_status` does (Envoy uses that one only
+    /// for a gRPC request too).
     fn send_reply(&self, reply: &LocalReply) -> bool {
         let Some(s) = self.abi_stream() else {
             return false;
         };
         let mut headers = reply.headers.to_vec();
-        let grpc_status = reply.grpc_status.map(|c| c.to_string());
+        let grpc_request = self
+            .header(Map::RequestHeaders, CONTENT_TYPE)
+            .is_some_and(|t| t.starts_with(b"application/grpc"));
+        let grpc_status = reply
+            .grpc_status
+            .filter(|_| grpc_request)
+            .map(|c| c.to_string());
         let message = String::from_utf8_lossy(reply.body);
         if let Some(code) = &grpc_status {
             headers.push(("grpc-status", code));

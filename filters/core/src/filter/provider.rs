@@ -252,7 +252,9 @@ impl Provider {
             status: 503,
             headers: &headers,
             body: b"instance is shutting down\n",
-            grpc_status: None,
+            // UNAVAILABLE, for a gRPC request only (the contract's
+            // `grpc-status: 14`): a client retries it elsewhere.
+            grpc_status: Some(14),
             details: "graceful_provider_drained",
         })
     }
