@@ -45,8 +45,13 @@ pub enum Route {
 /// filter reads `:method` only then, saving a hostcall on every other
 /// request.
 pub fn is_endpoint_path(paths: &Paths, path: &[u8]) -> bool {
-    let path = path.split(|&b| b == b'?').next().unwrap_or_default();
+    let path = without_query(path);
     paths.named().iter().any(|(_, p)| p.as_bytes() == path)
+}
+
+/// A request's `:path` up to its query.
+pub fn without_query(path: &[u8]) -> &[u8] {
+    path.split(|&b| b == b'?').next().unwrap_or_default()
 }
 
 /// Classifies a request by `:method` and `:path` (query included).

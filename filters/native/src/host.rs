@@ -289,12 +289,14 @@ impl Stream for Native<'_> {
             return false;
         };
         let mut headers = reply.headers.to_vec();
-        let grpc_request = self
-            .header(Map::RequestHeaders, CONTENT_TYPE)
-            .is_some_and(|t| t.starts_with(b"application/grpc"));
+        // The request's content type is read only for a reply that names a
+        // gRPC status.
         let grpc_status = reply
             .grpc_status
-            .filter(|_| grpc_request)
+            .filter(|_| {
+                self.header(Map::RequestHeaders, CONTENT_TYPE)
+                    .is_some_and(|t| t.starts_with(b"application/grpc"))
+            })
             .map(|c| c.to_string());
         let message = String::from_utf8_lossy(reply.body);
         if let Some(code) = &grpc_status {

@@ -207,9 +207,6 @@ impl Drain {
         waiter: impl FnOnce() -> (u32, W),
     ) -> Answer {
         let now = s.now_us();
-        if endpoint == Endpoint::GrpcHealthWatch {
-            return self.watch(state, s, waiter);
-        }
         Answer::Now(match endpoint {
             Endpoint::Closing => self.start_closing(state, s, now),
             Endpoint::Ready => match record::read(s.store()) {
@@ -230,7 +227,8 @@ impl Drain {
                 },
                 Err(e) => Reply::unavailable(&format!("{e:?}")),
             },
-            Endpoint::GrpcHealth | Endpoint::GrpcHealthWatch => match record::read(s.store()) {
+            Endpoint::GrpcHealthWatch => return self.watch(state, s, waiter),
+            Endpoint::GrpcHealth => match record::read(s.store()) {
                 // While serving, the app's own health service answers.
                 Ok(rec) if rec.phase == Phase::Serving => return Answer::App,
                 _ => Reply::grpc_not_serving(),
@@ -382,7 +380,7 @@ impl Drain {
         }
         let drained = eval.rec.phase == Phase::Drained;
         let closing = eval.rec.phase != Phase::Serving;
-        let due = state.with(|st| {
+        let (due, ended) = state.with(|st| {
             let mut due = st.waiters.take_due(drained, now);
             for (id, w) in &due {
                 let _ = add_bounded(h.store(), keys::WAITERS.name, -1, u64::MAX);
@@ -397,7 +395,6 @@ impl Drain {
             due.extend(watches);
             (due, ended)
         });
-        let (due, ended) = due;
         if ended > 0 {
             h.log(
                 Level::Info,
@@ -458,14 +455,7 @@ impl Drain {
         if !due {
             return;
         }
-        let headers = [(METHOD, "POST"), (PATH, path), (AUTHORITY, ADMIN_AUTHORITY)];
-        let call = HttpCall {
-            cluster,
-            headers: &headers,
-            body: &[],
-            timeout: CLOSE_CALL_TIMEOUT,
-        };
-        match h.dispatch(&call) {
+        match admin_call(h, cluster, "POST", path, CLOSE_CALL_TIMEOUT) {
             Ok(token) => state.with(|st| st.close_call = Some(token)),
             Err(reason) => {
                 // No such cluster: it will not appear while closing.
@@ -489,18 +479,7 @@ impl Drain {
         if !take_lease(h.store(), keys::ADMIN_LEASE.name, now, interval).unwrap_or(false) {
             return;
         }
-        let headers = [
-            (METHOD, "GET"),
-            (PATH, "/ready"),
-            (AUTHORITY, ADMIN_AUTHORITY),
-        ];
-        let call = HttpCall {
-            cluster,
-            headers: &headers,
-            body: &[],
-            timeout: ADMIN_POLL_TIMEOUT,
-        };
-        match h.dispatch(&call) {
+        match admin_call(h, cluster, "GET", "/ready", ADMIN_POLL_TIMEOUT) {
             Ok(token) => state.with(|st| st.admin_call = Some(token)),
             Err(reason) => {
                 if !state.with(|st| std::mem::replace(&mut st.admin_warned, true)) {
@@ -622,6 +601,24 @@ impl Drain {
             );
         }
     }
+}
+
+/// Sends a request without a body to Envoy's admin through `cluster`: its
+/// call token, or why it was not sent.
+fn admin_call(
+    h: &impl Host,
+    cluster: &str,
+    method: &str,
+    path: &str,
+    timeout: Duration,
+) -> Result<u32, String> {
+    let headers = [(METHOD, method), (PATH, path), (AUTHORITY, ADMIN_AUTHORITY)];
+    h.dispatch(&HttpCall {
+        cluster,
+        headers: &headers,
+        body: &[],
+        timeout,
+    })
 }
 
 /// Sends one of the filter's answers, stamped with the instance id the

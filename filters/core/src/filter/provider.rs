@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use super::host::{Action, Host, HostMetrics, Level, LocalReply, Map, StateCell, Stream};
 use crate::config::ProviderConfig;
-use crate::endpoints::Waiters;
+use crate::endpoints::{without_query, Waiters};
 use crate::gate::{self, Admission};
 use crate::headers::{IMMEDIATE_HC_FAIL, PATH, UPGRADE};
 use crate::instance;
@@ -161,7 +161,7 @@ impl Provider {
             return false;
         }
         s.header(Map::RequestHeaders, PATH).is_some_and(|path| {
-            let path = path.split(|&b| b == b'?').next().unwrap_or_default();
+            let path = without_query(&path);
             cfg.long_lived_paths.iter().any(|p| p.matches(path))
         })
     }
