@@ -212,6 +212,8 @@ fn an_ordinary_request_costs_each_filter_exactly_its_pinned_count() {
                 // started +1, the change signal (nothing moved: no shared
                 // data, no clock, no cluster)
                 "proxy_remove_header_map_value",
+                // the caller's identity (consumer_header)
+                "proxy_replace_header_map_value",
                 "proxy_increment_metric",
                 "proxy_increment_metric",
                 "proxy_get_metric",
@@ -386,6 +388,8 @@ fn a_steered_request_costs_the_consumer_exactly_its_pinned_count() {
                 // be live), the route's cluster, the override list,
                 // steered +1
                 "proxy_remove_header_map_value",
+                // the caller's identity (consumer_header)
+                "proxy_replace_header_map_value",
                 "proxy_increment_metric",
                 "proxy_increment_metric",
                 "proxy_get_metric",
@@ -412,6 +416,8 @@ fn a_steered_request_costs_the_consumer_exactly_its_pinned_count() {
                 // be live), the route's cluster, the override list,
                 // steered +1
                 "proxy_remove_header_map_value",
+                // the caller's identity (consumer_header)
+                "proxy_replace_header_map_value",
                 "proxy_increment_metric",
                 "proxy_increment_metric",
                 "proxy_get_metric",
@@ -439,6 +445,8 @@ fn a_steered_request_costs_the_consumer_exactly_its_pinned_count() {
                 // be live), the route's cluster, the override list,
                 // steered +1
                 "proxy_remove_header_map_value",
+                // the caller's identity (consumer_header)
+                "proxy_replace_header_map_value",
                 "proxy_increment_metric",
                 "proxy_increment_metric",
                 "proxy_get_metric",

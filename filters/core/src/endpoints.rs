@@ -27,6 +27,8 @@ pub enum Endpoint {
     GrpcHealth,
     /// `POST /grpc.health.v1.Health/Watch`
     GrpcHealthWatch,
+    /// `GET /graceful/report`
+    Report,
 }
 
 /// What the filter does with a request.
@@ -86,6 +88,8 @@ pub fn route(paths: &Paths, method: &[u8], path: &[u8]) -> Route {
         Endpoint::Ready
     } else if is(&paths.status) {
         Endpoint::Status
+    } else if is(&paths.report) {
+        Endpoint::Report
     } else if is(&paths.drained) {
         match wait_param(query) {
             Ok(wait) => Endpoint::Drained { wait },
@@ -166,6 +170,19 @@ impl Reply {
     /// `status`: always 200.
     pub fn status(s: &Status) -> Reply {
         Reply::json(200, s)
+    }
+
+    /// `report`: the drain report's JSON.
+    pub fn report(json: String) -> Reply {
+        Reply {
+            status: 200,
+            grpc_status: None,
+            headers: vec![
+                ("content-type", "application/json".into()),
+                ("cache-control", "no-store".into()),
+            ],
+            body: format!("{json}\n"),
+        }
     }
 
     /// `closing`: accepted (202) with the status after closing started.
@@ -363,6 +380,14 @@ mod tests {
         assert_eq!(
             r("POST", "/grpc.health.v1.Health/Watch"),
             Route::Endpoint(Endpoint::GrpcHealthWatch)
+        );
+        assert_eq!(
+            r("GET", "/graceful/report?x=1"),
+            Route::Endpoint(Endpoint::Report)
+        );
+        assert_eq!(
+            r("POST", "/graceful/report"),
+            Route::MethodNotAllowed("GET, HEAD")
         );
     }
 

@@ -6,6 +6,8 @@
 
 use crate::keys::{Encoding, Key, Owner, ALL};
 use crate::record::InstanceRecord;
+use crate::report::durations::DurationRing;
+use crate::report::peers::PeerTable;
 use crate::steering::{ClusterSet, Membership};
 use crate::tombstone::Tombstones;
 
@@ -22,6 +24,8 @@ pub fn value(key: &Key) -> Option<Vec<u8>> {
         Encoding::ClusterSet => ClusterSet::default().encode(),
         Encoding::U64 => 0u64.to_le_bytes().to_vec(),
         Encoding::U8 => vec![0],
+        Encoding::PeerTable => PeerTable::default().encode(),
+        Encoding::DurationRing => DurationRing::default().encode(),
         Encoding::InstanceId | Encoding::Identity => return None,
     })
 }
@@ -53,6 +57,8 @@ mod tests {
                 Encoding::ClusterSet => ClusterSet::decode(&v) == Some(ClusterSet::default()),
                 Encoding::U64 => crate::store::read_u64(&v) == Some(0),
                 Encoding::U8 => v == [0],
+                Encoding::PeerTable => PeerTable::decode(&v) == Some(PeerTable::default()),
+                Encoding::DurationRing => DurationRing::decode(&v) == Some(DurationRing::default()),
                 Encoding::InstanceId | Encoding::Identity => false,
             };
             assert!(empty, "{}", k.name);
@@ -62,13 +68,21 @@ mod tests {
     #[test]
     fn each_filter_creates_what_its_streams_update() {
         let names = |f| -> Vec<&str> { values(f).into_iter().map(|(k, _)| k).collect() };
-        assert_eq!(names(Provider), ["graceful.v1.instance"]);
+        assert_eq!(
+            names(Provider),
+            [
+                "graceful.v1.instance",
+                "graceful.v1.provider.report.peers",
+                "graceful.v1.provider.report.durations"
+            ]
+        );
         assert_eq!(
             names(Drain),
             [
                 "graceful.v1.instance",
                 "graceful.v1.drain.waiters",
-                "graceful.v1.drain.admin_lease"
+                "graceful.v1.drain.admin_lease",
+                "graceful.v1.drain.passed_by"
             ]
         );
         assert_eq!(

@@ -36,6 +36,10 @@ pub enum Encoding {
     U64,
     /// One byte.
     U8,
+    /// [`crate::report::peers::PeerTable::encode`].
+    PeerTable,
+    /// [`crate::report::durations::DurationRing::encode`].
+    DurationRing,
     /// An instance id as text ([`crate::instance::is_valid`]).
     InstanceId,
     /// [`crate::instance::encode_identity`]: `<header name>\n<instance id>`.
@@ -169,6 +173,26 @@ pub const ADMIN_SOURCE: Key = key(
     Encoding::U8,
     &[Consumer],
 );
+/// Why the gate passed ([`crate::report::passed_by_byte`]: 1 quiet, 2
+/// step timeout, 3 timeout), written whole by the copy whose write passed
+/// it, for the report's `forced_by`. Written whole, but created at
+/// configure like every key a tick writes.
+pub const PASSED_BY: Key = key("graceful.v1.drain.passed_by", Drain, Encoding::U8, &[Drain]);
+/// Who sent requests after closing began ([`crate::report::peers`]):
+/// graceful_provider's copies merge into it on their ticks.
+pub const REPORT_PEERS: Key = key(
+    "graceful.v1.provider.report.peers",
+    Provider,
+    Encoding::PeerTable,
+    &[Provider],
+);
+/// Recent request durations ([`crate::report::durations`]).
+pub const REPORT_DURATIONS: Key = key(
+    "graceful.v1.provider.report.durations",
+    Provider,
+    Encoding::DurationRing,
+    &[Provider],
+);
 
 /// Every key, in the order filters create them.
 pub const ALL: &[Key] = &[
@@ -186,6 +210,9 @@ pub const ALL: &[Key] = &[
     CLUSTERS,
     REFRESH_LEASE,
     ADMIN_SOURCE,
+    PASSED_BY,
+    REPORT_PEERS,
+    REPORT_DURATIONS,
 ];
 
 #[cfg(test)]

@@ -31,6 +31,8 @@
 //! What each filter decides:
 //! - [`drain`]: one graceful_drain copy's evaluation of the gate.
 //! - [`status`], [`endpoints`]: what graceful_drain's endpoints answer.
+//! - [`report`]: the drain report (who kept sending after closing, request
+//!   durations, recommended settings).
 //! - [`consumer`]: graceful_consumer's decisions per stream and per tick.
 //! - [`steering`]: steering requests away from tombstoned hosts (cluster
 //!   membership, the routed clusters, each request's plan, probes of
@@ -54,6 +56,7 @@ pub mod keys;
 pub mod metrics;
 pub mod net;
 pub mod record;
+pub mod report;
 pub mod status;
 pub mod steering;
 pub mod store;

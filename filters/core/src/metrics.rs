@@ -41,6 +41,15 @@ pub enum Metric {
     DrainForced,
     /// `on_drained` calls that failed or could not be sent.
     DrainCallbackFailed,
+    /// Shutdowns whose gate passed quiet.
+    DrainPassedQuiet,
+    /// Shutdowns whose gate `step_timeout` forced.
+    DrainPassedStepTimeout,
+    /// Shutdowns whose gate the overall `timeout` forced.
+    DrainPassedTimeout,
+    /// Callers still sending after `consumer_update_wait` (the report's
+    /// peers whose last request came later).
+    DrainLatePeers,
     /// Outbound requests in flight (read by the drain gate).
     ConsumerInflight,
     /// Outbound requests started (the drain's quiet window).
@@ -62,7 +71,7 @@ use Kind::{Counter, Gauge};
 use Owner::{Consumer, Drain, Provider};
 
 impl Metric {
-    pub const ALL: [Metric; 16] = [
+    pub const ALL: [Metric; 20] = [
         Metric::ProviderInflight,
         Metric::ProviderStarted,
         Metric::ProviderClosingMarked,
@@ -71,6 +80,10 @@ impl Metric {
         Metric::DrainGate,
         Metric::DrainForced,
         Metric::DrainCallbackFailed,
+        Metric::DrainPassedQuiet,
+        Metric::DrainPassedStepTimeout,
+        Metric::DrainPassedTimeout,
+        Metric::DrainLatePeers,
         Metric::ConsumerInflight,
         Metric::ConsumerStarted,
         Metric::ConsumerTombstones,
@@ -99,6 +112,12 @@ impl Metric {
             Metric::DrainGate => ("graceful_drain_gate", Gauge, Drain, &[Provider]),
             Metric::DrainForced => ("graceful_drain_forced", Counter, Drain, &[]),
             Metric::DrainCallbackFailed => ("graceful_drain_callback_failed", Counter, Drain, &[]),
+            Metric::DrainPassedQuiet => ("graceful_drain_passed_quiet", Counter, Drain, &[]),
+            Metric::DrainPassedStepTimeout => {
+                ("graceful_drain_passed_step_timeout", Counter, Drain, &[])
+            }
+            Metric::DrainPassedTimeout => ("graceful_drain_passed_timeout", Counter, Drain, &[]),
+            Metric::DrainLatePeers => ("graceful_drain_late_peers", Gauge, Drain, &[]),
             Metric::ConsumerInflight => ("graceful_consumer_inflight", Gauge, Consumer, &[Drain]),
             Metric::ConsumerStarted => ("graceful_consumer_started", Counter, Consumer, &[Drain]),
             Metric::ConsumerTombstones => ("graceful_consumer_tombstones", Gauge, Consumer, &[]),
@@ -234,6 +253,10 @@ mod tests {
                 "graceful_drain_gate",
                 "graceful_drain_forced",
                 "graceful_drain_callback_failed",
+                "graceful_drain_passed_quiet",
+                "graceful_drain_passed_step_timeout",
+                "graceful_drain_passed_timeout",
+                "graceful_drain_late_peers",
                 "graceful_consumer_inflight",
                 "graceful_consumer_started",
             ]
@@ -247,6 +270,10 @@ mod tests {
                 "graceful_drain_gate",
                 "graceful_drain_forced",
                 "graceful_drain_callback_failed",
+                "graceful_drain_passed_quiet",
+                "graceful_drain_passed_step_timeout",
+                "graceful_drain_passed_timeout",
+                "graceful_drain_late_peers",
             ]
         );
     }

@@ -84,12 +84,22 @@ fn provider() -> impl Strategy<Value = ProviderConfig> {
             0..4,
         ),
         any::<bool>(),
+        prop::option::of(header()),
     )
         .prop_filter("instance_header must differ", |(c, i, ..)| {
             i.as_ref() != Some(c)
         })
         .prop_map(
-            |(closing_header, instance_header, instance_id, ihcf, reject, paths, upgrades)| {
+            |(
+                closing_header,
+                instance_header,
+                instance_id,
+                ihcf,
+                reject,
+                paths,
+                upgrades,
+                consumer,
+            )| {
                 ProviderConfig {
                     closing_header,
                     instance_header,
@@ -107,6 +117,7 @@ fn provider() -> impl Strategy<Value = ProviderConfig> {
                         })
                         .collect(),
                     long_lived_upgrades: upgrades,
+                    consumer_header: consumer,
                 }
             },
         )
@@ -124,6 +135,7 @@ fn provider_json(c: &ProviderConfig, mask: u64) -> Value {
             LongLivedPath::Prefix(p) => format!("{p}*"),
         }).collect::<Vec<_>>(),
         "long_lived_upgrades": c.long_lived_upgrades,
+        "consumer_header": c.consumer_header.as_deref().map_or(String::new(), |h| recased(h, mask)),
     })
     .as_object()
     .map(|m| {
@@ -157,7 +169,7 @@ fn drain() -> impl Strategy<Value = DrainConfig> {
             timeout,
         },
     ));
-    let paths = prop::collection::vec(url_path(), 6)
+    let paths = prop::collection::vec(url_path(), 7)
         .prop_filter("paths must be distinct", |p| {
             (0..p.len()).all(|i| !p[..i].contains(&p[i]))
         })
@@ -168,6 +180,7 @@ fn drain() -> impl Strategy<Value = DrainConfig> {
             drained: p[3].clone(),
             grpc_health: p[4].clone(),
             grpc_health_watch: p[5].clone(),
+            report: p[6].clone(),
         });
     (
         gate,
@@ -181,9 +194,19 @@ fn drain() -> impl Strategy<Value = DrainConfig> {
             CloseConnections::DrainListeners,
             CloseConnections::Off,
         ]),
+        1..=graceful_core::report::peers::PEERS_KEPT as u32,
     )
         .prop_map(
-            |(gate, allowed_sources, admin_cluster, on_drained, max_waiters, paths, close)| {
+            |(
+                gate,
+                allowed_sources,
+                admin_cluster,
+                on_drained,
+                max_waiters,
+                paths,
+                close,
+                peers,
+            )| {
                 // Closing connections goes through the admin.
                 let close_connections = if admin_cluster.is_some() {
                     close
@@ -198,6 +221,7 @@ fn drain() -> impl Strategy<Value = DrainConfig> {
                     max_waiters,
                     paths,
                     close_connections,
+                    max_report_peers: peers,
                 }
             },
         )
@@ -218,7 +242,9 @@ fn drain_json(c: &DrainConfig) -> Value {
             "drained": c.paths.drained,
             "grpc_health": c.paths.grpc_health,
             "grpc_health_watch": c.paths.grpc_health_watch,
+            "report": c.paths.report,
         },
+        "max_report_peers": c.max_report_peers,
     });
     if let Some(a) = &c.admin_cluster {
         v["admin_cluster"] = json!(a);
@@ -256,11 +282,16 @@ fn consumer() -> impl Strategy<Value = ConsumerConfig> {
         1..=MAX_MAX_TOMBSTONES as u32,
         prop::option::of(url_path()),
         0u8..=100,
+        prop::option::of(header()),
     )
         .prop_filter(
-            "override_host_header must differ",
-            |(closing, instance, _, _, _, over, ..)| {
-                !closing.contains(over) && instance.as_ref() != Some(over)
+            "override_host_header and consumer_header must differ",
+            |(closing, instance, _, _, _, over, _, _, _, _, _, consumer)| {
+                !closing.contains(over)
+                    && instance.as_ref() != Some(over)
+                    && consumer.as_ref().is_none_or(|c| {
+                        c != over && !closing.contains(c) && instance.as_ref() != Some(c)
+                    })
             },
         )
         .prop_map(
@@ -276,6 +307,7 @@ fn consumer() -> impl Strategy<Value = ConsumerConfig> {
                 max_tombstones,
                 probe_path,
                 panic_threshold,
+                consumer_header,
             )| ConsumerConfig {
                 closing_headers,
                 instance_header,
@@ -288,6 +320,7 @@ fn consumer() -> impl Strategy<Value = ConsumerConfig> {
                 max_tombstones,
                 probe_path,
                 panic_threshold,
+                consumer_header,
             },
         )
 }
@@ -304,6 +337,7 @@ fn consumer_json(c: &ConsumerConfig, mask: u64) -> Value {
         "max_tombstones": c.max_tombstones,
         "probe_path": c.probe_path.clone().unwrap_or_default(),
         "panic_threshold": c.panic_threshold,
+        "consumer_header": c.consumer_header.as_deref().map_or(String::new(), |h| recased(h, mask)),
     });
     if let Some(a) = &c.admin_cluster {
         v["admin_cluster"] = json!(a);
@@ -338,6 +372,7 @@ const PROVIDER_FIELDS: &[(&str, Kind)] = &[
     ("reject_when_drained", Kind::Bool),
     ("long_lived_paths", Kind::LongLivedPaths),
     ("long_lived_upgrades", Kind::Bool),
+    ("consumer_header", Kind::Header),
 ];
 
 const DRAIN_FIELDS: &[(&str, Kind)] = &[
@@ -351,6 +386,7 @@ const DRAIN_FIELDS: &[(&str, Kind)] = &[
     ("max_waiters", Kind::Count),
     ("paths", Kind::Paths),
     ("close_connections", Kind::CloseConnections),
+    ("max_report_peers", Kind::Count),
 ];
 
 const CONSUMER_FIELDS: &[(&str, Kind)] = &[
@@ -365,6 +401,7 @@ const CONSUMER_FIELDS: &[(&str, Kind)] = &[
     ("max_tombstones", Kind::Count),
     ("probe_path", Kind::Path),
     ("panic_threshold", Kind::Count),
+    ("consumer_header", Kind::Header),
 ];
 
 /// Any JSON value, weighted towards strings that mean something here.
@@ -470,6 +507,7 @@ fn field_value(kind: Kind) -> BoxedStrategy<Value> {
                     "drained",
                     "grpc_health",
                     "grpc_health_watch",
+                    "report",
                 ]),
                 prop_oneof![
                     4 => url_path(),

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::Mutex;
 
 use graceful_core::filter::host::StateCell;
-use graceful_core::filter::provider::{LongLived, Provider, ProviderStream, TICK};
+use graceful_core::filter::provider::{Provider, ProviderCopy, ProviderStream, TICK};
 use graceful_core::keys::Owner;
 
 use crate::abi::{self, SchedulerPtr, Stream};
@@ -41,7 +41,7 @@ pub struct Config {
     ids: Ids,
     /// The kept long-lived streams' wake handles are their streams'
     /// schedulers (as addresses: they are only passed back to Envoy).
-    long_lived: Mutex<LongLived<usize>>,
+    copy: Mutex<ProviderCopy<usize>>,
     _timer: Timer,
 }
 
@@ -60,7 +60,7 @@ impl Config {
             envoy,
             provider,
             ids,
-            long_lived: Mutex::new(LongLived::default()),
+            copy: Mutex::new(ProviderCopy::default()),
             _timer: Timer::start(envoy, "graceful-provider", TICK)?,
         })
     }
@@ -68,7 +68,7 @@ impl Config {
     /// The main thread's tick.
     pub fn tick(&self) {
         let h = Native::config(self.envoy, &self.ids);
-        self.provider.tick(&self.long_lived, &h, |_, &scheduler| {
+        self.provider.tick(&self.copy, &h, |_, &scheduler| {
             // SAFETY: the stream deletes its scheduler only under this
             // lock, after the tick took it from the kept list or it left it.
             #[allow(unsafe_code)]
@@ -88,7 +88,7 @@ impl Config {
         code(self.provider.request_headers(
             &st.core,
             &Native::stream(s, &self.ids),
-            &self.long_lived,
+            &self.copy,
             keep,
         ))
     }
@@ -116,7 +116,7 @@ impl Config {
 
     pub fn stream_complete(&self, st: &NativeProviderStream, s: Stream) {
         self.provider
-            .stream_end(&st.core, &Native::stream(s, &self.ids), &self.long_lived);
+            .stream_end(&st.core, &Native::stream(s, &self.ids), &self.copy);
     }
 
     /// The stream is gone: it leaves the count (if `stream_complete` did
@@ -124,7 +124,7 @@ impl Config {
     pub fn destroy(&self, st: &NativeProviderStream) {
         let h = Native::detached(&self.ids);
         if let Some((id, scheduler)) = st.kept.take() {
-            self.long_lived.with(|c| {
+            self.copy.with(|c| {
                 c.release(id);
                 // SAFETY: under the lock the tick commits under, and no
                 // longer in the kept list: nobody uses it after this.
@@ -134,6 +134,6 @@ impl Config {
                 };
             });
         }
-        self.provider.stream_end(&st.core, &h, &self.long_lived);
+        self.provider.stream_end(&st.core, &h, &self.copy);
     }
 }

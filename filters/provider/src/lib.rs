@@ -7,14 +7,16 @@
 //! a response header) and makes only the cheapest hostcalls: gauge +1, one
 //! gauge read (the gate), counter +1, one header read (`upgrade`: is it a
 //! long-lived stream?); on the response the instance header and one gauge
-//! read (the phase); gauge −1 at the end. No shared data, no clock. Every
-//! VM copy ticks to end its kept long-lived streams once drained, answering
-//! each through its context, made effective.
+//! read (the phase); gauge −1 at the end. No shared data, and no clock but
+//! for one request in 32, timed for the drain report (two clock reads).
+//! Every VM copy ticks to merge its report records into shared data and to
+//! end its kept long-lived streams once drained, answering each through
+//! its context, made effective.
 
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use graceful_core::filter::provider::{LongLived, Provider, ProviderStream, TICK};
+use graceful_core::filter::provider::{Provider, ProviderCopy, ProviderStream, TICK};
 use graceful_core::keys::Owner;
 use graceful_guest::{action, Guest};
 use proxy_wasm::hostcalls;
@@ -29,8 +31,8 @@ proxy_wasm::main! {{
 struct Shared {
     provider: Provider,
     host: Guest,
-    /// This VM copy's kept long-lived streams.
-    long_lived: RefCell<LongLived>,
+    /// This VM copy's kept long-lived streams and report records.
+    copy: RefCell<ProviderCopy>,
 }
 
 struct ProviderRoot {
@@ -47,7 +49,7 @@ impl RootContext for ProviderRoot {
                 self.shared = Some(Rc::new(Shared {
                     provider,
                     host,
-                    long_lived: RefCell::new(LongLived::default()),
+                    copy: RefCell::new(ProviderCopy::default()),
                 }));
                 graceful_guest::set_tick_period(TICK);
                 true
@@ -63,7 +65,7 @@ impl RootContext for ProviderRoot {
         let Some(s) = &self.shared else {
             return;
         };
-        for (context_id, ()) in s.provider.tick(&s.long_lived, &s.host, |_, _| {}) {
+        for (context_id, ()) in s.provider.tick(&s.copy, &s.host, |_, _| {}) {
             // The stream may have gone meanwhile: then the host refuses the
             // context and there is nobody to answer.
             if hostcalls::set_effective_context(context_id).is_ok() {
@@ -101,7 +103,7 @@ impl HttpContext for WasmStream {
         self.shared.as_ref().map_or(Action::Continue, |s| {
             action(
                 s.provider
-                    .request_headers(&self.stream, &s.host, &s.long_lived, || (id, ())),
+                    .request_headers(&self.stream, &s.host, &s.copy, || (id, ())),
             )
         })
     }
@@ -127,7 +129,7 @@ impl HttpContext for WasmStream {
 impl Drop for WasmStream {
     fn drop(&mut self) {
         if let Some(s) = &self.shared {
-            s.provider.stream_end(&self.stream, &s.host, &s.long_lived);
+            s.provider.stream_end(&self.stream, &s.host, &s.copy);
         }
     }
 }

@@ -13,6 +13,9 @@ pub const DEFAULT_CLOSING_HEADERS: [&str; 2] = ["x-graceful-closing", "closing"]
 pub const DEFAULT_TOMBSTONE_TTL: Duration = Duration::from_secs(30);
 pub const DEFAULT_FAILURE_TOMBSTONE_TTL: Duration = Duration::from_secs(5);
 pub const DEFAULT_OVERRIDE_HOST_HEADER: &str = "x-graceful-override-host";
+/// The header carrying this Envoy's consumer identity on every outbound
+/// request, for the providers' drain reports (the contract's, added).
+pub const DEFAULT_CONSUMER_HEADER: &str = "x-graceful-consumer";
 pub const DEFAULT_MEMBERSHIP_REFRESH: Duration = Duration::from_secs(1);
 pub const DEFAULT_MAX_TOMBSTONES: u32 = 1024;
 pub const MAX_MAX_TOMBSTONES: u64 = 65_536;
@@ -46,6 +49,9 @@ pub struct ConsumerConfig {
     /// closing was confirmed longest ago are listed too (see
     /// [`crate::steering::plan()`]); 0 turns the rule off.
     pub panic_threshold: u8,
+    /// Lower-case request header set to this Envoy's instance id on every
+    /// outbound request, replacing a client's; None turns it off.
+    pub consumer_header: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -62,6 +68,7 @@ struct ConsumerDto {
     max_tombstones: Option<u64>,
     probe_path: Option<String>,
     panic_threshold: Option<u64>,
+    consumer_header: Option<String>,
 }
 
 fn positive(field: &str, d: Duration) -> Result<Duration, ConfigError> {
@@ -107,6 +114,24 @@ impl ConsumerConfig {
                 "override_host_header",
                 "must differ from closing_headers and instance_header",
             ));
+        }
+        let consumer_header = match dto.consumer_header.as_deref() {
+            Some("") => None,
+            other => Some(header_name(
+                "consumer_header",
+                other.unwrap_or(DEFAULT_CONSUMER_HEADER),
+            )?),
+        };
+        if let Some(h) = &consumer_header {
+            if *h == override_host_header
+                || closing_headers.contains(h)
+                || instance_header.as_ref() == Some(h)
+            {
+                return Err(ConfigError::new(
+                    "consumer_header",
+                    "must differ from override_host_header, closing_headers and instance_header",
+                ));
+            }
         }
         let tombstone_ttl = positive(
             "tombstone_ttl",
@@ -176,6 +201,7 @@ impl ConsumerConfig {
             max_tombstones,
             probe_path,
             panic_threshold,
+            consumer_header,
         })
     }
 }
@@ -198,6 +224,7 @@ mod tests {
         assert_eq!(cfg.max_tombstones, 1024);
         assert_eq!(cfg.probe_path.as_deref(), Some("/graceful/ready"));
         assert_eq!(cfg.panic_threshold, 50);
+        assert_eq!(cfg.consumer_header.as_deref(), Some("x-graceful-consumer"));
     }
 
     #[test]
@@ -206,7 +233,7 @@ mod tests {
             br#"{"closing_headers":["Closing","X-Shutdown","closing"],"instance_header":"","tombstone_ttl":"10s",
                 "evict_on_connect_failure":false,"failure_tombstone_ttl":"2s","override_host_header":"X-Pin",
                 "admin_cluster":"admin","membership_refresh":"500ms","max_tombstones":8,"probe_path":"",
-                "panic_threshold":0}"#,
+                "panic_threshold":0,"consumer_header":""}"#,
         )
         .unwrap();
         assert_eq!(
@@ -224,11 +251,24 @@ mod tests {
         assert_eq!(cfg.max_tombstones, 8);
         assert_eq!(cfg.probe_path, None);
         assert_eq!(cfg.panic_threshold, 0);
+        assert_eq!(cfg.consumer_header, None);
+        let cfg = ConsumerConfig::from_json(br#"{"consumer_header":"X-Caller"}"#).unwrap();
+        assert_eq!(cfg.consumer_header.as_deref(), Some("x-caller"));
     }
 
     #[test]
     fn consumer_config_errors_name_the_field() {
         let cases = [
+            (
+                r#"{"consumer_header":"x-graceful-override-host"}"#,
+                "consumer_header",
+                "must differ",
+            ),
+            (
+                r#"{"consumer_header":"a b"}"#,
+                "consumer_header",
+                "not a valid header name",
+            ),
             (
                 r#"{"closing_headers":["ok",""]}"#,
                 "closing_headers[1]",

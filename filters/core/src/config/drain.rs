@@ -21,6 +21,8 @@ pub const DEFAULT_ON_DRAINED_PATH: &str = "/shutdown";
 pub const DEFAULT_ON_DRAINED_TIMEOUT: Duration = Duration::from_secs(2);
 /// Upper bound for `on_drained.timeout`.
 pub const MAX_ON_DRAINED_TIMEOUT: Duration = Duration::from_secs(60);
+/// Peers the report shows by default (`max_report_peers`).
+pub const DEFAULT_MAX_REPORT_PEERS: u32 = 32;
 
 /// The endpoints' paths (`paths` field).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,11 +33,12 @@ pub struct Paths {
     pub drained: String,
     pub grpc_health: String,
     pub grpc_health_watch: String,
+    pub report: String,
 }
 
 impl Paths {
     /// Every endpoint's path beside its field name under `paths`.
-    pub fn named(&self) -> [(&'static str, &String); 6] {
+    pub fn named(&self) -> [(&'static str, &String); 7] {
         [
             ("closing", &self.closing),
             ("ready", &self.ready),
@@ -43,6 +46,7 @@ impl Paths {
             ("drained", &self.drained),
             ("grpc_health", &self.grpc_health),
             ("grpc_health_watch", &self.grpc_health_watch),
+            ("report", &self.report),
         ]
     }
 }
@@ -56,6 +60,7 @@ impl Default for Paths {
             drained: "/graceful/drained".into(),
             grpc_health: "/grpc.health.v1.Health/Check".into(),
             grpc_health_watch: "/grpc.health.v1.Health/Watch".into(),
+            report: "/graceful/report".into(),
         }
     }
 }
@@ -111,6 +116,9 @@ pub struct DrainConfig {
     pub max_waiters: u32,
     pub paths: Paths,
     pub close_connections: CloseConnections,
+    /// Most peers the drain report shows (at most
+    /// [`crate::report::peers::PEERS_KEPT`], the ones kept).
+    pub max_report_peers: u32,
 }
 
 #[derive(Deserialize, Default)]
@@ -126,6 +134,7 @@ struct DrainDto {
     max_waiters: Option<u64>,
     paths: Option<PathsDto>,
     close_connections: Option<String>,
+    max_report_peers: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -145,6 +154,7 @@ struct PathsDto {
     drained: Option<String>,
     grpc_health: Option<String>,
     grpc_health_watch: Option<String>,
+    report: Option<String>,
 }
 
 impl DrainConfig {
@@ -230,6 +240,17 @@ impl DrainConfig {
         };
         let close_connections =
             close_connections(dto.close_connections.as_deref(), admin_cluster.is_some())?;
+        let kept = crate::report::peers::PEERS_KEPT as u64;
+        let max_report_peers = match dto.max_report_peers {
+            None => DEFAULT_MAX_REPORT_PEERS,
+            Some(n) if (1..=kept).contains(&n) => n as u32,
+            Some(n) => {
+                return Err(ConfigError::new(
+                    "max_report_peers",
+                    format!("{n} is out of range 1..={kept}"),
+                ))
+            }
+        };
         Ok(DrainConfig {
             gate,
             allowed_sources,
@@ -238,6 +259,7 @@ impl DrainConfig {
             max_waiters,
             paths: paths(dto.paths.unwrap_or_default())?,
             close_connections,
+            max_report_peers,
         })
     }
 }
@@ -289,6 +311,7 @@ fn paths(dto: PathsDto) -> Result<Paths, ConfigError> {
             dto.grpc_health_watch,
             defaults.grpc_health_watch,
         )?,
+        report: pick("paths.report", dto.report, defaults.report)?,
     };
     let named = paths.named();
     for (i, (field, path)) in named.iter().enumerate() {
@@ -329,6 +352,8 @@ mod tests {
         assert_eq!(cfg.paths, Paths::default());
         assert_eq!(cfg.paths.drained, "/graceful/drained");
         assert_eq!(cfg.paths.grpc_health, "/grpc.health.v1.Health/Check");
+        assert_eq!(cfg.paths.report, "/graceful/report");
+        assert_eq!(cfg.max_report_peers, 32);
     }
 
     #[test]
@@ -337,7 +362,9 @@ mod tests {
             br#"{"consumer_update_wait":"1s","quiet_window":"250ms","step_timeout":"2s","timeout":"10s",
                 "allowed_sources":["10.0.0.0/8"],"admin_cluster":"envoy_admin",
                 "on_drained":{"cluster":"app","path":"/bye","timeout":"1s"},"max_waiters":3,
-                "paths":{"closing":"/c","ready":"/r","status":"/s","drained":"/d","grpc_health":"/g"}}"#,
+                "max_report_peers":128,
+                "paths":{"closing":"/c","ready":"/r","status":"/s","drained":"/d","grpc_health":"/g",
+                         "report":"/rep"}}"#,
         )
         .unwrap();
         assert_eq!(cfg.gate.consumer_update_wait, Duration::from_secs(1));
@@ -357,6 +384,8 @@ mod tests {
         assert_eq!(cfg.max_waiters, 3);
         assert_eq!(cfg.paths.closing, "/c");
         assert_eq!(cfg.paths.grpc_health, "/g");
+        assert_eq!(cfg.paths.report, "/rep");
+        assert_eq!(cfg.max_report_peers, 128);
     }
 
     #[test]
@@ -438,6 +467,21 @@ mod tests {
             ),
             (r#"{"max_waiters":-1}"#, "max_waiters", "invalid value"),
             (r#"{"max_waiters":10001}"#, "max_waiters", "out of range"),
+            (
+                r#"{"max_report_peers":0}"#,
+                "max_report_peers",
+                "out of range",
+            ),
+            (
+                r#"{"max_report_peers":129}"#,
+                "max_report_peers",
+                "out of range",
+            ),
+            (
+                r#"{"paths":{"report":"/graceful/status"}}"#,
+                "paths.report",
+                "already used",
+            ),
             (r#"{"max_waiters":1.5}"#, "max_waiters", "invalid type"),
             (
                 r#"{"paths":{"ready":"graceful/ready"}}"#,

@@ -320,6 +320,7 @@ mod tests {
             "reject_when_drained",
             "long_lived_paths",
             "long_lived_upgrades",
+            "consumer_header",
         ];
         let drain = [
             "consumer_update_wait",
@@ -330,6 +331,7 @@ mod tests {
             "admin_cluster",
             "max_waiters",
             "close_connections",
+            "max_report_peers",
         ];
         let consumer = [
             "closing_headers",
@@ -342,6 +344,7 @@ mod tests {
             "membership_refresh",
             "max_tombstones",
             "probe_path",
+            "consumer_header",
         ];
         let null_in = |field: &str| format!(r#"{{"{field}":null}}"#);
         let mut cases: Vec<(String, String, ConfigError)> = Vec::new();
@@ -370,7 +373,7 @@ mod tests {
             let err = ConsumerConfig::from_json(json.as_bytes()).unwrap_err();
             cases.push((json, field.into(), err));
         }
-        assert_eq!(cases.len(), 33);
+        assert_eq!(cases.len(), 37);
         for (json, field, err) in cases {
             assert_eq!(err.field, field, "{json}: {err}");
             assert_eq!(

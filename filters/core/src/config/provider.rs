@@ -7,6 +7,7 @@ use super::{header_name, read_dto, url_path, ConfigError};
 /// Defaults fixed by the public contract.
 pub const DEFAULT_CLOSING_HEADER: &str = "x-graceful-closing";
 pub const DEFAULT_INSTANCE_HEADER: &str = "x-graceful-instance";
+pub use super::consumer::DEFAULT_CONSUMER_HEADER;
 /// Most entries in `long_lived_paths`.
 pub const MAX_LONG_LIVED_PATHS: usize = 32;
 
@@ -45,6 +46,10 @@ pub struct ProviderConfig {
     /// Upgraded requests (WebSocket, over HTTP/1.1 or HTTP/2) are
     /// long-lived streams too.
     pub long_lived_upgrades: bool,
+    /// Lower-case request header naming the caller (graceful_consumer's
+    /// `consumer_header`), read for the drain report only once closing;
+    /// None: callers are named by address only.
+    pub consumer_header: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -57,6 +62,7 @@ struct ProviderDto {
     reject_when_drained: Option<bool>,
     long_lived_paths: Option<Vec<String>>,
     long_lived_upgrades: Option<bool>,
+    consumer_header: Option<String>,
 }
 
 impl ProviderConfig {
@@ -82,6 +88,13 @@ impl ProviderConfig {
                 "must differ from closing_header",
             ));
         }
+        let consumer_header = match dto.consumer_header.as_deref() {
+            Some("") => None,
+            other => Some(header_name(
+                "consumer_header",
+                other.unwrap_or(DEFAULT_CONSUMER_HEADER),
+            )?),
+        };
         let instance_id = match dto.instance_id {
             None => None,
             Some(id) => Some(instance_id("instance_id", &id)?),
@@ -112,6 +125,7 @@ impl ProviderConfig {
             reject_when_drained: dto.reject_when_drained.unwrap_or(true),
             long_lived_paths,
             long_lived_upgrades: dto.long_lived_upgrades.unwrap_or(true),
+            consumer_header,
         })
     }
 }
@@ -150,6 +164,7 @@ mod tests {
             assert!(cfg.reject_when_drained);
             assert_eq!(cfg.long_lived_paths, Vec::new());
             assert!(cfg.long_lived_upgrades);
+            assert_eq!(cfg.consumer_header.as_deref(), Some("x-graceful-consumer"));
         }
     }
 
@@ -192,7 +207,8 @@ mod tests {
     fn provider_reads_every_field() {
         let cfg = ProviderConfig::from_json(
             br#"{"closing_header":"Closing","instance_header":"X-Pod","instance_id":"pod-7",
-                "immediate_health_check_fail":true,"reject_when_drained":false}"#,
+                "immediate_health_check_fail":true,"reject_when_drained":false,
+                "consumer_header":"X-Caller"}"#,
         )
         .unwrap();
         assert_eq!(cfg.closing_header, "closing", "names are stored lower case");
@@ -200,12 +216,19 @@ mod tests {
         assert_eq!(cfg.instance_id.as_deref(), Some("pod-7"));
         assert!(cfg.immediate_health_check_fail);
         assert!(!cfg.reject_when_drained);
+        assert_eq!(cfg.consumer_header.as_deref(), Some("x-caller"));
     }
 
     #[test]
     fn provider_instance_header_empty_turns_it_off() {
         let cfg = ProviderConfig::from_json(br#"{"instance_header":""}"#).unwrap();
         assert_eq!(cfg.instance_header, None);
+        let cfg = ProviderConfig::from_json(br#"{"consumer_header":""}"#).unwrap();
+        assert_eq!(cfg.consumer_header, None);
+        assert_eq!(
+            provider_err(r#"{"consumer_header":"a:b"}"#).field,
+            "consumer_header"
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //!
 //! | callback | listener instance | upstream instance (one stream per attempt) |
 //! |---|---|---|
-//! | request headers | drops a client's override header; in flight +1, started +1; steers (the override header, steered +1) | drops the override header |
+//! | request headers | drops a client's override header; sets `consumer_header` to this Envoy's instance id; in flight +1, started +1; steers (the override header, steered +1) | drops the override header; sets `consumer_header` |
 //! | response headers, trailers | observes the answer (closing mark, connect-failure 503, membership, readmission) | observes closing marks |
 //! | stream end | in flight −1 if counted | an attempt with no response and a transport failure reason: connect failure |
 //! | tick | notices unannounced writes; refreshes membership and probes tombstoned hosts (one copy per `membership_refresh`, by lease) | none |
@@ -33,6 +33,9 @@ pub struct ConsumerFilter {
     /// see why a probe's attempt ended, where the wasm build's sees the
     /// attempt fail (`attempt_done`).
     probe_failure_is_connect_failure: bool,
+    /// This Envoy's identity for `consumer_header`: the process's instance
+    /// id (the one its graceful_provider stamps, when it has one).
+    identity: String,
 }
 
 /// One copy's state: the core's consumer, and the cluster of each probe
@@ -182,10 +185,23 @@ impl ConsumerFilter {
         if let Some(line) = crate::consumer::stats_refused(&rejected) {
             return Err(line);
         }
+        let now = h.now_us();
+        let candidate = crate::instance::generate(now, super::entropy(now));
+        let identity = match crate::instance::agree(h.store(), &candidate) {
+            Ok(id) => id,
+            Err(e) => {
+                h.log(
+                    super::host::Level::Warn,
+                    &format!("instance id not shared ({e:?}); using {candidate}"),
+                );
+                candidate
+            }
+        };
         Ok(ConsumerFilter {
             config,
             upstream,
             probe_failure_is_connect_failure: false,
+            identity,
         })
     }
 
@@ -197,6 +213,11 @@ impl ConsumerFilter {
 
     pub fn config(&self) -> &ConsumerConfig {
         &self.config
+    }
+
+    /// The identity this Envoy's requests carry in `consumer_header`.
+    pub fn identity(&self) -> &str {
+        &self.identity
     }
 
     pub fn is_upstream(&self) -> bool {
@@ -221,6 +242,11 @@ impl ConsumerFilter {
         // is dropped before anything else. (As an upstream filter the header
         // has done its work: dropping it keeps it from the provider.)
         s.remove_header(Map::RequestHeaders, &self.config.override_host_header);
+        // Who is calling, for the providers' drain reports: set, so a
+        // client's own value never travels.
+        if let Some(h) = &self.config.consumer_header {
+            s.set_header(Map::RequestHeaders, h, &self.identity);
+        }
         if self.upstream {
             // One stream per attempt: counting and steering are the
             // listener instance's.

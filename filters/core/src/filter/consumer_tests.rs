@@ -68,6 +68,43 @@ fn it_counts_each_request_in_and_out_once_and_drops_a_clients_override() {
 }
 
 #[test]
+fn every_request_carries_this_envoys_identity_replacing_a_clients() {
+    let h = MockHost::new();
+    let f = filter(&h, "", false);
+    // The process's instance id, the one its provider would stamp.
+    let stored = h.store().get(crate::keys::INSTANCE_ID.name).ok().flatten();
+    assert_eq!(
+        stored.map(|(v, _)| v),
+        Some(f.identity().as_bytes().to_vec())
+    );
+    assert!(crate::report::peers::is_consumer_identity(
+        f.identity().as_bytes()
+    ));
+    for upstream in [false, true] {
+        let f = filter(&h, "", upstream);
+        let copy = RefCell::new(f.new_copy());
+        h.set_map(Map::RequestHeaders, &[("x-graceful-consumer", "forged\"}")]);
+        h.set_attribute(Attribute::ClusterName, CLUSTER);
+        f.request_headers(&copy, &ConsumerStream::default(), &h);
+        assert_eq!(
+            h.header_text(Map::RequestHeaders, "x-graceful-consumer"),
+            Some(f.identity().to_string()),
+            "upstream: {upstream}"
+        );
+    }
+    // "" turns it off: the header is left as the client sent it.
+    let f = filter(&h, r#"{"consumer_header": ""}"#, false);
+    let copy = RefCell::new(f.new_copy());
+    h.set_map(Map::RequestHeaders, &[("x-graceful-consumer", "mine")]);
+    f.request_headers(&copy, &ConsumerStream::default(), &h);
+    assert_eq!(
+        h.header_text(Map::RequestHeaders, "x-graceful-consumer")
+            .as_deref(),
+        Some("mine")
+    );
+}
+
+#[test]
 fn a_closing_answer_tombstones_its_host_and_later_requests_are_steered_away() {
     let h = MockHost::new();
     let f = filter(&h, "", false);

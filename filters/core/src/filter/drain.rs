@@ -8,15 +8,19 @@
 //! | `ready`, gRPC health `Check` | answers from the record (gRPC health while serving: the app's) |
 //! | gRPC health `Watch` | while serving, the app's, and this copy keeps the stream (at most [`MAX_WATCHES`]); once closing, answered `NOT_SERVING` |
 //! | tick, closing, kept `Watch` streams | wakes each: answered `NOT_SERVING`, which Envoy turns into a reset once the app's headers went out (the client's health check sees the stream fail); so none holds the gate |
+//! | `report` | the drain report ([`crate::report`]) from shared data |
 //! | `status`, `drained` | evaluates the gate ([`crate::drain::DrainCopy::advance`]) and answers; `drained?wait=` holds the stream until drained or its wait runs out |
 //! | tick (every [`TICK`]) | evaluates the gate; sends `on_drained` for a pass this copy made (on the tick or in an endpoint); wakes due long-polls; while serving, polls the admin's `/ready` (one copy per [`ADMIN_POLL_INTERVAL`], by lease) |
 //! | admin answer 503 `DRAINING` | starts closing (Envoy's `/healthcheck/fail`) |
 //! | closing started by this copy, `close_connections` on | at its next tick, POSTs the mode's admin path ([`CloseConnections::admin_path`]), so Envoy tells keep-alive and HTTP/2 clients to leave; a failed answer is tried again [`CLOSE_RETRY`] later, until closing ends with the process |
+//! | tick, closing or drained, once per [`REPORT_INTERVAL`] | reads the report's peers: sets `graceful_drain_late_peers` |
 //! | `on_drained` answer not 2xx | `graceful_drain_callback_failed` +1 |
 //! | a held stream ends | frees its long-poll slot |
 //!
 //! A pass is logged and counted once, by the copy whose write passed the
-//! gate; that copy alone calls `on_drained`.
+//! gate: the pass line, the outcome counter (`graceful_drain_passed_*`),
+//! which timeout forced it ([`keys::PASSED_BY`]) and the report as one
+//! line; that copy alone calls `on_drained`.
 
 use std::time::Duration;
 
@@ -34,7 +38,8 @@ use crate::headers::{
 use crate::keys::{self, Owner};
 use crate::metrics::Metric;
 use crate::net::trusted_peer_ip;
-use crate::record::{self, Phase};
+use crate::record::{self, GatePass, Phase};
+use crate::report::{passed_by_byte, Inputs, Report};
 use crate::store::{add_bounded, take_lease, UpdateError};
 
 /// How often every copy evaluates the gate and answers due long-polls:
@@ -51,6 +56,8 @@ pub const CLOSE_RETRY: Duration = Duration::from_secs(1);
 pub const CLOSE_CALL_TIMEOUT: Duration = Duration::from_secs(1);
 /// Most bytes of a call's answer the drain reads (`DRAINING`).
 pub const MAX_ANSWER_BODY: usize = 64;
+/// How often a copy refreshes `graceful_drain_late_peers` while closing.
+pub const REPORT_INTERVAL: Duration = Duration::from_secs(1);
 
 /// One configured drain.
 pub struct Drain {
@@ -86,6 +93,8 @@ pub struct DrainState<W = ()> {
     close_not_before: u64,
     /// A failed `close_connections` call was logged already (once per copy).
     close_warned: bool,
+    /// When this copy last set `graceful_drain_late_peers` (µs).
+    late_peers_at: u64,
 }
 
 impl<W> Default for DrainState<W> {
@@ -103,6 +112,7 @@ impl<W> Default for DrainState<W> {
             close_call: None,
             close_not_before: 0,
             close_warned: false,
+            late_peers_at: 0,
         }
     }
 }
@@ -143,17 +153,58 @@ impl Drain {
         let m = HostMetrics(h);
         let (eval, passed) = st.copy.advance(h.store(), &m, &m, &self.config, now)?;
         if let Some(p) = passed {
+            let outcome = match p.why {
+                GatePass::Quiet => Metric::DrainPassedQuiet,
+                GatePass::StepTimeout => Metric::DrainPassedStepTimeout,
+                GatePass::Timeout => Metric::DrainPassedTimeout,
+            };
+            h.metric_add(outcome, 1);
+            // Written whole, once: only this copy's write passed the gate.
+            let _ = h
+                .store()
+                .set(keys::PASSED_BY.name, &[passed_by_byte(p.why)], 0);
             if p.forced() {
                 h.metric_add(Metric::DrainForced, 1);
                 h.log(Level::Warn, &p.line());
             } else {
                 h.log(Level::Info, &p.line());
             }
+            match self.report(h, now) {
+                Ok(report) => h.log(Level::Info, &format!("drain report: {}", report.to_json())),
+                Err(e) => h.log(Level::Warn, &format!("drain report not read: {e}")),
+            }
             if self.config.on_drained.is_some() {
                 st.callback_owed = Some(eval.status(now).to_json());
             }
         }
         Ok(eval)
+    }
+
+    /// The drain report now, from shared data.
+    fn report(&self, h: &(impl Host + ?Sized), now: u64) -> Result<Report, String> {
+        let inputs = Inputs::read(h.store()).map_err(|e| format!("{e:?}"))?;
+        let max = self.config.max_report_peers as usize;
+        Ok(Report::build(&inputs, &self.config.gate, max, now))
+    }
+
+    /// Sets `graceful_drain_late_peers` from the report's peers, at most
+    /// once per [`REPORT_INTERVAL`] per copy, once closing.
+    fn count_late_peers<W>(&self, state: &impl StateCell<DrainState<W>>, h: &impl Host, now: u64) {
+        let due = state.with(|st| {
+            let due = now >= st.late_peers_at.saturating_add(micros(REPORT_INTERVAL));
+            if due {
+                st.late_peers_at = now;
+            }
+            due
+        });
+        if due {
+            if let Ok(inputs) = Inputs::read(h.store()) {
+                h.metric_set(
+                    Metric::DrainLatePeers,
+                    Report::late_peers(&inputs, &self.config.gate),
+                );
+            }
+        }
     }
 
     /// The record with the traffic now, no gate evaluation.
@@ -228,6 +279,10 @@ impl Drain {
                 Err(e) => Reply::unavailable(&format!("{e:?}")),
             },
             Endpoint::GrpcHealthWatch => return self.watch(state, s, waiter),
+            Endpoint::Report => match self.report(s, now) {
+                Ok(report) => Reply::report(report.to_json()),
+                Err(e) => Reply::unavailable(&e),
+            },
             Endpoint::GrpcHealth => match record::read(s.store()) {
                 // While serving, the app's own health service answers.
                 Ok(rec) if rec.phase == Phase::Serving => return Answer::App,
@@ -403,6 +458,8 @@ impl Drain {
         }
         if eval.rec.phase == Phase::Serving {
             self.poll_admin(state, h, now);
+        } else {
+            self.count_late_peers(state, h, now);
         }
         self.close_connections(state, h, now);
         due

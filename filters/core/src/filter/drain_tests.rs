@@ -209,6 +209,66 @@ fn a_forced_pass_is_counted_and_warned() {
     let forced = h.logs_containing("drain gate forced");
     assert_eq!(forced.len(), 1);
     assert_eq!(forced[0].0, Level::Warn);
+    assert_eq!(h.metric(Metric::DrainPassedTimeout), 1);
+    assert_eq!(h.metric(Metric::DrainPassedQuiet), 0);
+    // The report names the timeout, in the log line and at its endpoint.
+    let line = h.logs_containing("drain report: {");
+    assert_eq!(line.len(), 1, "{:?}", h.logs());
+    assert!(
+        line[0].1.contains("\"forced_by\":\"timeout\""),
+        "{}",
+        line[0].1
+    );
+    h.take_replies();
+    call(&d, &st, &h, "GET", "/graceful/report");
+    let r = only_reply(&h);
+    let v: serde_json::Value = serde_json::from_str(&r.body_text()).unwrap();
+    assert_eq!((r.status, v["phase"].as_str()), (200, Some("drained")));
+    assert_eq!(v["forced_by"], "timeout");
+    assert_eq!(v["drained_after_ms"], 2000);
+}
+
+#[test]
+fn the_report_names_the_late_callers_and_a_quiet_pass_says_so() {
+    let h = MockHost::new();
+    let json = r#"{"consumer_update_wait": "1s", "quiet_window": "0s", "max_report_peers": 1}"#;
+    let (d, st) = (drain(&h, json), state());
+    call(&d, &st, &h, "GET", "/graceful/report");
+    let v: serde_json::Value = serde_json::from_str(&only_reply(&h).body_text()).unwrap();
+    assert_eq!(v["phase"], "serving");
+    call(&d, &st, &h, "POST", "/graceful/closing");
+    h.take_replies();
+    let since = record::read(h.store()).unwrap().closing_since_us;
+    // What the providers merged: one caller stopped at once, one kept on.
+    let mut pending = crate::report::PendingReport::default();
+    let peer = |a: &str| crate::report::peers::PeerId::new(Some(a.as_bytes()), None);
+    pending.peers.add(peer("10.0.0.1:1"), true, since + 10_000);
+    pending
+        .peers
+        .add(peer("10.0.0.2:1"), true, since + 1_500_000);
+    pending
+        .peers
+        .add(peer("10.0.0.2:1"), true, since + 1_600_000);
+    pending.merge_into(h.store()).unwrap();
+    h.advance(Duration::from_secs(2));
+    d.tick(&st, &h, |_, _| {});
+    assert_eq!(h.metric(Metric::DrainLatePeers), 1);
+    assert_eq!(h.metric(Metric::DrainPassedQuiet), 1);
+    call(&d, &st, &h, "GET", "/graceful/report");
+    let v: serde_json::Value = serde_json::from_str(&only_reply(&h).body_text()).unwrap();
+    assert_eq!(
+        (v["forced"].clone(), v["forced_by"].clone()),
+        (false.into(), serde_json::Value::Null)
+    );
+    assert_eq!(v["requests_after_closing"], 3);
+    assert_eq!(v["peers"][0]["address"], "10.0.0.2");
+    assert_eq!(v["peers_dropped"], 1);
+    assert!(
+        v["recommended"]["basis"]["consumer_update_wait"]
+            .as_str()
+            .is_some_and(|b| b.contains("10.0.0.1")),
+        "{v}"
+    );
 }
 
 #[test]

@@ -7,22 +7,29 @@
 //!
 //! | callback | reads | writes |
 //! |---|---|---|
-//! | request headers | gate gauge; `upgrade` (with `long_lived_upgrades`), `:path` (with `long_lived_paths`) | in flight +1, started +1; or rejected +1 and the marked 503; a long-lived stream leaves the in-flight count at once and is kept by this copy (at most [`MAX_LONG_LIVED`]) |
-//! | response headers | phase gauge | instance header; the closing mark while closing (closing_marked +1 once) |
+//! | request headers | gate gauge; `upgrade` (with `long_lived_upgrades`), `:path` (with `long_lived_paths`); once this copy knows of the closing, `source.address`, the consumer header and the clock; while serving, the clock for one stream in [`SAMPLE_EVERY`] | in flight +1, started +1; or rejected +1 and the marked 503; a long-lived stream leaves the in-flight count at once and is kept by this copy (at most [`MAX_LONG_LIVED`]) |
+//! | response headers | phase gauge | instance header; the closing mark while closing (closing_marked +1 once); this copy now knows of the closing |
 //! | response trailers | phase gauge | the closing mark while closing |
-//! | tick (every [`TICK`]) | gate gauge | once the gate passed, wakes every kept long-lived stream |
+//! | tick (every [`TICK`]) | phase gauge (until closing is known), gate gauge | merges this copy's report records into shared data ([`crate::report`]); once the gate passed, wakes every kept long-lived stream |
 //! | woken long-lived stream | nothing | the marked 503 (gRPC UNAVAILABLE); Envoy resets a stream whose headers went out |
-//! | stream end | nothing | in flight −1 if counted; a kept stream is forgotten |
+//! | stream end | the clock, for a recorded stream | in flight −1 if counted; a kept stream is forgotten; a recorded stream's peer and duration go to the copy's pending report |
 //!
 //! A long-lived stream (a WebSocket, a gRPC stream the app never ends)
 //! would hold the drain gate until its `timeout` and then be cut by the
 //! process exit; kept out of the count, it is ended when the gate passes,
 //! with a status its client retries.
+//!
+//! The report costs an ordinary request nothing while serving, except one
+//! in [`SAMPLE_EVERY`], which reads the clock twice; from closing on, every
+//! request is recorded (its caller and duration).
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::time::Duration;
 
-use super::host::{Action, Host, HostMetrics, Level, LocalReply, Map, StateCell, Stream};
+use super::host::{
+    Action, Attribute, Host, HostMetrics, Level, LocalReply, Map, StateCell, Stream,
+};
 use crate::config::ProviderConfig;
 use crate::endpoints::{without_query, Waiters};
 use crate::gate::{self, Admission};
@@ -30,31 +37,39 @@ use crate::headers::{IMMEDIATE_HC_FAIL, PATH, UPGRADE};
 use crate::instance;
 use crate::keys::{self, Owner};
 use crate::metrics::Metric;
+use crate::report::durations::SAMPLE_EVERY;
+use crate::report::peers::PeerId;
+use crate::report::PendingReport;
 
 /// How often each copy looks whether the gate passed, to end its kept
-/// long-lived streams: they end at most this late.
+/// long-lived streams (they end at most this late), and merges its report
+/// records.
 pub const TICK: Duration = Duration::from_millis(100);
 /// Most long-lived streams one copy keeps; more are counted in flight as
 /// any request (they hold the gate, as before).
 pub const MAX_LONG_LIVED: usize = 1024;
 
-/// One copy's kept long-lived streams (a VM copy's; the native config's).
-/// `W` wakes one (nothing in a VM, whose tick answers through the
-/// stream's context id; the stream's scheduler natively).
+/// One copy's state (a VM copy's; the native config's): its kept
+/// long-lived streams and its report records not merged yet. `W` wakes a
+/// kept stream (nothing in a VM, whose tick answers through the stream's
+/// context id; the stream's scheduler natively).
 #[derive(Debug)]
-pub struct LongLived<W = ()> {
+pub struct ProviderCopy<W = ()> {
     kept: Waiters<W>,
+    report: PendingReport,
 }
 
-impl<W> Default for LongLived<W> {
+impl<W> Default for ProviderCopy<W> {
     fn default() -> Self {
-        LongLived {
+        ProviderCopy {
             kept: Waiters::default(),
+            report: PendingReport::default(),
         }
     }
 }
 
-impl<W> LongLived<W> {
+impl<W> ProviderCopy<W> {
+    /// Long-lived streams kept.
     pub fn len(&self) -> usize {
         self.kept.len()
     }
@@ -73,6 +88,28 @@ impl<W> LongLived<W> {
 pub struct Provider {
     config: ProviderConfig,
     instance_id: String,
+    /// This copy has seen the closing (the phase gauge, at a response or a
+    /// tick): from then on every request is recorded for the report.
+    knows_closing: AtomicBool,
+    /// Requests admitted by this copy, for sampling durations while
+    /// serving. Atomics, not the copy's cell: natively every worker
+    /// thread shares one provider, and these are touched per request.
+    admitted: AtomicU32,
+    /// A report merge failed and was logged (once per copy).
+    merge_warned: AtomicBool,
+}
+
+/// What a stream records for the report.
+#[derive(Debug)]
+struct Recording {
+    /// The caller, once closing.
+    peer: Option<PeerId>,
+    /// When the stream started (µs).
+    start_us: u64,
+    /// Its duration goes to the report (not for a long-lived stream or a
+    /// local reply).
+    timed: bool,
+    after_closing: bool,
 }
 
 /// One stream's state. Cells, not `&mut`: the native module may run one of
@@ -84,8 +121,11 @@ pub struct ProviderStream {
     counted: Cell<bool>,
     /// The closing mark was counted for this response.
     marked: Cell<bool>,
+    /// Answered with the drained 503 (it carries the mark).
+    rejected: Cell<bool>,
     /// Kept as a long-lived stream under this id.
     kept: Cell<Option<u32>>,
+    recording: RefCell<Option<Recording>>,
 }
 
 impl Provider {
@@ -134,6 +174,9 @@ impl Provider {
         Ok(Provider {
             config,
             instance_id,
+            knows_closing: AtomicBool::new(false),
+            admitted: AtomicU32::new(0),
+            merge_warned: AtomicBool::new(false),
         })
     }
 
@@ -172,14 +215,15 @@ impl Provider {
         &self,
         st: &ProviderStream,
         s: &impl Stream,
-        copy: &impl StateCell<LongLived<W>>,
+        copy: &impl StateCell<ProviderCopy<W>>,
         waiter: impl FnOnce() -> (u32, W),
     ) -> Action {
         match gate::admit(&HostMetrics(s), self.config.reject_when_drained) {
             Admission::Admitted => {
                 // Admitted as any request (counted before the gate is
                 // read), then a long-lived one leaves the count at once.
-                if self.is_long_lived(s) && copy.with(|c| c.len()) < MAX_LONG_LIVED {
+                let long_lived = self.is_long_lived(s) && copy.with(|c| c.len()) < MAX_LONG_LIVED;
+                if long_lived {
                     let (id, wake) = waiter();
                     copy.with(|c| c.kept.hold(id, wake, u64::MAX));
                     st.kept.set(Some(id));
@@ -187,10 +231,16 @@ impl Provider {
                 } else {
                     st.counted.set(true);
                 }
+                self.begin_recording(st, s, !long_lived);
                 Action::Continue
             }
             Admission::Rejected => {
                 s.metric_add(Metric::ProviderRejected, 1);
+                // Drained: closing for sure, and this caller is still
+                // sending.
+                self.knows_closing.store(true, Relaxed);
+                st.rejected.set(true);
+                self.begin_recording(st, s, false);
                 if self.send_drained(s) {
                     Action::Stop
                 } else {
@@ -201,14 +251,57 @@ impl Provider {
         }
     }
 
-    /// The tick: once the gate has passed, every kept long-lived stream is
-    /// due (`wake` is called for each under the copy's lock) and returned.
+    /// Decides what this stream records for the report: from closing on,
+    /// its caller and (if `timed`) its duration; while serving, the
+    /// duration of one stream in [`SAMPLE_EVERY`].
+    fn begin_recording(&self, st: &ProviderStream, s: &impl Stream, timed: bool) {
+        let after_closing = self.knows_closing.load(Relaxed);
+        if !after_closing {
+            let n = self.admitted.fetch_add(1, Relaxed).wrapping_add(1);
+            if !timed || !n.is_multiple_of(SAMPLE_EVERY) {
+                return;
+            }
+        }
+        let peer = after_closing.then(|| {
+            let source = s.attribute(Attribute::SourceAddress);
+            let consumer = self
+                .config
+                .consumer_header
+                .as_deref()
+                .and_then(|h| s.header(Map::RequestHeaders, h));
+            PeerId::new(source.as_deref(), consumer.as_deref())
+        });
+        st.recording.replace(Some(Recording {
+            peer,
+            start_us: s.now_us(),
+            timed,
+            after_closing,
+        }));
+    }
+
+    /// The tick: merges this copy's report records; once the gate has
+    /// passed, every kept long-lived stream is due (`wake` is called for
+    /// each under the copy's lock) and returned.
     pub fn tick<W>(
         &self,
-        copy: &impl StateCell<LongLived<W>>,
+        copy: &impl StateCell<ProviderCopy<W>>,
         h: &impl Host,
         mut wake: impl FnMut(u32, &W),
     ) -> Vec<(u32, W)> {
+        if !self.knows_closing.load(Relaxed) && Self::is_closing(h) {
+            self.knows_closing.store(true, Relaxed);
+        }
+        let mut pending = copy.with(|c| std::mem::take(&mut c.report));
+        if !pending.is_empty() {
+            if let Err(e) = pending.merge_into(h.store()) {
+                if !self.merge_warned.swap(true, Relaxed) {
+                    h.log(
+                        Level::Warn,
+                        &format!("drain report records dropped (shared data: {e:?}); logged once"),
+                    );
+                }
+            }
+        }
         if copy.with(|c| c.is_empty()) {
             return Vec::new();
         }
@@ -271,6 +364,7 @@ impl Provider {
             s.set_header(Map::ResponseHeaders, h, &self.instance_id);
         }
         if Self::is_closing(s) {
+            self.knows_closing.store(true, Relaxed);
             let mut ok = s.set_header(Map::ResponseHeaders, &cfg.closing_header, "true");
             if cfg.immediate_health_check_fail {
                 ok &= s.set_header(Map::ResponseHeaders, IMMEDIATE_HC_FAIL, "true");
@@ -299,18 +393,31 @@ impl Provider {
     }
 
     /// The stream is over: it leaves the in-flight count, exactly once
-    /// however often the host says so.
+    /// however often the host says so, and what it recorded goes to the
+    /// copy's pending report.
     pub fn stream_end<W>(
         &self,
         st: &ProviderStream,
         h: &(impl Host + ?Sized),
-        copy: &impl StateCell<LongLived<W>>,
+        copy: &impl StateCell<ProviderCopy<W>>,
     ) {
         if st.counted.take() {
             gate::finish(&HostMetrics(h));
         }
         if let Some(id) = st.kept.take() {
             copy.with(|c| c.release(id));
+        }
+        if let Some(r) = st.recording.take() {
+            let took = r.timed.then(|| h.now_us().saturating_sub(r.start_us));
+            let marked = st.marked.get() || st.rejected.get();
+            copy.with(|c| {
+                if let Some(peer) = r.peer {
+                    c.report.peers.add(peer, marked, r.start_us);
+                }
+                if let Some(us) = took {
+                    c.report.durations.add(us, r.after_closing);
+                }
+            });
         }
     }
 }
@@ -322,8 +429,8 @@ mod tests {
     use super::*;
     use crate::filter::mock::MockHost;
 
-    fn copy() -> RefCell<LongLived> {
-        RefCell::new(LongLived::default())
+    fn copy() -> RefCell<ProviderCopy> {
+        RefCell::new(ProviderCopy::default())
     }
 
     fn provider(h: &MockHost, json: &str) -> Provider {
@@ -469,7 +576,7 @@ mod tests {
     fn open(
         p: &Provider,
         h: &MockHost,
-        copy: &RefCell<LongLived>,
+        copy: &RefCell<ProviderCopy>,
         path: &str,
         upgrade: Option<&str>,
         id: u32,
@@ -548,5 +655,99 @@ mod tests {
         }
         assert_eq!(copy.borrow().len(), MAX_LONG_LIVED);
         assert_eq!(h.metric(Metric::ProviderInflight), 2);
+    }
+
+    #[test]
+    fn while_serving_it_times_one_request_in_sample_every_and_names_nobody() {
+        let h = MockHost::new();
+        let p = provider(&h, "");
+        let copy = copy();
+        for _ in 0..(SAMPLE_EVERY * 3) {
+            let st = open(&p, &h, &copy, "/x", None, 1);
+            h.advance(Duration::from_millis(2));
+            p.stream_end(&st, &h, &copy);
+        }
+        assert!(p.tick(&copy, &h, |_, _| {}).is_empty());
+        let inputs = crate::report::Inputs::read(h.store()).unwrap();
+        let s = inputs.durations.summary();
+        assert_eq!((s.count, s.p50_us), (3, 2_000));
+        assert_eq!(inputs.peers, Default::default());
+    }
+
+    #[test]
+    fn once_it_knows_of_the_closing_it_records_every_caller_and_the_drained_ones() {
+        let h = MockHost::new();
+        let p = provider(&h, "");
+        let copy = copy();
+        h.set_attribute(Attribute::SourceAddress, "10.0.0.5:41000");
+        // Closing: the first response after it tells this copy.
+        h.metric_set(Metric::DrainPhase, 1);
+        let before = open(&p, &h, &copy, "/x", None, 1);
+        p.response_headers(&before, &h);
+        p.stream_end(&before, &h, &copy);
+        h.set_map(
+            Map::RequestHeaders,
+            &[(":path", "/x"), ("x-graceful-consumer", "c-7")],
+        );
+        for _ in 0..3 {
+            let st = ProviderStream::default();
+            p.request_headers(&st, &h, &copy, || (1, ()));
+            h.advance(Duration::from_millis(5));
+            p.response_headers(&st, &h);
+            p.stream_end(&st, &h, &copy);
+        }
+        // Drained: the rejected request is recorded too, marked.
+        h.metric_set(Metric::DrainGate, 1);
+        h.set_attribute(Attribute::SourceAddress, "[fd00::1]:41000");
+        h.set_map(Map::RequestHeaders, &[(":path", "/x")]);
+        let st = ProviderStream::default();
+        assert_eq!(p.request_headers(&st, &h, &copy, || (1, ())), Action::Stop);
+        p.stream_end(&st, &h, &copy);
+        p.tick(&copy, &h, |_, _| {});
+        let table = crate::report::Inputs::read(h.store()).unwrap().peers;
+        assert_eq!(table.requests, 4);
+        let lines: Vec<(String, Option<String>, u64, u64)> = table
+            .peers
+            .iter()
+            .map(|(peer, c)| {
+                let address = peer.address.map(|a| a.to_string()).unwrap_or_default();
+                (address, peer.consumer.clone(), c.requests, c.marked)
+            })
+            .collect();
+        assert_eq!(
+            lines,
+            [
+                ("10.0.0.5".into(), Some("c-7".into()), 3, 3),
+                ("fd00::1".into(), None, 1, 1)
+            ]
+        );
+        let s = crate::report::Inputs::read(h.store())
+            .unwrap()
+            .durations
+            .summary();
+        assert_eq!((s.count, s.max_us), (3, 5_000));
+    }
+
+    #[test]
+    fn the_tick_alone_tells_a_copy_of_the_closing() {
+        let h = MockHost::new();
+        let p = provider(&h, r#"{"consumer_header": ""}"#);
+        let copy = copy();
+        h.set_attribute(Attribute::SourceAddress, "10.0.0.5:41000");
+        h.metric_set(Metric::DrainPhase, 1);
+        p.tick(&copy, &h, |_, _| {});
+        h.set_map(
+            Map::RequestHeaders,
+            &[(":path", "/x"), ("x-graceful-consumer", "c-7")],
+        );
+        let st = ProviderStream::default();
+        p.request_headers(&st, &h, &copy, || (1, ()));
+        p.stream_end(&st, &h, &copy);
+        p.tick(&copy, &h, |_, _| {});
+        let table = crate::report::Inputs::read(h.store()).unwrap().peers;
+        // consumer_header "" reads no header: the caller is its address.
+        assert_eq!(table.peers.len(), 1);
+        assert_eq!(table.peers[0].0.consumer, None);
+        assert_eq!(table.peers[0].1.marked, 0, "no response went out");
     }
 }
