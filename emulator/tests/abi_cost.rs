@@ -166,11 +166,14 @@ fn an_ordinary_request_costs_each_filter_exactly_its_pinned_count() {
             ],
             &[
                 // request: in flight +1, the gate, started +1, `upgrade`
-                // (a WebSocket is a long-lived stream: long_lived_upgrades)
+                // (a WebSocket is a long-lived stream: long_lived_upgrades),
+                // the phase (a request after closing goes in the drain
+                // report)
                 "proxy_increment_metric",
                 "proxy_get_metric",
                 "proxy_increment_metric",
                 "proxy_get_header_map_value",
+                "proxy_get_metric",
                 // response headers: the instance id, the phase
                 "proxy_replace_header_map_value",
                 "proxy_get_metric",
@@ -192,6 +195,7 @@ fn an_ordinary_request_costs_each_filter_exactly_its_pinned_count() {
                 "proxy_increment_metric",
                 "proxy_get_metric",
                 "proxy_increment_metric",
+                "proxy_get_metric",
                 "proxy_replace_header_map_value",
                 "proxy_get_metric",
                 "proxy_increment_metric",

@@ -163,14 +163,16 @@ impl Metric {
 /// the native module's values (Envoy's stats are such atomics too), the
 /// Envoy stats then being mirrors. Gauges never read below 0.
 pub struct AtomicMetrics {
-    values: [AtomicI64; 16],
+    values: [AtomicI64; Metric::ALL.len()],
 }
 
 impl AtomicMetrics {
     pub const fn new() -> AtomicMetrics {
         #[allow(clippy::declare_interior_mutable_const)]
         const ZERO: AtomicI64 = AtomicI64::new(0);
-        AtomicMetrics { values: [ZERO; 16] }
+        AtomicMetrics {
+            values: [ZERO; Metric::ALL.len()],
+        }
     }
 
     pub fn metric_add(&self, m: Metric, delta: i64) {

@@ -6,7 +6,8 @@
 //! headers, response headers, delete: one more than a filter that only adds
 //! a response header) and makes only the cheapest hostcalls: gauge +1, one
 //! gauge read (the gate), counter +1, one header read (`upgrade`: is it a
-//! long-lived stream?); on the response the instance header and one gauge
+//! long-lived stream?), one gauge read (the phase: does the request go in
+//! the drain report?); on the response the instance header and one gauge
 //! read (the phase); gauge −1 at the end. No shared data, and no clock but
 //! for one request in 32, timed for the drain report (two clock reads).
 //! Every VM copy ticks to merge its report records into shared data and to

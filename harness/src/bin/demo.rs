@@ -150,6 +150,11 @@ async fn main() -> ExitCode {
                 let (report, samples) = run(&config, mode).await;
                 let name = format!("{} {:?}", approach.name(), protocol).to_lowercase();
                 println!("{}", report.line(&name));
+                for ev in &report.events {
+                    if let Some(r) = &ev.drain_report {
+                        println!("  p{} drain report: {r}", ev.provider);
+                    }
+                }
                 cells.push((
                     Cell {
                         scenario: scenario.name.into(),

@@ -261,6 +261,8 @@ pub async fn rolling_restart(
                 // RunReport::new computes them from the samples.
                 busiest_provider: None,
                 max_share: None,
+                // The container's report line is in its log.
+                drain_report: None,
                 access_log: Default::default(),
             });
             stopped.push(Stopped {

@@ -1,7 +1,7 @@
 //! Small HTTP clients for the tests: HTTP/1.1 keep-alive and HTTP/2
 //! (prior knowledge, as gRPC uses) connections over hyper, plus gRPC framing.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -12,7 +12,7 @@ use hyper::header::HeaderMap;
 use hyper::{Request, Response as HyperResponse};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 pub use demo_app::grpc_frame;
 
@@ -71,6 +71,28 @@ impl Conn {
         let stream = TcpStream::connect(addr)
             .await
             .map_err(|e| format!("connect {addr}: {e}"))?;
+        Conn::http1_over(stream).await
+    }
+
+    /// [`Conn::http1`] from `source` (another loopback address, say: a
+    /// second caller as the server sees it).
+    pub async fn http1_from(addr: SocketAddr, source: IpAddr) -> Result<Conn, String> {
+        let socket = match source {
+            IpAddr::V4(_) => TcpSocket::new_v4(),
+            IpAddr::V6(_) => TcpSocket::new_v6(),
+        }
+        .map_err(|e| e.to_string())?;
+        socket
+            .bind(SocketAddr::new(source, 0))
+            .map_err(|e| format!("bind {source}: {e}"))?;
+        let stream = socket
+            .connect(addr)
+            .await
+            .map_err(|e| format!("connect {addr} from {source}: {e}"))?;
+        Conn::http1_over(stream).await
+    }
+
+    async fn http1_over(stream: TcpStream) -> Result<Conn, String> {
         stream.set_nodelay(true).map_err(|e| e.to_string())?;
         let (sender, conn) = http1::handshake(TokioIo::new(stream))
             .await

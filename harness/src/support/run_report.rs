@@ -34,6 +34,10 @@ pub struct ProviderEvents {
     /// Its share of the requests answered during this shutdown, 0 to 1: an
     /// even split over two providers left is 0.5, 1.0 is all on one.
     pub max_share: Option<f64>,
+    /// graceful_drain's report of this shutdown (`GET /graceful/report`
+    /// once drained); null where the filters did not run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drain_report: Option<serde_json::Value>,
     /// The access log of the instance that went down.
     #[serde(skip)]
     pub access_log: std::path::PathBuf,

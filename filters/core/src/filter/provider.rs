@@ -7,10 +7,10 @@
 //!
 //! | callback | reads | writes |
 //! |---|---|---|
-//! | request headers | gate gauge; `upgrade` (with `long_lived_upgrades`), `:path` (with `long_lived_paths`); once this copy knows of the closing, `source.address`, the consumer header and the clock; while serving, the clock for one stream in [`SAMPLE_EVERY`] | in flight +1, started +1; or rejected +1 and the marked 503; a long-lived stream leaves the in-flight count at once and is kept by this copy (at most [`MAX_LONG_LIVED`]) |
+//! | request headers | gate gauge; `upgrade` (with `long_lived_upgrades`), `:path` (with `long_lived_paths`); the phase gauge until this copy knows of the closing; from then on `source.address`, the consumer header and the clock; while serving, the clock for one stream in [`SAMPLE_EVERY`] | in flight +1, started +1; or rejected +1 and the marked 503; a long-lived stream leaves the in-flight count at once and is kept by this copy (at most [`MAX_LONG_LIVED`]) |
 //! | response headers | phase gauge | instance header; the closing mark while closing (closing_marked +1 once); this copy now knows of the closing |
 //! | response trailers | phase gauge | the closing mark while closing |
-//! | tick (every [`TICK`]) | phase gauge (until closing is known), gate gauge | merges this copy's report records into shared data ([`crate::report`]); once the gate passed, wakes every kept long-lived stream |
+//! | tick (every [`TICK`]) | gate gauge (with kept streams) | merges this copy's report records into shared data ([`crate::report`]); once the gate passed, wakes every kept long-lived stream |
 //! | woken long-lived stream | nothing | the marked 503 (gRPC UNAVAILABLE); Envoy resets a stream whose headers went out |
 //! | stream end | the clock, for a recorded stream | in flight −1 if counted; a kept stream is forgotten; a recorded stream's peer and duration go to the copy's pending report |
 //!
@@ -19,9 +19,10 @@
 //! process exit; kept out of the count, it is ended when the gate passes,
 //! with a status its client retries.
 //!
-//! The report costs an ordinary request nothing while serving, except one
-//! in [`SAMPLE_EVERY`], which reads the clock twice; from closing on, every
-//! request is recorded (its caller and duration).
+//! The report costs an ordinary request one gauge read while serving (the
+//! phase: did this request start after closing?), and one in
+//! [`SAMPLE_EVERY`] two clock reads; from closing on, every request is
+//! recorded (its caller and duration).
 
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
@@ -88,8 +89,9 @@ impl<W> ProviderCopy<W> {
 pub struct Provider {
     config: ProviderConfig,
     instance_id: String,
-    /// This copy has seen the closing (the phase gauge, at a response or a
-    /// tick): from then on every request is recorded for the report.
+    /// This copy has seen the closing (the phase gauge, read at each
+    /// request until then, and at each response): from then on every
+    /// request is recorded for the report without reading it again.
     knows_closing: AtomicBool,
     /// Requests admitted by this copy, for sampling durations while
     /// serving. Atomics, not the copy's cell: natively every worker
@@ -255,7 +257,16 @@ impl Provider {
     /// its caller and (if `timed`) its duration; while serving, the
     /// duration of one stream in [`SAMPLE_EVERY`].
     fn begin_recording(&self, st: &ProviderStream, s: &impl Stream, timed: bool) {
-        let after_closing = self.knows_closing.load(Relaxed);
+        // One gauge read per request until this copy knows: a request that
+        // starts after closing is recorded, even the first (a consumer
+        // told by its answer sends no second one).
+        let after_closing = self.knows_closing.load(Relaxed) || {
+            let closing = Self::is_closing(s);
+            if closing {
+                self.knows_closing.store(true, Relaxed);
+            }
+            closing
+        };
         if !after_closing {
             let n = self.admitted.fetch_add(1, Relaxed).wrapping_add(1);
             if !timed || !n.is_multiple_of(SAMPLE_EVERY) {
@@ -288,9 +299,6 @@ impl Provider {
         h: &impl Host,
         mut wake: impl FnMut(u32, &W),
     ) -> Vec<(u32, W)> {
-        if !self.knows_closing.load(Relaxed) && Self::is_closing(h) {
-            self.knows_closing.store(true, Relaxed);
-        }
         let mut pending = copy.with(|c| std::mem::take(&mut c.report));
         if !pending.is_empty() {
             if let Err(e) = pending.merge_into(h.store()) {
@@ -680,9 +688,9 @@ mod tests {
         let p = provider(&h, "");
         let copy = copy();
         h.set_attribute(Attribute::SourceAddress, "10.0.0.5:41000");
-        // Closing: the first response after it tells this copy.
-        h.metric_set(Metric::DrainPhase, 1);
+        // In flight at closing: answered marked, but it started before.
         let before = open(&p, &h, &copy, "/x", None, 1);
+        h.metric_set(Metric::DrainPhase, 1);
         p.response_headers(&before, &h);
         p.stream_end(&before, &h, &copy);
         h.set_map(
@@ -729,13 +737,12 @@ mod tests {
     }
 
     #[test]
-    fn the_tick_alone_tells_a_copy_of_the_closing() {
+    fn the_first_request_after_closing_is_recorded_before_any_response() {
         let h = MockHost::new();
         let p = provider(&h, r#"{"consumer_header": ""}"#);
         let copy = copy();
         h.set_attribute(Attribute::SourceAddress, "10.0.0.5:41000");
         h.metric_set(Metric::DrainPhase, 1);
-        p.tick(&copy, &h, |_, _| {});
         h.set_map(
             Map::RequestHeaders,
             &[(":path", "/x"), ("x-graceful-consumer", "c-7")],

@@ -4,15 +4,17 @@
 //! that graceful_drain reads for the report.
 //!
 //! A peer is a source IP and the consumer identity its requests carried
-//! (graceful_consumer's `consumer_header`). Both come from the network or a
-//! client, so both are bounded before they are kept: an identity that is not
-//! a valid instance id of at most [`MAX_CONSUMER_LEN`] bytes counts as none,
-//! and the table keeps at most [`PEERS_KEPT`] peers. Peers beyond that are
-//! counted, not kept: exactly (by an 8-byte hash, deduplicated) for the first
-//! [`DROPPED_TRACKED`], then once per merge that meets them. A peer met after
-//! the table filled is never kept, so the first [`PEERS_KEPT`] distinct
-//! callers after closing are the ones named: with the report's default 32
-//! shown, the largest 32 are named unless more than 128 callers came first.
+//! (graceful_consumer's `consumer_header`). Both come from the network or
+//! a client, so both are bounded before they are kept: an identity not made
+//! of [`is_consumer_identity`]'s characters, or longer than
+//! [`MAX_CONSUMER_LEN`] bytes, counts as none, and the table keeps at most
+//! [`PEERS_KEPT`] peers. When it is full, a peer arriving with at least as
+//! many requests as the smallest kept one (the least recent of those) takes
+//! its place, so a caller that keeps sending stays while one-off callers
+//! churn; the others are counted, not kept: exactly (by an 8-byte hash,
+//! deduplicated) for the first [`DROPPED_TRACKED`], then once per merge
+//! that meets them. A caller kept again after being dropped counts its
+//! requests from then on.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -167,7 +169,7 @@ pub struct PeerTable {
     pub requests: u64,
     /// When the latest of them started (µs since the epoch; 0: none).
     pub last_start_us: u64,
-    /// At most [`PEERS_KEPT`], in the order first met.
+    /// At most [`PEERS_KEPT`], unordered.
     pub peers: Vec<(PeerId, PeerCounts)>,
     /// Hashes of peers not kept (at most [`DROPPED_TRACKED`]).
     dropped: Vec<u64>,
@@ -189,9 +191,22 @@ impl PeerTable {
             if let Some((_, kept)) = self.peers.iter_mut().find(|(p, _)| p == peer) {
                 kept.add(counts);
             } else if self.peers.len() < PEERS_KEPT {
-                self.peers.push((peer.clone(), *counts));
+                self.keep(peer, counts);
             } else {
-                self.drop_peer(Some(peer.hash()));
+                let smallest = self
+                    .peers
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, (_, c))| (c.requests, c.last_start_us))
+                    .map(|(i, (_, c))| (i, c.requests));
+                match smallest {
+                    Some((i, least)) if counts.requests >= least => {
+                        let (evicted, _) = self.peers.swap_remove(i);
+                        self.drop_peer(Some(evicted.hash()));
+                        self.keep(peer, counts);
+                    }
+                    _ => self.drop_peer(Some(peer.hash())),
+                }
             }
         }
         if pending.overflow > 0 {
@@ -199,6 +214,12 @@ impl PeerTable {
             self.last_start_us = self.last_start_us.max(pending.overflow_last_us);
             self.drop_peer(None);
         }
+    }
+
+    fn keep(&mut self, peer: &PeerId, counts: &PeerCounts) {
+        let hash = peer.hash();
+        self.dropped.retain(|h| *h != hash);
+        self.peers.push((peer.clone(), *counts));
     }
 
     fn drop_peer(&mut self, hash: Option<u64>) {
@@ -390,6 +411,38 @@ mod tests {
         let bytes = table.encode();
         assert!(bytes.len() < 16 * 1024, "{}", bytes.len());
         assert_eq!(PeerTable::decode(&bytes), Some(table));
+    }
+
+    #[test]
+    fn a_caller_that_keeps_sending_stays_while_one_off_callers_churn() {
+        let mut table = PeerTable::default();
+        let mut pending = PendingPeers::default();
+        for n in 0..PEERS_KEPT as u32 {
+            pending.add(
+                peer(&format!("10.1.{}.{}", n / 200, n % 200), None),
+                false,
+                1,
+            );
+        }
+        table.merge(&pending);
+        let persistent = peer("10.9.9.9", None);
+        for round in 0..20u32 {
+            let mut pending = PendingPeers::default();
+            pending.add(persistent.clone(), true, u64::from(round) + 10);
+            for i in 0..5u32 {
+                let n = 1000 + round * 5 + i;
+                pending.add(
+                    peer(&format!("10.2.{}.{}", n / 200, n % 200), None),
+                    false,
+                    5,
+                );
+            }
+            table.merge(&pending);
+        }
+        let kept = table.peers.iter().find(|(p, _)| *p == persistent);
+        assert_eq!(kept.map(|(_, c)| c.requests), Some(20));
+        assert_eq!(table.peers.len(), PEERS_KEPT);
+        assert_eq!(table.dropped(), 128 + 100 + 1 - PEERS_KEPT as u64);
     }
 
     #[test]

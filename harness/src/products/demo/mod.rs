@@ -361,6 +361,10 @@ impl Run<'_> {
                     .await
                     .unwrap_or_else(|e| panic!("drained p{}: {e}", p.index));
                 assert_eq!(r.status, 200, "drained p{}: {}", p.index, r.text());
+                ev.drain_report = client::get(p.inbound, "/graceful/report")
+                    .await
+                    .ok()
+                    .and_then(|r| serde_json::from_slice(&r.body).ok());
             }
             Mode::Baseline => {
                 if let Some(envoy) = &p.envoy {
