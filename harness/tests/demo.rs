@@ -74,6 +74,17 @@ async fn restart_without_failures(protocol: Protocol) {
         "the gate waited consumer_update_wait: {:?}",
         report.drain_ms
     );
+    // The shutdown's report: drained as measured, and a recommendation
+    // with its basis (who called after closing depends on timing here;
+    // drain_report.rs pins that).
+    let r = ev
+        .drain_report
+        .as_ref()
+        .expect("the graceful run reads the report");
+    assert_eq!(r["phase"], "drained", "{r}");
+    assert!(r["drained_after_ms"].as_u64() >= Some(1000), "{r}");
+    assert_eq!(r["forced"], false, "{r}");
+    assert!(r["recommended"]["basis"]["timeout"].is_string(), "{r}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,38 +11,26 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use graceful_harness::support::client::{self, Conn};
-use graceful_harness::support::envoy::{eventually, free_port, Envoy, EnvoySpec};
-use graceful_harness::support::mesh::ConsumerSidecar;
+use graceful_harness::support::envoy::eventually;
+use graceful_harness::support::mesh::{ConsumerSidecar, ProviderSidecar};
 use graceful_harness::support::upstream::Upstream;
 use serde_json::Value;
 
 const CONSUMER_HEADER: &str = "x-graceful-consumer";
 
-struct Provider {
-    envoy: Envoy,
-    inbound: SocketAddr,
-    _app: Upstream,
+async fn provider(name: &str, drain_config: &str) -> ProviderSidecar {
+    ProviderSidecar::start(name, loopback(0, 0, 1), drain_config, "{}").await
 }
 
-async fn provider(name: &str, drain_config: &str) -> Provider {
-    let app = Upstream::start().await;
-    let port = free_port();
-    let envoy = EnvoySpec::new(name, "provider-sidecar.yaml")
-        .set("LISTEN_ADDRESS", "127.0.0.1")
-        .set("INBOUND_PORT", port)
-        .set("APP_PORT", app.addr.port())
-        .set("DRAIN_CONFIG", drain_config)
-        .set("PROVIDER_CONFIG", "{}")
-        .start()
-        .await;
-    Provider {
-        envoy,
-        inbound: SocketAddr::from(([127, 0, 0, 1], port)),
-        _app: app,
-    }
+/// What the report suite asks of a provider sidecar.
+trait Drain {
+    async fn report(&self) -> Value;
+    async fn status(&self) -> Value;
+    async fn start_closing(&self);
+    async fn until_drained(&self) -> Value;
 }
 
-impl Provider {
+impl Drain for ProviderSidecar {
     async fn report(&self) -> Value {
         let r = client::get(self.inbound, "/graceful/report").await.unwrap();
         assert_eq!(r.status, 200, "{}", r.text());
@@ -219,6 +207,8 @@ async fn it_names_a_graceful_consumer_and_a_plain_client_that_ignores_the_mark()
         },
     )
     .await;
+    // docs/drain-report.md quotes this (`--nocapture`).
+    eprintln!("drain report: {report:#}");
     assert_eq!(report["phase"], "drained", "{report:#}");
     assert_eq!(report["forced"], true);
     assert_eq!(report["forced_by"], "step_timeout");

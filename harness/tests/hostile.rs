@@ -15,10 +15,11 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use graceful_harness::support::client::{self, Conn, Response};
-use graceful_harness::support::envoy::{eventually, free_port, Envoy, EnvoySpec};
-use graceful_harness::support::mesh::{status, status_of, ConsumerSidecar, CLOSING};
+use graceful_harness::support::envoy::{eventually, Envoy};
+use graceful_harness::support::mesh::{
+    status, status_of, ConsumerSidecar, ProviderSidecar, CLOSING,
+};
 use graceful_harness::support::native::Delivery;
-use graceful_harness::support::upstream::Upstream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -36,28 +37,8 @@ const MANY: usize = 90;
 /// Repeated names at Envoy's 100-header bound (plus `host`: past it).
 const TOO_MANY: usize = 100;
 
-struct Provider {
-    envoy: Envoy,
-    inbound: SocketAddr,
-    _upstream: Upstream,
-}
-
-async fn provider(name: &str, listen: IpAddr, drain_config: &str) -> Provider {
-    let upstream = Upstream::start().await;
-    let port = free_port();
-    let envoy = EnvoySpec::new(name, "provider-sidecar.yaml")
-        .set("LISTEN_ADDRESS", listen)
-        .set("INBOUND_PORT", port)
-        .set("APP_PORT", upstream.addr.port())
-        .set("DRAIN_CONFIG", drain_config)
-        .set("PROVIDER_CONFIG", "{}")
-        .start()
-        .await;
-    Provider {
-        envoy,
-        inbound: SocketAddr::new(listen, port),
-        _upstream: upstream,
-    }
+async fn provider(name: &str, listen: IpAddr, drain_config: &str) -> ProviderSidecar {
+    ProviderSidecar::start(name, listen, drain_config, "{}").await
 }
 
 /// Every value of a response header, as text.

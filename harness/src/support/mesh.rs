@@ -2,7 +2,7 @@
 //! way: the consumer sidecar in front of test upstreams, and the drain
 //! filter's status answer.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -152,6 +152,41 @@ impl ConsumerSidecar {
             "no closing-marked response in 200 requests: {:?}",
             self.counts()
         );
+    }
+}
+
+/// `envoy/provider-sidecar.yaml` (graceful_drain + graceful_provider) in
+/// front of a test upstream standing in for the app.
+pub struct ProviderSidecar {
+    pub envoy: Envoy,
+    /// The inbound listener callers reach.
+    pub inbound: SocketAddr,
+    pub app: Upstream,
+}
+
+impl ProviderSidecar {
+    /// Listening on `listen` (an IPv4 or IPv6 loopback address).
+    pub async fn start(
+        name: &str,
+        listen: IpAddr,
+        drain_config: &str,
+        provider_config: &str,
+    ) -> ProviderSidecar {
+        let app = Upstream::start().await;
+        let port = free_port();
+        let envoy = EnvoySpec::new(name, "provider-sidecar.yaml")
+            .set("LISTEN_ADDRESS", listen)
+            .set("INBOUND_PORT", port)
+            .set("APP_PORT", app.addr.port())
+            .set("DRAIN_CONFIG", drain_config)
+            .set("PROVIDER_CONFIG", provider_config)
+            .start()
+            .await;
+        ProviderSidecar {
+            envoy,
+            inbound: SocketAddr::new(listen, port),
+            app,
+        }
     }
 }
 

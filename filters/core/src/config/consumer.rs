@@ -7,7 +7,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::provider::DEFAULT_INSTANCE_HEADER;
-use super::{cluster_name, duration, header_name, read_dto, url_path, ConfigError};
+use super::{
+    cluster_name, duration, header_name, optional_header_name, read_dto, url_path, ConfigError,
+};
 
 pub const DEFAULT_CLOSING_HEADERS: [&str; 2] = ["x-graceful-closing", "closing"];
 pub const DEFAULT_TOMBSTONE_TTL: Duration = Duration::from_secs(30);
@@ -94,13 +96,11 @@ impl ConsumerConfig {
                 }
             }
         }
-        let instance_header = match dto.instance_header.as_deref() {
-            Some("") => None,
-            other => Some(header_name(
-                "instance_header",
-                other.unwrap_or(DEFAULT_INSTANCE_HEADER),
-            )?),
-        };
+        let instance_header = optional_header_name(
+            "instance_header",
+            dto.instance_header.as_deref(),
+            DEFAULT_INSTANCE_HEADER,
+        )?;
         let override_host_header = header_name(
             "override_host_header",
             dto.override_host_header
@@ -115,13 +115,11 @@ impl ConsumerConfig {
                 "must differ from closing_headers and instance_header",
             ));
         }
-        let consumer_header = match dto.consumer_header.as_deref() {
-            Some("") => None,
-            other => Some(header_name(
-                "consumer_header",
-                other.unwrap_or(DEFAULT_CONSUMER_HEADER),
-            )?),
-        };
+        let consumer_header = optional_header_name(
+            "consumer_header",
+            dto.consumer_header.as_deref(),
+            DEFAULT_CONSUMER_HEADER,
+        )?;
         if let Some(h) = &consumer_header {
             if *h == override_host_header
                 || closing_headers.contains(h)

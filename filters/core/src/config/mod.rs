@@ -171,6 +171,18 @@ fn read_typed<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ConfigError> {
     Ok(dto)
 }
 
+/// A header field where `""` turns the feature off: absent, the default.
+fn optional_header_name(
+    field: &str,
+    value: Option<&str>,
+    default: &str,
+) -> Result<Option<String>, ConfigError> {
+    match value {
+        Some("") => Ok(None),
+        other => header_name(field, other.unwrap_or(default)).map(Some),
+    }
+}
+
 /// A header name as Envoy stores it (lower case). Refuses empty names,
 /// pseudo-headers and characters outside the RFC 9110 token set.
 fn header_name(field: &str, name: &str) -> Result<String, ConfigError> {

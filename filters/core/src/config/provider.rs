@@ -2,7 +2,7 @@
 
 use serde::Deserialize;
 
-use super::{header_name, read_dto, url_path, ConfigError};
+use super::{header_name, optional_header_name, read_dto, url_path, ConfigError};
 
 /// Defaults fixed by the public contract.
 pub const DEFAULT_CLOSING_HEADER: &str = "x-graceful-closing";
@@ -75,26 +75,22 @@ impl ProviderConfig {
                 .as_deref()
                 .unwrap_or(DEFAULT_CLOSING_HEADER),
         )?;
-        let instance_header = match dto.instance_header.as_deref() {
-            Some("") => None,
-            other => Some(header_name(
-                "instance_header",
-                other.unwrap_or(DEFAULT_INSTANCE_HEADER),
-            )?),
-        };
+        let instance_header = optional_header_name(
+            "instance_header",
+            dto.instance_header.as_deref(),
+            DEFAULT_INSTANCE_HEADER,
+        )?;
         if instance_header.as_deref() == Some(closing_header.as_str()) {
             return Err(ConfigError::new(
                 "instance_header",
                 "must differ from closing_header",
             ));
         }
-        let consumer_header = match dto.consumer_header.as_deref() {
-            Some("") => None,
-            other => Some(header_name(
-                "consumer_header",
-                other.unwrap_or(DEFAULT_CONSUMER_HEADER),
-            )?),
-        };
+        let consumer_header = optional_header_name(
+            "consumer_header",
+            dto.consumer_header.as_deref(),
+            DEFAULT_CONSUMER_HEADER,
+        )?;
         let instance_id = match dto.instance_id {
             None => None,
             Some(id) => Some(instance_id("instance_id", &id)?),
