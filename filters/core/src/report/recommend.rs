@@ -3,7 +3,7 @@
 //!
 //! | setting | from | rule |
 //! |---|---|---|
-//! | `consumer_update_wait` | the callers that stopped (their last request came more than [`STOPPED_AFTER`] before the end) | the last of their last requests after closing, plus half again (at least 1 s more), whole seconds; none stopped: the configured value |
+//! | `consumer_update_wait` | the callers that stopped (their last request came more than [`STOPPED_AFTER`] before the end) | 1.5 × the last of their last requests after closing + 500 ms, up to the next 500 ms, at least 1 s; none stopped: the configured value |
 //! | `timeout` | the longest request seen (`request_ms.max`) | the recommended wait + `quiet_window` + 1.5 × that, whole seconds; none timed: the configured value |
 //! | `grace_period_seconds` | the recommended timeout | + [`EXIT_ALLOWANCE`] for the app and Envoy to exit after the gate |
 //!
@@ -51,8 +51,13 @@ fn whole_seconds(ms: u64) -> Duration {
     Duration::from_secs(ms.div_ceil(1000).max(1))
 }
 
+/// Up to the next 500 ms, at least 1 s.
+fn half_seconds(ms: u64) -> Duration {
+    Duration::from_millis((ms.div_ceil(500) * 500).max(1000))
+}
+
 fn ms_text(us: u64) -> String {
-    format!("{} ms", us.div_ceil(1000))
+    format!("{} ms", (us + 500) / 1000)
 }
 
 /// `callers`: every caller after closing; `end_ms`: from closing to the
@@ -80,21 +85,27 @@ pub fn recommend(
     };
     let (wait, wait_basis) = match stopped.iter().max_by_key(|c| c.last_ms) {
         Some(last) => {
-            let margin = (last.last_ms / 2).max(1000);
             (
-                whole_seconds(last.last_ms + margin),
+                half_seconds(last.last_ms * 3 / 2 + 500),
                 format!(
-                    "the last of {} caller(s) that stopped sent its final request {} ms after closing ({}), plus half again (at least 1 s){still}",
+                    "the last of {} caller(s) that stopped sent its final request {} ms after closing ({}); 1.5 × that + 500 ms{still}",
                     stopped.len(),
                     last.last_ms,
                     last.name
                 ),
             )
         }
+        None if callers.is_empty() => (
+            gate.consumer_update_wait,
+            format!(
+                "no request started after closing (every caller was told before it sent another), so the configured {} is kept",
+                format_duration(gate.consumer_update_wait)
+            ),
+        ),
         None => (
             gate.consumer_update_wait,
             format!(
-                "no caller stopped sending after closing was measured, so the configured {} is kept{still}",
+                "no caller stopped sending after closing, so the configured {} is kept{still}",
                 format_duration(gate.consumer_update_wait)
             ),
         ),
@@ -174,16 +185,17 @@ mod tests {
             7_000,
             &timed,
         );
-        assert_eq!(r.consumer_update_wait, "2s");
+        // 1.5 × 412 + 500 = 1,118 ms: 1.5 s.
+        assert_eq!(r.consumer_update_wait, "1500ms");
         assert!(r.basis.consumer_update_wait.contains("412 ms"), "{r:?}");
         assert!(r.basis.consumer_update_wait.contains("10.0.0.9"), "{r:?}");
-        // 2 s + 0.5 s + 3,471 ms = 5,971 ms: 6 s, which covers the longest.
+        // 1.5 s + 0.5 s + 3,471 ms = 5,471 ms: 6 s, which covers the longest.
         assert_eq!(r.timeout, "6s");
-        assert!(
-            r.basis.timeout.contains("2315 ms") || r.basis.timeout.contains("2314 ms"),
-            "{r:?}"
-        );
+        assert!(r.basis.timeout.contains("2314 ms"), "{r:?}");
         assert_eq!(r.grace_period_seconds, 11);
+        // A caller told at once: the least wait, 1 s.
+        let r = recommend(&gate(), &[caller("c", 2)], 5_000, &timed);
+        assert_eq!(r.consumer_update_wait, "1s");
     }
 
     #[test]

@@ -102,15 +102,15 @@ fn a_forced_shutdown_names_its_timeout_and_the_caller_that_kept_sending() {
     assert_eq!(v["request_ms"]["count"], 4);
     assert_eq!(v["request_ms"]["max"], 1800.0);
     let rec = r.recommended.clone().unwrap();
-    // The consumer stopped at 250 ms: 250 + 1 s margin → 2s.
-    assert_eq!(rec.consumer_update_wait, "2s");
+    // The consumer stopped at 250 ms: 1.5 × 250 + 500 = 875 ms → 1 s.
+    assert_eq!(rec.consumer_update_wait, "1s");
     assert!(
         rec.basis.consumer_update_wait.contains("fd00::9"),
         "{rec:?}"
     );
-    // 2 s + 0.5 s + 2.7 s = 5.2 s → 6 s, covering the 1.8 s request.
-    assert_eq!(rec.timeout, "6s");
-    assert_eq!(rec.grace_period_seconds, 11);
+    // 1 s + 0.5 s + 2.7 s = 4.2 s → 5 s, covering the 1.8 s request.
+    assert_eq!(rec.timeout, "5s");
+    assert_eq!(rec.grace_period_seconds, 10);
     assert_eq!(Report::late_peers(&inputs, &gate()), 1);
 }
 
