@@ -128,6 +128,12 @@ async fn it_loses_no_request_in_any_scenario_of_the_matrix_with_the_filters() {
         if s.shape.long_every > 0 {
             assert!(report.long_requests > 0, "the long requests ran: {line}");
         }
+        if s.balancer {
+            // Its health watcher is told of each closing within 2 s, long
+            // before the provider is gone.
+            assert_eq!(report.watch_told_ms.len(), report.events.len(), "{line}");
+            assert!(report.watch_told_ms.iter().all(|&t| t <= 2_000), "{line}");
+        }
         lines.push(line);
     }
     let post = scenario("no_retry_post").unwrap_or_else(|| panic!("no_retry_post"));

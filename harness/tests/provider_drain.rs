@@ -960,6 +960,71 @@ async fn a_long_lived_stream_does_not_hold_the_gate_and_ends_at_drained() {
     }
 }
 
+/// A WebSocket through the sidecar (a real client, tokio-tungstenite, over
+/// the shipped `upgrade_configs`) is a long-lived stream by default: it
+/// echoes, leaves the in-flight count, does not hold the gate, and is
+/// closed at drained. With `long_lived_upgrades: false` it holds the gate
+/// until the step timeout forces it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_does_not_hold_the_gate_and_is_closed_at_drained() {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::Message;
+    let drain = r#"{"consumer_update_wait":"1s","quiet_window":"300ms","step_timeout":"2s","timeout":"60s"}"#;
+    for (provider, long_lived) in [("{}", true), (r#"{"long_lived_upgrades":false}"#, false)] {
+        let (s, _) = sidecar(&format!("websocket-{long_lived}"), drain, provider).await;
+        let tcp = tokio::net::TcpStream::connect(s.inbound).await.unwrap();
+        let (mut ws, answer) =
+            tokio_tungstenite::client_async(format!("ws://{}/ws", s.inbound), tcp)
+                .await
+                .unwrap_or_else(|e| panic!("WebSocket handshake: {e}\n{}", s.envoy.log()));
+        assert_eq!(answer.status(), 101);
+        ws.send(Message::text("hi")).await.unwrap();
+        let echo = tokio::time::timeout(Duration::from_secs(5), ws.next()).await;
+        assert!(
+            matches!(&echo, Ok(Some(Ok(m))) if m.to_text().ok() == Some("hi")),
+            "{echo:?}"
+        );
+        let inflight = s.envoy.stat("wasmcustom.graceful_provider_inflight").await;
+        assert_eq!(
+            inflight,
+            Some(u64::from(!long_lived)),
+            "long-lived {long_lived}"
+        );
+        start_closing(&s).await;
+        let t0 = Instant::now();
+        let drained = eventually("the gate to pass", Duration::from_secs(15), || async {
+            let st = status(&s).await;
+            (st.phase == "drained").then_some(st)
+        })
+        .await;
+        let passed = t0.elapsed();
+        println!(
+            "websocket, long-lived {long_lived}: gate passed at {passed:?}, forced {}",
+            drained.forced
+        );
+        assert_eq!(drained.forced, !long_lived, "{drained:?}");
+        if long_lived {
+            // Closed at drained (the provider's 100 ms tick): the client's
+            // next read ends, however the close is framed.
+            let end = tokio::time::timeout(Duration::from_secs(2), ws.next()).await;
+            println!(
+                "the WebSocket after the pass, at {:?}: {end:?}",
+                t0.elapsed()
+            );
+            let closed = match &end {
+                Ok(None) | Ok(Some(Err(_))) => true,
+                Ok(Some(Ok(m))) => m.is_close(),
+                Err(_) => false,
+            };
+            assert!(closed, "{end:?}\n{}", s.envoy.log());
+            assert!(s
+                .envoy
+                .log()
+                .contains("drained: ending 1 long-lived stream(s)"));
+        }
+    }
+}
+
 /// Once the gate has passed, a new gRPC call is refused as the contract
 /// says: UNAVAILABLE (14), the closing mark beside it, on both deliveries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -11,6 +11,7 @@
 //! | `/grpc.health.v1.Health/Check`   | gRPC health: SERVING                                        |
 //! | `/grpc.health.v1.Health/Watch`   | gRPC health stream: SERVING, then held for 10 minutes (OK)  |
 //! | `/grpc/hold`                     | gRPC server stream: one message, then held for 10 minutes   |
+//! | `/ws`                            | a WebSocket (HTTP/1.1 upgrade): echoes each message until closed |
 //! | `POST /shutdown`                 | 200; counted in `shutdown_calls` (an `on_drained` hook)     |
 //! | `/graceful/ready`                | what graceful_drain answers a consumer's probe: 200 (503 while closing) with the instance id and `x-graceful-address` |
 //! | anything else                    | 200 `ok`, after the configured latency                      |
@@ -121,7 +122,9 @@ impl App {
                         let config = config.clone();
                         let service = service_fn(move |req| handle(req, counters.clone(), config.clone(), addr));
                         let builder = auto::Builder::new(TokioExecutor::new());
-                        let conn = builder.serve_connection(TokioIo::new(stream), service).into_owned();
+                        let conn = builder
+                            .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                            .into_owned();
                         let conn = graceful.watch(conn);
                         while connections.try_join_next().is_some() {}
                         connections.spawn(async move {
@@ -292,6 +295,51 @@ fn grpc(message: &[u8], with_trailers: bool) -> Response<Body> {
     res
 }
 
+/// `/ws`: accepts a WebSocket upgrade and echoes every text or binary
+/// message until the client or the connection ends it.
+fn websocket(mut req: Request<Incoming>) -> Response<Body> {
+    use futures_util::{SinkExt, StreamExt};
+    use tokio_tungstenite::tungstenite::handshake::derive_accept_key;
+    use tokio_tungstenite::tungstenite::protocol::Role;
+
+    let upgrade = req
+        .headers()
+        .get("upgrade")
+        .is_some_and(|u| u.as_bytes().eq_ignore_ascii_case(b"websocket"));
+    let accept = req
+        .headers()
+        .get("sec-websocket-key")
+        .map(|k| derive_accept_key(k.as_bytes()));
+    let (true, Some(accept)) = (upgrade, accept) else {
+        return text(400, "not a WebSocket upgrade\n");
+    };
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let Ok(upgraded) = on_upgrade.await else {
+            return;
+        };
+        let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+            TokioIo::new(upgraded),
+            Role::Server,
+            None,
+        )
+        .await;
+        while let Some(Ok(message)) = ws.next().await {
+            if (message.is_text() || message.is_binary()) && ws.send(message).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut res = text(101, "");
+    let headers = res.headers_mut();
+    headers.insert("connection", HeaderValue::from_static("upgrade"));
+    headers.insert("upgrade", HeaderValue::from_static("websocket"));
+    if let Ok(v) = HeaderValue::from_str(&accept) {
+        headers.insert("sec-websocket-accept", v);
+    }
+    res
+}
+
 async fn handle(
     req: Request<Incoming>,
     counters: Arc<Counters>,
@@ -343,6 +391,9 @@ async fn route(
     }
     if !path.starts_with("/graceful/") {
         counters.app_requests.fetch_add(1, Ordering::SeqCst);
+    }
+    if path == "/ws" {
+        return websocket(req);
     }
     let method = req.method().clone();
     let body = req

@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | `config_new` | main | configures, starts the timer thread |
 //! | every [`TICK`] | timer thread | commits a tick to the main thread (config scheduler) |
-//! | tick | main | the core's tick; once drained, wakes each kept long-lived stream by committing its stream's scheduler |
+//! | tick | main | the core's tick: merges the drain report's records into shared data; once drained, wakes each kept long-lived stream by committing its stream's scheduler |
 //! | request headers | worker | admits; a long-lived stream is kept with a scheduler of its own |
 //! | woken long-lived stream | worker | the drained answer (Envoy resets a stream whose headers went out) |
 //! | stream destroyed | worker | leaves the count, frees a kept stream's scheduler |
@@ -39,8 +39,9 @@ pub struct Config {
     envoy: abi::Config,
     provider: Provider,
     ids: Ids,
-    /// The kept long-lived streams' wake handles are their streams'
-    /// schedulers (as addresses: they are only passed back to Envoy).
+    /// The kept long-lived streams (their wake handles are their streams'
+    /// schedulers, as addresses: they are only passed back to Envoy) and the
+    /// report records not merged yet, for every worker thread.
     copy: Mutex<ProviderCopy<usize>>,
     _timer: Timer,
 }

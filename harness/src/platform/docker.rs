@@ -263,6 +263,7 @@ pub async fn rolling_restart(
                 max_share: None,
                 // The container's report line is in its log.
                 drain_report: None,
+                watch_told_ms: None,
                 access_log: Default::default(),
             });
             stopped.push(Stopped {

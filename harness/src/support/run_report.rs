@@ -34,6 +34,11 @@ pub struct ProviderEvents {
     /// Its share of the requests answered during this shutdown, 0 to 1: an
     /// even split over two providers left is 0.5, 1.0 is all on one.
     pub max_share: Option<f64>,
+    /// Closing to the moment a gRPC health `Watch` held on this provider
+    /// since serving learned of it (a message other than SERVING, or the
+    /// stream's end or reset, the exit's included); `keepalive_clients` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watch_told_ms: Option<u64>,
     /// graceful_drain's report of this shutdown (`GET /graceful/report`
     /// once drained); null where the filters did not run.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -69,6 +74,10 @@ pub struct RunReport {
     pub rate: u32,
     pub duration_ms: u64,
     pub events: Vec<ProviderEvents>,
+    /// Each shutdown's [`ProviderEvents::watch_told_ms`], where a health
+    /// watcher ran (empty elsewhere).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub watch_told_ms: Vec<u64>,
     /// The consumer Envoy's resident size when the load started and ended.
     pub consumer_rss_kb: [u64; 2],
     /// The consumer's outbound in-flight gauge after the load (must be 0);
@@ -150,6 +159,7 @@ impl RunReport {
                 .iter()
                 .map(|e| e.down_ms.saturating_sub(e.closing_ms))
                 .collect(),
+            watch_told_ms: events.iter().filter_map(|e| e.watch_told_ms).collect(),
             long_requests: samples.iter().filter(|s| s.long).count() as u64,
             retries,
             p50_ms: pct(0.50),
@@ -169,8 +179,14 @@ impl RunReport {
     pub fn line(&self, name: &str) -> String {
         let drains: Vec<String> = self.drain_ms.iter().map(u64::to_string).collect();
         let gone: Vec<String> = self.gone_ms.iter().map(u64::to_string).collect();
+        let watch = if self.watch_told_ms.is_empty() {
+            String::new()
+        } else {
+            let told: Vec<String> = self.watch_told_ms.iter().map(u64::to_string).collect();
+            format!(", health Watch told after [{}] ms", told.join(", "))
+        };
         format!(
-            "{name:<8} {} requests, {} failed, {} after closing, drain_ms [{}], gone_ms [{}], {} retries, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, max share {}",
+            "{name:<8} {} requests, {} failed, {} after closing, drain_ms [{}], gone_ms [{}], {} retries, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, max share {}{watch}",
             self.requests,
             self.failed,
             self.after_closing,
@@ -180,7 +196,7 @@ impl RunReport {
             self.p50_ms,
             self.p99_ms,
             self.max_ms,
-            share_text(self.max_share)
+            share_text(self.max_share),
         )
     }
 

@@ -8,7 +8,7 @@
 //! | `no_retry_post` | short POSTs | none | 2 s | shutdown |
 //! | `slow_registry` | short GETs | shipped | 6 s (longer than a 3 s sleep) | shutdown |
 //! | `killed` | short GETs | Istio's default | 2 s | SIGKILL of sidecar and app |
-//! | `keepalive_clients` | short GETs from callers without graceful_consumer, on keep-alive HTTP/1.1 or HTTP/2 connections through an L4 balancer (a kube-proxy stand-in, `envoy/l4-balancer.yaml`) | none | 2 s | shutdown |
+//! | `keepalive_clients` | short GETs from callers without graceful_consumer, on keep-alive HTTP/1.1 or HTTP/2 connections through an L4 balancer (a kube-proxy stand-in, `envoy/l4-balancer.yaml`); and a gRPC client holding a health `Watch` on each provider that goes down (`watch_told_ms`: closing to the moment it learns) | none | 2 s | shutdown |
 //!
 //! | approach | the provider's preStop |
 //! |---|---|

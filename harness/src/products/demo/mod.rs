@@ -28,12 +28,16 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::support::client;
+use crate::support::client::{self, GrpcEvent, GrpcStream, H2Conn};
 use crate::support::envoy::{free_port, repo_root, terminate, write_eds, Envoy, EnvoySpec};
 use crate::support::load::{Load, Protocol, Sample, Shape};
 use crate::support::procfs::rss_kb;
 use crate::support::run_report::{ProviderEvents, RunReport};
 use crate::support::upstream::demo_app_binary;
+
+/// `HealthCheckResponse { status: SERVING }`, as the demo app's `Watch`
+/// sends it.
+const HEALTH_SERVING: [u8; 2] = [0x08, 0x01];
 
 /// Which sidecars run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -349,7 +353,27 @@ impl Run<'_> {
             ..Default::default()
         };
         ev.access_log = p.access_logs.last().cloned().unwrap_or_default();
+        // Callers without graceful_consumer: a gRPC client watching the
+        // provider's health (as gRPC's client-side health checking does)
+        // since serving.
+        let watch = if self.config.balancer {
+            Some(self.watch(p).await)
+        } else {
+            None
+        };
         ev.closing_ms = self.ms();
+        let epoch = self.epoch;
+        let watcher = watch.map(|(conn, mut watch)| {
+            tokio::spawn(async move {
+                let _conn = conn;
+                loop {
+                    match watch.next(Duration::from_secs(120)).await {
+                        Ok(GrpcEvent::Message(m)) if m == HEALTH_SERVING => continue,
+                        _ => return epoch.elapsed().as_millis() as u64,
+                    }
+                }
+            })
+        });
         match self.mode {
             Mode::Graceful => {
                 let r = client::post(p.inbound, "/graceful/closing")
@@ -400,6 +424,14 @@ impl Run<'_> {
         };
         tokio::join!(stop_envoy, stop_app);
         ev.down_ms = self.ms();
+        if let Some(watcher) = watcher {
+            // The exit ends it at the latest.
+            let told = tokio::time::timeout(Duration::from_secs(10), watcher).await;
+            ev.watch_told_ms = told
+                .ok()
+                .and_then(Result::ok)
+                .map(|t| t.saturating_sub(ev.closing_ms));
+        }
         p.generation += 1;
         p.app = Some(self.start_app(p));
         let envoy = self.start_provider_envoy(p).await;
@@ -419,6 +451,25 @@ impl Run<'_> {
         ev.up_ms = self.ms();
         self.kubelet(p, 200, registry);
         ev
+    }
+
+    /// A gRPC health `Watch` on provider `p`, once it has said SERVING.
+    async fn watch(&self, p: &Provider) -> (H2Conn, GrpcStream) {
+        let mut conn = H2Conn::connect(p.inbound)
+            .await
+            .unwrap_or_else(|e| panic!("watch p{}: {e}", p.index));
+        let mut watch = conn
+            .grpc_stream("/grpc.health.v1.Health/Watch")
+            .await
+            .unwrap_or_else(|e| panic!("watch p{}: {e}", p.index));
+        let first = watch.next(Duration::from_secs(10)).await;
+        assert_eq!(
+            first,
+            Ok(GrpcEvent::Message(HEALTH_SERVING.to_vec())),
+            "watch p{}",
+            p.index
+        );
+        (conn, watch)
     }
 
     /// The consumer saw provider `p` closing: its first tombstone for the
