@@ -928,13 +928,7 @@ async fn a_long_lived_stream_does_not_hold_the_gate_and_ends_at_drained() {
             Some(u64::from(!long_lived)),
             "long-lived {long_lived}"
         );
-        start_closing(&s).await;
-        let t0 = Instant::now();
-        let drained = eventually("the gate to pass", Duration::from_secs(15), || async {
-            let st = status(&s).await;
-            (st.phase == "drained").then_some(st)
-        })
-        .await;
+        let (drained, t0) = closing_until_drained(&s).await;
         let passed = t0.elapsed();
         println!(
             "long-lived {long_lived}: gate passed at {passed:?}, forced {}",
@@ -990,13 +984,7 @@ async fn a_websocket_does_not_hold_the_gate_and_is_closed_at_drained() {
             Some(u64::from(!long_lived)),
             "long-lived {long_lived}"
         );
-        start_closing(&s).await;
-        let t0 = Instant::now();
-        let drained = eventually("the gate to pass", Duration::from_secs(15), || async {
-            let st = status(&s).await;
-            (st.phase == "drained").then_some(st)
-        })
-        .await;
+        let (drained, t0) = closing_until_drained(&s).await;
         let passed = t0.elapsed();
         println!(
             "websocket, long-lived {long_lived}: gate passed at {passed:?}, forced {}",
@@ -1023,6 +1011,19 @@ async fn a_websocket_does_not_hold_the_gate_and_is_closed_at_drained() {
                 .contains("drained: ending 1 long-lived stream(s)"));
         }
     }
+}
+
+/// Starts closing and waits for the gate to pass: the status then, and
+/// when closing started.
+async fn closing_until_drained(s: &Sidecar) -> (Status, Instant) {
+    start_closing(s).await;
+    let t0 = Instant::now();
+    let drained = eventually("the gate to pass", Duration::from_secs(15), || async {
+        let st = status(s).await;
+        (st.phase == "drained").then_some(st)
+    })
+    .await;
+    (drained, t0)
 }
 
 /// Once the gate has passed, a new gRPC call is refused as the contract
