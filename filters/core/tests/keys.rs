@@ -74,6 +74,19 @@ fn the_registry_holds_exactly_the_documented_keys() {
             U8,
             &[Consumer],
         ),
+        ("graceful.v1.drain.passed_by", Drain, U8, &[Drain]),
+        (
+            "graceful.v1.provider.report.peers",
+            Provider,
+            PeerTable,
+            &[Provider],
+        ),
+        (
+            "graceful.v1.provider.report.durations",
+            Provider,
+            DurationRing,
+            &[Provider],
+        ),
     ];
     let got: Vec<(&str, Owner, Encoding, &[Owner])> = ALL
         .iter()
@@ -94,7 +107,16 @@ fn initial_values_are_the_documented_bytes() {
             // phase serving, times and count zero: 40 bytes (README).
             "graceful.v1.instance" => Some(graceful_core::record::initial().1),
             "graceful.v1.instance_id" | "graceful.v1.identity" => None,
-            "graceful.v1.consumer.admin_source" => Some(vec![0]),
+            "graceful.v1.consumer.admin_source" | "graceful.v1.drain.passed_by" => Some(vec![0]),
+            // version 1; requests, last start, untracked drops 0; no peers,
+            // no hashes.
+            "graceful.v1.provider.report.peers" => {
+                let mut v = vec![1];
+                v.extend([0u8; 24 + 2 + 2]);
+                Some(v)
+            }
+            // version 1; next 0, max after closing 0, no samples.
+            "graceful.v1.provider.report.durations" => Some(vec![1, 0, 0, 0, 0, 0, 0, 0, 0]),
             "graceful.v1.consumer.tombstones" => Some(vec![1, 0, 0, 0, 0]),
             "graceful.v1.consumer.members" | "graceful.v1.consumer.observed" => Some(vec![3, 0, 0]),
             "graceful.v1.consumer.clusters" => Some(vec![1]),
