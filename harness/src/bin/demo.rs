@@ -214,9 +214,7 @@ async fn main() -> ExitCode {
     );
     let lost: Vec<String> = cells
         .iter()
-        .filter(|(c, _)| {
-            c.approach.starts_with("graceful") && c.scenario != "killed" && c.run.failed > 0
-        })
+        .filter(|(c, _)| c.approach == "graceful" && c.scenario != "killed" && c.run.failed > 0)
         .map(|(c, _)| {
             format!(
                 "{} {:?}: {} failed",
