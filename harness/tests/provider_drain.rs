@@ -922,19 +922,7 @@ async fn a_long_lived_stream_does_not_hold_the_gate_and_ends_at_drained() {
             held.next(Duration::from_secs(5)).await,
             Ok(GrpcEvent::Message(b"hello".to_vec()))
         );
-        let inflight = s.envoy.stat("wasmcustom.graceful_provider_inflight").await;
-        assert_eq!(
-            inflight,
-            Some(u64::from(!long_lived)),
-            "long-lived {long_lived}"
-        );
-        let (drained, t0) = closing_until_drained(&s).await;
-        let passed = t0.elapsed();
-        println!(
-            "long-lived {long_lived}: gate passed at {passed:?}, forced {}",
-            drained.forced
-        );
-        assert_eq!(drained.forced, !long_lived, "{drained:?}");
+        held_through_closing(&s, "gRPC stream", long_lived).await;
         if long_lived {
             let end = held.next(Duration::from_secs(2)).await;
             println!("the held stream after the pass: {end:?}");
@@ -978,19 +966,7 @@ async fn a_websocket_does_not_hold_the_gate_and_is_closed_at_drained() {
             matches!(&echo, Ok(Some(Ok(m))) if m.to_text().ok() == Some("hi")),
             "{echo:?}"
         );
-        let inflight = s.envoy.stat("wasmcustom.graceful_provider_inflight").await;
-        assert_eq!(
-            inflight,
-            Some(u64::from(!long_lived)),
-            "long-lived {long_lived}"
-        );
-        let (drained, t0) = closing_until_drained(&s).await;
-        let passed = t0.elapsed();
-        println!(
-            "websocket, long-lived {long_lived}: gate passed at {passed:?}, forced {}",
-            drained.forced
-        );
-        assert_eq!(drained.forced, !long_lived, "{drained:?}");
+        let t0 = held_through_closing(&s, "WebSocket", long_lived).await;
         if long_lived {
             // Closed at drained (the provider's 100 ms tick): the client's
             // next read ends, however the close is framed.
@@ -1013,9 +989,16 @@ async fn a_websocket_does_not_hold_the_gate_and_is_closed_at_drained() {
     }
 }
 
-/// Starts closing and waits for the gate to pass: the status then, and
-/// when closing started.
-async fn closing_until_drained(s: &Sidecar) -> (Status, Instant) {
+/// With one stream held open: it is out of the in-flight count if
+/// long-lived; then closing, and the gate passes unforced if it is
+/// long-lived, forced (by the step timeout) if not. When closing started.
+async fn held_through_closing(s: &Sidecar, what: &str, long_lived: bool) -> Instant {
+    let inflight = s.envoy.stat("wasmcustom.graceful_provider_inflight").await;
+    assert_eq!(
+        inflight,
+        Some(u64::from(!long_lived)),
+        "{what}, long-lived {long_lived}"
+    );
     start_closing(s).await;
     let t0 = Instant::now();
     let drained = eventually("the gate to pass", Duration::from_secs(15), || async {
@@ -1023,7 +1006,13 @@ async fn closing_until_drained(s: &Sidecar) -> (Status, Instant) {
         (st.phase == "drained").then_some(st)
     })
     .await;
-    (drained, t0)
+    println!(
+        "{what}, long-lived {long_lived}: gate passed at {:?}, forced {}",
+        t0.elapsed(),
+        drained.forced
+    );
+    assert_eq!(drained.forced, !long_lived, "{what}: {drained:?}");
+    t0
 }
 
 /// Once the gate has passed, a new gRPC call is refused as the contract

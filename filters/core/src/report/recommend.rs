@@ -155,12 +155,11 @@ pub fn recommend(
 mod tests {
     use super::*;
 
+    /// graceful_drain's defaults.
     fn gate() -> GateTimings {
-        GateTimings {
-            consumer_update_wait: Duration::from_secs(3),
-            quiet_window: Duration::from_millis(500),
-            step_timeout: Duration::from_secs(3),
-            timeout: Duration::from_secs(60),
+        match crate::config::DrainConfig::from_json(b"") {
+            Ok(c) => c.gate,
+            Err(e) => panic!("{e}"),
         }
     }
 
