@@ -78,7 +78,7 @@ impl Passed {
                 let (inbound, outbound) = self.inflight;
                 format!(
                     "drain gate forced after {ms} ms closing by {}: {inbound} inbound, {outbound} outbound still in flight",
-                    if self.why == GatePass::Timeout { "timeout" } else { "step_timeout" },
+                    self.why.forced_by().unwrap_or_default(),
                 )
             }
         }

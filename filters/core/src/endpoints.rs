@@ -148,6 +148,11 @@ impl Reply {
     }
 
     fn json(status: u32, s: &Status) -> Reply {
+        Reply::json_text(status, &s.to_json())
+    }
+
+    /// A JSON answer that no cache keeps.
+    fn json_text(status: u32, json: &str) -> Reply {
         Reply {
             status,
             grpc_status: None,
@@ -155,7 +160,7 @@ impl Reply {
                 ("content-type", "application/json".into()),
                 ("cache-control", "no-store".into()),
             ],
-            body: format!("{}\n", s.to_json()),
+            body: format!("{json}\n"),
         }
     }
 
@@ -173,16 +178,8 @@ impl Reply {
     }
 
     /// `report`: the drain report's JSON.
-    pub fn report(json: String) -> Reply {
-        Reply {
-            status: 200,
-            grpc_status: None,
-            headers: vec![
-                ("content-type", "application/json".into()),
-                ("cache-control", "no-store".into()),
-            ],
-            body: format!("{json}\n"),
-        }
+    pub fn report(json: &str) -> Reply {
+        Reply::json_text(200, json)
     }
 
     /// `closing`: accepted (202) with the status after closing started.

@@ -173,7 +173,7 @@ pub const ADMIN_SOURCE: Key = key(
     Encoding::U8,
     &[Consumer],
 );
-/// Why the gate passed ([`crate::report::passed_by_byte`]: 1 quiet, 2
+/// Why the gate passed ([`crate::record::GatePass::to_byte`]: 1 quiet, 2
 /// step timeout, 3 timeout), written whole by the copy whose write passed
 /// it, for the report's `forced_by`. Written whole, but created at
 /// configure like every key a tick writes.

@@ -107,6 +107,31 @@ impl GatePass {
     pub fn forced(self) -> bool {
         self != GatePass::Quiet
     }
+
+    /// The timeout that forced it, as the log and the drain report name
+    /// it; None for a quiet pass.
+    pub fn forced_by(self) -> Option<&'static str> {
+        match self {
+            GatePass::Quiet => None,
+            GatePass::StepTimeout => Some("step_timeout"),
+            GatePass::Timeout => Some("timeout"),
+        }
+    }
+
+    /// As [`crate::keys::PASSED_BY`] holds it (0 there: not passed).
+    pub fn to_byte(self) -> u8 {
+        match self {
+            GatePass::Quiet => 1,
+            GatePass::StepTimeout => 2,
+            GatePass::Timeout => 3,
+        }
+    }
+
+    pub fn from_byte(byte: u8) -> Option<GatePass> {
+        [GatePass::Quiet, GatePass::StepTimeout, GatePass::Timeout]
+            .into_iter()
+            .find(|p| p.to_byte() == byte)
+    }
 }
 
 /// Shutdown phase and its times, stored under [`RECORD`](crate::keys::RECORD).
@@ -297,6 +322,18 @@ mod tests {
     use super::*;
     use crate::store::{MemStore, Versioned};
     use std::cell::Cell;
+
+    #[test]
+    fn a_pass_reason_round_trips_through_its_byte_and_names_its_timeout() {
+        for p in [GatePass::Quiet, GatePass::StepTimeout, GatePass::Timeout] {
+            assert_eq!(GatePass::from_byte(p.to_byte()), Some(p));
+            assert_eq!(p.forced_by().is_some(), p.forced());
+        }
+        assert_eq!(GatePass::Timeout.forced_by(), Some("timeout"));
+        assert_eq!(GatePass::StepTimeout.forced_by(), Some("step_timeout"));
+        assert_eq!(GatePass::from_byte(0), None);
+        assert_eq!(GatePass::from_byte(4), None);
+    }
 
     const MS: u64 = 1_000;
     const S: u64 = 1_000_000;

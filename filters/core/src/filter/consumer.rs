@@ -185,23 +185,11 @@ impl ConsumerFilter {
         if let Some(line) = crate::consumer::stats_refused(&rejected) {
             return Err(line);
         }
-        let now = h.now_us();
-        let candidate = crate::instance::generate(now, super::entropy(now));
-        let identity = match crate::instance::agree(h.store(), &candidate) {
-            Ok(id) => id,
-            Err(e) => {
-                h.log(
-                    super::host::Level::Warn,
-                    &format!("instance id not shared ({e:?}); using {candidate}"),
-                );
-                candidate
-            }
-        };
         Ok(ConsumerFilter {
             config,
             upstream,
             probe_failure_is_connect_failure: false,
-            identity,
+            identity: super::agreed_instance_id(h),
         })
     }
 

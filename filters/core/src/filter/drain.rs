@@ -39,7 +39,7 @@ use crate::keys::{self, Owner};
 use crate::metrics::Metric;
 use crate::net::trusted_peer_ip;
 use crate::record::{self, GatePass, Phase};
-use crate::report::{passed_by_byte, Inputs, Report};
+use crate::report::{Inputs, Report};
 use crate::store::{add_bounded, take_lease, UpdateError};
 
 /// How often every copy evaluates the gate and answers due long-polls:
@@ -160,9 +160,7 @@ impl Drain {
             };
             h.metric_add(outcome, 1);
             // Written whole, once: only this copy's write passed the gate.
-            let _ = h
-                .store()
-                .set(keys::PASSED_BY.name, &[passed_by_byte(p.why)], 0);
+            let _ = h.store().set(keys::PASSED_BY.name, &[p.why.to_byte()], 0);
             if p.forced() {
                 h.metric_add(Metric::DrainForced, 1);
                 h.log(Level::Warn, &p.line());
@@ -280,7 +278,7 @@ impl Drain {
             },
             Endpoint::GrpcHealthWatch => return self.watch(state, s, waiter),
             Endpoint::Report => match self.report(s, now) {
-                Ok(report) => Reply::report(report.to_json()),
+                Ok(report) => Reply::report(&report.to_json()),
                 Err(e) => Reply::unavailable(&e),
             },
             Endpoint::GrpcHealth => match record::read(s.store()) {

@@ -29,3 +29,21 @@ pub fn entropy(seed: u64) -> u64 {
     h.write_u64(seed);
     h.finish()
 }
+
+/// The process's instance id, agreed with every other VM copy (and filter)
+/// through shared data at configure time; if the store refuses, this copy's
+/// own, logged.
+pub fn agreed_instance_id(h: &impl host::Host) -> String {
+    let now = h.now_us();
+    let candidate = crate::instance::generate(now, entropy(now));
+    match crate::instance::agree(h.store(), &candidate) {
+        Ok(id) => id,
+        Err(e) => {
+            h.log(
+                host::Level::Warn,
+                &format!("instance id not shared ({e:?}); using {candidate}"),
+            );
+            candidate
+        }
+    }
+}

@@ -149,20 +149,7 @@ impl Provider {
         }
         let instance_id = match &config.instance_id {
             Some(id) => id.clone(),
-            None => {
-                let now = h.now_us();
-                let candidate = instance::generate(now, super::entropy(now));
-                match instance::agree(h.store(), &candidate) {
-                    Ok(id) => id,
-                    Err(e) => {
-                        h.log(
-                            Level::Warn,
-                            &format!("instance id not shared ({e:?}); using {candidate}"),
-                        );
-                        candidate
-                    }
-                }
-            }
+            None => super::agreed_instance_id(h),
         };
         // Published for graceful_drain, which stamps its own answers with it
         // (every copy writes the same value, so racing writes agree).
@@ -299,7 +286,7 @@ impl Provider {
         h: &impl Host,
         mut wake: impl FnMut(u32, &W),
     ) -> Vec<(u32, W)> {
-        let mut pending = copy.with(|c| std::mem::take(&mut c.report));
+        let pending = copy.with(|c| std::mem::take(&mut c.report));
         if !pending.is_empty() {
             if let Err(e) = pending.merge_into(h.store()) {
                 if !self.merge_warned.swap(true, Relaxed) {

@@ -40,43 +40,25 @@ impl PendingReport {
         self.peers.is_empty() && self.durations.is_empty()
     }
 
-    /// Merges this copy's records into shared data and forgets them. A
-    /// merge lost to contention is dropped (the report is a measurement,
-    /// never worth a blocked stream or tick).
-    pub fn merge_into(&mut self, store: &dyn SharedStore) -> Result<(), UpdateError> {
-        let pending = std::mem::take(self);
-        if !pending.peers.is_empty() {
+    /// Merges these records into shared data. A merge lost to contention
+    /// is dropped (the report is a measurement, never worth a blocked
+    /// stream or tick).
+    pub fn merge_into(self, store: &dyn SharedStore) -> Result<(), UpdateError> {
+        if !self.peers.is_empty() {
             update(store, crate::keys::REPORT_PEERS.name, |bytes| {
                 let mut table = bytes.and_then(PeerTable::decode).unwrap_or_default();
-                table.merge(&pending.peers);
+                table.merge(&self.peers);
                 (Some(table.encode()), ())
             })?;
         }
-        if !pending.durations.is_empty() {
+        if !self.durations.is_empty() {
             update(store, crate::keys::REPORT_DURATIONS.name, |bytes| {
                 let mut ring = bytes.and_then(DurationRing::decode).unwrap_or_default();
-                ring.merge(&pending.durations);
+                ring.merge(&self.durations);
                 (Some(ring.encode()), ())
             })?;
         }
         Ok(())
-    }
-}
-
-/// The pass reason as [`crate::keys::PASSED_BY`] holds it (0: not passed).
-pub fn passed_by_byte(why: GatePass) -> u8 {
-    match why {
-        GatePass::Quiet => 1,
-        GatePass::StepTimeout => 2,
-        GatePass::Timeout => 3,
-    }
-}
-
-fn forced_by_name(byte: u8) -> Option<&'static str> {
-    match byte {
-        2 => Some("step_timeout"),
-        3 => Some("timeout"),
-        _ => None,
     }
 }
 
@@ -118,7 +100,8 @@ pub struct Report {
 #[derive(Debug, Clone, Default)]
 pub struct Inputs {
     pub record: InstanceRecord,
-    pub passed_by: u8,
+    /// Why the gate passed; None before (or unreadable).
+    pub passed_by: Option<GatePass>,
     pub peers: PeerTable,
     pub durations: DurationRing,
 }
@@ -133,7 +116,7 @@ impl Inputs {
             record: crate::record::read(store)?,
             passed_by: get(&crate::keys::PASSED_BY)?
                 .and_then(|v| v.first().copied())
-                .unwrap_or(0),
+                .and_then(GatePass::from_byte),
             peers: get(&crate::keys::REPORT_PEERS)?
                 .and_then(|v| PeerTable::decode(&v))
                 .unwrap_or_default(),
@@ -198,11 +181,10 @@ impl Report {
             closing_for_ms: closing.then(|| ms_from(since, now_us)),
             drained_after_ms: drained.then(|| ms_from(since, rec.drained_at_us)),
             forced: rec.forced,
-            forced_by: if rec.forced {
-                forced_by_name(inputs.passed_by)
-            } else {
-                None
-            },
+            forced_by: inputs
+                .passed_by
+                .filter(|_| rec.forced)
+                .and_then(GatePass::forced_by),
             requests_after_closing: inputs.peers.requests,
             last_request_after_closing_ms: (closing && inputs.peers.last_start_us != 0)
                 .then(|| ms_from(since, inputs.peers.last_start_us)),

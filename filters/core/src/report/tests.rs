@@ -71,7 +71,7 @@ fn shutdown(store: &MemStore, forced: Option<GatePass>) {
     let why = forced.unwrap_or(GatePass::Quiet);
     crate::record::pass(store, why, T0 + 3 * S).unwrap();
     store
-        .set(crate::keys::PASSED_BY.name, &[passed_by_byte(why)], 0)
+        .set(crate::keys::PASSED_BY.name, &[why.to_byte()], 0)
         .unwrap();
 }
 
@@ -180,7 +180,7 @@ fn forged_consumer_values_cannot_break_the_json() {
             T0 + MS,
         );
     }
-    let mut report = PendingReport {
+    let report = PendingReport {
         peers: pending,
         durations: PendingDurations::default(),
     };
@@ -214,5 +214,5 @@ fn malformed_shared_values_read_as_empty() {
     store.set(crate::keys::PASSED_BY.name, b"", 0).unwrap();
     let inputs = Inputs::read(&store).unwrap();
     assert_eq!(inputs.peers, PeerTable::default());
-    assert_eq!(inputs.passed_by, 0);
+    assert_eq!(inputs.passed_by, None);
 }
