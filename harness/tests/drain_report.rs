@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use graceful_harness::support::client::{self, Conn};
 use graceful_harness::support::envoy::eventually;
-use graceful_harness::support::mesh::{ConsumerSidecar, ProviderSidecar};
+use graceful_harness::support::mesh::{self, ConsumerSidecar, ProviderSidecar};
 use graceful_harness::support::upstream::Upstream;
 use serde_json::Value;
 
@@ -22,45 +22,15 @@ async fn provider(name: &str, drain_config: &str) -> ProviderSidecar {
     ProviderSidecar::start(name, loopback(0, 0, 1), drain_config, "{}").await
 }
 
-/// What the report suite asks of a provider sidecar.
-trait Drain {
-    async fn report(&self) -> Value;
-    async fn status(&self) -> Value;
-    async fn start_closing(&self);
-    async fn until_drained(&self) -> Value;
-}
-
-impl Drain for ProviderSidecar {
-    async fn report(&self) -> Value {
-        let r = client::get(self.inbound, "/graceful/report").await.unwrap();
-        assert_eq!(r.status, 200, "{}", r.text());
-        assert_eq!(
-            r.header("content-type").as_deref(),
-            Some("application/json")
-        );
-        serde_json::from_slice(&r.body)
-            .unwrap_or_else(|e| panic!("report JSON {:?}: {e}", r.text()))
-    }
-
-    async fn status(&self) -> Value {
-        let r = client::get(self.inbound, "/graceful/status").await.unwrap();
-        serde_json::from_slice(&r.body).unwrap()
-    }
-
-    async fn start_closing(&self) {
-        let r = client::post(self.inbound, "/graceful/closing")
-            .await
-            .unwrap();
-        assert_eq!(r.status, 202, "{}", r.text());
-    }
-
-    async fn until_drained(&self) -> Value {
-        eventually("the drain gate passed", Duration::from_secs(30), || async {
-            let s = self.status().await;
-            (s["drained"] == true).then_some(s)
-        })
-        .await
-    }
+/// `GET /graceful/report`: 200 with JSON.
+async fn report(p: &ProviderSidecar) -> Value {
+    let r = client::get(p.inbound, "/graceful/report").await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.header("content-type").as_deref(),
+        Some("application/json")
+    );
+    serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("report JSON {:?}: {e}", r.text()))
 }
 
 fn loopback(a: u8, b: u8, c: u8) -> IpAddr {
@@ -136,7 +106,7 @@ async fn it_names_a_graceful_consumer_and_a_plain_client_that_ignores_the_mark()
         &[p.inbound, other_addr],
     )
     .await;
-    let before = p.report().await;
+    let before = report(&p).await;
     assert_eq!(before["phase"], "serving");
     assert_eq!(before["peers"], serde_json::json!([]));
 
@@ -164,7 +134,7 @@ async fn it_names_a_graceful_consumer_and_a_plain_client_that_ignores_the_mark()
     )
     .await;
 
-    p.start_closing().await;
+    mesh::start_closing(p.inbound).await;
     // The consumer's calls from now on (one in flight at the closing would
     // be told by its answer and leave nothing after it to report).
     let through_consumer = {
@@ -183,8 +153,8 @@ async fn it_names_a_graceful_consumer_and_a_plain_client_that_ignores_the_mark()
         let mut c = Conn::http1_from(inbound, loopback(0, 0, 3)).await.unwrap();
         c.get("/delay/1200").await.unwrap()
     });
-    let drained = p.until_drained().await;
-    assert_eq!(drained["forced"], true, "{drained}");
+    let drained = mesh::until_drained(p.inbound, Duration::from_secs(30)).await;
+    assert!(drained.forced, "{drained:?}");
     // A few of the plain client's requests meet the drained 503.
     let at_pass = plain_answers.load(SeqCst);
     eventually(
@@ -202,7 +172,7 @@ async fn it_names_a_graceful_consumer_and_a_plain_client_that_ignores_the_mark()
         "the report holds the last merges",
         Duration::from_secs(5),
         || async {
-            let r = p.report().await;
+            let r = report(&p).await;
             (r["peers"].as_array()?.len() >= 2).then_some(r)
         },
     )
@@ -289,7 +259,7 @@ async fn a_quiet_pass_says_so_and_1000_callers_and_forged_names_keep_it_bounded(
         r#"{"consumer_update_wait":"1s","quiet_window":"300ms","step_timeout":"30s","timeout":"60s"}"#,
     )
     .await;
-    p.start_closing().await;
+    mesh::start_closing(p.inbound).await;
     // 1,000 distinct callers, one request each from its own address.
     let inbound = p.inbound;
     let mut sent = 0u64;
@@ -341,10 +311,10 @@ async fn a_quiet_pass_says_so_and_1000_callers_and_forged_names_keep_it_bounded(
         assert_eq!(r.status, 200);
         sent += 1;
     }
-    let drained = p.until_drained().await;
-    assert_eq!(drained["forced"], false, "{drained}");
+    let drained = mesh::until_drained(p.inbound, Duration::from_secs(30)).await;
+    assert!(!drained.forced, "{drained:?}");
     let report = eventually("every request merged", Duration::from_secs(5), || async {
-        let r = p.report().await;
+        let r = report(&p).await;
         (r["requests_after_closing"].as_u64()? == sent).then_some(r)
     })
     .await;

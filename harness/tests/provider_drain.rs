@@ -64,12 +64,6 @@ async fn sidecar_with(
     )
 }
 
-/// `POST /graceful/closing`, answered 202.
-async fn start_closing(s: &Sidecar) {
-    let r = client::post(s.inbound, "/graceful/closing").await.unwrap();
-    assert_eq!(r.status, 202, "{r:?}");
-}
-
 async fn status(s: &Sidecar) -> Status {
     mesh::status(s.inbound).await
 }
@@ -284,7 +278,7 @@ async fn it_marks_grpc_trailers_and_answers_grpc_health() {
     assert_eq!(r.grpc_status().as_deref(), Some("0"));
     assert_eq!(r.trailer(CLOSING), None);
 
-    start_closing(&s).await;
+    mesh::start_closing(s.inbound).await;
 
     // Upstream trailers get the mark next to grpc-status.
     let r = h2.grpc("/grpc/trailers", b"hi").await.unwrap();
@@ -347,7 +341,7 @@ async fn it_forces_the_gate_at_step_timeout_and_counts_it() {
     })
     .await;
     let started = Instant::now();
-    start_closing(&s).await;
+    mesh::start_closing(s.inbound).await;
     let r = client::get(s.inbound, "/graceful/drained?wait=10s")
         .await
         .unwrap();
@@ -686,7 +680,7 @@ async fn told_after_closing(s: &Sidecar, look: Duration) -> Told {
         assert_eq!((r.status, r.header("connection")), (200, None));
         assert_eq!(h2.get("/").await, Ok(200));
     }
-    start_closing(s).await;
+    mesh::start_closing(s.inbound).await;
     let t0 = Instant::now();
     let raw_side = async {
         while t0.elapsed() < look {
@@ -873,7 +867,7 @@ async fn it_tells_a_grpc_health_watch_of_the_closing_and_the_watch_holds_no_gate
         watch.next(Duration::from_millis(500)).await.is_err(),
         "the app holds the Watch open"
     );
-    start_closing(&s).await;
+    mesh::start_closing(s.inbound).await;
     let t0 = Instant::now();
     let end = watch.next(Duration::from_secs(2)).await;
     let told = t0.elapsed();
@@ -897,11 +891,7 @@ async fn it_tells_a_grpc_health_watch_of_the_closing_and_the_watch_holds_no_gate
         })
     );
     // Nothing else in flight: the gate passes, unforced.
-    let drained = eventually("the gate to pass", Duration::from_secs(10), || async {
-        let st = status(&s).await;
-        (st.phase == "drained").then_some(st)
-    })
-    .await;
+    let drained = mesh::until_drained(s.inbound, Duration::from_secs(10)).await;
     assert!(!drained.forced, "{drained:?}");
 }
 
@@ -999,13 +989,9 @@ async fn held_through_closing(s: &Sidecar, what: &str, long_lived: bool) -> Inst
         Some(u64::from(!long_lived)),
         "{what}, long-lived {long_lived}"
     );
-    start_closing(s).await;
+    mesh::start_closing(s.inbound).await;
     let t0 = Instant::now();
-    let drained = eventually("the gate to pass", Duration::from_secs(15), || async {
-        let st = status(s).await;
-        (st.phase == "drained").then_some(st)
-    })
-    .await;
+    let drained = mesh::until_drained(s.inbound, Duration::from_secs(15)).await;
     println!(
         "{what}, long-lived {long_lived}: gate passed at {:?}, forced {}",
         t0.elapsed(),
@@ -1021,11 +1007,8 @@ async fn held_through_closing(s: &Sidecar, what: &str, long_lived: bool) -> Inst
 async fn once_drained_a_grpc_call_gets_unavailable_with_the_mark() {
     let drain = r#"{"consumer_update_wait":"0s","quiet_window":"100ms","step_timeout":"3s","timeout":"10s","admin_cluster":"envoy_admin"}"#;
     let (s, _) = sidecar("drained-grpc", drain, "{}").await;
-    start_closing(&s).await;
-    eventually("the gate to pass", Duration::from_secs(10), || async {
-        (status(&s).await.phase == "drained").then_some(())
-    })
-    .await;
+    mesh::start_closing(s.inbound).await;
+    mesh::until_drained(s.inbound, Duration::from_secs(10)).await;
     let mut h2 = Conn::http2(s.inbound).await.unwrap();
     let r = h2.grpc("/echo.Echo/Say", b"hi").await.unwrap();
     assert_eq!(r.grpc_status().as_deref(), Some("14"), "{r:?}");

@@ -199,3 +199,19 @@ pub fn status_of(r: &Response) -> Status {
 pub async fn status(addr: SocketAddr) -> Status {
     status_of(&client::get(addr, "/graceful/status").await.unwrap())
 }
+
+/// `POST /graceful/closing` on a listener with graceful_drain, answered 202.
+pub async fn start_closing(addr: SocketAddr) {
+    let r = client::post(addr, "/graceful/closing").await.unwrap();
+    assert_eq!(r.status, 202, "{r:?}");
+}
+
+/// Polls `/graceful/status` until the drain gate has passed, within
+/// `within`; the status then.
+pub async fn until_drained(addr: SocketAddr, within: Duration) -> Status {
+    eventually("the drain gate to pass", within, || async {
+        let st = status(addr).await;
+        (st.phase == "drained").then_some(st)
+    })
+    .await
+}
