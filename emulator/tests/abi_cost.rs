@@ -576,11 +576,12 @@ fn fuel_per_request(dead: usize, live: usize) -> u64 {
     host.fuel_used(vm) - before
 }
 
-/// The most wasm operators steering may add to a request (2,151 measured
-/// when this was pinned): a ceiling, so a change that makes a request walk
-/// the tombstones or the members fails here, where the bench's CPU figures
-/// cannot tell it from this host's noise.
-const STEERING_OPERATORS_CEILING: u64 = 3_000;
+/// The most wasm operators steering may add to a request (522 to 532
+/// measured when this was pinned; 2,275 to 2,304 while each request joined
+/// its list anew): a ceiling, so a change that makes a request walk the
+/// tombstones or the members, or build its list again, fails here, where
+/// the bench's CPU figures cannot tell it from this host's noise.
+const STEERING_OPERATORS_CEILING: u64 = 800;
 
 #[test]
 fn steering_adds_the_same_wasm_operators_with_1_or_100_tombstones_among_1000_members() {

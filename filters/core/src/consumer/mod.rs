@@ -52,8 +52,10 @@
 //!   tombstone never comes back to life without a write, which bumps the
 //!   generation and is decoded again).
 //! - **The route's cluster** and the steering plan only while tombstones
-//!   may be live (the plan is kept until a generation moves or a tombstone
-//!   in it expires, so a steered request costs a rotation, not a scan).
+//!   may be live (the plan is kept until a generation it was made from
+//!   moves or a tombstone in it expires, so a steered request costs a
+//!   rotation, not a scan; where the admin lists the cluster, observed
+//!   membership is not one of those generations).
 //! - **`upstream.address`, the cluster, the clock** on a response only for
 //!   a closing mark; a 503 (then `response.flags` first, for a connect
 //!   failure); a response while tombstones may be live (is it a tombstoned
@@ -292,6 +294,9 @@ pub struct Consumer {
     /// The last steering plan, valid while tombstones and membership keep
     /// their generations and no tombstone in it expires.
     plan: Option<CachedPlan>,
+    /// Plans this copy worked out (a test reads it: a plan is linear in
+    /// members and tombstones, worked out once per change, not per request).
+    plans_made: u64,
     rotation: usize,
     /// The admin `/clusters` call in flight and the clusters it asked for.
     admin_call: Option<u32>,
@@ -372,6 +377,7 @@ impl Consumer {
             recorded: HashMap::new(),
             registered: Vec::new(),
             plan: None,
+            plans_made: 0,
             rotation: 0,
             admin_call: None,
             admin_wanted: Vec::new(),

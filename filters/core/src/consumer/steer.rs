@@ -3,18 +3,19 @@
 
 use super::{Consumer, Exchange};
 use crate::keys;
-use crate::steering::{plan, Member, Membership, Plan, Rules, Steering};
+use crate::steering::{plan, Member, Membership, Rotations, Rules};
 use crate::store::SharedStore;
 
 /// A steering plan and what it was worked out from.
 pub(super) struct CachedPlan {
     /// Generations of the tombstones, admin membership and observed
-    /// membership it was made from.
+    /// membership it was made from (the last None where the admin's
+    /// membership lists the cluster).
     gens: (Option<u64>, Option<u64>, Option<u64>),
     cluster: String,
     /// The first expiry of a tombstone it depends on.
     until_us: u64,
-    plan: Plan,
+    rotations: Rotations,
 }
 
 impl Consumer {
@@ -28,7 +29,7 @@ impl Consumer {
         store: &dyn SharedStore,
         x: &mut dyn Exchange,
         signal: Option<u64>,
-    ) -> Option<String> {
+    ) -> Option<&str> {
         self.sync(signal);
         self.refresh_tombstones(store);
         // Past this, one tombstone at least is live: the clock is before
@@ -40,10 +41,8 @@ impl Consumer {
         let cluster = x.cluster();
         self.register_cluster(store, &cluster);
         self.rotation = self.rotation.wrapping_add(1);
-        match self.steering(store, &cluster, now, self.rotation) {
-            Steering::Steer(list) => Some(list),
-            Steering::NoneLeft | Steering::LeaveAlone => None,
-        }
+        let rotation = self.rotation;
+        self.rotations(store, &cluster, now)?.list(rotation)
     }
 
     /// Members of `cluster` to steer among: the admin's view when known,
@@ -68,47 +67,56 @@ impl Consumer {
         }
     }
 
-    /// The steering for one request to `cluster`: the plan is worked out
-    /// again only when tombstones or membership changed, or a tombstone in
-    /// it expired.
-    fn steering(
+    /// The override lists for requests to `cluster`: the plan is worked
+    /// out again only when tombstones or membership changed, or a
+    /// tombstone in it expired.
+    fn rotations(
         &mut self,
         store: &dyn SharedStore,
         cluster: &str,
         now: u64,
-        rotation: usize,
-    ) -> Steering {
-        let members_gen = if self.config.admin_cluster.is_some() {
+    ) -> Option<&Rotations> {
+        let (members_gen, admin_lists) = if self.config.admin_cluster.is_some() {
             self.refresh_members(store);
-            self.members.gen
+            let lists = self.members.value.cluster(cluster).is_some();
+            (self.members.gen, lists)
         } else {
+            (None, false)
+        };
+        // Where the admin lists the cluster, its membership is the plan's
+        // only source (see `members`): the observed membership, written as
+        // answering hosts are seen again (about 10 times a second under
+        // load), must not make every copy plan again.
+        let observed_gen = if admin_lists {
             None
+        } else {
+            self.shared_observed.refresh(
+                store,
+                keys::OBSERVED_GEN.name,
+                keys::OBSERVED.name,
+                Membership::decode,
+            );
+            self.shared_observed.gen
         };
-        self.shared_observed.refresh(
-            store,
-            keys::OBSERVED_GEN.name,
-            keys::OBSERVED.name,
-            Membership::decode,
-        );
-        let gens = (self.tombstones.gen, members_gen, self.shared_observed.gen);
-        if let Some(cached) = &self.plan {
-            if cached.gens == gens && cached.cluster == cluster && now < cached.until_us {
-                return cached.plan.steering(rotation);
-            }
-        }
-        let members = self.members(store, cluster, now);
-        let rules = Rules {
-            ttls: self.ttls,
-            panic_threshold: self.config.panic_threshold,
-        };
-        let (plan, until_us) = plan(&members, &self.tombstones.value, cluster, now, &rules);
-        let steering = plan.steering(rotation);
-        self.plan = Some(CachedPlan {
-            gens,
-            cluster: cluster.to_string(),
-            until_us,
-            plan,
+        let gens = (self.tombstones.gen, members_gen, observed_gen);
+        let fresh = self.plan.as_ref().is_some_and(|cached| {
+            cached.gens == gens && cached.cluster == cluster && now < cached.until_us
         });
-        steering
+        if !fresh {
+            let members = self.members(store, cluster, now);
+            let rules = Rules {
+                ttls: self.ttls,
+                panic_threshold: self.config.panic_threshold,
+            };
+            let (plan, until_us) = plan(&members, &self.tombstones.value, cluster, now, &rules);
+            self.plans_made += 1;
+            self.plan = Some(CachedPlan {
+                gens,
+                cluster: cluster.to_string(),
+                until_us,
+                rotations: Rotations::of(&plan),
+            });
+        }
+        self.plan.as_ref().map(|cached| &cached.rotations)
     }
 }

@@ -115,6 +115,7 @@ fn observe(
 fn steer(c: &mut Consumer, store: &dyn SharedStore, cluster: &str, now: u64) -> Option<String> {
     let signal = SIGNAL.with(Cell::get);
     c.steer(store, &mut Stream::to(cluster).at(now), Some(signal))
+        .map(str::to_string)
 }
 
 fn config(json: &str) -> ConsumerConfig {
@@ -504,8 +505,7 @@ fn a_write_is_seen_by_every_copy_at_its_next_request_through_the_signal() {
         None
     );
     assert_eq!(
-        d[0].steer(&store2, &mut Stream::to("svc").at(S), Some(7))
-            .as_deref(),
+        d[0].steer(&store2, &mut Stream::to("svc").at(S), Some(7)),
         Some("a:1")
     );
 }
@@ -1062,4 +1062,81 @@ fn a_tick_announces_a_write_whose_bump_this_scope_never_saw() {
     let now_signal = Some(SIGNAL.with(Cell::get));
     assert!(c[1].notice_unannounced(&store, now_signal).is_empty());
     assert!(c[0].notice_unannounced(&store, now_signal).is_empty());
+}
+
+#[test]
+fn observed_membership_writes_do_not_make_a_copy_plan_again_where_the_admin_lists_the_cluster() {
+    // Under load hosts are seen again some 10 times a second, each a write
+    // of the observed membership that moves the signal; with the admin's
+    // membership as the plan's source they change nothing in it.
+    let (store, mut c) = copies(r#"{"admin_cluster":"admin","tombstone_ttl":"30s"}"#, 2);
+    admin_knows(&store, &["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"]);
+    observe(
+        &mut c[0],
+        &store,
+        closing("old"),
+        "127.0.0.2:1",
+        Part::Headers,
+        S,
+    );
+    assert!(steer(&mut c[1], &store, "svc", 2 * S).is_some());
+    assert_eq!(c[1].plans_made, 1);
+    for (i, address) in ["127.0.0.1:1", "127.0.0.3:1", "127.0.0.9:1"]
+        .into_iter()
+        .enumerate()
+    {
+        let before = gen(&store, keys::OBSERVED_GEN);
+        let fx = c[0].answered(&store, "svc", address, 3 * S + i as u64);
+        carry(&fx);
+        assert_eq!(
+            gen(&store, keys::OBSERVED_GEN),
+            before + 1,
+            "{address} written"
+        );
+        let list = steer(&mut c[1], &store, "svc", 3 * S + i as u64).expect("steered");
+        assert!(!list.contains("127.0.0.2:1"), "{list}");
+    }
+    assert_eq!(
+        c[1].plans_made, 1,
+        "the observed writes moved nothing it plans from"
+    );
+    // A tombstone write does.
+    observe(
+        &mut c[0],
+        &store,
+        closing("old3"),
+        "127.0.0.3:1",
+        Part::Headers,
+        4 * S,
+    );
+    let list = steer(&mut c[1], &store, "svc", 4 * S).expect("steered");
+    assert!(!list.contains("127.0.0.3:1"), "{list}");
+    assert_eq!(c[1].plans_made, 2);
+}
+
+#[test]
+fn without_an_admin_an_observed_membership_write_makes_a_copy_plan_again() {
+    let (store, mut c) = copies(r#"{"tombstone_ttl":"30s"}"#, 2);
+    for address in ["127.0.0.1:1", "127.0.0.2:1"] {
+        carry(&c[0].answered(&store, "svc", address, S));
+    }
+    observe(
+        &mut c[0],
+        &store,
+        closing("old"),
+        "127.0.0.2:1",
+        Part::Headers,
+        S,
+    );
+    assert_eq!(
+        steer(&mut c[1], &store, "svc", 2 * S).as_deref(),
+        Some("127.0.0.1:1")
+    );
+    carry(&c[0].answered(&store, "svc", "127.0.0.3:1", 2 * S));
+    let list = steer(&mut c[1], &store, "svc", 2 * S + 1).expect("steered");
+    assert!(
+        list.contains("127.0.0.3:1"),
+        "the new member is listed: {list}"
+    );
+    assert_eq!(c[1].plans_made, 2);
 }

@@ -246,15 +246,17 @@ impl ConsumerFilter {
         st.counted.set(true);
         s.metric_add(Metric::ConsumerStarted, 1);
         let signal = s.metric_get(Metric::ConsumerGeneration);
-        let steer = copy.with(|c| c.core.steer(s.store(), &mut st.view(s), signal));
-        if let Some(list) = steer {
-            if s.set_header(
-                Map::RequestHeaders,
-                &self.config.override_host_header,
-                &list,
-            ) {
-                s.metric_add(Metric::ConsumerSteered, 1);
-            }
+        // The list is a slice of the copy's cached plan: set while it is
+        // borrowed, no copy of it made.
+        let steered = copy.with(|c| {
+            c.core
+                .steer(s.store(), &mut st.view(s), signal)
+                .is_some_and(|list| {
+                    s.set_header(Map::RequestHeaders, &self.config.override_host_header, list)
+                })
+        });
+        if steered {
+            s.metric_add(Metric::ConsumerSteered, 1);
         }
         Action::Continue
     }

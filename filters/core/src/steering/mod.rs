@@ -34,7 +34,7 @@ pub use clusters::ClusterSet;
 pub use membership::{
     Member, Membership, Observed, MAX_CLUSTERS, MAX_MEMBERS, OBSERVED_WINDOW_US, SEEN_REFRESH_US,
 };
-pub use plan::{plan, Plan, Rules, Steering, MAX_OVERRIDE_HOSTS};
+pub use plan::{plan, Plan, Rotations, Rules, Steering, MAX_OVERRIDE_HOSTS};
 pub use probe::{probe_observation, probe_targets, ADDRESS_HEADER, MAX_PROBES};
 
 /// Encoding version of [`ClusterSet`] values.

@@ -1,6 +1,8 @@
 //! Which hosts requests to a cluster may go to while it has live
 //! tombstones, and the override header of one request.
 
+use std::collections::{HashMap, HashSet};
+
 use super::Member;
 use crate::tombstone::{Cause, Tombstone, Tombstones, Ttls};
 
@@ -33,23 +35,71 @@ pub enum Plan {
 
 impl Plan {
     /// The steering for one request; `rotation` spreads the first pick
-    /// (pass a per-request counter).
+    /// (pass a per-request counter). The request path keeps the plan's
+    /// [`Rotations`] instead.
     pub fn steering(&self, rotation: usize) -> Steering {
         match self {
             Plan::LeaveAlone => Steering::LeaveAlone,
-            Plan::Hosts(hosts) if hosts.is_empty() => Steering::NoneLeft,
-            Plan::Hosts(hosts) => {
-                let start = rotation % hosts.len();
-                let list: Vec<&str> = hosts
-                    .iter()
-                    .cycle()
-                    .skip(start)
-                    .take(hosts.len().min(MAX_OVERRIDE_HOSTS))
-                    .map(String::as_str)
-                    .collect();
-                Steering::Steer(list.join(","))
-            }
+            Plan::Hosts(_) => match Rotations::of(self).list(rotation) {
+                Some(list) => Steering::Steer(list.to_string()),
+                None => Steering::NoneLeft,
+            },
         }
+    }
+}
+
+/// A plan's override lists, one per rotation, as slices of one string: a
+/// steered request takes its list without allocating or joining.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rotations {
+    /// The hosts joined by commas, then the first `per_list - 1` again, so
+    /// that every rotation's list is contiguous.
+    ring: String,
+    /// Where each host of `ring` starts, then one past the end plus one
+    /// (as if a comma followed the last).
+    starts: Vec<usize>,
+    hosts: usize,
+    per_list: usize,
+}
+
+impl Rotations {
+    /// The rotations of `plan` (none for `LeaveAlone` or no hosts).
+    pub fn of(plan: &Plan) -> Rotations {
+        let Plan::Hosts(hosts) = plan else {
+            return Rotations::default();
+        };
+        let per_list = hosts.len().min(MAX_OVERRIDE_HOSTS);
+        let mut ring = String::new();
+        let mut starts = Vec::with_capacity(hosts.len() + per_list);
+        for host in hosts
+            .iter()
+            .chain(hosts.iter().take(per_list.saturating_sub(1)))
+        {
+            if !ring.is_empty() {
+                ring.push(',');
+            }
+            starts.push(ring.len());
+            ring.push_str(host);
+        }
+        starts.push(ring.len() + 1);
+        Rotations {
+            ring,
+            starts,
+            hosts: hosts.len(),
+            per_list,
+        }
+    }
+
+    /// The override list of request `rotation`: `per_list` hosts from the
+    /// rotation's one on; None when there is no host to list.
+    pub fn list(&self, rotation: usize) -> Option<&str> {
+        if self.hosts == 0 {
+            return None;
+        }
+        let first = rotation % self.hosts;
+        let start = *self.starts.get(first)?;
+        let end = self.starts.get(first + self.per_list)?.checked_sub(1)?;
+        self.ring.get(start..end)
     }
 }
 
@@ -107,15 +157,25 @@ pub fn plan(
     now_us: u64,
     rules: &Rules,
 ) -> (Plan, u64) {
-    let dead: Vec<&Tombstone> = tombstones.live(now_us).collect();
-    let until = dead.iter().map(|t| t.expires_us).min().unwrap_or(u64::MAX);
-    let concerned = dead
+    // Linear in members + tombstones: a plan is worked out again on every
+    // tombstone write, and a mesh cluster of 1,024 members beside 1,024
+    // tombstones made a member-by-tombstone scan a million comparisons.
+    let mut dead: HashMap<&str, &Tombstone> = HashMap::new();
+    let mut until = u64::MAX;
+    let mut concerned = false;
+    for t in tombstones.live(now_us) {
+        until = until.min(t.expires_us);
+        concerned |= t.cluster == cluster;
+        // The first entry for an address stands, as a scan would find it.
+        dead.entry(t.address.as_str()).or_insert(t);
+    }
+    concerned |= members
         .iter()
-        .any(|t| t.cluster == cluster || members.iter().any(|m| m.address == t.address));
+        .any(|m| dead.contains_key(m.address.as_str()));
     if !concerned {
         return (Plan::LeaveAlone, until);
     }
-    let tombstone_of = |address: &str| dead.iter().copied().find(|t| t.address == address);
+    let tombstone_of = |address: &str| dead.get(address).copied();
     // The first priority with a usable member that is not tombstoned; with
     // none, the first with a usable member (the panic floor below decides).
     let first_with = |acceptable_only: bool| {
@@ -126,12 +186,12 @@ pub fn plan(
             .min()
     };
     let priority = first_with(true).or_else(|| first_with(false));
-    let mut usable: Vec<&str> = Vec::new();
-    for m in members {
-        if m.usable && Some(m.priority) == priority && !usable.contains(&m.address.as_str()) {
-            usable.push(&m.address);
-        }
-    }
+    let mut listed: HashSet<&str> = HashSet::new();
+    let usable: Vec<&str> = members
+        .iter()
+        .filter(|m| m.usable && Some(m.priority) == priority && listed.insert(&m.address))
+        .map(|m| m.address.as_str())
+        .collect();
     let (mut acceptable, mut tombstoned): (Vec<&str>, Vec<&str>) =
         usable.iter().partition(|a| tombstone_of(a).is_none());
     let floor = rules.floor(usable.len());
@@ -289,6 +349,30 @@ mod tests {
             plan(&m, &Tombstones::default(), "svc", 0, &RULES),
             (Plan::LeaveAlone, u64::MAX)
         );
+    }
+
+    #[test]
+    fn every_rotation_is_the_hosts_from_its_first_on_wrapping_around() {
+        for n in [1, 2, 3, 7, 8, 9, 20] {
+            let hosts: Vec<String> = (0..n).map(|i| format!("10.0.{i}.1:80")).collect();
+            let r = Rotations::of(&Plan::Hosts(hosts.clone()));
+            for rotation in 0..2 * n + 3 {
+                let want: Vec<&str> = hosts
+                    .iter()
+                    .cycle()
+                    .skip(rotation % n)
+                    .take(n.min(MAX_OVERRIDE_HOSTS))
+                    .map(String::as_str)
+                    .collect();
+                assert_eq!(
+                    r.list(rotation),
+                    Some(want.join(",").as_str()),
+                    "{n} hosts, rotation {rotation}"
+                );
+            }
+        }
+        assert_eq!(Rotations::of(&Plan::Hosts(vec![])).list(3), None);
+        assert_eq!(Rotations::of(&Plan::LeaveAlone).list(0), None);
     }
 
     #[test]
