@@ -50,7 +50,7 @@ E2E_ENV = GRACEFUL_ENVOY=$(CURDIR)/$(ENVOY) GRACEFUL_DIST=$(CURDIR)/dist \
 # Debian packages the tests use beyond Rust and Python (CI runs as root), and
 # the ones make bench adds.
 APT_TOOLS := skopeo docker-registry curl iptables iproute2
-BENCH_APT_TOOLS := wrk
+BENCH_APT_TOOLS := wrk valgrind
 # make oci TAG=...; make push REGISTRY=host[:port]/path TAG=... PUSH_FLAGS=...
 # TAG defaults to the workspace version in Cargo.toml.
 WORKSPACE_VERSION := $(shell sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$$/\1/p' Cargo.toml)
@@ -204,6 +204,14 @@ bench-mesh: build envoy bench-tools $(foreach v,$(BENCH_MESH_MINORS),$(call envo
 	envoys=""; for v in $(BENCH_MESH_MINORS); do envoys="$$envoys$${envoys:+,}$$v=$(CURDIR)/$(VENV)/envoys/$$v/envoy"; done; \
 	  BENCH_MESH_ENVOYS="$$envoys" $(E2E_ENV) target/tools/bench-mesh $(BENCH_MESH_FLAGS)
 
+# make bench-count BENCH_COUNT_FLAGS="--sets none,consumer --window 10"
+BENCH_COUNT_FLAGS ?=
+
+.PHONY: bench-count
+bench-count: build native envoy bench-tools ## Envoy's instructions per request for each bench set, counted under callgrind (does not move with the host's noise; about 3 min a set): bench/results/count.json
+	$(CARGO) build --profile tools -p graceful-harness --bin bench-count
+	$(E2E_ENV) target/tools/bench-count $(BENCH_COUNT_FLAGS)
+
 .PHONY: bench
 bench: build native envoy bench-tools ## what the filters cost against plain Envoy (wrk), memory, and shutdown quality: bench/results/
 	@# The floor: a Rust wasm filter that only adds a response header, exporting only what it uses.
@@ -231,7 +239,7 @@ test-tools: envoy ## install what the tests use beyond Rust and Python: $(APT_TO
 	@$(VENV)/bin/kubernetes-validate --version >/dev/null 2>&1 || $(VENV)/bin/pip install --quiet --disable-pip-version-check kubernetes-validate==1.37.0
 
 .PHONY: bench-tools
-bench-tools: ## install what make bench drives the load with: wrk (Debian)
+bench-tools: ## install what make bench drives the load with and counts under: wrk, valgrind (Debian)
 	$(call apt_install,$(BENCH_APT_TOOLS))
 
 .PHONY: lint

@@ -253,6 +253,10 @@ pub fn filter_sets() -> Vec<FilterSet> {
             "all_before",
             vec![drain(), provider(), consumer(), router()],
         ));
+        sets.push(FilterSet {
+            tombstones: 100,
+            ..set("consumer_100_tombstones_before", vec![consumer(), router()])
+        });
     }
     sets
 }

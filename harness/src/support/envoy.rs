@@ -146,6 +146,9 @@ pub struct EnvoySpec {
     pub binary: Option<PathBuf>,
     /// More command-line arguments (`--drain-strategy immediate`).
     pub args: Vec<String>,
+    /// How long [`EnvoySpec::start`] waits for ready (an Envoy under
+    /// valgrind takes longer than [`START_DEADLINE`]).
+    pub start_deadline: Duration,
 }
 
 impl EnvoySpec {
@@ -160,6 +163,7 @@ impl EnvoySpec {
             module: None,
             binary: None,
             args: Vec::new(),
+            start_deadline: START_DEADLINE,
         };
         spec.values
             .insert("ADMIN_PORT".into(), free_port().to_string());
@@ -192,10 +196,11 @@ impl EnvoySpec {
     }
 
     /// Starts Envoy and waits until the admin says ready. Panics (printing
-    /// the log) if Envoy exits or is not ready by [`START_DEADLINE`].
+    /// the log) if Envoy exits or is not ready by its `start_deadline`.
     pub async fn start(self) -> Envoy {
+        let within = self.start_deadline;
         let mut envoy = self.spawn();
-        let deadline = Instant::now() + START_DEADLINE;
+        let deadline = Instant::now() + within;
         loop {
             if let Some(status) = envoy.try_exit() {
                 panic!(
@@ -213,7 +218,7 @@ impl EnvoySpec {
             }
             assert!(
                 Instant::now() < deadline,
-                "envoy {} not ready within {START_DEADLINE:?}",
+                "envoy {} not ready within {within:?}",
                 envoy.name
             );
             tokio::time::sleep(Duration::from_millis(50)).await;

@@ -579,9 +579,10 @@ fn plain(cluster: &str) -> Stream {
     Stream::to(cluster).with(":status", "200")
 }
 
-#[test]
-fn with_the_admin_listing_the_cluster_a_steered_answer_without_an_instance_id_is_an_ordinary_one() {
-    let (store, mut c) = copies(r#"{"admin_cluster":"admin","tombstone_ttl":"30s"}"#, 1);
+/// `n` copies whose admin lists `svc`'s three hosts, and 127.0.0.2:1
+/// marked closing (instance "old") through copy 0 at `S`.
+fn three_hosts_one_closing(n: usize) -> (MemStore, Vec<Consumer>) {
+    let (store, mut c) = copies(r#"{"admin_cluster":"admin","tombstone_ttl":"30s"}"#, n);
     admin_knows(&store, &["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"]);
     observe(
         &mut c[0],
@@ -591,6 +592,12 @@ fn with_the_admin_listing_the_cluster_a_steered_answer_without_an_instance_id_is
         Part::Headers,
         S,
     );
+    (store, c)
+}
+
+#[test]
+fn with_the_admin_listing_the_cluster_a_steered_answer_without_an_instance_id_is_an_ordinary_one() {
+    let (store, mut c) = three_hosts_one_closing(1);
     let counting = Counting(&store, 0.into());
     let (mut addresses, mut clocks) = (0, 0);
     for i in 0..OBSERVE_EVERY {
@@ -1069,16 +1076,7 @@ fn observed_membership_writes_do_not_make_a_copy_plan_again_where_the_admin_list
     // Under load hosts are seen again some 10 times a second, each a write
     // of the observed membership that moves the signal; with the admin's
     // membership as the plan's source they change nothing in it.
-    let (store, mut c) = copies(r#"{"admin_cluster":"admin","tombstone_ttl":"30s"}"#, 2);
-    admin_knows(&store, &["127.0.0.1:1", "127.0.0.2:1", "127.0.0.3:1"]);
-    observe(
-        &mut c[0],
-        &store,
-        closing("old"),
-        "127.0.0.2:1",
-        Part::Headers,
-        S,
-    );
+    let (store, mut c) = three_hosts_one_closing(2);
     assert!(steer(&mut c[1], &store, "svc", 2 * S).is_some());
     assert_eq!(c[1].plans_made, 1);
     for (i, address) in ["127.0.0.1:1", "127.0.0.3:1", "127.0.0.9:1"]
