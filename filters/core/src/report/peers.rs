@@ -16,7 +16,7 @@
 //! that meets them. A caller kept again after being dropped counts its
 //! requests from then on.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
 
 use crate::net::trusted_peer_ip;
@@ -39,8 +39,12 @@ pub fn is_consumer_identity(value: &[u8]) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"-._:".contains(b))
 }
 /// Most distinct peers one copy gathers between two merges; more are
-/// counted as dropped peers.
-pub const PENDING_MAX: usize = 256;
+/// counted as dropped peers (by hash, up to [`DROPPED_TRACKED`]). A burst of
+/// 1,000 new callers within one 100 ms tick (a client pool reconnecting)
+/// stays keepable: at 256, a caller that came just after such a burst
+/// could not be kept, however many requests it sent before the merge.
+/// Some 100 KiB per copy at most, freed at each merge.
+pub const PENDING_MAX: usize = 1024;
 
 const VERSION: u8 = 1;
 
@@ -137,6 +141,11 @@ pub struct PendingPeers {
     /// Requests of peers beyond [`PENDING_MAX`].
     overflow: u64,
     overflow_last_us: u64,
+    /// Those peers' hashes, so each is counted once as dropped (a burst of
+    /// 1,000 new callers within one tick is 744 dropped peers, not one).
+    overflow_peers: HashSet<u64>,
+    /// Overflow peers met past [`DROPPED_TRACKED`] of them: counted as one.
+    overflow_untracked: bool,
 }
 
 impl PendingPeers {
@@ -158,6 +167,11 @@ impl PendingPeers {
         } else {
             self.overflow += 1;
             self.overflow_last_us = self.overflow_last_us.max(start_us);
+            if self.overflow_peers.len() < DROPPED_TRACKED {
+                self.overflow_peers.insert(peer.hash());
+            } else {
+                self.overflow_untracked = true;
+            }
         }
     }
 }
@@ -173,7 +187,8 @@ pub struct PeerTable {
     pub peers: Vec<(PeerId, PeerCounts)>,
     /// Hashes of peers not kept (at most [`DROPPED_TRACKED`]).
     dropped: Vec<u64>,
-    /// Peers not kept beyond those tracked (one per merge that met one).
+    /// Peers not kept beyond those tracked (one per hash not tracked, and
+    /// one per merge whose copy met more than it tracked).
     dropped_untracked: u64,
 }
 
@@ -212,7 +227,16 @@ impl PeerTable {
         if pending.overflow > 0 {
             self.requests = self.requests.saturating_add(pending.overflow);
             self.last_start_us = self.last_start_us.max(pending.overflow_last_us);
-            self.drop_peer(None);
+            // A kept peer that overflowed in this copy is kept, not dropped.
+            let kept: HashSet<u64> = self.peers.iter().map(|(p, _)| p.hash()).collect();
+            for hash in &pending.overflow_peers {
+                if !kept.contains(hash) {
+                    self.drop_peer(Some(*hash));
+                }
+            }
+            if pending.overflow_untracked {
+                self.drop_peer(None);
+            }
         }
     }
 
@@ -459,6 +483,21 @@ mod tests {
         table.merge(&pending);
         assert_eq!(table.requests, PENDING_MAX as u64 + 10);
         assert_eq!(table.peers.len(), PEERS_KEPT);
-        assert!(table.dropped() >= 1);
+        assert_eq!(
+            table.dropped(),
+            (PENDING_MAX + 10 - PEERS_KEPT) as u64,
+            "each peer past the copy's bound is one dropped peer"
+        );
+        // A second copy's burst of the same callers counts none twice.
+        let mut again = PendingPeers::default();
+        for n in 0..(PENDING_MAX as u32 + 10) {
+            again.add(
+                peer(&format!("10.9.{}.{}", n / 200, n % 200), None),
+                false,
+                6,
+            );
+        }
+        table.merge(&again);
+        assert_eq!(table.dropped(), (PENDING_MAX + 10 - PEERS_KEPT) as u64);
     }
 }
