@@ -193,8 +193,9 @@ harness-demo: images ## the docker harness on the engine: a rolling docker stop 
 	$(CARGO) build --profile tools -p graceful-harness --bin harness-demo
 	target/tools/harness-demo $(HARNESS_DEMO_FLAGS)
 
-# make bench-mesh BENCH_MESH_FLAGS="--rounds 3 --duration 5"; the Envoys it
-# compares (the oldest a shipped mesh runs, and ours).
+# make bench-mesh BENCH_MESH_FLAGS="--rounds 3 --duration 5 --paired 15"
+# (--paired N: N rounds of CPU per request with the sets side by side); the
+# Envoys it compares (the oldest a shipped mesh runs, and ours).
 BENCH_MESH_FLAGS ?=
 BENCH_MESH_MINORS ?= $(ENVOY_OLDEST) $(ENVOY_VERSION)
 
@@ -204,7 +205,8 @@ bench-mesh: build envoy bench-tools $(foreach v,$(BENCH_MESH_MINORS),$(call envo
 	envoys=""; for v in $(BENCH_MESH_MINORS); do envoys="$$envoys$${envoys:+,}$$v=$(CURDIR)/$(VENV)/envoys/$$v/envoy"; done; \
 	  BENCH_MESH_ENVOYS="$$envoys" $(E2E_ENV) target/tools/bench-mesh $(BENCH_MESH_FLAGS)
 
-# make bench-count BENCH_COUNT_FLAGS="--sets none,consumer --window 10"
+# make bench-count BENCH_COUNT_FLAGS="--sets none,consumer --window 10"; with
+# --mesh, in make bench-mesh's mesh of 1,000 clusters (bench/results/count-mesh.json).
 BENCH_COUNT_FLAGS ?=
 
 .PHONY: bench-count

@@ -4,35 +4,53 @@
 //! `bench/results/count.json` and prints the table BENCHMARKS.md quotes.
 //!
 //! Flags: `--sets a,b` (default: none, consumer, consumer_100_tombstones
-//! and their native sets), `--window S` per counted window (10).
+//! and their native sets), `--window S` per counted window (10), `--mesh`:
+//! each set in `make bench-mesh`'s mesh of 1,000 clusters of 10 endpoints
+//! (default sets: none, consumer, consumer_100_tombstones), written to
+//! `bench/results/count-mesh.json`.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
 use graceful_harness::products::bench::{filter_sets, start_upstream};
-use graceful_harness::products::bench_count::{count_set, Counted};
+use graceful_harness::products::bench_count::{count_mesh_set, count_set, Counted};
+use graceful_harness::products::bench_mesh::write_cds;
 use graceful_harness::support::envoy::repo_root;
 
 const DEFAULT_SETS: &str =
     "none,consumer,consumer_100_tombstones,consumer_native,consumer_100_tombstones_native";
+const DEFAULT_MESH_SETS: &str = "none,consumer,consumer_100_tombstones";
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
-    let mut wanted = DEFAULT_SETS.to_string();
+    let mut wanted: Option<String> = None;
     let mut window = Duration::from_secs(10);
+    let mut mesh = false;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
+        if flag == "--mesh" {
+            mesh = true;
+            continue;
+        }
         match (flag.as_str(), args.next()) {
-            ("--sets", Some(v)) => wanted = v,
+            ("--sets", Some(v)) => wanted = Some(v),
             ("--window", Some(v)) if v.parse::<u64>().is_ok_and(|s| s > 0) => {
                 window = Duration::from_secs(v.parse().unwrap_or(10));
             }
             _ => {
-                eprintln!("usage: bench-count [--sets a,b] [--window S]");
+                eprintln!("usage: bench-count [--sets a,b] [--window S] [--mesh]");
                 return ExitCode::from(2);
             }
         }
     }
+    let wanted = wanted.unwrap_or_else(|| {
+        if mesh {
+            DEFAULT_MESH_SETS
+        } else {
+            DEFAULT_SETS
+        }
+        .to_string()
+    });
     let all = filter_sets();
     let mut sets = Vec::new();
     for name in wanted.split(',').filter(|n| !n.is_empty()) {
@@ -50,9 +68,14 @@ async fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let (_upstream, upstream) = start_upstream().await;
+    let cds = mesh.then(|| write_cds(&dir, &upstream));
     let mut counted: Vec<Counted> = Vec::new();
     for set in &sets {
-        match count_set(set, &upstream, &dir, window).await {
+        let result = match &cds {
+            Some(cds) => count_mesh_set(set, cds, &upstream, &dir, window).await,
+            None => count_set(set, &upstream, &dir, window).await,
+        };
+        match result {
             Ok(c) => {
                 println!(
                     "{:<32} {:>6} requests  worker {:>8} instructions/request ({:>9}/s idle)  main {:>11}/s idle {:>11}/s loaded",
@@ -77,9 +100,14 @@ async fn main() -> ExitCode {
         });
         println!("| `{}` | {} | {over} |", c.set, c.worker_per_request);
     }
-    let path = repo_root().join("bench/results/count.json");
+    let path = repo_root().join(if mesh {
+        "bench/results/count-mesh.json"
+    } else {
+        "bench/results/count.json"
+    });
     let json = serde_json::json!({
         "envoy": graceful_harness::support::envoy::envoy_binary().display().to_string(),
+        "mesh": mesh.then_some("1,000 clusters of 10 endpoints (make bench-mesh's), 3 routed"),
         "window_s": window.as_secs(),
         "load": "wrk -t1 -c16, HTTP/1.1 keep-alive, Envoy --concurrency 1 under callgrind",
         "sets": counted,
@@ -95,6 +123,6 @@ async fn main() -> ExitCode {
         eprintln!("bench-count: {}: {e}", path.display());
         return ExitCode::FAILURE;
     }
-    println!("\nresults: bench/results/count.json");
+    println!("\nresults: {}", path.display());
     ExitCode::SUCCESS
 }

@@ -3,16 +3,20 @@
 //! (`version=path,...`), beside plain Envoy in the same run. Writes
 //! `bench/results/mesh.json` and prints the table BENCHMARKS.md quotes.
 //!
-//! Flags: `--rounds N` (3), `--duration S` per wrk run (5).
+//! Flags: `--rounds N` (3), `--duration S` per wrk run (5); `--paired N`
+//! (0) rounds of the per-request cost with the sets' proxies side by side
+//! (see `mesh_paired`), `--paired-duration S` per paired wrk run (3);
+//! `--out PATH` (`bench/results/mesh.json`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use graceful_harness::products::bench::median;
 use graceful_harness::products::bench::start_upstream;
 use graceful_harness::products::bench_mesh::{
-    admin_latency, mesh_result, mesh_round, mesh_sets, write_cds, MeshEnvoy, MeshRound,
-    ENDPOINTS_PER_CLUSTER, MESH_CLUSTERS,
+    admin_latency, mesh_paired, mesh_pairs, mesh_result, mesh_round, mesh_sets, write_cds,
+    MeshEnvoy, MeshRound, ENDPOINTS_PER_CLUSTER, MESH_CLUSTERS,
 };
 use graceful_harness::support::envoy::repo_root;
 
@@ -20,16 +24,31 @@ use graceful_harness::support::envoy::repo_root;
 async fn main() -> ExitCode {
     let mut rounds = 3usize;
     let mut duration = Duration::from_secs(5);
+    let mut paired_rounds = 0usize;
+    let mut paired_duration = Duration::from_secs(3);
+    let mut out = repo_root().join("bench/results/mesh.json");
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
+        if flag == "--out" {
+            match args.next() {
+                Some(path) => out = PathBuf::from(path),
+                None => {
+                    eprintln!("bench-mesh: --out takes a path");
+                    return ExitCode::from(2);
+                }
+            }
+            continue;
+        }
         match (
             flag.as_str(),
             args.next().and_then(|v| v.parse::<u64>().ok()),
         ) {
             ("--rounds", Some(n)) => rounds = n as usize,
             ("--duration", Some(s)) => duration = Duration::from_secs(s),
+            ("--paired", Some(n)) => paired_rounds = n as usize,
+            ("--paired-duration", Some(s)) if s > 0 => paired_duration = Duration::from_secs(s),
             _ => {
-                eprintln!("usage: bench-mesh [--rounds N] [--duration S]");
+                eprintln!("usage: bench-mesh [--rounds N] [--duration S] [--paired N] [--paired-duration S] [--out PATH]");
                 return ExitCode::from(2);
             }
         }
@@ -88,7 +107,41 @@ async fn main() -> ExitCode {
                 by_set[i].push(r);
             }
         }
+        let paired = if paired_rounds > 0 {
+            match mesh_paired(
+                binary,
+                &sets,
+                &cds,
+                &upstream_addrs,
+                paired_rounds,
+                paired_duration,
+            )
+            .await
+            {
+                Ok(by_set) => {
+                    for (set, rounds) in sets.iter().zip(&by_set) {
+                        let cpu: Vec<String> = rounds
+                            .iter()
+                            .map(|r| format!("{:.1}", r.cpu_us_per_request))
+                            .collect();
+                        println!(
+                            "{version} paired {:<24} CPU us/request by round: {}",
+                            set.name,
+                            cpu.join(" ")
+                        );
+                    }
+                    mesh_pairs(&sets, &by_set)
+                }
+                Err(e) => {
+                    eprintln!("bench-mesh: {version} paired: {e}");
+                    return ExitCode::FAILURE;
+                }
+            }
+        } else {
+            Vec::new()
+        };
         results.push(MeshEnvoy {
+            paired,
             envoy: version.clone(),
             sets: sets
                 .iter()
@@ -98,60 +151,86 @@ async fn main() -> ExitCode {
             admin: admin.unwrap_or_default(),
         });
     }
-    println!(
-        "\n{MESH_CLUSTERS} clusters x {ENDPOINTS_PER_CLUSTER} endpoints, {rounds} rounds (medians):\n"
-    );
-    println!("| Envoy | set | main thread idle, ms/s | admin requests/s | refresh, ms of main thread each | RSS MiB | CPU µs/request | vs `none` | vs `consumer` |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
-    for e in &results {
-        let named = |name: &str| {
-            e.sets
-                .iter()
-                .find(|s| s.set == name)
-                .cloned()
-                .unwrap_or_default()
-        };
-        let (none, consumer) = (named("none"), named("consumer"));
-        for s in &e.sets {
-            let per_refresh = if s.set != "none" && s.admin_rq_per_s > 0.0 {
-                format!(
-                    "{:.2}",
-                    (s.main_ms_per_s - none.main_ms_per_s) / s.admin_rq_per_s
-                )
-            } else {
-                String::new()
+    if rounds > 0 {
+        println!(
+            "\n{MESH_CLUSTERS} clusters x {ENDPOINTS_PER_CLUSTER} endpoints, {rounds} rounds (medians):\n"
+        );
+        println!("| Envoy | set | main thread idle, ms/s | admin requests/s | refresh, ms of main thread each | RSS MiB | CPU µs/request | vs `none` | vs `consumer` |");
+        println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+        for e in &results {
+            let named = |name: &str| {
+                e.sets
+                    .iter()
+                    .find(|s| s.set == name)
+                    .cloned()
+                    .unwrap_or_default()
             };
-            println!(
-                "| {} | `{}` | {:.2} | {:.2} | {} | {:.1} | {:.1} | {:+.1} | {} |",
-                e.envoy,
-                s.set,
-                s.main_ms_per_s,
-                s.admin_rq_per_s,
-                per_refresh,
-                s.rss_kb / 1024.0,
-                s.cpu_us_per_request,
-                s.cpu_us_per_request - none.cpu_us_per_request,
-                if s.set == "consumer_100_tombstones" {
-                    format!("{:+.1}", s.cpu_us_per_request - consumer.cpu_us_per_request)
+            let (none, consumer) = (named("none"), named("consumer"));
+            for s in &e.sets {
+                let per_refresh = if s.set != "none" && s.admin_rq_per_s > 0.0 {
+                    format!(
+                        "{:.2}",
+                        (s.main_ms_per_s - none.main_ms_per_s) / s.admin_rq_per_s
+                    )
                 } else {
                     String::new()
-                }
+                };
+                println!(
+                    "| {} | `{}` | {:.2} | {:.2} | {} | {:.1} | {:.1} | {:+.1} | {} |",
+                    e.envoy,
+                    s.set,
+                    s.main_ms_per_s,
+                    s.admin_rq_per_s,
+                    per_refresh,
+                    s.rss_kb / 1024.0,
+                    s.cpu_us_per_request,
+                    s.cpu_us_per_request - none.cpu_us_per_request,
+                    if s.set == "consumer_100_tombstones" {
+                        format!("{:+.1}", s.cpu_us_per_request - consumer.cpu_us_per_request)
+                    } else {
+                        String::new()
+                    }
+                );
+            }
+        }
+        println!("\n| Envoy | `/clusters?filter=` bytes | ms | `/config_dump` bytes | ms |");
+        println!("|---|---:|---:|---:|---:|");
+        for e in &results {
+            println!(
+                "| {} | {} | {:.2} | {} | {:.2} |",
+                e.envoy,
+                e.admin.clusters_bytes,
+                e.admin.clusters_ms,
+                e.admin.config_dump_bytes,
+                e.admin.config_dump_ms
             );
         }
     }
-    println!("\n| Envoy | `/clusters?filter=` bytes | ms | `/config_dump` bytes | ms |");
-    println!("|---|---:|---:|---:|---:|");
-    for e in &results {
+    if paired_rounds > 0 {
         println!(
-            "| {} | {} | {:.2} | {} | {:.2} |",
-            e.envoy,
-            e.admin.clusters_bytes,
-            e.admin.clusters_ms,
-            e.admin.config_dump_bytes,
-            e.admin.config_dump_ms
+            "\nCPU per request added, paired: the median of {paired_rounds} rounds' differences (the range; rounds above 0)\n"
         );
+        println!("| Envoy | set | over | median µs | range µs | rounds above 0 |");
+        println!("|---|---|---|---:|---:|---:|");
+        for e in &results {
+            for p in &e.paired {
+                let d = &p.cpu_us_added_per_round;
+                let low = d.iter().copied().fold(f64::INFINITY, f64::min);
+                let high = d.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                println!(
+                    "| {} | `{}` | `{}` | {:+.1} | {:+.1} to {:+.1} | {}/{} |",
+                    e.envoy,
+                    p.set,
+                    p.against,
+                    median(d.iter().copied()),
+                    low,
+                    high,
+                    d.iter().filter(|x| **x > 0.0).count(),
+                    d.len()
+                );
+            }
+        }
     }
-    let out = repo_root().join("bench/results/mesh.json");
     let json = serde_json::to_string_pretty(&results).unwrap_or_default();
     if let Err(e) = std::fs::write(&out, json) {
         eprintln!("bench-mesh: {}: {e}", out.display());

@@ -32,6 +32,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::bench::{dead_hosts, prepare_proxy, proxy_spec, wrk, FilterSet};
+use super::bench_mesh::start_mesh_proxy;
 use crate::support::envoy::{envoy_binary, free_port, Envoy};
 
 /// How long an Envoy under callgrind may take to be ready (V8 compiles
@@ -156,6 +157,20 @@ fn of(threads: &[(u32, u64)], thread: u32) -> u64 {
         .map_or(0, |(_, n)| *n)
 }
 
+/// Where `name`'s callgrind counts go in `dir`, cleared of an earlier
+/// run's files (callgrind numbers its dumps, and `read_dump` reads them by
+/// number).
+fn fresh_out(dir: &Path, name: &str) -> Result<PathBuf, String> {
+    let out = dir.join(format!("{name}.out"));
+    for entry in fs::read_dir(dir).map_err(|e| e.to_string())?.flatten() {
+        let file = entry.file_name().to_string_lossy().into_owned();
+        if file.starts_with(&format!("{name}.out")) {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+    Ok(out)
+}
+
 /// Counts one set: starts its proxy under callgrind in front of
 /// `upstream`, prepares and warms it, counts an idle and a loaded window.
 pub async fn count_set(
@@ -169,19 +184,43 @@ pub async fn count_set(
     } else {
         Vec::new()
     };
-    let out = dir.join(format!("{}.out", set.name));
-    for entry in fs::read_dir(dir).map_err(|e| e.to_string())?.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with(&format!("{}.out", set.name)) {
-            let _ = fs::remove_file(entry.path());
-        }
-    }
+    let out = fresh_out(dir, set.name)?;
     let (mut spec, addr) = proxy_spec(set, upstream, &extra);
     spec.binary = Some(callgrind_wrapper(dir, &out)?);
     spec.start_deadline = START_UNDER_CALLGRIND;
     let envoy = spec.start().await;
     let (envoy, addr) = prepare_proxy(envoy, addr, set).await;
-    warm(&envoy, addr)?;
+    count_started(set, &envoy, addr, &out, window).await
+}
+
+/// Counts one set in the mesh of `make bench-mesh` (1,000 clusters of 10
+/// endpoints from `cds`, see `bench_mesh::start_mesh_proxy`): what a
+/// request costs where the consumer's membership and Envoy's cluster
+/// manager are a large mesh's.
+pub async fn count_mesh_set(
+    set: &FilterSet,
+    cds: &Path,
+    upstream: &[SocketAddr],
+    dir: &Path,
+    window: Duration,
+) -> Result<Counted, String> {
+    let out = fresh_out(dir, &format!("mesh-{}", set.name))?;
+    let wrapper = callgrind_wrapper(dir, &out)?;
+    let (envoy, addr) =
+        start_mesh_proxy(&wrapper, set, cds, upstream, START_UNDER_CALLGRIND).await?;
+    count_started(set, &envoy, addr, &out, window).await
+}
+
+/// Warms a started proxy under callgrind and counts its idle and loaded
+/// windows into `out`'s dumps 1 and 2.
+async fn count_started(
+    set: &FilterSet,
+    envoy: &Envoy,
+    addr: SocketAddr,
+    out: &Path,
+    window: Duration,
+) -> Result<Counted, String> {
+    warm(envoy, addr)?;
     let pid = envoy.pid();
     control(pid, &["-z"])?;
     tokio::time::sleep(window).await;
@@ -195,8 +234,8 @@ pub async fn count_set(
             set.name, load.requests, load.non_2xx
         ));
     }
-    let idle = read_dump(&out, 1)?;
-    let loaded = read_dump(&out, 2)?;
+    let idle = read_dump(out, 1)?;
+    let loaded = read_dump(out, 2)?;
     let (main, worker) = main_and_worker(&loaded)?;
     let secs = window.as_secs().max(1);
     Ok(Counted {
@@ -211,15 +250,29 @@ pub async fn count_set(
 }
 
 /// Runs load until the worker has compiled and entered every path a
-/// steered request takes (a handful of seconds of wrk under callgrind).
+/// steered request takes: four runs of 5 s of wrk that each got answers.
+/// A run with none (the worker waits its turn behind a main thread busy
+/// under callgrind, as with 1.36's first whole-mesh `/clusters` answer)
+/// is run again, within [`START_UNDER_CALLGRIND`]; a non-2xx answer fails.
 fn warm(envoy: &Envoy, addr: SocketAddr) -> Result<(), String> {
-    for _ in 0..4 {
-        let r = wrk(addr, 4, Duration::from_secs(5))?;
-        if r.non_2xx > 0 {
-            return Err(format!(
-                "{}: {} of {} warm-up requests not 2xx",
-                envoy.name, r.non_2xx, r.requests
-            ));
+    let until = std::time::Instant::now() + START_UNDER_CALLGRIND;
+    let mut answered = 0;
+    while answered < 4 {
+        match wrk(addr, 4, Duration::from_secs(5)) {
+            Ok(r) if r.non_2xx > 0 => {
+                return Err(format!(
+                    "{}: {} of {} warm-up requests not 2xx",
+                    envoy.name, r.non_2xx, r.requests
+                ))
+            }
+            Ok(r) if r.requests > 0 => answered += 1,
+            Ok(_) | Err(_) if std::time::Instant::now() < until => {}
+            Ok(_) | Err(_) => {
+                return Err(format!(
+                    "{}: no answer to warm-up load within {:?}",
+                    envoy.name, START_UNDER_CALLGRIND
+                ))
+            }
         }
     }
     Ok(())

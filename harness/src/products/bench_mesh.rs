@@ -27,11 +27,11 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::bench::{
-    dead_hosts, filter_sets, median, prepare_proxy, proxy_spec, routes, wrk, wrk_with_cpu,
-    FilterSet,
+    dead_hosts, filter_sets, median, prepare_proxy_within, proxy_spec, routes, wrk, wrk_with_cpu,
+    FilterSet, Paired, WrkResult,
 };
 use crate::support::client;
-use crate::support::envoy::{free_port, wait_for, Envoy};
+use crate::support::envoy::{free_port, wait_for, Envoy, START_DEADLINE};
 use crate::support::procfs::{rss_kb, thread_cpu_us};
 use graceful_core::steering::AdminSource;
 
@@ -131,6 +131,9 @@ pub struct MeshEnvoy {
     pub envoy: String,
     pub sets: Vec<MeshResult>,
     pub admin: AdminLatency,
+    /// The per-request cost, set against set round by round
+    /// ([`mesh_paired`]); empty when no paired rounds were asked for.
+    pub paired: Vec<Paired>,
 }
 
 /// The routes: `/svcN` to mesh cluster N, then the bench's own.
@@ -149,15 +152,17 @@ async fn stat(envoy: &Envoy, name: &str) -> u64 {
     envoy.stat(name).await.unwrap_or(0)
 }
 
-/// Starts `set` on `binary` with the mesh, warms it (every routed cluster
-/// answered, so the consumer refreshes them), and measures one round.
-pub async fn mesh_round(
+/// Starts `set` on `binary` with the mesh and warms it: every mesh
+/// cluster in, every routed cluster answered (so the consumer refreshes
+/// their membership), the set's tombstones made. `deadline` bounds the
+/// start and the clusters' arrival each (longer under callgrind).
+pub async fn start_mesh_proxy(
     binary: &Path,
     set: &FilterSet,
     cds: &Path,
     upstream: &[SocketAddr],
-    duration: Duration,
-) -> Result<(MeshRound, Envoy, SocketAddr), String> {
+    deadline: Duration,
+) -> Result<(Envoy, SocketAddr), String> {
     let dead = dead_hosts(set.tombstones, free_port());
     let (spec, addr) = proxy_spec(set, upstream, &dead);
     let mut spec = spec
@@ -168,18 +173,19 @@ pub async fn mesh_round(
             json!({"cds_config": {"resource_api_version": "V3", "path_config_source": {"path": cds.display().to_string()}}}),
         );
     spec.binary = Some(binary.to_path_buf());
+    spec.start_deadline = deadline;
     let envoy = spec.start().await;
     // Every mesh cluster is in: CDS lands after the listener may be ready.
     wait_for(
         &format!("{}: the mesh's {MESH_CLUSTERS} clusters", set.name),
-        Duration::from_secs(60),
+        deadline,
         || async {
             (stat(&envoy, "cluster_manager.active_clusters").await >= MESH_CLUSTERS as u64)
                 .then_some(())
         },
     )
     .await?;
-    let (envoy, addr) = prepare_proxy(envoy, addr, set).await;
+    let (envoy, addr) = prepare_proxy_within(envoy, addr, set, deadline).await;
     let mut conn = client::Conn::http1(addr).await?;
     for _ in 0..4 {
         for i in 0..ROUTED {
@@ -189,7 +195,19 @@ pub async fn mesh_round(
             }
         }
     }
-    drop(conn);
+    Ok((envoy, addr))
+}
+
+/// Starts `set` on `binary` with the mesh ([`start_mesh_proxy`]) and
+/// measures one round.
+pub async fn mesh_round(
+    binary: &Path,
+    set: &FilterSet,
+    cds: &Path,
+    upstream: &[SocketAddr],
+    duration: Duration,
+) -> Result<(MeshRound, Envoy, SocketAddr), String> {
+    let (envoy, addr) = start_mesh_proxy(binary, set, cds, upstream, START_DEADLINE).await?;
     // Two refreshes since the clusters were registered.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let pid = envoy.pid();
@@ -279,5 +297,129 @@ pub fn mesh_result(set: &str, rounds: Vec<MeshRound>) -> MeshResult {
         cpu_us_per_request: median(rounds.iter().map(|r| r.cpu_us_per_request)),
         rps: median(rounds.iter().map(|r| r.rps)),
         rounds,
+    }
+}
+
+/// The per-request cost at mesh scale, paired: every set's proxy started
+/// once and kept up side by side, then in each of `rounds` rounds each set
+/// saturated in turn (the order reversed every other round) for a warm-up
+/// second and `duration` measured. The rounds' differences are taken a few
+/// seconds apart, so a host whose speed drifts over minutes (as this one's
+/// plain Envoy did, by 66 µs per request between the minors of one run)
+/// moves both sides of a difference alike; the medians of those
+/// differences are what can resolve a few µs. Returns each set's rounds,
+/// in `sets`' order.
+pub async fn mesh_paired(
+    binary: &Path,
+    sets: &[FilterSet],
+    cds: &Path,
+    upstream: &[SocketAddr],
+    rounds: usize,
+    duration: Duration,
+) -> Result<Vec<Vec<WrkResult>>, String> {
+    let mut proxies = Vec::new();
+    for set in sets {
+        proxies.push(start_mesh_proxy(binary, set, cds, upstream, START_DEADLINE).await?);
+    }
+    let mut by_set: Vec<Vec<WrkResult>> = vec![Vec::new(); sets.len()];
+    for round in 0..rounds {
+        let order: Vec<usize> = if round % 2 == 0 {
+            (0..sets.len()).collect()
+        } else {
+            (0..sets.len()).rev().collect()
+        };
+        for i in order {
+            let (envoy, addr) = &proxies[i];
+            wrk(*addr, CONNECTIONS, Duration::from_secs(1))?;
+            let r = wrk_with_cpu(envoy.pid(), *addr, CONNECTIONS, duration)?;
+            if r.non_2xx > 0 || r.requests == 0 {
+                return Err(format!(
+                    "{} paired round {}: {} requests, {} other than 2xx",
+                    sets[i].name,
+                    round + 1,
+                    r.requests,
+                    r.non_2xx
+                ));
+            }
+            by_set[i].push(r);
+        }
+    }
+    Ok(by_set)
+}
+
+/// The pairs a mesh run reports: the consumer over plain Envoy, and 100
+/// live tombstones over the ordinary consumer.
+pub const MESH_PAIRS: [(&str, &str); 2] = [
+    ("consumer", "none"),
+    ("consumer_100_tombstones", "consumer"),
+];
+
+/// The [`Paired`] differences of [`MESH_PAIRS`] from `mesh_paired`'s rounds.
+pub fn mesh_pairs(sets: &[FilterSet], by_set: &[Vec<WrkResult>]) -> Vec<Paired> {
+    let rounds_of = |name: &str| {
+        sets.iter()
+            .position(|s| s.name == name)
+            .and_then(|i| by_set.get(i))
+            .map_or(&[][..], Vec::as_slice)
+    };
+    MESH_PAIRS
+        .iter()
+        .filter_map(|(a, b)| Paired::new(a, rounds_of(a), b, rounds_of(b)))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rounds(cpu: &[f64]) -> Vec<WrkResult> {
+        cpu.iter()
+            .map(|&c| WrkResult {
+                cpu_us_per_request: c,
+                requests: 1,
+                ..WrkResult::default()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn pairs_each_round_with_the_same_rounds_set_it_is_measured_against() {
+        let sets = mesh_sets();
+        let names: Vec<&str> = sets.iter().map(|s| s.name).collect();
+        assert_eq!(names, ["none", "consumer", "consumer_100_tombstones"]);
+        // The host slowed by 50 µs in round 2: a median of each set's own
+        // rounds would say nothing; the rounds' differences stay put.
+        let by_set = vec![
+            rounds(&[40.0, 90.0, 41.0]),
+            rounds(&[50.0, 100.0, 52.0]),
+            rounds(&[53.0, 104.0, 54.0]),
+        ];
+        let pairs = mesh_pairs(&sets, &by_set);
+        assert_eq!(pairs.len(), 2);
+        assert_eq!(
+            (pairs[0].set.as_str(), pairs[0].against.as_str()),
+            ("consumer", "none")
+        );
+        assert_eq!(pairs[0].cpu_us_added_median, 10.0);
+        assert_eq!(
+            (pairs[1].set.as_str(), pairs[1].against.as_str()),
+            ("consumer_100_tombstones", "consumer")
+        );
+        assert_eq!(pairs[1].cpu_us_added_per_round, [3.0, 4.0, 2.0]);
+        assert_eq!(pairs[1].cpu_us_added_median, 3.0);
+    }
+
+    #[test]
+    fn pairs_nothing_where_a_set_was_not_measured_or_rounds_differ() {
+        let sets = mesh_sets();
+        assert!(mesh_pairs(&sets, &[]).is_empty());
+        let uneven = vec![rounds(&[1.0]), rounds(&[2.0, 3.0]), rounds(&[4.0, 5.0])];
+        let pairs = mesh_pairs(&sets, &uneven);
+        assert_eq!(
+            pairs.len(),
+            1,
+            "only the tombstones against the consumer pair up"
+        );
+        assert_eq!(pairs[0].cpu_us_added_median, 2.0);
     }
 }
