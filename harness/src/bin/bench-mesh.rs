@@ -16,7 +16,7 @@ use graceful_harness::products::bench::median;
 use graceful_harness::products::bench::start_upstream;
 use graceful_harness::products::bench_mesh::{
     admin_latency, mesh_paired, mesh_pairs, mesh_result, mesh_round, mesh_sets, write_cds,
-    MeshEnvoy, MeshRound, ENDPOINTS_PER_CLUSTER, MESH_CLUSTERS,
+    MeshEnvoy, MeshRound, SetRounds, ENDPOINTS_PER_CLUSTER, MESH_CLUSTERS,
 };
 use graceful_harness::support::envoy::repo_root;
 
@@ -107,7 +107,7 @@ async fn main() -> ExitCode {
                 by_set[i].push(r);
             }
         }
-        let paired = if paired_rounds > 0 {
+        let paired_by_set = if paired_rounds > 0 {
             match mesh_paired(
                 binary,
                 &sets,
@@ -118,20 +118,7 @@ async fn main() -> ExitCode {
             )
             .await
             {
-                Ok(by_set) => {
-                    for (set, rounds) in sets.iter().zip(&by_set) {
-                        let cpu: Vec<String> = rounds
-                            .iter()
-                            .map(|r| format!("{:.1}", r.cpu_us_per_request))
-                            .collect();
-                        println!(
-                            "{version} paired {:<24} CPU us/request by round: {}",
-                            set.name,
-                            cpu.join(" ")
-                        );
-                    }
-                    mesh_pairs(&sets, &by_set)
-                }
+                Ok(by_set) => by_set,
                 Err(e) => {
                     eprintln!("bench-mesh: {version} paired: {e}");
                     return ExitCode::FAILURE;
@@ -140,8 +127,29 @@ async fn main() -> ExitCode {
         } else {
             Vec::new()
         };
+        for (set, rounds) in sets.iter().zip(&paired_by_set) {
+            let cpu: Vec<String> = rounds
+                .iter()
+                .map(|r| format!("{:.1}", r.cpu_us_per_request))
+                .collect();
+            println!(
+                "{version} paired {:<24} CPU us/request by round: {}",
+                set.name,
+                cpu.join(" ")
+            );
+        }
+        let paired = mesh_pairs(&sets, &paired_by_set);
+        let paired_rounds = sets
+            .iter()
+            .zip(paired_by_set)
+            .map(|(s, rounds)| SetRounds {
+                set: s.name.to_string(),
+                rounds,
+            })
+            .collect();
         results.push(MeshEnvoy {
             paired,
+            paired_rounds,
             envoy: version.clone(),
             sets: sets
                 .iter()

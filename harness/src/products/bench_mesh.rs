@@ -134,6 +134,15 @@ pub struct MeshEnvoy {
     /// The per-request cost, set against set round by round
     /// ([`mesh_paired`]); empty when no paired rounds were asked for.
     pub paired: Vec<Paired>,
+    /// Each set's paired rounds, which `paired` differences.
+    pub paired_rounds: Vec<SetRounds>,
+}
+
+/// One set's wrk runs of the paired rounds, in order.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SetRounds {
+    pub set: String,
+    pub rounds: Vec<WrkResult>,
 }
 
 /// The routes: `/svcN` to mesh cluster N, then the bench's own.
