@@ -303,6 +303,9 @@ pub struct Consumer {
     admin_wanted: Vec<String>,
     /// How the admin call in flight reads its answer.
     admin_source: AdminSource,
+    /// `/clusters` refreshes in a row that got no answer in time
+    /// (see [`CLUSTERS_UNANSWERED_TURN`](crate::steering::admin::CLUSTERS_UNANSWERED_TURN)).
+    clusters_unanswered: u8,
     /// Probe calls in flight: token → probed address.
     probes: HashMap<u32, String>,
     /// A failed generation bump was logged already (once per VM copy: a
@@ -382,6 +385,7 @@ impl Consumer {
             admin_call: None,
             admin_wanted: Vec::new(),
             admin_source: AdminSource::Clusters,
+            clusters_unanswered: 0,
             probes: HashMap::new(),
             bump_warned: false,
             signal_hints_left: 0,

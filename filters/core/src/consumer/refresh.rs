@@ -11,7 +11,8 @@ use crate::duration::micros;
 use crate::headers;
 use crate::keys;
 use crate::steering::{
-    probe_observation, probe_targets, AdminSource, ClusterSet, Membership, MAX_ADMIN_BODY,
+    probe_observation, probe_targets, AdminSource, ClusterSet, Membership,
+    CLUSTERS_UNANSWERED_TURN, MAX_ADMIN_BODY,
 };
 use crate::store::{take_lease, SharedStore};
 use crate::tombstone::Tombstones;
@@ -194,6 +195,34 @@ impl Consumer {
         Some(CallKind::Probe { address })
     }
 
+    /// Counts `/clusters` refreshes in a row with no answer in time (no
+    /// `:status`: the call failed or timed out; or Envoy's 504 for a
+    /// timeout) and, at [`CLUSTERS_UNANSWERED_TURN`], turns every copy to
+    /// the config dump ([`AdminSource`]). Any answer resets the count.
+    fn count_unanswered(
+        &mut self,
+        store: &dyn SharedStore,
+        status: Option<&[u8]>,
+        effects: &mut Vec<Effect>,
+    ) {
+        if !matches!(status, None | Some(b"504")) {
+            self.clusters_unanswered = 0;
+            return;
+        }
+        self.clusters_unanswered = self.clusters_unanswered.saturating_add(1);
+        if self.clusters_unanswered == CLUSTERS_UNANSWERED_TURN
+            && AdminSource::ConfigDump.share(store)
+        {
+            effects.push(Effect::Log(
+                Level::Info,
+                format!(
+                    "/clusters gave no answer within {} s to {CLUSTERS_UNANSWERED_TURN} refreshes in a row (an Envoy before 1.38 answers it with every cluster, too slowly in a large mesh): membership is read from /config_dump from now on",
+                    CALL_TIMEOUT.as_secs()
+                ),
+            ));
+        }
+    }
+
     /// The admin's answer for `wanted`, read as `source`: written to the
     /// shared membership when it changed, then the probes it allows.
     /// `body` is read only for a 200. An answer that shows `/clusters`'s
@@ -210,6 +239,9 @@ impl Consumer {
     ) -> (Vec<Effect>, Vec<Call>) {
         let tombstones = self.tombstones.value.clone();
         let mut effects = Vec::new();
+        if source == AdminSource::Clusters {
+            self.count_unanswered(store, status, &mut effects);
+        }
         if status != Some(b"200") {
             // The config dump's refusals say why (its regex past the RE2
             // limit: see `steering::admin`); /clusters has none to tell.

@@ -976,6 +976,73 @@ fn an_admin_that_ignores_the_clusters_filter_turns_every_copy_to_the_config_dump
 }
 
 #[test]
+fn clusters_unanswered_three_refreshes_in_a_row_turns_every_copy_to_the_config_dump() {
+    // Envoy 1.36 in a mesh large enough that the whole /clusters answer
+    // outlasts the call's timeout: no answer ever shows the filter ignored.
+    let json = r#"{"admin_cluster":"admin","membership_refresh":"1s"}"#;
+    let (store, mut c) = copies(json, 2);
+    let unanswered = |c: &mut Consumer, status: Option<&[u8]>, at: u64| {
+        c.admin_answered(
+            &store,
+            &["svc".into()],
+            AdminSource::Clusters,
+            status,
+            Vec::new,
+            at,
+        )
+        .0
+    };
+    let turned = |fx: &[Effect]| {
+        fx.iter().any(
+            |e| matches!(e, Effect::Log(Level::Info, l) if l.contains("/config_dump from now on")),
+        )
+    };
+    // Two in a row, then an answer (a refusal still answers): the count
+    // starts again, and a single busy moment never turns an Envoy.
+    assert!(!turned(&unanswered(&mut c[0], None, S)));
+    assert!(!turned(&unanswered(&mut c[0], Some(b"504"), 2 * S)));
+    assert!(!turned(&unanswered(&mut c[0], Some(b"503"), 3 * S)));
+    assert!(!turned(&unanswered(&mut c[0], None, 4 * S)));
+    assert!(!turned(&unanswered(&mut c[0], None, 5 * S)));
+    assert_eq!(AdminSource::shared(&store), AdminSource::Clusters);
+    let fx = unanswered(&mut c[0], Some(b"504"), 6 * S);
+    assert!(turned(&fx), "the third in a row turns: {fx:?}");
+    assert_eq!(AdminSource::shared(&store), AdminSource::ConfigDump);
+    // Every copy reads the dump from its next refresh.
+    observe(
+        &mut c[1],
+        &store,
+        ok("i"),
+        "10.0.0.1:80",
+        Part::Headers,
+        6 * S,
+    );
+    let (_, calls) = c[1].on_tick(&store, 8 * S);
+    let [admin] = calls.as_slice() else {
+        panic!("{calls:?}")
+    };
+    assert!(matches!(
+        &admin.kind,
+        CallKind::Admin {
+            source: AdminSource::ConfigDump,
+            ..
+        }
+    ));
+    // The dump's own failures count for nothing: it is the last source.
+    let fx = c[1]
+        .admin_answered(
+            &store,
+            &["svc".into()],
+            AdminSource::ConfigDump,
+            None,
+            Vec::new,
+            9 * S,
+        )
+        .0;
+    assert!(!turned(&fx), "{fx:?}");
+}
+
+#[test]
 fn without_an_admin_the_tick_probes_directly_and_skips_probes_in_flight() {
     let (store, mut c) = copies("", 1);
     observe(&mut c[0], &store, closing("i"), "b:1", Part::Headers, S);

@@ -29,7 +29,9 @@ pub mod membership;
 pub mod plan;
 pub mod probe;
 
-pub use admin::{admin_clusters_path, AdminAnswer, AdminSource, MAX_ADMIN_BODY};
+pub use admin::{
+    admin_clusters_path, AdminAnswer, AdminSource, CLUSTERS_UNANSWERED_TURN, MAX_ADMIN_BODY,
+};
 pub use clusters::ClusterSet;
 pub use membership::{
     Member, Membership, Observed, MAX_CLUSTERS, MAX_MEMBERS, OBSERVED_WINDOW_US, SEEN_REFRESH_US,
