@@ -15,8 +15,8 @@ use std::time::Duration;
 use graceful_harness::products::bench::median;
 use graceful_harness::products::bench::start_upstream;
 use graceful_harness::products::bench_mesh::{
-    admin_latency, mesh_paired, mesh_pairs, mesh_result, mesh_round, mesh_sets, write_cds,
-    MeshEnvoy, MeshRound, SetRounds, ENDPOINTS_PER_CLUSTER, MESH_CLUSTERS,
+    admin_latency, mesh_paired, mesh_pairs, mesh_result, mesh_round, mesh_sets, paired_proxies,
+    write_cds, MeshEnvoy, MeshRound, SetRounds, ENDPOINTS_PER_CLUSTER, MESH_CLUSTERS,
 };
 use graceful_harness::support::envoy::repo_root;
 
@@ -107,10 +107,11 @@ async fn main() -> ExitCode {
                 by_set[i].push(r);
             }
         }
+        let proxies = paired_proxies();
         let paired_by_set = if paired_rounds > 0 {
             match mesh_paired(
                 binary,
-                &sets,
+                &proxies,
                 &cds,
                 &upstream_addrs,
                 paired_rounds,
@@ -127,23 +128,23 @@ async fn main() -> ExitCode {
         } else {
             Vec::new()
         };
-        for (set, rounds) in sets.iter().zip(&paired_by_set) {
+        for (proxy, rounds) in proxies.iter().zip(&paired_by_set) {
             let cpu: Vec<String> = rounds
                 .iter()
                 .map(|r| format!("{:.1}", r.cpu_us_per_request))
                 .collect();
             println!(
-                "{version} paired {:<24} CPU us/request by round: {}",
-                set.name,
+                "{version} paired {:<34} CPU us/request by round: {}",
+                proxy.label,
                 cpu.join(" ")
             );
         }
-        let paired = mesh_pairs(&sets, &paired_by_set);
-        let paired_rounds = sets
+        let paired = mesh_pairs(&proxies, &paired_by_set);
+        let paired_rounds = proxies
             .iter()
             .zip(paired_by_set)
-            .map(|(s, rounds)| SetRounds {
-                set: s.name.to_string(),
+            .map(|(p, rounds)| SetRounds {
+                set: p.label.clone(),
                 rounds,
             })
             .collect();

@@ -309,66 +309,108 @@ pub fn mesh_result(set: &str, rounds: Vec<MeshRound>) -> MeshResult {
     }
 }
 
-/// The per-request cost at mesh scale, paired: every set's proxy started
-/// once and kept up side by side, then in each of `rounds` rounds each set
-/// saturated in turn (the order reversed every other round) for a warm-up
-/// second and `duration` measured. The rounds' differences are taken a few
-/// seconds apart, so a host whose speed drifts over minutes (as this one's
-/// plain Envoy did, by 66 µs per request between the minors of one run)
-/// moves both sides of a difference alike; the medians of those
-/// differences are what can resolve a few µs. Returns each set's rounds,
-/// in `sets`' order.
+/// One proxy of the paired rounds: `set` in the mesh, or (to tell what the
+/// mesh adds from what this host's speed that hour does) the same set with
+/// the bench's cluster only, as `make bench` runs it.
+#[derive(Debug, Clone)]
+pub struct PairedProxy {
+    pub label: String,
+    pub set: FilterSet,
+    pub in_mesh: bool,
+}
+
+/// The proxies of the paired rounds: [`mesh_sets`] in the mesh, then the
+/// consumer with and without tombstones on the bench's cluster only
+/// (labelled `..., no mesh`).
+pub fn paired_proxies() -> Vec<PairedProxy> {
+    let sets = mesh_sets();
+    let in_mesh = sets.iter().map(|s| PairedProxy {
+        label: s.name.to_string(),
+        set: s.clone(),
+        in_mesh: true,
+    });
+    let no_mesh = sets
+        .iter()
+        .filter(|s| s.name != "none")
+        .map(|s| PairedProxy {
+            label: format!("{}, no mesh", s.name),
+            set: s.clone(),
+            in_mesh: false,
+        });
+    in_mesh.chain(no_mesh).collect()
+}
+
+/// The per-request cost at mesh scale, paired: every proxy started once
+/// and kept up side by side, then in each of `rounds` rounds each saturated
+/// in turn (the order reversed every other round) for a warm-up second and
+/// `duration` measured. The rounds' differences are taken a few seconds
+/// apart, so a host whose speed drifts over minutes (as this one's plain
+/// Envoy did, by 66 µs per request between the minors of one run) moves
+/// both sides of a difference alike; the medians of those differences are
+/// what can resolve a few µs. Returns each proxy's rounds, in `proxies`'
+/// order.
 pub async fn mesh_paired(
     binary: &Path,
-    sets: &[FilterSet],
+    proxies: &[PairedProxy],
     cds: &Path,
     upstream: &[SocketAddr],
     rounds: usize,
     duration: Duration,
 ) -> Result<Vec<Vec<WrkResult>>, String> {
-    let mut proxies = Vec::new();
-    for set in sets {
-        proxies.push(start_mesh_proxy(binary, set, cds, upstream, START_DEADLINE).await?);
+    let mut started = Vec::new();
+    for p in proxies {
+        started.push(if p.in_mesh {
+            start_mesh_proxy(binary, &p.set, cds, upstream, START_DEADLINE).await?
+        } else {
+            let dead = dead_hosts(p.set.tombstones, free_port());
+            let (mut spec, addr) = proxy_spec(&p.set, upstream, &dead);
+            spec.binary = Some(binary.to_path_buf());
+            let envoy = spec.start().await;
+            prepare_proxy_within(envoy, addr, &p.set, START_DEADLINE).await
+        });
     }
-    let mut by_set: Vec<Vec<WrkResult>> = vec![Vec::new(); sets.len()];
+    let mut by_proxy: Vec<Vec<WrkResult>> = vec![Vec::new(); proxies.len()];
     for round in 0..rounds {
         let order: Vec<usize> = if round % 2 == 0 {
-            (0..sets.len()).collect()
+            (0..proxies.len()).collect()
         } else {
-            (0..sets.len()).rev().collect()
+            (0..proxies.len()).rev().collect()
         };
         for i in order {
-            let (envoy, addr) = &proxies[i];
+            let (envoy, addr) = &started[i];
             wrk(*addr, CONNECTIONS, Duration::from_secs(1))?;
             let r = wrk_with_cpu(envoy.pid(), *addr, CONNECTIONS, duration)?;
             if r.non_2xx > 0 || r.requests == 0 {
                 return Err(format!(
                     "{} paired round {}: {} requests, {} other than 2xx",
-                    sets[i].name,
+                    proxies[i].label,
                     round + 1,
                     r.requests,
                     r.non_2xx
                 ));
             }
-            by_set[i].push(r);
+            by_proxy[i].push(r);
         }
     }
-    Ok(by_set)
+    Ok(by_proxy)
 }
 
 /// The pairs a mesh run reports: the consumer over plain Envoy, and 100
-/// live tombstones over the ordinary consumer.
-pub const MESH_PAIRS: [(&str, &str); 2] = [
+/// live tombstones over the ordinary consumer, in the mesh and on the
+/// bench's cluster only.
+pub const MESH_PAIRS: [(&str, &str); 3] = [
     ("consumer", "none"),
     ("consumer_100_tombstones", "consumer"),
+    ("consumer_100_tombstones, no mesh", "consumer, no mesh"),
 ];
 
 /// The [`Paired`] differences of [`MESH_PAIRS`] from `mesh_paired`'s rounds.
-pub fn mesh_pairs(sets: &[FilterSet], by_set: &[Vec<WrkResult>]) -> Vec<Paired> {
-    let rounds_of = |name: &str| {
-        sets.iter()
-            .position(|s| s.name == name)
-            .and_then(|i| by_set.get(i))
+pub fn mesh_pairs(proxies: &[PairedProxy], by_proxy: &[Vec<WrkResult>]) -> Vec<Paired> {
+    let rounds_of = |label: &str| {
+        proxies
+            .iter()
+            .position(|p| p.label == label)
+            .and_then(|i| by_proxy.get(i))
             .map_or(&[][..], Vec::as_slice)
     };
     MESH_PAIRS
@@ -393,18 +435,33 @@ mod tests {
 
     #[test]
     fn pairs_each_round_with_the_same_rounds_set_it_is_measured_against() {
-        let sets = mesh_sets();
-        let names: Vec<&str> = sets.iter().map(|s| s.name).collect();
-        assert_eq!(names, ["none", "consumer", "consumer_100_tombstones"]);
+        let sets = paired_proxies();
+        let labels: Vec<&str> = sets.iter().map(|p| p.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "none",
+                "consumer",
+                "consumer_100_tombstones",
+                "consumer, no mesh",
+                "consumer_100_tombstones, no mesh"
+            ]
+        );
+        assert_eq!(
+            sets.iter().map(|p| p.in_mesh).collect::<Vec<_>>(),
+            [true, true, true, false, false]
+        );
         // The host slowed by 50 µs in round 2: a median of each set's own
         // rounds would say nothing; the rounds' differences stay put.
         let by_set = vec![
             rounds(&[40.0, 90.0, 41.0]),
             rounds(&[50.0, 100.0, 52.0]),
             rounds(&[53.0, 104.0, 54.0]),
+            rounds(&[45.0, 95.0, 47.0]),
+            rounds(&[46.0, 97.0, 48.0]),
         ];
         let pairs = mesh_pairs(&sets, &by_set);
-        assert_eq!(pairs.len(), 2);
+        assert_eq!(pairs.len(), 3);
         assert_eq!(
             (pairs[0].set.as_str(), pairs[0].against.as_str()),
             ("consumer", "none")
@@ -416,11 +473,13 @@ mod tests {
         );
         assert_eq!(pairs[1].cpu_us_added_per_round, [3.0, 4.0, 2.0]);
         assert_eq!(pairs[1].cpu_us_added_median, 3.0);
+        assert_eq!(pairs[2].set, "consumer_100_tombstones, no mesh");
+        assert_eq!(pairs[2].cpu_us_added_per_round, [1.0, 2.0, 1.0]);
     }
 
     #[test]
     fn pairs_nothing_where_a_set_was_not_measured_or_rounds_differ() {
-        let sets = mesh_sets();
+        let sets = paired_proxies();
         assert!(mesh_pairs(&sets, &[]).is_empty());
         let uneven = vec![rounds(&[1.0]), rounds(&[2.0, 3.0]), rounds(&[4.0, 5.0])];
         let pairs = mesh_pairs(&sets, &uneven);
