@@ -895,6 +895,15 @@ fn a_failed_admin_answer_probes_from_the_last_known_membership() {
     assert!(matches!(&fx[..], [Effect::Log(Level::Warn, l)] if l.contains("unreadable")));
 }
 
+/// The one call `c`'s tick at `at` sends: its membership refresh.
+fn next_refresh(c: &mut Consumer, store: &MemStore, at: u64) -> Call {
+    let (_, calls) = c.on_tick(store, at);
+    let [call] = calls.as_slice() else {
+        panic!("one refresh, not {calls:?}")
+    };
+    call.clone()
+}
+
 #[test]
 fn an_admin_that_ignores_the_clusters_filter_turns_every_copy_to_the_config_dump() {
     let json = r#"{"admin_cluster":"admin","membership_refresh":"1s"}"#;
@@ -926,10 +935,7 @@ fn an_admin_that_ignores_the_clusters_filter_turns_every_copy_to_the_config_dump
     );
     assert_eq!(gen(&store, keys::MEMBERS_GEN), 1, "the answer still counts");
     // The other copy's next refresh reads the config dump.
-    let (_, calls) = c[1].on_tick(&store, 4 * S);
-    let [admin] = calls.as_slice() else {
-        panic!("{calls:?}")
-    };
+    let admin = next_refresh(&mut c[1], &store, 4 * S);
     assert!(matches!(
         &admin.kind,
         CallKind::Admin {
@@ -1017,12 +1023,8 @@ fn clusters_unanswered_three_refreshes_in_a_row_turns_every_copy_to_the_config_d
         Part::Headers,
         6 * S,
     );
-    let (_, calls) = c[1].on_tick(&store, 8 * S);
-    let [admin] = calls.as_slice() else {
-        panic!("{calls:?}")
-    };
     assert!(matches!(
-        &admin.kind,
+        next_refresh(&mut c[1], &store, 8 * S).kind,
         CallKind::Admin {
             source: AdminSource::ConfigDump,
             ..
