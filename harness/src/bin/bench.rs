@@ -13,8 +13,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use graceful_harness::products::bench::{
-    chart, dead_hosts, filter_sets, start_proxy, start_upstream, unqueued, wrk, wrk_with_cpu,
-    Paired, SetResult, WrkResult,
+    chart, dead_hosts, filter_sets, round_order, start_proxy, start_upstream, unqueued, wrk,
+    wrk_with_cpu, Paired, SetResult, WrkResult,
 };
 use graceful_harness::products::demo::{run, DemoConfig, Mode};
 use graceful_harness::support::envoy::free_port;
@@ -162,12 +162,7 @@ async fn main() -> ExitCode {
         }
     }
     for round in 0..rounds {
-        let order: Vec<usize> = if round % 2 == 0 {
-            (0..sets.len()).collect()
-        } else {
-            (0..sets.len()).rev().collect()
-        };
-        for i in order {
+        for i in round_order(round, sets.len()) {
             let set = &sets[i];
             // Tombstoned hosts must be members of the cluster for steering to
             // be needed: add that many hosts that refuse connections.

@@ -535,6 +535,17 @@ impl SetResult {
     }
 }
 
+/// The order `n` sets are measured in, in round `round`: as listed, then
+/// reversed every other round, so no set always runs first (just after a
+/// start) or last (after the others warmed the host).
+pub fn round_order(round: usize, n: usize) -> Vec<usize> {
+    if round.is_multiple_of(2) {
+        (0..n).collect()
+    } else {
+        (0..n).rev().collect()
+    }
+}
+
 /// The median (the mean of the middle two for an even count): one round
 /// disturbed by something else on the machine does not move it.
 pub fn median(values: impl Iterator<Item = f64>) -> f64 {
@@ -639,6 +650,14 @@ mod tests {
 Requests/sec:  39712.30
 Transfer/sec:      3.03MB
 ";
+
+    #[test]
+    fn every_other_round_runs_the_sets_in_reverse() {
+        assert_eq!(round_order(0, 3), [0, 1, 2]);
+        assert_eq!(round_order(1, 3), [2, 1, 0]);
+        assert_eq!(round_order(2, 3), [0, 1, 2]);
+        assert!(round_order(5, 0).is_empty());
+    }
 
     #[test]
     fn reads_wrk_reports() {

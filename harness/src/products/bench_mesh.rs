@@ -27,8 +27,8 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use super::bench::{
-    dead_hosts, filter_sets, median, prepare_proxy_within, proxy_spec, routes, wrk, wrk_with_cpu,
-    FilterSet, Paired, WrkResult,
+    dead_hosts, filter_sets, median, prepare_proxy_within, proxy_spec, round_order, routes, wrk,
+    wrk_with_cpu, FilterSet, Paired, WrkResult,
 };
 use crate::support::client;
 use crate::support::envoy::{free_port, wait_for, Envoy, START_DEADLINE};
@@ -371,12 +371,7 @@ pub async fn mesh_paired(
     }
     let mut by_proxy: Vec<Vec<WrkResult>> = vec![Vec::new(); proxies.len()];
     for round in 0..rounds {
-        let order: Vec<usize> = if round % 2 == 0 {
-            (0..proxies.len()).collect()
-        } else {
-            (0..proxies.len()).rev().collect()
-        };
-        for i in order {
+        for i in round_order(round, proxies.len()) {
             let (envoy, addr) = &started[i];
             wrk(*addr, CONNECTIONS, Duration::from_secs(1))?;
             let r = wrk_with_cpu(envoy.pid(), *addr, CONNECTIONS, duration)?;
