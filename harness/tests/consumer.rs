@@ -689,13 +689,25 @@ async fn it_shares_the_load_when_three_of_six_hosts_close(membership: Membership
 }
 with_and_without_admin!(it_shares_the_load_when_three_of_six_hosts_close);
 
+// Scale-downs by more than half (the panic floor, 50 by default, lists no
+// host whose last answer said closing): the hosts left take every request.
+async fn it_leaves_the_load_to_the_one_host_left_when_two_of_three_close(membership: Membership) {
+    closing_hosts_leave_the_load_to_the_others("share-2-of-3", membership, 3, 2).await;
+}
+with_and_without_admin!(it_leaves_the_load_to_the_one_host_left_when_two_of_three_close);
+
+async fn it_leaves_the_load_to_the_two_hosts_left_when_four_of_six_close(membership: Membership) {
+    closing_hosts_leave_the_load_to_the_others("share-4-of-6", membership, 6, 4).await;
+}
+with_and_without_admin!(it_leaves_the_load_to_the_two_hosts_left_when_four_of_six_close);
+
 async fn it_still_answers_from_several_hosts_when_every_host_closes(membership: Membership) {
     let m = share_mesh("share-all-closing", membership, &[], 3).await;
     // Host 0 closes with two hosts open: they take its load.
     let (first, since_mark) = close_and_split(&m, &[0]).await;
     // Then the two others: each request still answered, by several hosts.
-    // (Host 0 is no longer checked: with one host or none open, the panic
-    // rule lists tombstoned hosts again.)
+    // (Host 0 is no longer checked: with no host open the balancer picks
+    // among all of them.)
     let (split, _) = close_and_split(&m, &[1, 2]).await;
     eprintln!(
         "share-all-closing ({membership:?}): host 0 closing, 90 requests split {first:?}, app \

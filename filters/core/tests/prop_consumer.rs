@@ -2,8 +2,9 @@
 //! the membership, the closing marks and the order in which the copies
 //! see answers, once every member has answered somewhere each copy steers
 //! to every acceptable member (the members minus the tombstoned ones), and
-//! the panic floor only ever adds tombstoned members, longest confirmed
-//! first, up to its size.
+//! the panic floor only ever adds members that refused a connection (never
+//! one whose last answer said closing), longest confirmed first, up to its
+//! size, each first in a list whose other hosts are all acceptable.
 
 // Test code: a panic is how a property fails.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -84,6 +85,17 @@ impl Process {
     /// A request through `copy` and its answer from `host`: steering at
     /// request headers, then the response (closing or not).
     fn exchange(&mut self, copy: usize, host: usize, closing: bool, now: u64) {
+        let kind = if closing {
+            Kind::Closing
+        } else {
+            Kind::Answered
+        };
+        self.attempt(copy, host, kind, now);
+    }
+
+    /// A request through `copy` to `host`, which answers, answers closing
+    /// or refuses the connection.
+    fn attempt(&mut self, copy: usize, host: usize, kind: Kind, now: u64) {
         let mut view = View {
             address: address(host),
             now,
@@ -91,9 +103,14 @@ impl Process {
         let signal = Some(self.signal.get());
         let c = &mut self.copies[copy];
         c.steer(&self.store, &mut view, signal);
+        if kind == Kind::Refused {
+            let effects = c.connect_failed(&self.store, &mut view, &address(host));
+            self.carry(&effects);
+            return;
+        }
         let mut pairs: Vec<(&[u8], &[u8])> =
             vec![(b":status", b"200"), (b"x-graceful-instance", b"one")];
-        if closing {
+        if kind == Kind::Closing {
             pairs.push((b"x-graceful-closing", b"true"));
         }
         let seen = Response::scan(c.config(), pairs);
@@ -104,6 +121,11 @@ impl Process {
     /// The hosts `copy` would name for its next request (empty: it leaves
     /// the choice to the balancer).
     fn steered(&mut self, copy: usize, now: u64) -> BTreeSet<String> {
+        self.next_list(copy, now).into_iter().collect()
+    }
+
+    /// The override list of `copy`'s next request, in order.
+    fn next_list(&mut self, copy: usize, now: u64) -> Vec<String> {
         let mut view = View {
             address: String::new(),
             now,
@@ -114,6 +136,14 @@ impl Process {
             .map(|list| list.split(',').map(str::to_string).collect())
             .unwrap_or_default()
     }
+}
+
+/// What a host did with one request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Answered,
+    Closing,
+    Refused,
 }
 
 /// (copy, host, closing) answers, then each host's first answer inserted
@@ -162,48 +192,91 @@ proptest! {
     }
 
     #[test]
-    fn the_panic_floor_adds_only_the_longest_confirmed_tombstones(
+    fn the_panic_floor_tries_only_hosts_that_refused_longest_confirmed_first(
         (hosts, copies, answers) in script(24),
+        kinds in prop::collection::vec(0u8..3, 24),
         threshold in 0u8..=100,
     ) {
         let json = format!(r#"{{"panic_threshold":{threshold}}}"#);
         let mut p = Process::new(&json, copies);
-        // One answer per 1.2 s: each closing mark confirms its tombstone at
-        // a time of its own (a repeat within 1 s is not written), and the
-        // whole script (at most 32 answers) stays within the minute an
-        // observed member is listed after its last answer.
+        // One attempt per 1.2 s: each mark or refusal confirms its
+        // tombstone at a time of its own (a repeat within 1 s is not
+        // written), and the whole script (at most 32 attempts) stays within
+        // the minute an observed member is listed after its last answer.
         let at = |i: usize| S + 1_200_000 * i as u64;
-        // When each host last answered closing, and which ones did.
-        let mut confirmed: Vec<Option<u64>> = vec![None; hosts];
+        // Per host, the model of its tombstone: (closing, expires at).
+        let mut tomb: Vec<Option<(bool, u64)>> = vec![None; hosts];
+        // Per host: answered unmarked at least once (observed membership).
+        let mut member = vec![false; hosts];
         for (i, &(copy, host, closing)) in answers.iter().enumerate() {
-            p.exchange(copy, host, closing, at(i));
-            if closing {
-                confirmed[host] = Some(at(i));
-            }
+            // A host's marks come from the script; of its other attempts,
+            // `kinds` makes about a third refusals.
+            let kind = match (closing, kinds.get(i).copied().unwrap_or(0)) {
+                (true, _) => Kind::Closing,
+                (false, 2) => Kind::Refused,
+                _ => Kind::Answered,
+            };
+            let now = at(i);
+            p.attempt(copy, host, kind, now);
+            member[host] |= kind == Kind::Answered;
+            let live = tomb[host].filter(|&(_, expires)| expires > now);
+            tomb[host] = match (kind, live) {
+                (Kind::Closing, Some((_, e))) => Some((true, e.max(now + 30 * S))),
+                (Kind::Closing, None) => Some((true, now + 30 * S)),
+                // A refusal extends; a closing host stays closing.
+                (Kind::Refused, Some((c, e))) => Some((c, e.max(now + 5 * S))),
+                (Kind::Refused, None) => Some((false, now + 5 * S)),
+                // The same instance ("one") answering readmits only a host
+                // whose instance was unknown (one that only refused).
+                (Kind::Answered, Some((true, e))) => Some((true, e)),
+                (Kind::Answered, _) => None,
+            };
         }
         let now = at(answers.len());
-        // A tombstone lives 30 s (the default TTL) from its last mark.
-        for c in confirmed.iter_mut() {
-            *c = c.filter(|t| t + 30 * S > now);
-        }
-        // Members: every host answered unmarked at least once, so the
-        // observed membership holds all of them.
+        let live = |h: usize| tomb[h].filter(|&(_, e)| e > now);
+        // The observed membership: the hosts that answered unmarked.
+        let members: Vec<usize> = (0..hosts).filter(|&h| member[h]).collect();
         let acceptable: BTreeSet<String> =
-            (0..hosts).filter(|&h| confirmed[h].is_none()).map(address).collect();
-        let floor = (hosts * usize::from(threshold)).div_ceil(100);
-        let mut by_age: Vec<(u64, String)> = (0..hosts)
-            .filter_map(|h| confirmed[h].map(|t| (t, address(h))))
+            members.iter().copied().filter(|&h| live(h).is_none()).map(address).collect();
+        let floor = (members.len() * usize::from(threshold)).div_ceil(100);
+        // Refused, never closing since: confirmed at expiry minus 5 s.
+        let mut by_age: Vec<(u64, String)> = members
+            .iter()
+            .filter_map(|&h| match live(h) {
+                Some((false, e)) => Some((e - 5 * S, address(h))),
+                _ => None,
+            })
             .collect();
         by_age.sort();
-        let mut expected = acceptable.clone();
+        let mut trial = BTreeSet::new();
         if !acceptable.is_empty() && acceptable.len() < floor {
-            expected.extend(by_age.into_iter().take(floor - acceptable.len()).map(|(_, a)| a));
+            trial.extend(by_age.into_iter().take(floor - acceptable.len()).map(|(_, a)| a));
         }
-        if acceptable.len() == hosts || acceptable.is_empty() {
-            expected.clear();
-        }
+        let steered = (0..hosts).any(|h| live(h).is_some()) && !acceptable.is_empty();
         for copy in 0..copies {
-            prop_assert_eq!(p.steered(copy, now), expected.clone(), "copy {}", copy);
+            let mut seen = BTreeSet::new();
+            for _ in 0..(acceptable.len() + trial.len()).max(1) {
+                let list = p.next_list(copy, now);
+                if !steered {
+                    prop_assert!(list.is_empty(), "copy {}: steered {:?}", copy, list);
+                    continue;
+                }
+                prop_assert!(
+                    list.iter().skip(1).all(|h| acceptable.contains(h)),
+                    "copy {}: after the first, acceptable hosts only: {:?}", copy, list
+                );
+                prop_assert!(
+                    list.first().is_some_and(|h| acceptable.contains(h) || trial.contains(h)),
+                    "copy {}: {:?}", copy, list
+                );
+                seen.extend(list);
+            }
+            let expected: BTreeSet<String> = if steered {
+                acceptable.union(&trial).cloned().collect()
+            } else {
+                BTreeSet::new()
+            };
+            prop_assert_eq!(seen, expected, "copy {}", copy);
         }
     }
 }

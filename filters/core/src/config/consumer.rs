@@ -47,8 +47,9 @@ pub struct ConsumerConfig {
     /// turns probing off.
     pub probe_path: Option<String>,
     /// Percent of a cluster's usable members that steering keeps listing:
-    /// when tombstones leave fewer acceptable, the tombstoned members whose
-    /// closing was confirmed longest ago are listed too (see
+    /// when tombstones leave fewer acceptable, members tombstoned only for
+    /// a refused connection are tried too, longest confirmed first (never
+    /// one whose last answer said closing: see
     /// [`crate::steering::plan()`]); 0 turns the rule off.
     pub panic_threshold: u8,
     /// Lower-case request header set to this Envoy's instance id on every

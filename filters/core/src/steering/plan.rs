@@ -28,19 +28,34 @@ pub enum Steering {
 pub enum Plan {
     /// No live tombstone concerns this cluster: the load balancer decides.
     LeaveAlone,
-    /// The acceptable hosts, in member order; empty when every known usable
-    /// member is tombstoned.
-    Hosts(Vec<String>),
+    Hosts {
+        /// The hosts not tombstoned, in member order; empty when every
+        /// known usable member is tombstoned.
+        acceptable: Vec<String>,
+        /// Below the panic floor: tombstoned members whose last word was a
+        /// refused connection (never a closing answer), longest confirmed
+        /// first. Each is tried first in a list of its own, the acceptable
+        /// hosts after it, so a refusal is retried on an acceptable host.
+        trial: Vec<String>,
+    },
 }
 
 impl Plan {
+    /// A plan of acceptable hosts only.
+    pub fn hosts<S: Into<String>>(acceptable: impl IntoIterator<Item = S>) -> Plan {
+        Plan::Hosts {
+            acceptable: acceptable.into_iter().map(Into::into).collect(),
+            trial: Vec::new(),
+        }
+    }
+
     /// The steering for one request; `rotation` spreads the first pick
     /// (pass a per-request counter). The request path keeps the plan's
     /// [`Rotations`] instead.
     pub fn steering(&self, rotation: usize) -> Steering {
         match self {
             Plan::LeaveAlone => Steering::LeaveAlone,
-            Plan::Hosts(_) => match Rotations::of(self).list(rotation) {
+            Plan::Hosts { .. } => match Rotations::of(self).list(rotation) {
                 Some(list) => Steering::Steer(list.to_string()),
                 None => Steering::NoneLeft,
             },
@@ -48,26 +63,36 @@ impl Plan {
     }
 }
 
-/// A plan's override lists, one per rotation, as slices of one string: a
-/// steered request takes its list without allocating or joining.
+/// A plan's override lists, one per rotation, as slices of prepared
+/// strings: a steered request takes its list without allocating or joining.
+///
+/// Requests rotate over the acceptable hosts and the trial hosts alike, so
+/// each listed host is first for an equal share of requests: an acceptable
+/// host's list is the acceptable hosts from it on; a trial host's is that
+/// host, then acceptable hosts only (a list never names two trial hosts, so
+/// one retry of a refused connection reaches an acceptable host).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Rotations {
-    /// The hosts joined by commas, then the first `per_list - 1` again, so
-    /// that every rotation's list is contiguous.
+    /// The acceptable hosts joined by commas, then the first `per_list - 1`
+    /// again, so that every rotation's list is contiguous.
     ring: String,
     /// Where each host of `ring` starts, then one past the end plus one
     /// (as if a comma followed the last).
     starts: Vec<usize>,
     hosts: usize,
     per_list: usize,
+    /// One list per trial host.
+    trial: Vec<String>,
 }
 
 impl Rotations {
-    /// The rotations of `plan` (none for `LeaveAlone` or no hosts).
+    /// The rotations of `plan` (none for `LeaveAlone` or no acceptable
+    /// host).
     pub fn of(plan: &Plan) -> Rotations {
-        let Plan::Hosts(hosts) = plan else {
+        let Plan::Hosts { acceptable, trial } = plan else {
             return Rotations::default();
         };
+        let hosts = acceptable;
         let per_list = hosts.len().min(MAX_OVERRIDE_HOSTS);
         let mut ring = String::new();
         let mut starts = Vec::with_capacity(hosts.len() + per_list);
@@ -82,23 +107,51 @@ impl Rotations {
             ring.push_str(host);
         }
         starts.push(ring.len() + 1);
-        Rotations {
+        let mut rotations = Rotations {
             ring,
             starts,
             hosts: hosts.len(),
             per_list,
+            trial: Vec::new(),
+        };
+        // Without an acceptable host there is nothing to retry on: no trial.
+        if rotations.hosts > 0 {
+            rotations.trial = trial
+                .iter()
+                .enumerate()
+                .map(|(i, t)| {
+                    let after = rotations
+                        .acceptable_list(i, MAX_OVERRIDE_HOSTS - 1)
+                        .unwrap_or_default();
+                    format!("{t},{after}")
+                })
+                .collect();
         }
+        rotations
     }
 
-    /// The override list of request `rotation`: `per_list` hosts from the
-    /// rotation's one on; None when there is no host to list.
+    /// The override list of request `rotation`: a trial host's list or
+    /// `per_list` acceptable hosts from the rotation's one on; None when
+    /// there is no acceptable host to list.
     pub fn list(&self, rotation: usize) -> Option<&str> {
         if self.hosts == 0 {
             return None;
         }
-        let first = rotation % self.hosts;
+        let slot = rotation % (self.hosts + self.trial.len());
+        match slot.checked_sub(self.hosts) {
+            Some(t) => self.trial.get(t).map(String::as_str),
+            None => self.acceptable_list(slot, self.per_list),
+        }
+    }
+
+    /// `len` (at most `per_list`) acceptable hosts from the `first`-th on.
+    fn acceptable_list(&self, first: usize, len: usize) -> Option<&str> {
+        let first = first % self.hosts.max(1);
         let start = *self.starts.get(first)?;
-        let end = self.starts.get(first + self.per_list)?.checked_sub(1)?;
+        let end = self
+            .starts
+            .get(first + len.min(self.per_list))?
+            .checked_sub(1)?;
         self.ring.get(start..end)
     }
 }
@@ -109,13 +162,15 @@ pub struct Rules {
     /// The tombstone TTLs: a tombstone's closing (or failure) was last
     /// confirmed at its expiry minus its cause's TTL.
     pub ttls: Ttls,
-    /// Percent of the usable members steering keeps listing (the
-    /// consumer's `panic_threshold`; 0: no floor).
+    /// Percent of the usable members steering keeps listing with hosts
+    /// that only refused connections (the consumer's `panic_threshold`;
+    /// 0: no floor).
     pub panic_threshold: u8,
 }
 
 impl Rules {
-    /// How many hosts a plan lists at least, of `usable` members.
+    /// How many hosts a plan lists at least, of `usable` members, where
+    /// enough of them only refused connections.
     fn floor(&self, usable: usize) -> usize {
         (usable * usize::from(self.panic_threshold)).div_ceil(100)
     }
@@ -139,17 +194,19 @@ impl Rules {
 /// its priority 0 while those hosts are healthy, and Istio's locality
 /// failover and `trafficDistribution` put the consumer's own zone there,
 /// so steering keeps traffic where the balancer would have kept it
-/// (`override_host` itself ignores priorities: the list must). When that
-/// leaves fewer than the panic floor (`panic_threshold` percent of the
-/// usable members, rounded up) but at least one, the plan also lists the
-/// tombstoned members whose closing was confirmed longest ago, up to the
-/// floor: like Envoy's `healthy_panic_threshold`, so that when a whole
-/// generation restarts on the same addresses and its new instances cannot
-/// be probed, the few hosts left do not take the whole load until the
-/// others' tombstones expire. A listed host that still answers closing
-/// confirms its tombstone again (a write: every copy plans again) and the
-/// next longest-confirmed one takes its place; one that answers with a new
-/// instance id is readmitted. With none left at all, the balancer decides.
+/// (`override_host` itself ignores priorities: the list must).
+///
+/// The panic floor: when that leaves fewer than `panic_threshold` percent
+/// of the usable members (rounded up) but at least one, the plan also
+/// tries the tombstoned members whose tombstone comes from a refused
+/// connection alone (never one whose last answer said closing: once
+/// drained, such a host answers a 503 that a caller's retry policy may not
+/// retry, and while it is sent requests its drain cannot pass), confirmed
+/// longest ago first, up to the floor. A refused connection is retried by
+/// every shipped retry policy (Istio's included), and a trial host is
+/// always followed by acceptable hosts ([`Rotations`]), so a trial costs a
+/// retry, never a request; an answer readmits the host at once. With no
+/// acceptable host at all, the balancer decides.
 pub fn plan(
     members: &[Member],
     tombstones: &Tombstones,
@@ -177,7 +234,7 @@ pub fn plan(
     }
     let tombstone_of = |address: &str| dead.get(address).copied();
     // The first priority with a usable member that is not tombstoned; with
-    // none, the first with a usable member (the panic floor below decides).
+    // none, the first with a usable member (the plan is then empty).
     let first_with = |acceptable_only: bool| {
         members
             .iter()
@@ -192,15 +249,31 @@ pub fn plan(
         .filter(|m| m.usable && Some(m.priority) == priority && listed.insert(&m.address))
         .map(|m| m.address.as_str())
         .collect();
-    let (mut acceptable, mut tombstoned): (Vec<&str>, Vec<&str>) =
+    let (acceptable, tombstoned): (Vec<&str>, Vec<&str>) =
         usable.iter().partition(|a| tombstone_of(a).is_none());
     let floor = rules.floor(usable.len());
+    let mut trial = Vec::new();
     if !acceptable.is_empty() && acceptable.len() < floor {
-        tombstoned.sort_by_key(|a| (tombstone_of(a).map_or(0, |t| rules.confirmed_us(t)), *a));
-        acceptable.extend(tombstoned.into_iter().take(floor - acceptable.len()));
+        let mut refused: Vec<(u64, &str)> = tombstoned
+            .into_iter()
+            .filter_map(|a| {
+                let t = tombstone_of(a)?;
+                (t.cause == Cause::ConnectFailure).then(|| (rules.confirmed_us(t), a))
+            })
+            .collect();
+        refused.sort_unstable();
+        trial.extend(
+            refused
+                .into_iter()
+                .take(floor - acceptable.len())
+                .map(|(_, a)| a.to_string()),
+        );
     }
     (
-        Plan::Hosts(acceptable.into_iter().map(str::to_string).collect()),
+        Plan::Hosts {
+            acceptable: acceptable.into_iter().map(str::to_string).collect(),
+            trial,
+        },
         until,
     )
 }
@@ -277,31 +350,35 @@ mod tests {
         let hosts = |t: &Tombstones| plan(&m, t, "svc", 0, &rules).0;
         assert_eq!(
             hosts(&tombstoned(&["b:1"])),
-            Plan::Hosts(vec!["a:1".into(), "c:1".into()]),
+            Plan::hosts(["a:1", "c:1"]),
             "the zone's other hosts, not the other zone's"
         );
         assert_eq!(
             hosts(&tombstoned(&["x:1"])),
-            Plan::Hosts(vec!["a:1".into(), "b:1".into(), "c:1".into()]),
+            Plan::hosts(["a:1", "b:1", "c:1"]),
             "a tombstone in another priority: the first priority as it is"
         );
         assert_eq!(
             hosts(&tombstoned(&["a:1", "b:1", "c:1"])),
-            Plan::Hosts(vec!["x:1".into(), "y:1".into()]),
+            Plan::hosts(["x:1", "y:1"]),
             "the whole zone tombstoned: the next priority, as Envoy fails over"
         );
         assert_eq!(
             hosts(&tombstoned(&["a:1", "b:1", "c:1", "x:1", "y:1"])),
-            Plan::Hosts(vec![]),
+            Plan::hosts(Vec::<String>::new()),
             "none left anywhere: the balancer decides"
         );
-        // The panic floor counts the first priority's hosts.
-        let t = tombstoned(&["a:1", "b:1"]);
-        let Plan::Hosts(listed) = plan(&m, &t, "svc", 0, &RULES).0 else {
-            panic!("steered");
-        };
-        assert_eq!(listed.len(), 2, "half of 3, rounded up: {listed:?}");
-        assert!(listed.iter().all(|h| !h.starts_with(['x', 'y'])));
+        // The panic floor counts the first priority's hosts: of a, b, c
+        // with a and b refused, one is tried (half of 3, rounded up, is 2).
+        let t = refused_in_turn(&["a:1", "b:1"]);
+        assert_eq!(
+            plan(&m, &t, "svc", 0, &RULES).0,
+            Plan::Hosts {
+                acceptable: vec!["c:1".into()],
+                trial: vec!["a:1".into()],
+            },
+            "the other zone is neither tried nor listed"
+        );
     }
 
     #[test]
@@ -343,7 +420,7 @@ mod tests {
             64,
         );
         let (p, until) = plan(&m, &t, "svc", 0, &RULES);
-        assert_eq!(p, Plan::Hosts(vec!["a:1".into()]));
+        assert_eq!(p, Plan::hosts(["a:1"]));
         assert_eq!(until, 30_000_000, "b:1's tombstone expires first");
         assert_eq!(
             plan(&m, &Tombstones::default(), "svc", 0, &RULES),
@@ -355,7 +432,7 @@ mod tests {
     fn every_rotation_is_the_hosts_from_its_first_on_wrapping_around() {
         for n in [1, 2, 3, 7, 8, 9, 20] {
             let hosts: Vec<String> = (0..n).map(|i| format!("10.0.{i}.1:80")).collect();
-            let r = Rotations::of(&Plan::Hosts(hosts.clone()));
+            let r = Rotations::of(&Plan::hosts(hosts.clone()));
             for rotation in 0..2 * n + 3 {
                 let want: Vec<&str> = hosts
                     .iter()
@@ -371,7 +448,10 @@ mod tests {
                 );
             }
         }
-        assert_eq!(Rotations::of(&Plan::Hosts(vec![])).list(3), None);
+        assert_eq!(
+            Rotations::of(&Plan::hosts(Vec::<String>::new())).list(3),
+            None
+        );
         assert_eq!(Rotations::of(&Plan::LeaveAlone).list(0), None);
     }
 
@@ -404,24 +484,79 @@ mod tests {
         t
     }
 
+    /// Tombstones for `addrs`, the i-th a connection refused at i seconds.
+    fn refused_in_turn(addrs: &[&str]) -> Tombstones {
+        let mut t = Tombstones::default();
+        for (i, a) in addrs.iter().enumerate() {
+            t.observe(
+                &Observation::ConnectFailure {
+                    cluster: "svc",
+                    address: a,
+                },
+                &TTLS,
+                i as u64 * 1_000_000,
+                64,
+            );
+        }
+        t
+    }
+
+    /// A plan with trial hosts.
+    fn tried(acceptable: &[&str], trial: &[&str]) -> Plan {
+        Plan::Hosts {
+            acceptable: acceptable.iter().map(|a| a.to_string()).collect(),
+            trial: trial.iter().map(|a| a.to_string()).collect(),
+        }
+    }
+
     #[test]
-    fn below_the_panic_floor_the_longest_confirmed_tombstones_are_listed_too() {
+    fn no_share_of_hosts_closing_lists_a_host_whose_last_answer_said_closing() {
+        // Scale-downs by more than half: 2 of 3, 3 of 4, 5 of 6 closing,
+        // the floor at 0, 50 and 100 percent.
+        for (n, closing) in [(3, 2), (4, 3), (6, 5), (6, 4)] {
+            let addrs: Vec<String> = (0..n).map(|i| format!("10.0.0.{i}:80")).collect();
+            let refs: Vec<&str> = addrs.iter().map(String::as_str).collect();
+            let t = confirmed_in_turn(&refs[..closing]);
+            for threshold in [0, 50, 100] {
+                let rules = Rules {
+                    panic_threshold: threshold,
+                    ..RULES
+                };
+                assert_eq!(
+                    plan(&members(&refs), &t, "svc", 20_000_000, &rules).0,
+                    Plan::hosts(refs[closing..].iter().copied()),
+                    "{closing} of {n} closing, panic_threshold {threshold}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn below_the_panic_floor_hosts_that_only_refused_are_tried_longest_confirmed_first() {
         let m = members(&["a:1", "b:1", "c:1", "d:1", "e:1", "f:1"]);
-        let now = 20_000_000;
-        // Four of six closing, confirmed in turn: two left, the floor is 3.
-        let t = confirmed_in_turn(&["c:1", "a:1", "d:1", "b:1"]);
+        let now = 4_000_000;
+        // Four of six refused in turn: two left, the floor is 3.
+        let t = refused_in_turn(&["c:1", "a:1", "d:1", "b:1"]);
         let (p, _) = plan(&m, &t, "svc", now, &RULES);
-        assert_eq!(
-            p,
-            Plan::Hosts(vec!["e:1".into(), "f:1".into(), "c:1".into()]),
-            "c:1 confirmed its closing first"
-        );
-        // c:1 answers closing again: it is the latest confirmed now.
+        assert_eq!(p, tried(&["e:1", "f:1"], &["c:1"]), "c:1 refused first");
+        // c:1 refuses again: it is the latest confirmed now.
         let mut t = t;
+        t.observe(
+            &Observation::ConnectFailure {
+                cluster: "svc",
+                address: "c:1",
+            },
+            &TTLS,
+            now,
+            64,
+        );
+        let (p, _) = plan(&m, &t, "svc", now, &RULES);
+        assert_eq!(p, tried(&["e:1", "f:1"], &["a:1"]));
+        // a:1 then answers closing: never tried again; d:1 is next.
         t.observe(
             &Observation::Closing {
                 cluster: "svc",
-                address: "c:1",
+                address: "a:1",
                 instance: Some("old"),
             },
             &TTLS,
@@ -429,42 +564,52 @@ mod tests {
             64,
         );
         let (p, _) = plan(&m, &t, "svc", now, &RULES);
+        assert_eq!(p, tried(&["e:1", "f:1"], &["d:1"]));
+    }
+
+    #[test]
+    fn a_closing_host_that_then_refuses_is_still_never_tried() {
+        // A refusal is not an answer: the host said closing last.
+        let m = members(&["a:1", "b:1", "c:1"]);
+        let mut t = confirmed_in_turn(&["a:1", "b:1"]);
+        t.observe(
+            &Observation::ConnectFailure {
+                cluster: "svc",
+                address: "a:1",
+            },
+            &TTLS,
+            5_000_000,
+            64,
+        );
         assert_eq!(
-            p,
-            Plan::Hosts(vec!["e:1".into(), "f:1".into(), "a:1".into()])
+            plan(&m, &t, "svc", 5_000_000, &RULES).0,
+            Plan::hosts(["c:1"])
         );
     }
 
     #[test]
     fn at_the_panic_floor_or_with_it_off_only_acceptable_hosts_are_listed() {
         let m = members(&["a:1", "b:1", "c:1", "d:1", "e:1", "f:1"]);
-        let half = confirmed_in_turn(&["a:1", "b:1", "c:1"]);
+        let half = refused_in_turn(&["a:1", "b:1", "c:1"]);
         assert_eq!(
             plan(&m, &half, "svc", 0, &RULES).0,
-            Plan::Hosts(vec!["d:1".into(), "e:1".into(), "f:1".into()]),
+            Plan::hosts(["d:1", "e:1", "f:1"]),
             "3 of 6 is not below 50%"
         );
         let off = Rules {
             panic_threshold: 0,
             ..RULES
         };
-        let five = confirmed_in_turn(&["a:1", "b:1", "c:1", "d:1", "e:1"]);
-        assert_eq!(
-            plan(&m, &five, "svc", 0, &off).0,
-            Plan::Hosts(vec!["f:1".into()])
-        );
+        let five = refused_in_turn(&["a:1", "b:1", "c:1", "d:1", "e:1"]);
+        assert_eq!(plan(&m, &five, "svc", 0, &off).0, Plan::hosts(["f:1"]));
         let all = Rules {
             panic_threshold: 100,
             ..RULES
         };
         assert_eq!(
-            plan(&m, &five, "svc", 10_000_000, &all).0,
-            Plan::Hosts(
-                ["f:1", "a:1", "b:1", "c:1", "d:1", "e:1"]
-                    .map(String::from)
-                    .to_vec()
-            ),
-            "100%: every usable member, longest confirmed first after the acceptable"
+            plan(&m, &five, "svc", 4_500_000, &all).0,
+            tried(&["f:1"], &["a:1", "b:1", "c:1", "d:1", "e:1"]),
+            "100%: every refused member, longest confirmed first"
         );
     }
 
@@ -472,39 +617,70 @@ mod tests {
     fn the_panic_floor_counts_usable_members_only_and_never_fills_an_empty_plan() {
         let mut m = members(&["a:1", "b:1", "c:1", "d:1"]);
         m[3].usable = false;
-        // Usable a, b, c; b and c tombstoned: one left, floor 2.
-        let t = confirmed_in_turn(&["c:1", "b:1"]);
+        // Usable a, b, c; b and c refused: one left, floor 2.
+        let t = refused_in_turn(&["c:1", "b:1"]);
         assert_eq!(
-            plan(&m, &t, "svc", 5_000_000, &RULES).0,
-            Plan::Hosts(vec!["a:1".into(), "c:1".into()])
+            plan(&m, &t, "svc", 1_500_000, &RULES).0,
+            tried(&["a:1"], &["c:1"])
         );
-        let every = confirmed_in_turn(&["a:1", "b:1", "c:1"]);
+        let every = refused_in_turn(&["a:1", "b:1", "c:1"]);
         assert_eq!(
-            steer(&m, &every, "svc", 5_000_000, 0),
+            steer(&m, &every, "svc", 2_500_000, 0),
             Steering::NoneLeft,
             "none left: the balancer spreads over all"
         );
     }
 
     #[test]
-    fn a_connect_failure_is_confirmed_at_its_own_ttl() {
+    fn a_refusal_is_confirmed_at_its_own_ttl() {
         let m = members(&["a:1", "b:1", "c:1", "d:1", "e:1"]);
-        let mut t = confirmed_in_turn(&["a:1", "b:1"]);
-        // Refused at 3 s: confirmed later than a:1 (0 s) and b:1 (1 s),
-        // though its tombstone expires first.
+        let mut t = refused_in_turn(&["a:1", "b:1"]);
+        // c:1 closing at 0 s, so its 30 s tombstone outlives a:1's and
+        // b:1's 5 s ones: confirmation, not expiry, orders the trial.
         t.observe(
-            &Observation::ConnectFailure {
+            &Observation::Closing {
                 cluster: "svc",
                 address: "c:1",
+                instance: None,
             },
             &TTLS,
-            3_000_000,
+            0,
             64,
         );
-        // Acceptable d, e (2 of 5), floor 3: a:1 is listed.
+        // Acceptable d, e (2 of 5), floor 3: a:1 (refused at 0 s) is tried.
         assert_eq!(
-            plan(&m, &t, "svc", 4_000_000, &RULES).0,
-            Plan::Hosts(vec!["d:1".into(), "e:1".into(), "a:1".into()])
+            plan(&m, &t, "svc", 1_500_000, &RULES).0,
+            tried(&["d:1", "e:1"], &["a:1"])
         );
+    }
+
+    #[test]
+    fn a_trial_host_is_first_in_a_list_of_its_own_then_acceptable_hosts_only() {
+        let acceptable: Vec<String> = (0..10).map(|i| format!("10.0.0.{i}:80")).collect();
+        let trial: Vec<String> = (0..3).map(|i| format!("10.0.1.{i}:80")).collect();
+        let r = Rotations::of(&Plan::Hosts {
+            acceptable: acceptable.clone(),
+            trial: trial.clone(),
+        });
+        let mut first = std::collections::HashMap::new();
+        for rotation in 0..13 * 4 {
+            let list = r.list(rotation).unwrap_or_default();
+            let hosts: Vec<&str> = list.split(',').collect();
+            assert!(hosts.len() <= MAX_OVERRIDE_HOSTS, "{list}");
+            assert!(
+                hosts[1..].iter().all(|h| acceptable.iter().any(|a| a == h)),
+                "rotation {rotation}: after the first, acceptable hosts only: {list}"
+            );
+            *first.entry(hosts[0].to_string()).or_insert(0) += 1;
+        }
+        // Each of the 13 listed hosts is first for an equal share.
+        assert_eq!(first.len(), 13, "{first:?}");
+        assert!(first.values().all(|&n| n == 4), "{first:?}");
+        // One acceptable host: a trial list is the trial host, then it.
+        let one = Rotations::of(&tried(&["a:1"], &["t:1", "u:1"]));
+        let lists: Vec<&str> = (0..3).filter_map(|r| one.list(r)).collect();
+        assert_eq!(lists, ["a:1", "t:1,a:1", "u:1,a:1"]);
+        // No acceptable host: nothing to retry on, no list.
+        assert_eq!(Rotations::of(&tried(&[], &["t:1"])).list(0), None);
     }
 }
