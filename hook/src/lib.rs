@@ -36,6 +36,9 @@
 //! | `prestop` | 2 (drained) | 0, says whether a timeout forced it |
 //! | `prestop` | no gauge, or no admin | 0 at once |
 //! | `prestop` | not 2 within WAIT (default 25s) | 1 |
+//! | `prestop URL` | `drained` answers 200 | 0 |
+//! | `prestop URL` | any other answer (429, 503, garbage): asks again until WAIT | 1 at WAIT |
+//! | `prestop URL` | nothing listens at URL | 0 at once |
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -370,27 +373,63 @@ fn prestop_admin(admins: &[String], wait: Duration) -> ExitCode {
     }
 }
 
+/// Starts closing, then waits for the gate until its own deadline
+/// whatever an answer says: a 429 (every waiter slot held), a 503 (the
+/// long poll's own wait ran out, or a proxy answered for the sidecar) or a
+/// broken answer is a reason to ask again, never to exit early. Only
+/// nothing listening at all (no sidecar, or one already gone) ends it at
+/// once: there is nothing to drain through it.
 fn prestop_sidecar(base: &str, wait: Duration) -> ExitCode {
-    match http("POST", base, "/graceful/closing", REQUEST_TIMEOUT) {
-        Ok((202, _)) => eprintln!("prestop: closing (POST {base}/graceful/closing)"),
-        Ok((status, _)) => eprintln!("prestop: closing answered {status}"),
-        Err(e) => eprintln!("prestop: closing: {e}"),
-    }
-    // The gate's long poll: it answers 200 when the gate passes, 503 at `wait`.
-    let path = format!("/graceful/drained?wait={}", format_duration(wait));
-    match http("GET", base, &path, wait + Duration::from_secs(5)) {
-        Ok((200, _)) => {
-            eprintln!("prestop: drained");
-            ExitCode::SUCCESS
+    prestop_sidecar_with(base, wait, POLL)
+}
+
+fn prestop_sidecar_with(base: &str, wait: Duration, poll: Duration) -> ExitCode {
+    let deadline = Instant::now() + wait;
+    let mut closing = false;
+    let mut last_said = String::new();
+    // One line per change of answer, not one per poll.
+    let mut say = |line: String| {
+        if line != last_said {
+            eprintln!("{line}");
+            last_said = line;
         }
-        Ok((status, _)) => {
-            eprintln!("prestop: drained answered {status}");
-            ExitCode::FAILURE
+    };
+    loop {
+        if !closing {
+            match http("POST", base, "/graceful/closing", REQUEST_TIMEOUT) {
+                Ok((202, _)) => {
+                    eprintln!("prestop: closing (POST {base}/graceful/closing)");
+                    closing = true;
+                }
+                Ok((status, _)) => say(format!("prestop: closing answered {status}")),
+                Err(Failure::Unreachable(e)) => {
+                    eprintln!("prestop: {e}: nothing to drain, not waiting");
+                    return ExitCode::SUCCESS;
+                }
+                Err(e) => say(format!("prestop: closing: {e}")),
+            }
         }
-        Err(e) => {
-            eprintln!("prestop: drained: {e}");
-            ExitCode::FAILURE
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            eprintln!("prestop: not drained after {}", format_duration(wait));
+            return ExitCode::FAILURE;
         }
+        // The gate's long poll: 200 once the gate passes, 503 at its wait.
+        let path = format!("/graceful/drained?wait={}", format_duration(left));
+        match http("GET", base, &path, left + Duration::from_secs(5)) {
+            Ok((200, _)) => {
+                eprintln!("prestop: drained");
+                return ExitCode::SUCCESS;
+            }
+            Ok((status, _)) => say(format!("prestop: drained answered {status}: asking again")),
+            Err(Failure::Unreachable(e)) => {
+                eprintln!("prestop: {e}: the sidecar is gone, not waiting");
+                return ExitCode::SUCCESS;
+            }
+            Err(e) => say(format!("prestop: drained: {e}: asking again")),
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        std::thread::sleep(poll.min(left));
     }
 }
 
@@ -516,6 +555,82 @@ mod tests {
             prestop_admin(&admins, Duration::from_secs(30)),
             ExitCode::SUCCESS
         );
+        assert!(started.elapsed() < Duration::from_secs(5), "did not wait");
+    }
+
+    /// A stand-in for graceful_drain's listener: answers each request with
+    /// the next status of `drained` for `GET /graceful/drained` (the last
+    /// one over and over) and 202 for `POST /graceful/closing`; returns its
+    /// URL and the paths it was asked, in order.
+    fn sidecar(drained: Vec<u16>) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let asked = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = asked.clone();
+        std::thread::spawn(move || {
+            let mut answers = drained.into_iter().peekable();
+            for conn in listener.incoming() {
+                let Ok(mut conn) = conn else { return };
+                let mut buf = [0u8; 1024];
+                let n = conn.read(&mut buf).unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).to_string();
+                let line = head.lines().next().unwrap_or("").to_string();
+                log.lock().unwrap().push(line.clone());
+                let status = if line.starts_with("POST /graceful/closing") {
+                    202
+                } else if answers.len() > 1 {
+                    answers.next().unwrap()
+                } else {
+                    *answers.peek().unwrap()
+                };
+                let _ = conn.write_all(
+                    format!("HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n").as_bytes(),
+                );
+            }
+        });
+        (url, asked)
+    }
+
+    #[test]
+    fn the_sidecar_prestop_asks_again_after_429_and_503_until_drained() {
+        let (url, asked) = sidecar(vec![429, 429, 503, 200]);
+        let status = prestop_sidecar_with(&url, Duration::from_secs(30), Duration::from_millis(10));
+        assert_eq!(status, ExitCode::SUCCESS);
+        let asked = asked.lock().unwrap().clone();
+        assert_eq!(asked.len(), 5, "{asked:?}");
+        assert!(asked[0].starts_with("POST /graceful/closing"), "{asked:?}");
+        assert!(
+            asked[1..]
+                .iter()
+                .all(|l| l.starts_with("GET /graceful/drained?wait=")),
+            "{asked:?}"
+        );
+    }
+
+    #[test]
+    fn the_sidecar_prestop_holds_until_its_own_deadline_whatever_it_is_told() {
+        let (url, asked) = sidecar(vec![429]);
+        let wait = Duration::from_millis(600);
+        let started = Instant::now();
+        let status = prestop_sidecar_with(&url, wait, Duration::from_millis(10));
+        assert_eq!(status, ExitCode::FAILURE, "never drained");
+        assert!(
+            started.elapsed() >= wait,
+            "returned after {:?}, before its {wait:?}",
+            started.elapsed()
+        );
+        assert!(asked.lock().unwrap().len() > 3, "asked again and again");
+    }
+
+    #[test]
+    fn the_sidecar_prestop_does_not_wait_where_nothing_listens() {
+        let free = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or(1);
+        let started = Instant::now();
+        let status = prestop_sidecar(&format!("http://127.0.0.1:{free}"), Duration::from_secs(30));
+        assert_eq!(status, ExitCode::SUCCESS);
         assert!(started.elapsed() < Duration::from_secs(5), "did not wait");
     }
 
