@@ -1,15 +1,16 @@
 //! The instance record under arbitrary closings and gate evaluations, at
 //! arbitrary times and timings, with arbitrary traffic as the evaluating
 //! copy sees it: never a panic; the phase only moves forward; the gate
-//! passes at most once, never before consumer_update_wait, and never
-//! unforced with requests in flight or within the quiet window. (The
+//! passes at most once, never before consumer_update_wait, never unforced
+//! with requests in flight or within the quiet window, and step_timeout
+//! forces it only while requests keep arriving. (The
 //! protocol that makes a pass safe against racing requests is checked in
 //! filters/core/tests/gate_model.rs.)
 #![no_main]
 
 use std::time::Duration;
 
-use graceful_core::record::{GateTimings, InstanceRecord, Phase, Seen};
+use graceful_core::record::{GatePass, GateTimings, InstanceRecord, Phase, Seen};
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 
@@ -62,6 +63,9 @@ fuzz_target!(|input: Input| {
                         && u64::from(*last_start_ago_us) >= gate.quiet_window.as_micros() as u64;
                     if !quiet {
                         assert!(why.forced());
+                    }
+                    if why == GatePass::StepTimeout {
+                        assert!(InstanceRecord::is_arriving(&seen, gate.quiet_window, now));
                     }
                     assert_eq!(next.phase, Phase::Drained);
                     r = next;

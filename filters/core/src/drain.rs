@@ -228,7 +228,7 @@ mod tests {
     }
 
     #[test]
-    fn a_request_in_flight_holds_the_gate_until_the_step_timeout_forces_it() {
+    fn a_request_in_flight_holds_the_gate_past_the_step_timeout_until_an_arrival_forces_it() {
         let (store, stats) = (MemStore::new(), AtomicMetrics::new());
         let cfg = config();
         record::start_closing(&store, 100 * S).unwrap();
@@ -239,13 +239,22 @@ mod tests {
         let mut copy = DrainCopy::default();
         let (_, passed) = copy.advance(&store, &stats, &stats, &cfg, 105 * S).unwrap();
         assert_eq!(passed, None, "not quiet: one in flight");
-        let (_, passed) = copy.advance(&store, &stats, &stats, &cfg, 106 * S).unwrap();
+        // Arrivals stopped: the one in flight is waited for past wait +
+        // step_timeout (6 s).
+        let (_, passed) = copy.advance(&store, &stats, &stats, &cfg, 110 * S).unwrap();
+        assert_eq!(passed, None, "arrivals stopped: wait for it");
+        // A new request arrives: step_timeout forces the gate at once.
+        assert_eq!(
+            crate::gate::admit(&stats, true),
+            crate::gate::Admission::Admitted
+        );
+        let (_, passed) = copy.advance(&store, &stats, &stats, &cfg, 111 * S).unwrap();
         let passed = passed.unwrap();
         assert_eq!(
             (passed.why, passed.inflight),
-            (GatePass::StepTimeout, (1, 0))
+            (GatePass::StepTimeout, (2, 0))
         );
-        assert!(passed.forced() && passed.line().contains("step_timeout: 1 inbound"));
+        assert!(passed.forced() && passed.line().contains("step_timeout: 2 inbound"));
         // Drained now: a new request is rejected.
         assert_eq!(
             crate::gate::admit(&stats, true),

@@ -8,20 +8,27 @@
 //! # Transition table
 //!
 //! `elapsed` = now − closing_since; `quiet` = nothing in flight (inbound and
-//! outbound) and no request started within `quiet_window`, as the evaluating
-//! copy sees the stats ([`Seen`]). A quiet pass is written only after the
-//! gate protocol's attempt held ([`crate::gate::GateHold::try_pass`]); a
-//! forced one after the gate was put up ([`crate::gate::GateHold::hold`]).
+//! outbound) and no request started within `quiet_window`; `arriving` = a
+//! request started within `quiet_window` (or at this evaluation), as the
+//! evaluating copy sees the stats ([`Seen`]). A quiet pass is written only
+//! after the gate protocol's attempt held
+//! ([`crate::gate::GateHold::try_pass`]); a forced one after the gate was
+//! put up ([`crate::gate::GateHold::hold`]).
 //!
-//! | phase    | event                  | condition                              | next phase / effect                          |
-//! |----------|------------------------|----------------------------------------|----------------------------------------------|
-//! | serving  | start closing          |                                        | closing, closing_since = now                 |
-//! | closing  | start closing          |                                        | closing (idempotent)                         |
-//! | drained  | start closing          |                                        | drained (idempotent)                         |
-//! | closing  | evaluate gate          | elapsed ≥ consumer_update_wait, quiet  | pass: quiet (drained, forced = false)        |
-//! | closing  | evaluate gate          | elapsed ≥ timeout, not quiet           | pass: forced = true (overall timeout)        |
-//! | closing  | evaluate gate          | elapsed ≥ wait + step_timeout, !quiet  | pass: forced = true (step timeout)           |
-//! | closing  | evaluate gate          | otherwise                              | closing                                      |
+//! | phase    | event                  | condition                                          | next phase / effect                          |
+//! |----------|------------------------|----------------------------------------------------|----------------------------------------------|
+//! | serving  | start closing          |                                                    | closing, closing_since = now                 |
+//! | closing  | start closing          |                                                    | closing (idempotent)                         |
+//! | drained  | start closing          |                                                    | drained (idempotent)                         |
+//! | closing  | evaluate gate          | elapsed ≥ consumer_update_wait, quiet              | pass: quiet (drained, forced = false)        |
+//! | closing  | evaluate gate          | elapsed ≥ timeout, not quiet                       | pass: forced = true (overall timeout)        |
+//! | closing  | evaluate gate          | elapsed ≥ wait + step_timeout, arriving            | pass: forced = true (step timeout)           |
+//! | closing  | evaluate gate          | otherwise (in flight, arrivals stopped: wait on)   | closing                                      |
+//!
+//! `step_timeout` bounds only the wait for new requests to stop arriving
+//! (callers that never heed the closing mark); requests already in flight
+//! once arrivals have stopped are waited for until `timeout`, so a service
+//! with long requests sets `timeout` alone.
 //! | closing  | pass written           | (CAS: exactly one copy's write lands)  | drained, drained_at = now                    |
 //! | serving  | evaluate gate          |                                        | serving                                      |
 //! | drained  | evaluate gate          |                                        | drained                                      |
@@ -97,7 +104,8 @@ pub struct GateTimings {
 pub enum GatePass {
     /// Nothing in flight and nothing started within the quiet window.
     Quiet,
-    /// `step_timeout` after `consumer_update_wait` ran out (forced).
+    /// `step_timeout` after `consumer_update_wait` ran out while requests
+    /// kept arriving (forced).
     StepTimeout,
     /// The overall `timeout` ran out (forced).
     Timeout,
@@ -175,6 +183,14 @@ impl InstanceRecord {
         seen.idle && now_us.saturating_sub(seen.last_start_us) >= micros(quiet_window)
     }
 
+    /// True while requests keep arriving: one started within the quiet
+    /// window, or the evaluating copy saw the starts move at this very
+    /// evaluation (a zero window still sees arrivals).
+    pub fn is_arriving(seen: &Seen, quiet_window: Duration, now_us: u64) -> bool {
+        seen.last_start_us != 0
+            && (seen.last_start_us >= now_us || now_us - seen.last_start_us < micros(quiet_window))
+    }
+
     /// Evaluates the drain gate at `now_us`: why it may pass now, if it
     /// may. Returns the record a pass would write too.
     pub fn evaluate(
@@ -194,6 +210,7 @@ impl InstanceRecord {
             Some(GatePass::Timeout)
         } else if elapsed
             >= micros(gate.consumer_update_wait).saturating_add(micros(gate.step_timeout))
+            && InstanceRecord::is_arriving(seen, gate.quiet_window, now_us)
         {
             Some(GatePass::StepTimeout)
         } else {
@@ -428,13 +445,91 @@ mod tests {
         );
     }
 
+    /// In flight, and a request started `ago` before `now`.
+    fn busy_arriving(now: u64, ago: u64) -> Seen {
+        Seen {
+            idle: false,
+            last_start_us: now - ago,
+        }
+    }
+
     #[test]
-    fn step_timeout_forces_the_gate() {
+    fn step_timeout_forces_the_gate_while_requests_keep_arriving() {
         let r = closing_at(0);
-        assert_eq!(r.evaluate(&gate(), &busy(), 6 * S - 1).1, None);
-        let (d, pass) = r.evaluate(&gate(), &busy(), 6 * S);
+        let at = 6 * S;
+        assert_eq!(
+            r.evaluate(&gate(), &busy_arriving(at - 1, 0), at - 1).1,
+            None
+        );
+        let (d, pass) = r.evaluate(&gate(), &busy_arriving(at, 499 * MS), at);
         assert_eq!(pass, Some(GatePass::StepTimeout));
         assert!(d.forced);
+        // Idle but a start within the window: arrivals go on, forced too.
+        let seen = idle_since(at - 100 * MS);
+        assert_eq!(
+            r.evaluate(&gate(), &seen, at).1,
+            Some(GatePass::StepTimeout)
+        );
+    }
+
+    #[test]
+    fn a_request_in_flight_after_arrivals_stopped_is_waited_for_until_timeout() {
+        let r = closing_at(0);
+        // The last start 500 ms ago or more: arrivals stopped; the one in
+        // flight holds the gate past wait + step_timeout ...
+        for at in [6 * S, 30 * S, 60 * S - 1] {
+            let seen = busy_arriving(at, 500 * MS);
+            assert_eq!(r.evaluate(&gate(), &seen, at).1, None, "at {at}");
+        }
+        // ... until it ends (quiet) or the overall timeout.
+        assert_eq!(
+            r.evaluate(&gate(), &idle_since(20 * S), 31 * S).1,
+            Some(GatePass::Quiet)
+        );
+        assert_eq!(
+            r.evaluate(&gate(), &busy(), 60 * S).1,
+            Some(GatePass::Timeout)
+        );
+        // A new arrival after that forces the step timeout at once.
+        let seen = busy_arriving(40 * S, 10 * MS);
+        assert_eq!(
+            r.evaluate(&gate(), &seen, 40 * S).1,
+            Some(GatePass::StepTimeout)
+        );
+    }
+
+    #[test]
+    fn which_budget_ends_the_wait_over_a_grid_of_traffic() {
+        // The README's table, checked at every 100 ms over a minute for
+        // in flight or not and the last start at several distances.
+        let g = gate();
+        let wait = micros(g.consumer_update_wait);
+        let step = wait + micros(g.step_timeout);
+        let window = micros(g.quiet_window);
+        for at in (0..=61 * S).step_by(100_000) {
+            for idle in [true, false] {
+                for ago in [0, 1, 499 * MS, 500 * MS, 2 * S, at] {
+                    let seen = Seen {
+                        idle,
+                        last_start_us: at.saturating_sub(ago),
+                    };
+                    let pass = closing_at(0).evaluate(&g, &seen, at).1;
+                    let started = seen.last_start_us != 0;
+                    let arriving = started && at - seen.last_start_us < window.max(1);
+                    let quiet = idle && at - seen.last_start_us >= window;
+                    let want = if at >= wait && quiet {
+                        Some(GatePass::Quiet)
+                    } else if at >= micros(g.timeout) {
+                        Some(GatePass::Timeout)
+                    } else if at >= step && arriving {
+                        Some(GatePass::StepTimeout)
+                    } else {
+                        None
+                    };
+                    assert_eq!(pass, want, "at {at} idle {idle} ago {ago}");
+                }
+            }
+        }
     }
 
     #[test]

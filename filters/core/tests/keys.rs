@@ -115,8 +115,11 @@ fn initial_values_are_the_documented_bytes() {
                 v.extend([0u8; 24 + 2 + 2]);
                 Some(v)
             }
-            // version 1; next 0, max after closing 0, no samples.
-            "graceful.v1.provider.report.durations" => Some(vec![1, 0, 0, 0, 0, 0, 0, 0, 0]),
+            // version 2; next 0, max after closing 0, longest 0, no
+            // samples.
+            "graceful.v1.provider.report.durations" => {
+                Some(vec![2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0])
+            }
             "graceful.v1.consumer.tombstones" => Some(vec![1, 0, 0, 0, 0]),
             "graceful.v1.consumer.members" | "graceful.v1.consumer.observed" => Some(vec![3, 0, 0]),
             "graceful.v1.consumer.clusters" => Some(vec![1]),

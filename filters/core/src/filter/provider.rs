@@ -7,12 +7,12 @@
 //!
 //! | callback | reads | writes |
 //! |---|---|---|
-//! | request headers | gate gauge; `upgrade` (with `long_lived_upgrades`), `:path` (with `long_lived_paths`); the phase gauge until this copy knows of the closing; from then on `source.address`, the consumer header and the clock; while serving, the clock for one stream in [`SAMPLE_EVERY`] | in flight +1, started +1; or rejected +1 and the marked 503; a long-lived stream leaves the in-flight count at once and is kept by this copy (at most [`MAX_LONG_LIVED`]) |
+//! | request headers | gate gauge; `upgrade` (with `long_lived_upgrades`), `:path` (with `long_lived_paths`); the phase gauge until this copy knows of the closing; from then on `source.address` and the consumer header; the clock (a request's start, for the drain report's durations) | in flight +1, started +1; or rejected +1 and the marked 503; a long-lived stream leaves the in-flight count at once and is kept by this copy (at most [`MAX_LONG_LIVED`]) |
 //! | response headers | phase gauge | instance header; the closing mark while closing (closing_marked +1 once); this copy now knows of the closing |
 //! | response trailers | phase gauge | the closing mark while closing |
-//! | tick (every [`TICK`]) | gate gauge (with kept streams) | merges this copy's report records into shared data ([`crate::report`]); once the gate passed, wakes every kept long-lived stream |
+//! | tick (every [`TICK`]) | the clock; gate gauge (with kept streams) | refreshes this copy's coarse clock; merges this copy's report records into shared data ([`crate::report`]) and learns the longest request from it; once the gate passed, wakes every kept long-lived stream |
 //! | woken long-lived stream | nothing | the marked 503 (gRPC UNAVAILABLE); Envoy resets a stream whose headers went out |
-//! | stream end | the clock, for a recorded stream | in flight −1 if counted; a kept stream is forgotten; a recorded stream's peer and duration go to the copy's pending report |
+//! | stream end | the clock, for a sampled stream, one after closing, or one whose coarse duration could be the longest | in flight −1 if counted; a kept stream is forgotten; a recorded stream's peer and duration go to the copy's pending report |
 //!
 //! A long-lived stream (a WebSocket, a gRPC stream the app never ends)
 //! would hold the drain gate until its `timeout` and then be cut by the
@@ -20,12 +20,22 @@
 //! with a status its client retries.
 //!
 //! The report costs an ordinary request one gauge read while serving (the
-//! phase: did this request start after closing?), and one in
-//! [`SAMPLE_EVERY`] two clock reads; from closing on, every request is
-//! recorded (its caller and duration).
+//! phase: did this request start after closing?) and one clock read (its
+//! start). The report's longest request is exact (every request counts)
+//! without a second read per request: each copy keeps a coarse clock, the
+//! latest time it read (at each request start and each tick, so at most
+//! [`TICK`] old while ticks run on time), and a request whose coarse
+//! duration plus [`COARSE_SLACK`] is shorter than the longest the copy knows
+//! of cannot be the longest, so it ends without a clock read. Every other
+//! request reads the clock at its end: the one in [`SAMPLE_EVERY`] sampled
+//! for the percentiles, those after closing, and any that could be the
+//! longest (every request while the longest seen is under
+//! [`COARSE_SLACK`]). A request is missed only if its copy read no clock for
+//! longer than [`COARSE_SLACK`] (a tick over 100 ms late on an idle copy);
+//! a duration read is exact to the clock's microsecond.
 
 use std::cell::{Cell, RefCell};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 use super::host::{
@@ -49,6 +59,9 @@ pub const TICK: Duration = Duration::from_millis(100);
 /// Most long-lived streams one copy keeps; more are counted in flight as
 /// any request (they hold the gate, as before).
 pub const MAX_LONG_LIVED: usize = 1024;
+/// How much older than now a copy's coarse clock may be without a request
+/// being missed from the report's longest: twice the tick that refreshes it.
+pub const COARSE_SLACK: Duration = Duration::from_millis(2 * TICK.as_millis() as u64);
 
 /// One copy's state (a VM copy's; the native config's): its kept
 /// long-lived streams and its report records not merged yet. `W` wakes a
@@ -99,6 +112,11 @@ pub struct Provider {
     admitted: AtomicU32,
     /// A report merge failed and was logged (once per copy).
     merge_warned: AtomicBool,
+    /// The coarse clock: the latest time this copy read (µs).
+    clock_us: AtomicU64,
+    /// The longest request this copy knows of (its own, and the shared one
+    /// at its last merge), µs: shorter ones need no clock read at their end.
+    longest_us: AtomicU64,
 }
 
 /// What a stream records for the report.
@@ -111,6 +129,8 @@ struct Recording {
     /// Its duration goes to the report (not for a long-lived stream or a
     /// local reply).
     timed: bool,
+    /// Sampled for the percentiles (always after closing).
+    sampled: bool,
     after_closing: bool,
 }
 
@@ -166,6 +186,8 @@ impl Provider {
             knows_closing: AtomicBool::new(false),
             admitted: AtomicU32::new(0),
             merge_warned: AtomicBool::new(false),
+            clock_us: AtomicU64::new(0),
+            longest_us: AtomicU64::new(0),
         })
     }
 
@@ -241,8 +263,8 @@ impl Provider {
     }
 
     /// Decides what this stream records for the report: from closing on,
-    /// its caller and (if `timed`) its duration; while serving, the
-    /// duration of one stream in [`SAMPLE_EVERY`].
+    /// its caller; its duration if `timed` (sampled for the percentiles:
+    /// every one from closing on, one in [`SAMPLE_EVERY`] while serving).
     fn begin_recording(&self, st: &ProviderStream, s: &impl Stream, timed: bool) {
         // One gauge read per request until this copy knows: a request that
         // starts after closing is recorded, even the first (a consumer
@@ -254,11 +276,12 @@ impl Provider {
             }
             closing
         };
-        if !after_closing {
+        let sampled = after_closing || {
             let n = self.admitted.fetch_add(1, Relaxed).wrapping_add(1);
-            if !timed || !n.is_multiple_of(SAMPLE_EVERY) {
-                return;
-            }
+            timed && n.is_multiple_of(SAMPLE_EVERY)
+        };
+        if !timed && !after_closing {
+            return;
         }
         let peer = after_closing.then(|| {
             let source = s.attribute(Attribute::SourceAddress);
@@ -271,10 +294,37 @@ impl Provider {
         });
         st.recording.replace(Some(Recording {
             peer,
-            start_us: s.now_us(),
+            start_us: self.read_clock(s),
             timed,
+            sampled,
             after_closing,
         }));
+    }
+
+    /// Reads the clock, moving this copy's coarse clock with it.
+    fn read_clock(&self, h: &(impl Host + ?Sized)) -> u64 {
+        let now = h.now_us();
+        self.clock_us.fetch_max(now, Relaxed);
+        now
+    }
+
+    /// A timed stream's duration (µs), if it goes to the report: read for a
+    /// sampled stream, else only if its coarse duration could make it the
+    /// longest this copy knows of (see the module doc).
+    fn duration_of(&self, r: &Recording, h: &(impl Host + ?Sized)) -> Option<u64> {
+        if !r.timed {
+            return None;
+        }
+        if !r.sampled {
+            let coarse = self.clock_us.load(Relaxed).saturating_sub(r.start_us);
+            let slack = COARSE_SLACK.as_micros() as u64;
+            if coarse.saturating_add(slack) < self.longest_us.load(Relaxed) {
+                return None;
+            }
+        }
+        let took = self.read_clock(h).saturating_sub(r.start_us);
+        self.longest_us.fetch_max(took, Relaxed);
+        Some(took)
     }
 
     /// The tick: merges this copy's report records; once the gate has
@@ -286,14 +336,22 @@ impl Provider {
         h: &impl Host,
         mut wake: impl FnMut(u32, &W),
     ) -> Vec<(u32, W)> {
+        self.read_clock(h);
         let pending = copy.with(|c| std::mem::take(&mut c.report));
         if !pending.is_empty() {
-            if let Err(e) = pending.merge_into(h.store()) {
-                if !self.merge_warned.swap(true, Relaxed) {
-                    h.log(
-                        Level::Warn,
-                        &format!("drain report records dropped (shared data: {e:?}); logged once"),
-                    );
+            match pending.merge_into(h.store()) {
+                Ok(longest) => {
+                    self.longest_us.fetch_max(longest, Relaxed);
+                }
+                Err(e) => {
+                    if !self.merge_warned.swap(true, Relaxed) {
+                        h.log(
+                            Level::Warn,
+                            &format!(
+                                "drain report records dropped (shared data: {e:?}); logged once"
+                            ),
+                        );
+                    }
                 }
             }
         }
@@ -403,14 +461,19 @@ impl Provider {
             copy.with(|c| c.release(id));
         }
         if let Some(r) = st.recording.take() {
-            let took = r.timed.then(|| h.now_us().saturating_sub(r.start_us));
+            let took = self.duration_of(&r, h);
             let marked = st.marked.get() || st.rejected.get();
+            if r.peer.is_none() && took.is_none() {
+                return;
+            }
             copy.with(|c| {
                 if let Some(peer) = r.peer {
                     c.report.peers.add(peer, marked, r.start_us);
                 }
-                if let Some(us) = took {
-                    c.report.durations.add(us, r.after_closing);
+                match took {
+                    Some(us) if r.sampled => c.report.durations.add(us, r.after_closing),
+                    Some(us) => c.report.durations.note_longest(us),
+                    None => {}
                 }
             });
         }
@@ -667,6 +730,80 @@ mod tests {
         let s = inputs.durations.summary();
         assert_eq!((s.count, s.p50_us), (3, 2_000));
         assert_eq!(inputs.peers, Default::default());
+    }
+
+    /// Runs `copy`'s ticks every [`TICK`] for `d`, as the host does.
+    fn run_for(p: &Provider, h: &MockHost, copy: &RefCell<ProviderCopy>, d: Duration) {
+        let mut left = d;
+        while left > Duration::ZERO {
+            let step = left.min(TICK);
+            h.advance(step);
+            p.tick(copy, h, |_, _| {});
+            left -= step;
+        }
+    }
+
+    #[test]
+    fn the_longest_request_is_exact_though_only_one_in_sample_every_is_sampled() {
+        let h = MockHost::new();
+        let p = provider(&h, "");
+        let copy = copy();
+        // While serving: short requests, and at three unsampled places a
+        // long one overlapping them (1.5 s, then 1.5 s, then 1,623.4 ms).
+        let longs = [1_500_000u64, 1_500_000, 1_623_400];
+        for (i, long_us) in longs.into_iter().enumerate() {
+            let long = open(&p, &h, &copy, "/slow", None, 100 + i as u32);
+            assert!(
+                !(p.admitted.load(Relaxed)).is_multiple_of(SAMPLE_EVERY),
+                "the long request is not sampled"
+            );
+            for _ in 0..(SAMPLE_EVERY + 3) {
+                let st = open(&p, &h, &copy, "/x", None, 1);
+                h.advance(Duration::from_micros(700));
+                p.stream_end(&st, &h, &copy);
+            }
+            let spent = (SAMPLE_EVERY as u64 + 3) * 700;
+            run_for(&p, &h, &copy, Duration::from_micros(long_us - spent));
+            p.stream_end(&long, &h, &copy);
+            p.tick(&copy, &h, |_, _| {});
+        }
+        let s = crate::report::Inputs::read(h.store())
+            .unwrap()
+            .durations
+            .summary();
+        assert_eq!(s.max_us, 1_623_400, "exact, to the microsecond");
+        assert_eq!(s.p99_us, 700, "the long ones were not sampled");
+        // A short request after that ends without making a new longest,
+        // and a request in flight at closing that ends after it counts.
+        let in_flight = open(&p, &h, &copy, "/slow", None, 200);
+        run_for(&p, &h, &copy, Duration::from_millis(300));
+        h.metric_set(Metric::DrainPhase, 1);
+        run_for(&p, &h, &copy, Duration::from_millis(1_500));
+        p.stream_end(&in_flight, &h, &copy);
+        p.tick(&copy, &h, |_, _| {});
+        let s = crate::report::Inputs::read(h.store())
+            .unwrap()
+            .durations
+            .summary();
+        assert_eq!(s.max_us, 1_800_000);
+    }
+
+    #[test]
+    fn a_copy_learns_the_longest_from_shared_data_at_its_merge() {
+        let h = MockHost::new();
+        let (a, b) = (provider(&h, ""), provider(&h, ""));
+        let (ca, cb) = (copy(), copy());
+        let long = open(&a, &h, &ca, "/slow", None, 1);
+        run_for(&a, &h, &ca, Duration::from_secs(2));
+        a.stream_end(&long, &h, &ca);
+        a.tick(&ca, &h, |_, _| {});
+        assert_eq!(a.longest_us.load(Relaxed), 2_000_000);
+        assert_eq!(b.longest_us.load(Relaxed), 0);
+        // b merges a request of its own: it now knows a's longest too.
+        let st = open(&b, &h, &cb, "/x", None, 1);
+        b.stream_end(&st, &h, &cb);
+        b.tick(&cb, &h, |_, _| {});
+        assert_eq!(b.longest_us.load(Relaxed), 2_000_000);
     }
 
     #[test]

@@ -1,10 +1,20 @@
 //! How long requests take, for the report's `request_ms` and its
-//! recommended `timeout`. While serving, each copy of graceful_provider
-//! times one request in [`SAMPLE_EVERY`] (two clock reads, nothing else);
-//! from closing on, every request. Its tick merges the samples into the
-//! shared [`DurationRing`] ([`crate::keys::REPORT_DURATIONS`]): the latest
-//! [`RING`] durations, and the longest seen since closing began, so a long
-//! request of the shutdown is never pushed out by many short ones.
+//! recommended budgets.
+//!
+//! - `max` is exact over the life of the provider (every request that
+//!   ended since this Envoy started, those in flight at closing included;
+//!   long-lived streams, which the gate does not wait for, and local
+//!   replies are not requests here). A long request is rare by nature: a
+//!   shorter window would forget a nightly export between two shutdowns,
+//!   and the recommended `timeout` would cut it.
+//! - `p50` and `p99` come from the latest [`RING`] samples: while serving,
+//!   each copy samples one request in [`SAMPLE_EVERY`]; from closing on,
+//!   every request.
+//!
+//! What it costs a request is in [`crate::filter::provider`] (a clock read
+//! at its start; one at its end only when it could be the longest). A
+//! copy's tick merges what it gathered into the shared [`DurationRing`]
+//! ([`crate::keys::REPORT_DURATIONS`]).
 
 use std::collections::VecDeque;
 
@@ -17,26 +27,42 @@ pub const SAMPLE_EVERY: u32 = 32;
 /// Most samples one copy gathers between two merges (the latest win).
 pub const PENDING_MAX: usize = RING;
 
-const VERSION: u8 = 1;
+/// Version 2 added the life-long longest; version 1 values still decode.
+const VERSION: u8 = 2;
+const VERSION_1: u8 = 1;
 
 /// One copy's samples since its last merge.
 #[derive(Debug, Default)]
 pub struct PendingDurations {
     /// (µs, started after closing began).
     samples: VecDeque<(u32, bool)>,
+    /// The longest request this copy timed since its last merge (µs),
+    /// sampled or not; None before any.
+    longest_us: Option<u32>,
+}
+
+fn saturating_u32(micros: u64) -> u32 {
+    u32::try_from(micros).unwrap_or(u32::MAX)
 }
 
 impl PendingDurations {
     pub fn is_empty(&self) -> bool {
-        self.samples.is_empty()
+        self.samples.is_empty() && self.longest_us.is_none()
     }
 
+    /// A sampled request: for the percentiles and the longest.
     pub fn add(&mut self, micros: u64, after_closing: bool) {
         if self.samples.len() >= PENDING_MAX {
             self.samples.pop_front();
         }
         self.samples
-            .push_back((u32::try_from(micros).unwrap_or(u32::MAX), after_closing));
+            .push_back((saturating_u32(micros), after_closing));
+        self.note_longest(micros);
+    }
+
+    /// A request timed for the longest only (not sampled).
+    pub fn note_longest(&mut self, micros: u64) {
+        self.longest_us = self.longest_us.max(Some(saturating_u32(micros)));
     }
 }
 
@@ -49,6 +75,8 @@ pub struct DurationRing {
     next: u16,
     /// The longest request timed since closing began (µs).
     pub max_after_closing_us: u32,
+    /// The longest request that ended since the provider started (µs).
+    pub longest_us: u32,
 }
 
 /// `request_ms` of the report.
@@ -62,6 +90,7 @@ pub struct Summary {
 
 impl DurationRing {
     pub fn merge(&mut self, pending: &PendingDurations) {
+        self.longest_us = self.longest_us.max(pending.longest_us.unwrap_or(0));
         for &(us, after_closing) in &pending.samples {
             if after_closing {
                 self.max_after_closing_us = self.max_after_closing_us.max(us);
@@ -76,8 +105,8 @@ impl DurationRing {
         }
     }
 
-    /// Nearest-rank percentiles over the ring; the max includes the longest
-    /// since closing.
+    /// Nearest-rank percentiles over the ring; the max is the longest
+    /// request since the provider started.
     pub fn summary(&self) -> Summary {
         let mut sorted = self.samples.clone();
         sorted.sort_unstable();
@@ -97,16 +126,18 @@ impl DurationRing {
                 .copied()
                 .unwrap_or(0)
                 .max(self.max_after_closing_us)
+                .max(self.longest_us)
                 .into(),
         }
     }
 
     /// Fixed little-endian layout: version u8, next u16, max_after_closing
-    /// u32, count u16, then each sample u32.
+    /// u32, longest u32 (version 2), count u16, then each sample u32.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = vec![VERSION];
         out.extend_from_slice(&self.next.to_le_bytes());
         out.extend_from_slice(&self.max_after_closing_us.to_le_bytes());
+        out.extend_from_slice(&self.longest_us.to_le_bytes());
         out.extend_from_slice(&(self.samples.len() as u16).to_le_bytes());
         for s in &self.samples {
             out.extend_from_slice(&s.to_le_bytes());
@@ -116,11 +147,13 @@ impl DurationRing {
 
     pub fn decode(bytes: &[u8]) -> Option<DurationRing> {
         let mut r = Reader(bytes);
-        if r.u8()? != VERSION {
+        let version = r.u8()?;
+        if version != VERSION && version != VERSION_1 {
             return None;
         }
         let next = r.u16()?;
         let max_after_closing_us = r.u32()?;
+        let longest_us = if version == VERSION { r.u32()? } else { 0 };
         let n = usize::from(r.u16()?);
         if n > RING || usize::from(next) >= RING.max(1) {
             return None;
@@ -130,6 +163,7 @@ impl DurationRing {
             samples,
             next,
             max_after_closing_us,
+            longest_us,
         })
     }
 }
@@ -170,8 +204,37 @@ mod tests {
             (RING as u64, 700, 700, 2_500_000)
         );
         assert_eq!(DurationRing::decode(&ring.encode()), Some(ring.clone()));
-        assert!(ring.encode().len() <= 16 + 4 * RING);
+        assert!(ring.encode().len() <= 20 + 4 * RING);
         assert_eq!(DurationRing::decode(&ring.encode()[1..]), None);
+    }
+
+    #[test]
+    fn the_max_counts_every_timed_request_sampled_or_not_and_old_values_decode() {
+        let mut ring = DurationRing::default();
+        let mut pending = PendingDurations::default();
+        assert!(pending.is_empty());
+        pending.note_longest(1_500_000);
+        assert!(!pending.is_empty(), "a longest alone is worth a merge");
+        for _ in 0..10 {
+            pending.add(900, false);
+        }
+        ring.merge(&pending);
+        let s = ring.summary();
+        assert_eq!((s.count, s.p99_us, s.max_us), (10, 900, 1_500_000));
+        // A shorter longest later does not lower it.
+        let mut pending = PendingDurations::default();
+        pending.note_longest(2_000);
+        ring.merge(&pending);
+        assert_eq!(ring.summary().max_us, 1_500_000);
+        assert_eq!(DurationRing::decode(&ring.encode()), Some(ring.clone()));
+        // Version 1 (no longest) as an older build wrote it.
+        let mut v1 = vec![1u8];
+        v1.extend_from_slice(&0u16.to_le_bytes());
+        v1.extend_from_slice(&7u32.to_le_bytes());
+        v1.extend_from_slice(&1u16.to_le_bytes());
+        v1.extend_from_slice(&5u32.to_le_bytes());
+        let old = DurationRing::decode(&v1).unwrap();
+        assert_eq!((old.longest_us, old.summary().max_us), (0, 7));
     }
 
     #[test]

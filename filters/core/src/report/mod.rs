@@ -8,7 +8,7 @@
 //! | closing, the pass, forced | graceful_drain | closing starts, the gate passes | [`crate::keys::RECORD`] |
 //! | which timeout forced it | graceful_drain (the copy whose write passed) | the gate passes | [`crate::keys::PASSED_BY`] |
 //! | peers after closing | graceful_provider, per stream that started once its copy knew of the closing; merged on the copy's tick | closing onwards | [`crate::keys::REPORT_PEERS`] ([`peers`]) |
-//! | request durations | graceful_provider: one stream in [`durations::SAMPLE_EVERY`] per copy while serving, every stream from closing on; merged on the tick | always | [`crate::keys::REPORT_DURATIONS`] ([`durations`]) |
+//! | request durations | graceful_provider: the longest of every request; for the percentiles one stream in [`durations::SAMPLE_EVERY`] per copy while serving, every stream from closing on; merged on the tick | always | [`crate::keys::REPORT_DURATIONS`] ([`durations`]) |
 //!
 //! A provider copy learns of the closing at its next response (the phase
 //! gauge it reads to mark responses) or its next tick, at most
@@ -40,10 +40,11 @@ impl PendingReport {
         self.peers.is_empty() && self.durations.is_empty()
     }
 
-    /// Merges these records into shared data. A merge lost to contention
-    /// is dropped (the report is a measurement, never worth a blocked
-    /// stream or tick).
-    pub fn merge_into(self, store: &dyn SharedStore) -> Result<(), UpdateError> {
+    /// Merges these records into shared data; the longest request the
+    /// shared durations hold after it (µs; 0 if this merge had none). A
+    /// merge lost to contention is dropped (the report is a measurement,
+    /// never worth a blocked stream or tick).
+    pub fn merge_into(self, store: &dyn SharedStore) -> Result<u64, UpdateError> {
         if !self.peers.is_empty() {
             update(store, crate::keys::REPORT_PEERS.name, |bytes| {
                 let mut table = bytes.and_then(PeerTable::decode).unwrap_or_default();
@@ -51,14 +52,15 @@ impl PendingReport {
                 (Some(table.encode()), ())
             })?;
         }
+        let mut longest = 0;
         if !self.durations.is_empty() {
-            update(store, crate::keys::REPORT_DURATIONS.name, |bytes| {
+            longest = update(store, crate::keys::REPORT_DURATIONS.name, |bytes| {
                 let mut ring = bytes.and_then(DurationRing::decode).unwrap_or_default();
                 ring.merge(&self.durations);
-                (Some(ring.encode()), ())
+                (Some(ring.encode()), u64::from(ring.longest_us))
             })?;
         }
-        Ok(())
+        Ok(longest)
     }
 }
 
@@ -170,7 +172,8 @@ impl Report {
                 })
                 .collect();
             let end_us = if drained { rec.drained_at_us } else { now_us };
-            recommend::recommend(gate, &callers, ms_from(since, end_us), &summary)
+            let forced_by = inputs.passed_by.filter(|p| rec.forced && p.forced());
+            recommend::recommend(gate, &callers, ms_from(since, end_us), &summary, forced_by)
         });
         let shown = kept.len().min(max_peers);
         let peers_dropped = (kept.len() - shown) as u64 + inputs.peers.dropped();

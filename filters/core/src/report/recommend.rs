@@ -1,19 +1,23 @@
 //! The report's `recommended` settings, derived from what one shutdown
-//! measured, each with a sentence naming the measurement.
+//! measured, each with a sentence naming the measurement: every setting
+//! that decided the pass or would have (the README's graceful_drain
+//! section says which budget ends the wait in which case).
 //!
 //! | setting | from | rule |
 //! |---|---|---|
 //! | `consumer_update_wait` | the callers that stopped (their last request came more than [`STOPPED_AFTER`] before the end) | 1.5 × the last of their last requests after closing + 500 ms, up to the next 500 ms, at least 1 s; none stopped: the configured value |
-//! | `timeout` | the longest request seen (`request_ms.max`) | the recommended wait + `quiet_window` + 1.5 × that, whole seconds; none timed: the configured value |
+//! | `step_timeout` | the same callers | every caller after closing stopped: the recommended wait again, at least 1 s (a caller slower to learn than any seen gets as long again before arrivals count as endless); a caller kept sending to the end, or none came: the configured value |
+//! | `timeout` | the longest request since the provider started (`request_ms.max`, exact) | the recommended wait + step_timeout + `quiet_window` + 1.5 × that, whole seconds (a request that starts as the last arrivals do still ends before it); none timed: the configured value, at least wait + step_timeout |
 //! | `grace_period_seconds` | the recommended timeout | + [`EXIT_ALLOWANCE`] for the app and Envoy to exit after the gate |
 //!
 //! Callers still sending at the end ignore the mark: no wait is long enough
-//! for them, so they are named in the basis, not waited for.
+//! for them, so they are named in the basis, not waited for. The setting
+//! that forced this pass says so in its basis.
 
 use std::time::Duration;
 
 use crate::duration::format_duration;
-use crate::record::GateTimings;
+use crate::record::{GatePass, GateTimings};
 
 use super::durations::Summary;
 
@@ -35,6 +39,7 @@ pub struct Caller {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Recommended {
     pub consumer_update_wait: String,
+    pub step_timeout: String,
     pub timeout: String,
     pub grace_period_seconds: u64,
     pub basis: Basis,
@@ -43,6 +48,7 @@ pub struct Recommended {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Basis {
     pub consumer_update_wait: String,
+    pub step_timeout: String,
     pub timeout: String,
     pub grace_period_seconds: String,
 }
@@ -61,13 +67,22 @@ fn ms_text(us: u64) -> String {
 }
 
 /// `callers`: every caller after closing; `end_ms`: from closing to the
-/// gate's pass (or now, still closing).
+/// gate's pass (or now, still closing); `forced_by`: the budget that
+/// forced this pass, if one did.
 pub fn recommend(
     gate: &GateTimings,
     callers: &[Caller],
     end_ms: u64,
     requests: &Summary,
+    forced_by: Option<GatePass>,
 ) -> Recommended {
+    let forced = |by: GatePass| {
+        if forced_by == Some(by) {
+            "; it forced this pass"
+        } else {
+            ""
+        }
+    };
     let stopped_ms = STOPPED_AFTER.as_millis() as u64;
     let (stopped, sending): (Vec<&Caller>, Vec<&Caller>) = callers
         .iter()
@@ -110,37 +125,69 @@ pub fn recommend(
             ),
         ),
     };
+    let (step, step_basis) = match stopped.iter().max_by_key(|c| c.last_ms) {
+        Some(last) if sending.is_empty() => (
+            wait.max(Duration::from_secs(1)),
+            format!(
+                "every caller after closing stopped, the last {} ms after closing; arrivals that go on past consumer_update_wait get as long again, {}, before they count as endless{}",
+                last.last_ms,
+                format_duration(wait.max(Duration::from_secs(1))),
+                forced(GatePass::StepTimeout)
+            ),
+        ),
+        _ if !sending.is_empty() => (
+            gate.step_timeout,
+            format!(
+                "{} caller(s) kept sending to the end, so arrivals never stopped and no step_timeout would let them; the configured {} is kept{}",
+                sending.len(),
+                format_duration(gate.step_timeout),
+                forced(GatePass::StepTimeout)
+            ),
+        ),
+        _ => (
+            gate.step_timeout,
+            format!(
+                "no request started after closing, so the configured {} is kept",
+                format_duration(gate.step_timeout)
+            ),
+        ),
+    };
     let (timeout, timeout_basis) = if requests.count == 0 && requests.max_us == 0 {
-        let t = gate.timeout.max(wait);
+        let t = gate.timeout.max(wait + step);
         (
             t,
             format!(
-                "no request was timed, so the configured {} is kept",
-                format_duration(gate.timeout)
+                "no request was timed, so the configured {} is kept (at least consumer_update_wait + step_timeout){}",
+                format_duration(gate.timeout),
+                forced(GatePass::Timeout)
             ),
         )
     } else {
-        let ms = (wait + gate.quiet_window).as_millis() as u64
+        let ms = (wait + step + gate.quiet_window).as_millis() as u64
             + (requests.max_us * 3 / 2).div_ceil(1000);
         (
             whole_seconds(ms),
             format!(
-                "consumer_update_wait {} + quiet_window {} + 1.5 × the longest request seen ({}; p99 {} over {} recent)",
+                "consumer_update_wait {} + step_timeout {} + quiet_window {} + 1.5 × the longest request since the provider started ({}, every request counted; p99 {} over {} recent){}",
                 format_duration(wait),
+                format_duration(step),
                 format_duration(gate.quiet_window),
                 ms_text(requests.max_us),
                 ms_text(requests.p99_us),
-                requests.count
+                requests.count,
+                forced(GatePass::Timeout)
             ),
         )
     };
     let grace = (timeout + EXIT_ALLOWANCE).as_secs();
     Recommended {
         consumer_update_wait: format_duration(wait),
+        step_timeout: format_duration(step),
         timeout: format_duration(timeout),
         grace_period_seconds: grace,
         basis: Basis {
             consumer_update_wait: wait_basis,
+            step_timeout: step_basis,
             timeout: timeout_basis,
             grace_period_seconds: format!(
                 "timeout {} + {} for the app and Envoy to exit after the gate passes",
@@ -183,27 +230,69 @@ mod tests {
             &[caller("10.0.0.3 (c-1)", 412), caller("10.0.0.9", 6_900)],
             7_000,
             &timed,
+            None,
         );
         // 1.5 × 412 + 500 = 1,118 ms: 1.5 s.
         assert_eq!(r.consumer_update_wait, "1500ms");
         assert!(r.basis.consumer_update_wait.contains("412 ms"), "{r:?}");
         assert!(r.basis.consumer_update_wait.contains("10.0.0.9"), "{r:?}");
-        // 1.5 s + 0.5 s + 3,471 ms = 5,471 ms: 6 s, which covers the longest.
-        assert_eq!(r.timeout, "6s");
+        // A caller kept sending: the configured step_timeout stays.
+        assert_eq!(r.step_timeout, "3s");
+        assert!(
+            r.basis.step_timeout.contains("1 caller(s) kept sending"),
+            "{r:?}"
+        );
+        // 1.5 s + 3 s + 0.5 s + 3,471 ms = 8,471 ms: 9 s, which covers the
+        // longest after the last arrivals.
+        assert_eq!(r.timeout, "9s");
         assert!(r.basis.timeout.contains("2314 ms"), "{r:?}");
-        assert_eq!(r.grace_period_seconds, 11);
+        assert_eq!(r.grace_period_seconds, 14);
         // A caller told at once: the least wait, 1 s.
-        let r = recommend(&gate(), &[caller("c", 2)], 5_000, &timed);
+        let r = recommend(&gate(), &[caller("c", 2)], 5_000, &timed, None);
         assert_eq!(r.consumer_update_wait, "1s");
+        // Every caller stopped: the wait again for a slower one.
+        assert_eq!(r.step_timeout, "1s");
+        assert!(r.basis.step_timeout.contains("2 ms after closing"), "{r:?}");
+    }
+
+    #[test]
+    fn the_budget_that_forced_the_pass_says_so() {
+        let timed = Summary {
+            count: 3,
+            p50_us: 1_000,
+            p99_us: 1_000,
+            max_us: 1_000,
+        };
+        let callers = [caller("10.0.0.9", 4_900)];
+        let r = recommend(
+            &gate(),
+            &callers,
+            5_000,
+            &timed,
+            Some(GatePass::StepTimeout),
+        );
+        assert!(
+            r.basis.step_timeout.ends_with("it forced this pass"),
+            "{r:?}"
+        );
+        assert!(!r.basis.timeout.contains("forced"), "{r:?}");
+        let r = recommend(&gate(), &callers, 5_000, &timed, Some(GatePass::Timeout));
+        assert!(r.basis.timeout.ends_with("it forced this pass"), "{r:?}");
+        assert!(!r.basis.step_timeout.contains("forced"), "{r:?}");
     }
 
     #[test]
     fn without_measurements_the_configured_values_stay() {
-        let r = recommend(&gate(), &[], 3_600, &Summary::default());
+        let r = recommend(&gate(), &[], 3_600, &Summary::default(), None);
         assert_eq!(
-            (r.consumer_update_wait.as_str(), r.timeout.as_str()),
-            ("3s", "1m")
+            (
+                r.consumer_update_wait.as_str(),
+                r.step_timeout.as_str(),
+                r.timeout.as_str()
+            ),
+            ("3s", "3s", "1m")
         );
+        assert!(r.basis.step_timeout.contains("no request started"), "{r:?}");
         assert_eq!(r.grace_period_seconds, 65);
         assert!(r.basis.timeout.contains("no request was timed"), "{r:?}");
     }
@@ -218,11 +307,17 @@ mod tests {
                     p99_us: 1,
                     max_us: max_ms * 1000,
                 };
-                let r = recommend(&gate(), &[caller("a", last)], last + 5_000, &timed);
+                let r = recommend(&gate(), &[caller("a", last)], last + 5_000, &timed, None);
                 let wait = crate::duration::parse_duration(&r.consumer_update_wait).unwrap();
+                let step = crate::duration::parse_duration(&r.step_timeout).unwrap();
                 let timeout = crate::duration::parse_duration(&r.timeout).unwrap();
                 assert!(wait.as_millis() as u64 > last, "{r:?}");
-                assert!(timeout >= wait + Duration::from_millis(max_ms), "{r:?}");
+                // A request that starts as late as arrivals may go on
+                // unforced still ends before the timeout.
+                assert!(
+                    timeout >= wait + step + Duration::from_millis(max_ms),
+                    "{r:?}"
+                );
                 assert!(r.grace_period_seconds > timeout.as_secs(), "{r:?}");
             }
         }

@@ -108,10 +108,64 @@ fn a_forced_shutdown_names_its_timeout_and_the_caller_that_kept_sending() {
         rec.basis.consumer_update_wait.contains("fd00::9"),
         "{rec:?}"
     );
-    // 1 s + 0.5 s + 2.7 s = 4.2 s → 5 s, covering the 1.8 s request.
-    assert_eq!(rec.timeout, "5s");
-    assert_eq!(rec.grace_period_seconds, 10);
+    // The plain client never stopped: the configured step_timeout stays,
+    // and says it forced this pass.
+    assert_eq!(rec.step_timeout, "2s");
+    assert!(
+        rec.basis.step_timeout.ends_with("it forced this pass"),
+        "{rec:?}"
+    );
+    // 1 s + 2 s + 0.5 s + 2.7 s = 6.2 s → 7 s, covering the 1.8 s request.
+    assert_eq!(rec.timeout, "7s");
+    assert_eq!(rec.grace_period_seconds, 12);
     assert_eq!(Report::late_peers(&inputs, &gate()), 1);
+    // The JSON names every budget, each with its basis.
+    for key in [
+        "consumer_update_wait",
+        "step_timeout",
+        "timeout",
+        "grace_period_seconds",
+    ] {
+        assert!(!v["recommended"][key].is_null(), "{key}: {v}");
+        assert!(
+            v["recommended"]["basis"][key]
+                .as_str()
+                .is_some_and(|b| !b.is_empty()),
+            "{key}: {v}"
+        );
+    }
+}
+
+#[test]
+fn the_max_covers_rare_long_requests_timed_while_serving_but_never_sampled() {
+    // Three 1.5 s requests among many short ones while serving, none of
+    // them sampled for the percentiles: the max is theirs, and the
+    // recommended timeout covers them.
+    let store = MemStore::default();
+    let mut pending = PendingReport::default();
+    for i in 0..1_000u64 {
+        if i % 32 == 0 {
+            pending.durations.add(2 * MS, false);
+        }
+    }
+    for _ in 0..3 {
+        pending.durations.note_longest(1_500 * MS);
+    }
+    pending.merge_into(&store).unwrap();
+    crate::record::start_closing(&store, T0).unwrap();
+    crate::record::pass(&store, GatePass::Quiet, T0 + S).unwrap();
+    let r = Report::build(&Inputs::read(&store).unwrap(), &gate(), 32, T0 + 2 * S);
+    assert_eq!(r.request_ms.max, Some(1_500.0));
+    assert_eq!(r.request_ms.p99, Some(2.0), "the percentiles stay sampled");
+    let rec = r.recommended.unwrap();
+    let timeout = crate::duration::parse_duration(&rec.timeout).unwrap();
+    let wait = crate::duration::parse_duration(&rec.consumer_update_wait).unwrap();
+    let step = crate::duration::parse_duration(&rec.step_timeout).unwrap();
+    assert!(
+        timeout >= wait + step + Duration::from_millis(1_500),
+        "{rec:?}"
+    );
+    assert!(rec.basis.timeout.contains("1500 ms"), "{rec:?}");
 }
 
 #[test]
