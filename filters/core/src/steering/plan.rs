@@ -17,8 +17,8 @@ pub enum Steering {
     LeaveAlone,
     /// Put this list in the override header.
     Steer(String),
-    /// Every known usable member is tombstoned: nothing better to offer,
-    /// the load balancer decides.
+    /// Every known usable member is tombstoned, and none is a last resort
+    /// ([`plan()`]): the load balancer decides.
     NoneLeft,
 }
 
@@ -29,9 +29,10 @@ pub enum Plan {
     /// No live tombstone concerns this cluster: the load balancer decides.
     LeaveAlone,
     Hosts {
-        /// The hosts not tombstoned, in member order; empty when every
-        /// known usable member is tombstoned.
-        acceptable: Vec<String>,
+        /// The hosts requests go to: those not tombstoned, in member order;
+        /// with none of those, the last resort (see [`plan()`]); empty when
+        /// there is neither.
+        hosts: Vec<String>,
         /// Below the panic floor: tombstoned members whose last word was a
         /// refused connection (never a closing answer), longest confirmed
         /// first. Each is tried first in a list of its own, the acceptable
@@ -41,10 +42,10 @@ pub enum Plan {
 }
 
 impl Plan {
-    /// A plan of acceptable hosts only.
-    pub fn hosts<S: Into<String>>(acceptable: impl IntoIterator<Item = S>) -> Plan {
+    /// A plan of these hosts and no trial.
+    pub fn hosts<S: Into<String>>(hosts: impl IntoIterator<Item = S>) -> Plan {
         Plan::Hosts {
-            acceptable: acceptable.into_iter().map(Into::into).collect(),
+            hosts: hosts.into_iter().map(Into::into).collect(),
             trial: Vec::new(),
         }
     }
@@ -89,10 +90,9 @@ impl Rotations {
     /// The rotations of `plan` (none for `LeaveAlone` or no acceptable
     /// host).
     pub fn of(plan: &Plan) -> Rotations {
-        let Plan::Hosts { acceptable, trial } = plan else {
+        let Plan::Hosts { hosts, trial } = plan else {
             return Rotations::default();
         };
-        let hosts = acceptable;
         let per_list = hosts.len().min(MAX_OVERRIDE_HOSTS);
         let mut ring = String::new();
         let mut starts = Vec::with_capacity(hosts.len() + per_list);
@@ -205,8 +205,17 @@ impl Rules {
 /// longest ago first, up to the floor. A refused connection is retried by
 /// every shipped retry policy (Istio's included), and a trial host is
 /// always followed by acceptable hosts ([`Rotations`]), so a trial costs a
-/// retry, never a request; an answer readmits the host at once. With no
-/// acceptable host at all, the balancer decides.
+/// retry, never a request; an answer readmits the host at once.
+///
+/// The last resort: with no acceptable host at all, the plan lists every
+/// tombstoned member but those confirmed last (the host, or hosts at the
+/// same moment, whose mark or refusal is the newest). The balancer would
+/// pick among all of them alike; the ones confirmed longest ago are the
+/// likeliest to have restarted (a whole generation back on the same
+/// addresses, unprobed), and any answer of a new instance readmits it, so
+/// the plan has acceptable hosts again after a few answers, while the host
+/// that just said closing gets none. With one such moment only (every
+/// tombstone confirmed together, or a single member), the balancer decides.
 pub fn plan(
     members: &[Member],
     tombstones: &Tombstones,
@@ -251,9 +260,18 @@ pub fn plan(
         .collect();
     let (acceptable, tombstoned): (Vec<&str>, Vec<&str>) =
         usable.iter().partition(|a| tombstone_of(a).is_none());
+    let confirmed = |a: &str| tombstone_of(a).map_or(0, |t| rules.confirmed_us(t));
+    if acceptable.is_empty() {
+        let newest = tombstoned.iter().map(|a| confirmed(a)).max().unwrap_or(0);
+        let last_resort = tombstoned
+            .into_iter()
+            .filter(|a| confirmed(a) < newest)
+            .map(str::to_string);
+        return (Plan::hosts(last_resort), until);
+    }
     let floor = rules.floor(usable.len());
     let mut trial = Vec::new();
-    if !acceptable.is_empty() && acceptable.len() < floor {
+    if acceptable.len() < floor {
         let mut refused: Vec<(u64, &str)> = tombstoned
             .into_iter()
             .filter_map(|a| {
@@ -271,7 +289,7 @@ pub fn plan(
     }
     (
         Plan::Hosts {
-            acceptable: acceptable.into_iter().map(str::to_string).collect(),
+            hosts: acceptable.into_iter().map(str::to_string).collect(),
             trial,
         },
         until,
@@ -374,7 +392,7 @@ mod tests {
         assert_eq!(
             plan(&m, &t, "svc", 0, &RULES).0,
             Plan::Hosts {
-                acceptable: vec!["c:1".into()],
+                hosts: vec!["c:1".into()],
                 trial: vec!["a:1".into()],
             },
             "the other zone is neither tried nor listed"
@@ -504,7 +522,7 @@ mod tests {
     /// A plan with trial hosts.
     fn tried(acceptable: &[&str], trial: &[&str]) -> Plan {
         Plan::Hosts {
-            acceptable: acceptable.iter().map(|a| a.to_string()).collect(),
+            hosts: acceptable.iter().map(|a| a.to_string()).collect(),
             trial: trial.iter().map(|a| a.to_string()).collect(),
         }
     }
@@ -625,9 +643,46 @@ mod tests {
         );
         let every = refused_in_turn(&["a:1", "b:1", "c:1"]);
         assert_eq!(
-            steer(&m, &every, "svc", 2_500_000, 0),
+            plan(&m, &every, "svc", 2_500_000, &RULES).0,
+            Plan::hosts(["a:1", "b:1"]),
+            "none acceptable: the last resort, not a trial"
+        );
+    }
+
+    #[test]
+    fn with_no_acceptable_host_the_last_resort_is_every_tombstone_but_the_newest() {
+        let m = members(&["a:1", "b:1", "c:1", "d:1"]);
+        // A whole generation restarted in turn, unprobed: a, b, c said
+        // closing long ago; d, the last, just now.
+        let t = confirmed_in_turn(&["a:1", "b:1", "c:1", "d:1"]);
+        assert_eq!(
+            plan(&m, &t, "svc", 3_000_000, &RULES).0,
+            Plan::hosts(["a:1", "b:1", "c:1"]),
+            "d:1 just said closing: not listed"
+        );
+        // Everyone closing at once: no tombstone older than another, the
+        // balancer decides.
+        let together = tombstoned(&["a:1", "b:1", "c:1", "d:1"]);
+        assert_eq!(
+            steer(&m, &together, "svc", 0, 0),
             Steering::NoneLeft,
-            "none left: the balancer spreads over all"
+            "every tombstone confirmed at the same moment"
+        );
+        // One acceptable host again (a:1 answered as a new instance): no
+        // host that said closing is listed any more.
+        let mut t = t;
+        t.observe(
+            &Observation::Answered {
+                address: "a:1",
+                instance: Some("new"),
+            },
+            &TTLS,
+            3_000_000,
+            64,
+        );
+        assert_eq!(
+            plan(&m, &t, "svc", 3_000_000, &RULES).0,
+            Plan::hosts(["a:1"])
         );
     }
 
@@ -659,7 +714,7 @@ mod tests {
         let acceptable: Vec<String> = (0..10).map(|i| format!("10.0.0.{i}:80")).collect();
         let trial: Vec<String> = (0..3).map(|i| format!("10.0.1.{i}:80")).collect();
         let r = Rotations::of(&Plan::Hosts {
-            acceptable: acceptable.clone(),
+            hosts: acceptable.clone(),
             trial: trial.clone(),
         });
         let mut first = std::collections::HashMap::new();
