@@ -1,7 +1,8 @@
-//! The virtual clock: nothing sleeps. [`Host::advance`] moves time and
+//! The virtual clocks: nothing sleeps. [`Host::advance`] moves time and
 //! fires, in time order, every tick that falls due (in every VM copy, as in
 //! Envoy) and every HTTP-call timeout; a VM copy's ticks can be held or
-//! fired by hand.
+//! fired by hand. Ticks and timeouts are due on the monotonic clock, as
+//! Envoy's timers are; [`Host::step_wall_clock`] moves the wall clock alone.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -9,19 +10,44 @@ use crate::vm::ROOT;
 use crate::world::{CallState, Callback};
 use crate::{must, Host, Vm};
 
-/// 2026-01-01T00:00:00Z: a realistic wall clock (the filters treat 0 as
-/// "never").
+/// 2026-01-01T00:00:00Z: a realistic wall clock.
 pub(crate) const EPOCH_NS: u64 = 1_767_225_600_000_000_000;
+
+/// The monotonic clock at the start: Envoy's counts from boot, and a
+/// sidecar may start seconds after it (a filter that took an early time
+/// for "never" would show).
+pub(crate) const MONOTONIC_START_NS: u64 = 10_000_000_000;
+
+/// A step of the wall clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WallStep {
+    Forward(Duration),
+    Back(Duration),
+}
 
 impl Host {
     /// The virtual wall clock.
     pub fn now(&self) -> SystemTime {
-        UNIX_EPOCH + Duration::from_nanos(self.world.borrow().now_ns)
+        UNIX_EPOCH + Duration::from_nanos(self.world.borrow().wall_ns())
     }
 
-    /// The virtual clock in µs since the epoch, as the filters read it.
+    /// The virtual monotonic clock in µs, as the filters read it for every
+    /// time they keep.
     pub fn now_us(&self) -> u64 {
         self.world.borrow().now_ns / 1_000
+    }
+
+    /// Steps the wall clock alone, as NTP or an operator does: no tick or
+    /// timeout falls due, the monotonic clock does not move.
+    pub fn step_wall_clock(&mut self, step: WallStep) {
+        let (sign, by, label) = match step {
+            WallStep::Forward(d) => (1, d, "forward"),
+            WallStep::Back(d) => (-1, d, "back"),
+        };
+        let ns = i128::try_from(by.as_nanos()).unwrap_or(i128::MAX);
+        let mut w = self.world.borrow_mut();
+        w.wall_step_ns = w.wall_step_ns.saturating_add(sign * ns);
+        w.note("host", format!("wall clock stepped {label} by {by:?}"));
     }
 
     /// Virtual time since the host was created.

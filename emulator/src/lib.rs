@@ -12,10 +12,14 @@
 //!   and `proxy_on_configure`. All copies of one host share one shared-data
 //!   namespace (one Envoy process, one `vm_id`), one metric per name, one
 //!   virtual clock, one log.
-//! - **Time.** Nothing sleeps. [`Host::advance`] moves the clock and fires,
-//!   in time order, every tick that falls due (in every VM copy, as in
-//!   Envoy) and every HTTP-call timeout; [`Host::tick`] ticks one copy now,
-//!   [`Host::hold_ticks`] keeps a copy from ticking.
+//! - **Time.** Nothing sleeps. Two clocks, as in Envoy: a monotonic one
+//!   (WASI `clock_time_get` with `CLOCK_MONOTONIC`) and a wall clock
+//!   (`proxy_get_current_time_nanoseconds`, WASI `CLOCK_REALTIME`).
+//!   [`Host::advance`] moves both and fires, in time order, every tick that
+//!   falls due (in every VM copy, as in Envoy) and every HTTP-call timeout;
+//!   [`Host::step_wall_clock`] steps the wall clock alone, as NTP or an
+//!   operator does; [`Host::tick`] ticks one copy now, [`Host::hold_ticks`]
+//!   keeps a copy from ticking.
 //! - **Streams.** [`Host::stream`] or [`Host::stream_through`] (a filter
 //!   chain, e.g. drain then provider) and then the callbacks in Envoy's
 //!   order: `request_headers`, `request_body`, `request_trailers`, the
@@ -69,7 +73,7 @@
 //!
 //! - `vm`: VM copies and their contexts; running one VM callback and what
 //!   Envoy does after it returns.
-//! - `clock`: the virtual clock, ticks and HTTP-call timeouts.
+//! - `clock`: the virtual clocks, ticks and HTTP-call timeouts.
 //! - `streams`: streams through a filter chain and their callbacks in
 //!   Envoy's order; `headers`: header maps as Envoy keeps them and the
 //!   proxy-wasm pairs encoding.
@@ -114,6 +118,7 @@ mod world;
 use std::cell::RefCell;
 use std::rc::Rc;
 
+pub use clock::WallStep;
 pub use headers::HeaderMap;
 pub use module::Filter;
 pub use shared::SharedData;
@@ -183,10 +188,14 @@ pub(crate) fn action(v: i32) -> Result<Action, String> {
 }
 
 impl Host {
-    /// An empty process: no VM copy, no stream, clock at 2026-01-01.
+    /// An empty process: no VM copy, no stream, the wall clock at
+    /// 2026-01-01, the monotonic clock 10 s after boot.
     pub fn new() -> Host {
         Host {
-            world: Rc::new(RefCell::new(World::new(clock::EPOCH_NS))),
+            world: Rc::new(RefCell::new(World::new(
+                clock::MONOTONIC_START_NS,
+                clock::EPOCH_NS,
+            ))),
             vms: Vec::new(),
         }
     }

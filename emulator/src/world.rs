@@ -381,8 +381,16 @@ pub(crate) fn show(bytes: &[u8]) -> String {
 }
 
 pub(crate) struct World {
+    /// The monotonic clock when the host was created.
     pub start_ns: u64,
+    /// The monotonic clock: what ticks and timeouts are due on, what
+    /// [`advance`](crate::Host::advance) moves.
     pub now_ns: u64,
+    /// The wall clock when the host was created; it moves with the
+    /// monotonic clock, plus every step.
+    pub wall_start_ns: u64,
+    /// The wall clock's steps so far, signed.
+    pub wall_step_ns: i128,
     pub store: SharedData,
     pub races: Vec<Race>,
     pub metrics: Vec<Metric>,
@@ -400,10 +408,12 @@ pub(crate) struct World {
 }
 
 impl World {
-    pub fn new(start_ns: u64) -> World {
+    pub fn new(start_ns: u64, wall_start_ns: u64) -> World {
         World {
             start_ns,
             now_ns: start_ns,
+            wall_start_ns,
+            wall_step_ns: 0,
             store: SharedData::new(),
             races: Vec::new(),
             metrics: Vec::new(),
@@ -426,6 +436,14 @@ impl World {
     /// Virtual time since the host started.
     pub fn elapsed(&self) -> Duration {
         Duration::from_nanos(self.now_ns - self.start_ns)
+    }
+
+    /// The wall clock in ns since the Unix epoch (0 if stepped before it).
+    pub fn wall_ns(&self) -> u64 {
+        let ns = i128::from(self.wall_start_ns)
+            + i128::from(self.now_ns - self.start_ns)
+            + self.wall_step_ns;
+        u64::try_from(ns.max(0)).unwrap_or(u64::MAX)
     }
 
     /// Appends a trace line stamped with the virtual time.

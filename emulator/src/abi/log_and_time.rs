@@ -1,4 +1,4 @@
-//! Logging, the virtual clock's time and the tick period.
+//! Logging, the virtual clocks' time and the tick period.
 
 use crate::world::{show, Level, LogLine};
 
@@ -23,8 +23,9 @@ pub(super) fn proxy_get_log_level(c: &mut C, ptr: i32) -> Hc {
     Ok(String::new())
 }
 
+/// The wall clock (Envoy's `systemTime()`).
 pub(super) fn proxy_get_current_time_nanoseconds(c: &mut C, ptr: i32) -> Hc {
-    let now = with_world(c, |w, _| w.now_ns);
+    let now = with_world(c, |w, _| w.wall_ns());
     write(c, ptr as u32, &now.to_le_bytes())?;
     Ok(String::new())
 }

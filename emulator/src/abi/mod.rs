@@ -43,13 +43,13 @@ use self::log_and_time::{
     proxy_get_current_time_nanoseconds, proxy_get_log_level, proxy_log,
     proxy_set_tick_period_milliseconds,
 };
-use self::memory::{write, write_u32};
+use self::memory::write_u32;
 use self::metrics::{
     proxy_define_metric, proxy_get_metric, proxy_increment_metric, proxy_record_metric,
 };
 use self::properties::{proxy_get_property, proxy_set_property};
 use self::shared_data::{proxy_get_shared_data, proxy_set_shared_data};
-use self::wasi::{fd_write, random_get};
+use self::wasi::{clock_time_get, fd_write, random_get, ENOTSUP};
 use super::world::World;
 
 /// proxy-wasm statuses (`WasmResult`).
@@ -264,9 +264,11 @@ pub(crate) fn linker(engine: &Engine, module: &Module) -> wasmtime::Result<Linke
     l.func_wrap(
         WASI,
         "clock_time_get",
-        |mut c: C<'_>, _id: i32, _precision: i64, ptr: i32| {
-            let now = with_world(&c, |w, _| w.now_ns);
-            let r = write(&mut c, ptr as u32, &now.to_le_bytes()).map(|()| String::new());
+        |mut c: C<'_>, id: i32, _precision: i64, ptr: i32| {
+            let Some(r) = clock_time_get(&mut c, id, ptr) else {
+                note(&c, format!("  clock_time_get(clock {id}) -> ENOTSUP"));
+                return Ok(ENOTSUP);
+            };
             finish(&c, "clock_time_get", r).map(|s| if s == OK { 0 } else { 21 })
         },
     )?;

@@ -1,6 +1,6 @@
 //! WASI preview1: just what a Rust `wasm32-wasip1` cdylib needs to start
-//! (stdout and stderr as log lines, random bytes); the rest (environ,
-//! clock, `proc_exit`) are one-liners in the linker.
+//! (stdout and stderr as log lines, random bytes), and the clocks; the
+//! rest (environ, `proc_exit`) are one-liners in the linker.
 
 use crate::world::{show, Level, LogLine};
 
@@ -37,4 +37,20 @@ pub(super) fn random_get(c: &mut C, ptr: i32, len: i32) -> Hc {
     with_world(c, |w, _| w.random(&mut buf));
     write(c, ptr as u32, &buf)?;
     Ok(format!("{} bytes", buf.len()))
+}
+
+/// WASI errno ENOTSUP: cpp-host's answer for the CPU-time clocks.
+pub(super) const ENOTSUP: i32 = 58;
+
+/// `clock_time_get` as cpp-host serves it (`exports.cc`): id 0, realtime,
+/// is the wall clock (`getCurrentTimeNanoseconds`); 1, monotonic, the
+/// monotonic clock (`getMonotonicTimeNanoseconds`); any other id is
+/// ENOTSUP (None here). The precision is ignored, as there.
+pub(super) fn clock_time_get(c: &mut C, id: i32, ptr: i32) -> Option<Hc> {
+    let now = with_world(c, |w, _| match id {
+        0 => Some(w.wall_ns()),
+        1 => Some(w.now_ns),
+        _ => None,
+    })?;
+    Some(write(c, ptr as u32, &now.to_le_bytes()).map(|()| format!("clock {id}")))
 }

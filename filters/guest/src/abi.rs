@@ -1,4 +1,5 @@
-//! Header-map writes and local replies without the SDK's panics. The SDK
+//! Header-map writes and local replies without the SDK's panics, and the
+//! monotonic clock (the SDK reads only the wall clock). The SDK
 //! wrappers `panic!` on any status but Ok; these calls can legitimately fail
 //! (no trailer map on a headers-only response, a stream that has already
 //! been answered), and a panic would trap the worker's VM. Same imports the
@@ -34,8 +35,28 @@ extern "C" {
     ) -> u32;
 }
 
+#[link(wasm_import_module = "wasi_snapshot_preview1")]
+extern "C" {
+    /// WASI preview1's clock read, the import Rust's std declares for
+    /// `Instant` (whose value is opaque: copies could not compare them).
+    fn clock_time_get(clock_id: u32, precision: u64, time: *mut u64) -> u32;
+}
+
 /// proxy-wasm status Ok.
 const OK: u32 = 0;
+
+/// WASI's `CLOCK_MONOTONIC`.
+const CLOCK_MONOTONIC: u32 = 1;
+
+/// The host's monotonic clock in ns; None if it refused. cpp-host serves
+/// it from `getMonotonicTimeNanoseconds`, in Envoy `steady_clock`: one
+/// clock for the whole process (README: Shared data).
+pub fn monotonic_ns() -> Option<u64> {
+    let mut ns: u64 = 0;
+    // SAFETY: the out-pointer points at a live local for the call.
+    let errno = unsafe { clock_time_get(CLOCK_MONOTONIC, 1, &mut ns) };
+    (errno == 0).then_some(ns)
+}
 
 /// Sets a header or trailer, replacing any value; false if refused.
 pub fn replace_header(map: MapType, name: &str, value: &str) -> bool {

@@ -12,7 +12,7 @@ use graceful_core::store::SharedStore;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType, MetricType};
 
-use crate::{abi, now_us, HostStore};
+use crate::{abi, now_us, wall_clock_us, HostStore};
 
 /// One VM copy's host: the Envoy stats its filter defined, by metric.
 pub struct Guest {
@@ -60,6 +60,10 @@ impl Host for Guest {
 
     fn now_us(&self) -> u64 {
         now_us()
+    }
+
+    fn wall_clock_us(&self) -> u64 {
+        wall_clock_us()
     }
 
     fn log(&self, level: Level, line: &str) {

@@ -38,9 +38,15 @@ impl SharedStore for HostStore {
     }
 }
 
-/// Envoy's wall clock in microseconds since the Unix epoch (µs is the
-/// host's real resolution), 0 if unavailable.
+/// Envoy's monotonic clock in microseconds (WASI `clock_time_get` with
+/// `CLOCK_MONOTONIC`), 0 if unavailable: what every duration is measured on.
 pub fn now_us() -> u64 {
+    abi::monotonic_ns().map_or(0, |ns| ns / 1_000)
+}
+
+/// Envoy's wall clock in microseconds since the Unix epoch (µs is the
+/// host's real resolution), 0 if unavailable: never for a duration.
+pub fn wall_clock_us() -> u64 {
     hostcalls::get_current_time()
         .ok()
         .and_then(|t| t.duration_since(UNIX_EPOCH).ok())

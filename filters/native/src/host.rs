@@ -198,9 +198,11 @@ impl Host for Native<'_> {
     }
 
     fn now_us(&self) -> u64 {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+        crate::clock::monotonic_us()
+    }
+
+    fn wall_clock_us(&self) -> u64 {
+        crate::clock::wall_clock_us()
     }
 
     fn log(&self, level: Level, line: &str) {

@@ -23,6 +23,7 @@
 //! on as if the filter were not there.
 
 mod abi;
+mod clock;
 mod consumer;
 mod drain;
 mod hooks;

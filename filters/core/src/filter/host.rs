@@ -4,7 +4,7 @@
 //! (`filters/guest`) and the native module (`filters/native`) each
 //! implement them once; tests use [`super::mock`].
 //!
-//! [`Host`] is what any callback can do (shared data, the clock, metrics,
+//! [`Host`] is what any callback can do (shared data, the clocks, metrics,
 //! the log, HTTP calls); [`Stream`] adds what a stream's callbacks can do
 //! (its headers, its attributes, a local reply).
 
@@ -29,8 +29,18 @@ pub enum Level {
 pub trait Host {
     /// The process's shared data (the wasm build's `vm_id`).
     fn store(&self) -> &dyn SharedStore;
-    /// The wall clock, µs since the Unix epoch (0 if unavailable).
+    /// The process's monotonic clock in µs, from an arbitrary start (0 if
+    /// unavailable): every duration, expiry and time the filters keep (the
+    /// gate, the quiet window, tombstone TTLs, the report), so a step of the
+    /// wall clock (NTP, an operator) changes none. One clock for the whole
+    /// process, every VM copy and thread (times in shared data are compared
+    /// across them); shared data never leaves the process, so neither do
+    /// these values (README: Shared data).
     fn now_us(&self) -> u64;
+    /// The wall clock, µs since the Unix epoch (0 if unavailable): only for
+    /// what must differ between processes (the instance id's seed), never
+    /// for a duration.
+    fn wall_clock_us(&self) -> u64;
     fn log(&self, level: Level, line: &str);
     fn metric_add(&self, metric: Metric, delta: i64);
     fn metric_set(&self, metric: Metric, value: u64);

@@ -78,7 +78,10 @@ impl SharedStore for MockStore {
 #[derive(Default)]
 pub struct MockHost {
     store: MockStore,
+    /// The monotonic clock (`now_us`).
     now: Cell<u64>,
+    /// The wall clock (`wall_clock_us`): fixed, apart from the monotonic one.
+    wall_clock: Cell<u64>,
     metrics: RefCell<HashMap<Metric, i64>>,
     dropped: RefCell<Vec<Metric>>,
     logs: RefCell<Vec<(Level, String)>>,
@@ -96,6 +99,8 @@ impl MockHost {
     pub fn new() -> MockHost {
         let h = MockHost::default();
         h.now.set(1_700_000_000_000_000);
+        // 2026-01-01T00:00:00Z.
+        h.wall_clock.set(1_767_225_600_000_000);
         h
     }
 
@@ -194,6 +199,10 @@ impl Host for MockHost {
 
     fn now_us(&self) -> u64 {
         self.now.get()
+    }
+
+    fn wall_clock_us(&self) -> u64 {
+        self.wall_clock.get()
     }
 
     fn log(&self, level: Level, line: &str) {

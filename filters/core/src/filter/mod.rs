@@ -34,7 +34,8 @@ pub fn entropy(seed: u64) -> u64 {
 /// through shared data at configure time; if the store refuses, this copy's
 /// own, logged.
 pub fn agreed_instance_id(h: &impl host::Host) -> String {
-    let now = h.now_us();
+    // The wall clock: a monotonic one may read alike in two processes.
+    let now = h.wall_clock_us();
     let candidate = crate::instance::generate(now, entropy(now));
     match crate::instance::agree(h.store(), &candidate) {
         Ok(id) => id,
