@@ -251,9 +251,9 @@ lint: wasm-target ## rustfmt check and clippy (native and wasm) with warnings as
 	$(CARGO) clippy --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS))) -p bench-wasm-header -- -D warnings
 
 .PHONY: unit
-unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core, the guest glue, the emulator's own store, the harness and tools
+unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core, the guest glue, the native module's clock, the emulator's own store, the harness and tools
 	$(CARGO) test -p graceful-core --tests
-	$(CARGO) test -p graceful-guest -p graceful-emulated-host -p graceful-harness --lib --bins
+	$(CARGO) test -p graceful-guest -p graceful-native -p graceful-emulated-host -p graceful-harness --lib --bins
 
 .PHONY: e2e
 e2e: build native native-panic-probe envoy $(call envoy_at,$(ENVOY_TOO_OLD_FOR_NATIVE)) test-tools ## the suites on the built .wasm: the ABI emulator (emulator/tests) and real Envoy (harness/tests)
