@@ -6,7 +6,7 @@
 //!
 //! | callback | listener instance | upstream instance (one stream per attempt) |
 //! |---|---|---|
-//! | request headers | drops a client's override header; sets `consumer_header` to this Envoy's instance id; in flight +1, started +1; steers (the override header, steered +1) | drops the override header; sets `consumer_header` |
+//! | request headers | drops a client's override header and `consumer_header`; in flight +1, started +1; steers (the override header, steered +1) | drops the override header; sets `consumer_header` to this Envoy's instance id |
 //! | response headers, trailers | observes the answer (closing mark, connect-failure 503, membership, readmission) | observes closing marks |
 //! | stream end | in flight −1 if counted | an attempt with no response and a transport failure reason: connect failure |
 //! | tick | notices unannounced writes; refreshes membership and probes tombstoned hosts (one copy per `membership_refresh`, by lease) | none |
@@ -230,10 +230,18 @@ impl ConsumerFilter {
         // is dropped before anything else. (As an upstream filter the header
         // has done its work: dropping it keeps it from the provider.)
         s.remove_header(Map::RequestHeaders, &self.config.override_host_header);
-        // Who is calling, for the providers' drain reports: set, so a
-        // client's own value never travels.
+        // Who is calling, for the providers' drain reports. Only the
+        // upstream instance names this Envoy: it runs on the clusters
+        // graceful_consumer steers (configured on them, beside
+        // override_host), so the identity never goes to a destination
+        // outside them. The listener instance drops a client's value, so
+        // no forged identity travels either.
         if let Some(h) = &self.config.consumer_header {
-            s.set_header(Map::RequestHeaders, h, &self.identity);
+            if self.upstream {
+                s.set_header(Map::RequestHeaders, h, &self.identity);
+            } else {
+                s.remove_header(Map::RequestHeaders, h);
+            }
         }
         if self.upstream {
             // One stream per attempt: counting and steering are the

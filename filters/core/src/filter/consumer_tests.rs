@@ -68,7 +68,7 @@ fn it_counts_each_request_in_and_out_once_and_drops_a_clients_override() {
 }
 
 #[test]
-fn every_request_carries_this_envoys_identity_replacing_a_clients() {
+fn only_the_upstream_instance_names_this_envoy_and_no_client_value_travels() {
     let h = MockHost::new();
     let f = filter(&h, "", false);
     // The process's instance id, the one its provider would stamp.
@@ -80,7 +80,10 @@ fn every_request_carries_this_envoys_identity_replacing_a_clients() {
     assert!(crate::report::peers::is_consumer_identity(
         f.identity().as_bytes()
     ));
-    for upstream in [false, true] {
+    // The upstream instance runs on the steered clusters only: it sets the
+    // identity over a client's; the listener instance, on every outbound
+    // request, drops the client's and names nobody.
+    for (upstream, expected) in [(false, None), (true, Some(f.identity().to_string()))] {
         let f = filter(&h, "", upstream);
         let copy = RefCell::new(f.new_copy());
         h.set_map(Map::RequestHeaders, &[("x-graceful-consumer", "forged\"}")]);
@@ -88,20 +91,23 @@ fn every_request_carries_this_envoys_identity_replacing_a_clients() {
         f.request_headers(&copy, &ConsumerStream::default(), &h);
         assert_eq!(
             h.header_text(Map::RequestHeaders, "x-graceful-consumer"),
-            Some(f.identity().to_string()),
+            expected,
             "upstream: {upstream}"
         );
     }
     // "" turns it off: the header is left as the client sent it.
-    let f = filter(&h, r#"{"consumer_header": ""}"#, false);
-    let copy = RefCell::new(f.new_copy());
-    h.set_map(Map::RequestHeaders, &[("x-graceful-consumer", "mine")]);
-    f.request_headers(&copy, &ConsumerStream::default(), &h);
-    assert_eq!(
-        h.header_text(Map::RequestHeaders, "x-graceful-consumer")
-            .as_deref(),
-        Some("mine")
-    );
+    for upstream in [false, true] {
+        let f = filter(&h, r#"{"consumer_header": ""}"#, upstream);
+        let copy = RefCell::new(f.new_copy());
+        h.set_map(Map::RequestHeaders, &[("x-graceful-consumer", "mine")]);
+        f.request_headers(&copy, &ConsumerStream::default(), &h);
+        assert_eq!(
+            h.header_text(Map::RequestHeaders, "x-graceful-consumer")
+                .as_deref(),
+            Some("mine"),
+            "upstream: {upstream}"
+        );
+    }
 }
 
 #[test]
