@@ -179,13 +179,22 @@ fn it_restarts_the_quiet_window_on_a_late_request() {
 }
 
 #[test]
-fn it_forces_the_gate_at_step_timeout_with_a_request_in_flight() {
+fn it_forces_the_gate_at_step_timeout_while_requests_keep_arriving() {
     let mut p = process(
         r#"{"consumer_update_wait":"1s","quiet_window":"500ms","step_timeout":"2s","timeout":"60s"}"#,
     );
     p.host.advance_to(ms(50));
     let slow = request(&mut p.host, &p.w[0], "GET", "/slow");
     closing_at(&mut p, ms(100));
+    // A caller that ignores the mark: a short request every 200 ms.
+    let mut t = 200;
+    while t < 3100 {
+        p.host.advance_to(ms(t));
+        let s = request(&mut p.host, &p.w[1], "GET", "/");
+        p.host.response_headers(s, &[(":status", "204")], true);
+        p.host.log(s);
+        t += 200;
+    }
     // Forced at closing + consumer_update_wait + step_timeout = 3.1 s.
     p.host.advance_to(ms(3050));
     assert_eq!(record(&p.host).phase, Phase::Closing);
@@ -227,6 +236,40 @@ fn it_forces_the_gate_at_step_timeout_with_a_request_in_flight() {
     p.host.log(slow);
     p.host.log(after);
     assert_eq!(inflight(&p.host), 0);
+}
+
+#[test]
+fn a_request_in_flight_after_arrivals_stopped_holds_the_gate_until_the_timeout() {
+    let mut p = process(
+        r#"{"consumer_update_wait":"1s","quiet_window":"500ms","step_timeout":"2s","timeout":"10s"}"#,
+    );
+    p.host.advance_to(ms(50));
+    let slow = request(&mut p.host, &p.w[0], "GET", "/slow");
+    closing_at(&mut p, ms(100));
+    // Past consumer_update_wait + step_timeout (3.1 s), nothing arrives:
+    // the request in flight is waited for ...
+    p.host.advance_to(ms(9000));
+    assert_eq!(record(&p.host).phase, Phase::Closing);
+    // ... and ends: a quiet pass.
+    p.host.response_headers(slow, &[(":status", "200")], true);
+    p.host.log(slow);
+    p.host.advance_to(ms(9100));
+    let r = record(&p.host);
+    assert_eq!((r.phase, r.forced), (Phase::Drained, false));
+    assert_eq!(p.host.metric("graceful_drain_forced"), 0);
+    // Another one that never ends: the overall timeout is the bound.
+    let mut p = process(
+        r#"{"consumer_update_wait":"1s","quiet_window":"500ms","step_timeout":"2s","timeout":"10s"}"#,
+    );
+    p.host.advance_to(ms(50));
+    let _stuck = request(&mut p.host, &p.w[0], "GET", "/slow");
+    closing_at(&mut p, ms(100));
+    p.host.advance_to(ms(10_050));
+    assert_eq!(record(&p.host).phase, Phase::Closing);
+    p.host.advance_to(ms(10_100));
+    let r = record(&p.host);
+    assert_eq!((r.phase, r.forced), (Phase::Drained, true));
+    assert_eq!(p.host.logs_containing("closing by timeout").len(), 1);
 }
 
 #[test]

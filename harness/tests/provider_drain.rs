@@ -256,8 +256,11 @@ async fn it_marks_counts_and_drains_under_load() {
         Some(2)
     );
     assert_eq!(
-        s.envoy.stat("wasmcustom.graceful_drain_forced").await,
-        Some(0)
+        s.envoy
+            .stat("wasmcustom.graceful_drain_forced")
+            .await
+            .unwrap_or(0),
+        0
     );
 }
 
@@ -338,7 +341,7 @@ async fn it_starts_closing_on_envoy_healthcheck_fail() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn it_forces_the_gate_at_step_timeout_and_counts_it() {
+async fn it_forces_the_gate_at_step_timeout_while_requests_keep_arriving_and_counts_it() {
     let cfg = r#"{"consumer_update_wait":"200ms","quiet_window":"100ms","step_timeout":"500ms","timeout":"60s"}"#;
     let (s, _) = sidecar("step-timeout", cfg, "{}").await;
     let slow = tokio::spawn(client::get(s.inbound, "/delay/4000"));
@@ -348,13 +351,22 @@ async fn it_forces_the_gate_at_step_timeout_and_counts_it() {
     .await;
     let started = Instant::now();
     mesh::start_closing(s.inbound).await;
+    // A caller that ignores the mark keeps arriving every 20 ms: arrivals
+    // never stop, so step_timeout ends the wait.
+    let inbound = s.inbound;
+    let keep_calling = tokio::spawn(async move {
+        while started.elapsed() < Duration::from_millis(2500) {
+            let _ = client::get(inbound, "/").await;
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
     let r = client::get(s.inbound, "/graceful/drained?wait=10s")
         .await
         .unwrap();
     let took = started.elapsed();
     assert_eq!(r.status, 200, "{}", r.text());
     let st = status_of(&r);
-    assert!(st.forced && st.inflight_inbound == 1, "{st:?}");
+    assert!(st.forced && st.inflight_inbound >= 1, "{st:?}");
     assert!(
         took >= Duration::from_millis(700),
         "forced before wait + step: {took:?}"
@@ -368,9 +380,50 @@ async fn it_forces_the_gate_at_step_timeout_and_counts_it() {
         Some(1),
         "counted once, not per VM"
     );
+    assert_eq!(
+        s.envoy
+            .stat("wasmcustom.graceful_drain_passed_step_timeout")
+            .await,
+        Some(1)
+    );
+    keep_calling.await.unwrap();
     // The in-flight request is not cut by the gate; it finishes and is counted out.
     assert_eq!(slow.await.unwrap().unwrap().status, 200);
     inflight_gauge_is_zero(&s.envoy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_in_flight_after_arrivals_stopped_is_waited_for_past_step_timeout() {
+    // wait + step_timeout = 700 ms; the request takes 2.5 s and nothing
+    // else arrives: the gate waits for it (timeout is the bound), quiet.
+    let cfg = r#"{"consumer_update_wait":"200ms","quiet_window":"100ms","step_timeout":"500ms","timeout":"60s"}"#;
+    let (s, _) = sidecar("step-arrivals-stopped", cfg, "{}").await;
+    let slow = tokio::spawn(client::get(s.inbound, "/delay/2500"));
+    eventually("slow request counted", Duration::from_secs(5), || async {
+        (status(&s).await.inflight_inbound == 1).then_some(())
+    })
+    .await;
+    let started = Instant::now();
+    mesh::start_closing(s.inbound).await;
+    let r = client::get(s.inbound, "/graceful/drained?wait=10s")
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(r.status, 200, "{}", r.text());
+    let st = status_of(&r);
+    assert!(!st.forced && st.inflight_inbound == 0, "{st:?}");
+    assert!(
+        took >= Duration::from_millis(2000),
+        "passed before the request ended: {took:?}"
+    );
+    assert_eq!(slow.await.unwrap().unwrap().status, 200);
+    assert_eq!(
+        s.envoy
+            .stat("wasmcustom.graceful_drain_forced")
+            .await
+            .unwrap_or(0),
+        0
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -608,8 +661,11 @@ async fn it_never_admits_a_request_after_an_unforced_pass_under_racing_load() {
     );
     inflight_gauge_is_zero(&s.envoy).await;
     assert_eq!(
-        s.envoy.stat("wasmcustom.graceful_drain_forced").await,
-        Some(0)
+        s.envoy
+            .stat("wasmcustom.graceful_drain_forced")
+            .await
+            .unwrap_or(0),
+        0
     );
     assert!(s.envoy.stat("wasmcustom.graceful_drain_gate").await >= Some(1));
 }
@@ -905,11 +961,12 @@ async fn it_tells_a_grpc_health_watch_of_the_closing_and_the_watch_holds_no_gate
 /// leaves the in-flight count, the gate passes unforced with it open, and
 /// it ends within a tick of the pass (a reset: its headers went out; a
 /// gRPC client reads the stream as failed, not OK). Not configured, it
-/// holds the gate until the step timeout forces it (the old behaviour).
+/// holds the gate until the overall timeout forces it (the old behaviour;
+/// arrivals had stopped, so step_timeout does not end the wait).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_long_lived_stream_does_not_hold_the_gate_and_ends_at_drained() {
     use client::{GrpcEvent, H2Conn};
-    let drain = r#"{"consumer_update_wait":"1s","quiet_window":"500ms","step_timeout":"2s","timeout":"60s","admin_cluster":"envoy_admin"}"#;
+    let drain = r#"{"consumer_update_wait":"1s","quiet_window":"500ms","step_timeout":"2s","timeout":"5s","admin_cluster":"envoy_admin"}"#;
     for (provider, long_lived) in [(r#"{"long_lived_paths":["/grpc/*"]}"#, true), ("{}", false)] {
         let (s, _) = sidecar(&format!("long-lived-{long_lived}"), drain, provider).await;
         let mut h2 = H2Conn::connect(s.inbound).await.unwrap();
@@ -942,12 +999,12 @@ async fn a_long_lived_stream_does_not_hold_the_gate_and_ends_at_drained() {
 /// the shipped `upgrade_configs`) is a long-lived stream by default: it
 /// echoes, leaves the in-flight count, does not hold the gate, and is
 /// closed at drained. With `long_lived_upgrades: false` it holds the gate
-/// until the step timeout forces it.
+/// until the overall timeout forces it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_does_not_hold_the_gate_and_is_closed_at_drained() {
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message;
-    let drain = r#"{"consumer_update_wait":"1s","quiet_window":"300ms","step_timeout":"2s","timeout":"60s"}"#;
+    let drain = r#"{"consumer_update_wait":"1s","quiet_window":"300ms","step_timeout":"2s","timeout":"5s"}"#;
     for (provider, long_lived) in [("{}", true), (r#"{"long_lived_upgrades":false}"#, false)] {
         let (s, _) = sidecar(&format!("websocket-{long_lived}"), drain, provider).await;
         let tcp = tokio::net::TcpStream::connect(s.inbound).await.unwrap();
@@ -987,7 +1044,8 @@ async fn a_websocket_does_not_hold_the_gate_and_is_closed_at_drained() {
 
 /// With one stream held open: it is out of the in-flight count if
 /// long-lived; then closing, and the gate passes unforced if it is
-/// long-lived, forced (by the step timeout) if not. When closing started.
+/// long-lived, forced (by the overall timeout: nothing else arrives) if
+/// not. When closing started.
 async fn held_through_closing(s: &Sidecar, what: &str, long_lived: bool) -> Instant {
     let inflight = s.envoy.stat("wasmcustom.graceful_provider_inflight").await;
     assert_eq!(
@@ -1019,4 +1077,47 @@ async fn once_drained_a_grpc_call_gets_unavailable_with_the_mark() {
     let r = h2.grpc("/echo.Echo/Say", b"hi").await.unwrap();
     assert_eq!(r.grpc_status().as_deref(), Some("14"), "{r:?}");
     assert_eq!(r.header(CLOSING).as_deref(), Some("true"), "{r:?}");
+}
+
+/// The filters' clock on real Envoy is one clock for the process: closing
+/// starts on whichever worker took the POST (its VM copy writes the start
+/// time into shared data), and every status answer, from either worker's
+/// copy, measures `closing_for_ms` from it within the test's own bounds
+/// over a second. A clock per VM copy, or none (0), would be off by far.
+/// That it is the monotonic one is source (README: Shared data) and the
+/// emulator's `abi_clock`: no test here may step this machine's clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_worker_measures_closing_on_one_clock() {
+    let (s, _) = sidecar("one-clock", LONG_CLOSING, "{}").await;
+    let before = Instant::now();
+    mesh::start_closing(s.inbound).await;
+    let after = Instant::now();
+    let mut answers = 0;
+    while answers < 40 || before.elapsed() < Duration::from_secs(1) {
+        // A new connection each time: the kernel spreads them over the
+        // workers (SO_REUSEPORT).
+        let sent = Instant::now();
+        let st = status(&s).await;
+        let got = Instant::now();
+        let low = sent.duration_since(after).as_millis() as u64;
+        let high = got.duration_since(before).as_millis() as u64 + 1;
+        let closing_for_ms = st.closing_for_ms.unwrap_or(u64::MAX);
+        assert!(
+            (low..=high).contains(&closing_for_ms),
+            "closing for {closing_for_ms} ms, the test saw {low}..{high} ms"
+        );
+        answers += 1;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let listener = format!("listener.{}", s.inbound).replace(':', "_");
+    for worker in 0..2 {
+        let accepted = s
+            .envoy
+            .stat(&format!("{listener}.worker_{worker}.downstream_cx_total"))
+            .await;
+        assert!(
+            accepted >= Some(5),
+            "worker {worker} accepted {accepted:?} of {answers} connections"
+        );
+    }
 }

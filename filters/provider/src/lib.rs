@@ -8,8 +8,10 @@
 //! gauge read (the gate), counter +1, one header read (`upgrade`: is it a
 //! long-lived stream?), one gauge read (the phase: does the request go in
 //! the drain report?); on the response the instance header and one gauge
-//! read (the phase); gauge −1 at the end. No shared data, and no clock but
-//! for one request in 32, timed for the drain report (two clock reads).
+//! read (the phase); gauge −1 at the end. No shared data; one clock read at
+//! the start, for the drain report's exact longest request, and one at the
+//! end only for a request sampled (one in 32) or one that could be the
+//! longest (see `graceful_core::filter::provider`).
 //! Every VM copy ticks to merge its report records into shared data and to
 //! end its kept long-lived streams once drained, answering each through
 //! its context, made effective.
