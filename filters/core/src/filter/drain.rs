@@ -4,6 +4,7 @@
 //! | event | does |
 //! |---|---|
 //! | request headers, not an endpoint | nothing (one header read) |
+//! | any endpoint but `ready` and gRPC health, from a source outside `allowed_sources` | 403, never held (a refused `closing` is logged) |
 //! | `closing` (allowed source) | starts closing, raises the phase, answers 202 with the status |
 //! | `ready`, gRPC health `Check` | answers from the record (gRPC health while serving: the app's) |
 //! | gRPC health `Watch` | while serving, the app's, and this copy keeps the stream (at most [`MAX_WATCHES`]); once closing, answered `NOT_SERVING` |
@@ -256,8 +257,25 @@ impl Drain {
         waiter: impl FnOnce() -> (u32, W),
     ) -> Answer {
         let now = s.now_us();
+        // Readiness and gRPC health answer everyone (kubelet, consumers'
+        // health checks); every other endpoint only `allowed_sources`, and
+        // a caller outside them is never held, so no caller of the service
+        // port can fill the waiter slots a pod's own preStop needs, read
+        // the report, or start closing.
+        let open_to_all = matches!(
+            endpoint,
+            Endpoint::Ready | Endpoint::GrpcHealth | Endpoint::GrpcHealthWatch
+        );
+        let source = if open_to_all {
+            None
+        } else {
+            match self.allowed_source(s, endpoint == Endpoint::Closing) {
+                Ok(ip) => ip,
+                Err(refused) => return Answer::Now(refused),
+            }
+        };
         Answer::Now(match endpoint {
-            Endpoint::Closing => self.start_closing(state, s, now),
+            Endpoint::Closing => self.start_closing(state, s, now, source),
             Endpoint::Ready => match record::read(s.store()) {
                 Ok(rec) => Reply::ready(rec.phase),
                 Err(e) => Reply::unavailable(&format!("{e:?}")),
@@ -311,20 +329,25 @@ impl Drain {
         }
     }
 
-    fn start_closing<W>(
+    /// The request's source if it is in `allowed_sources` (the peer;
+    /// `x-forwarded-for` only as [`trusted_peer_ip`] allows); else the 403
+    /// to answer. A refused `closing` is logged (it is an attempt to shut
+    /// the pod down); other refused reads are not, so a caller cannot fill
+    /// the log either.
+    fn allowed_source(
         &self,
-        state: &impl StateCell<DrainState<W>>,
         s: &impl Stream,
-        now: u64,
-    ) -> Reply {
+        closing: bool,
+    ) -> Result<Option<std::net::IpAddr>, Reply> {
         let source = s.attribute(Attribute::SourceAddress);
         let xff = s.header(Map::RequestHeaders, FORWARDED_FOR);
         let ip = source
             .as_deref()
             .and_then(|a| trusted_peer_ip(a, xff.as_deref()));
-        let allowed =
-            ip.is_some_and(|ip| self.config.allowed_sources.iter().any(|r| r.contains(ip)));
-        if !allowed {
+        if ip.is_some_and(|ip| self.config.allowed_sources.iter().any(|r| r.contains(ip))) {
+            return Ok(ip);
+        }
+        if closing {
             s.log(
                 Level::Warn,
                 &format!(
@@ -333,8 +356,17 @@ impl Drain {
                         .into_owned())
                 ),
             );
-            return Reply::forbidden();
         }
+        Err(Reply::forbidden())
+    }
+
+    fn start_closing<W>(
+        &self,
+        state: &impl StateCell<DrainState<W>>,
+        s: &impl Stream,
+        now: u64,
+        ip: Option<std::net::IpAddr>,
+    ) -> Reply {
         match record::start_closing(s.store(), now) {
             Ok((rec, started)) => {
                 if started {

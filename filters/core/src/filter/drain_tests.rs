@@ -85,6 +85,55 @@ fn closing_from_elsewhere_is_forbidden_and_changes_nothing() {
 }
 
 #[test]
+fn outside_allowed_sources_only_readiness_and_grpc_health_answer_and_nothing_is_held() {
+    let h = MockHost::new();
+    let (d, st) = (drain(&h, r#"{"max_waiters": 1}"#), state());
+    let outsider = "10.1.2.3:40000";
+    for (method, path) in [
+        ("GET", "/graceful/status"),
+        ("GET", "/graceful/report"),
+        ("GET", "/graceful/drained"),
+        ("GET", "/graceful/drained?wait=1h"),
+        ("POST", "/graceful/closing"),
+    ] {
+        request(&h, method, path, outsider);
+        assert_eq!(d.request_headers(&st, &h, || (1, ())), Action::Stop);
+        assert_eq!(only_reply(&h).status, 403, "{method} {path}");
+    }
+    assert_eq!(st.borrow().held(), 0, "an outsider's long-poll is never held");
+    assert_eq!(
+        h.logs_containing("refused").len(),
+        1,
+        "only the refused closing is logged"
+    );
+    // Readiness answers everyone.
+    request(&h, "GET", "/graceful/ready", outsider);
+    d.request_headers(&st, &h, || (1, ()));
+    assert_eq!(only_reply(&h).status, 200);
+    // The pod's own preStop (loopback) still gets the one waiter slot.
+    call(&d, &st, &h, "POST", "/graceful/closing");
+    assert_eq!(only_reply(&h).status, 202);
+    assert_eq!(
+        call(&d, &st, &h, "GET", "/graceful/drained?wait=30s"),
+        Action::Stop
+    );
+    assert!(h.take_replies().is_empty(), "held");
+    assert_eq!(st.borrow().held(), 1);
+    // A forwarded-for from an outsider names no allowed source.
+    h.set_map(
+        Map::RequestHeaders,
+        &[
+            (":method", "GET"),
+            (":path", "/graceful/report"),
+            ("x-forwarded-for", "127.0.0.1"),
+        ],
+    );
+    h.set_attribute(Attribute::SourceAddress, outsider);
+    d.request_headers(&st, &h, || (2, ()));
+    assert_eq!(only_reply(&h).status, 403);
+}
+
+#[test]
 fn ready_and_grpc_health_follow_the_phase() {
     let h = MockHost::new();
     let (d, st) = (drain(&h, ""), state());
