@@ -256,11 +256,8 @@ async fn it_marks_counts_and_drains_under_load() {
         Some(2)
     );
     assert_eq!(
-        s.envoy
-            .stat("wasmcustom.graceful_drain_forced")
-            .await
-            .unwrap_or(0),
-        0
+        s.envoy.stat("wasmcustom.graceful_drain_forced").await,
+        Some(0)
     );
 }
 
@@ -418,11 +415,8 @@ async fn a_request_in_flight_after_arrivals_stopped_is_waited_for_past_step_time
     );
     assert_eq!(slow.await.unwrap().unwrap().status, 200);
     assert_eq!(
-        s.envoy
-            .stat("wasmcustom.graceful_drain_forced")
-            .await
-            .unwrap_or(0),
-        0
+        s.envoy.stat("wasmcustom.graceful_drain_forced").await,
+        Some(0)
     );
 }
 
@@ -661,11 +655,8 @@ async fn it_never_admits_a_request_after_an_unforced_pass_under_racing_load() {
     );
     inflight_gauge_is_zero(&s.envoy).await;
     assert_eq!(
-        s.envoy
-            .stat("wasmcustom.graceful_drain_forced")
-            .await
-            .unwrap_or(0),
-        0
+        s.envoy.stat("wasmcustom.graceful_drain_forced").await,
+        Some(0)
     );
     assert!(s.envoy.stat("wasmcustom.graceful_drain_gate").await >= Some(1));
 }
