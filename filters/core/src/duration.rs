@@ -11,7 +11,7 @@ use std::time::Duration;
 pub const MAX_DURATION: Duration = Duration::from_secs(24 * 3600);
 
 /// `d` in whole microseconds (saturating: the clocks and expiries here are
-/// µs since the epoch).
+/// µs on the host's monotonic clock).
 pub fn micros(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
 }

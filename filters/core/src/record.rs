@@ -148,9 +148,10 @@ pub struct InstanceRecord {
     pub phase: Phase,
     /// True when a timeout, not quiet, passed the gate.
     pub forced: bool,
-    /// When closing started (µs since the epoch); 0 while serving.
+    /// When closing started (µs on the host's monotonic clock); 0 while
+    /// serving.
     pub closing_since_us: u64,
-    /// When the gate passed (µs since the epoch); 0 before.
+    /// When the gate passed (µs on the host's monotonic clock); 0 before.
     pub drained_at_us: u64,
 }
 
@@ -159,8 +160,8 @@ pub struct InstanceRecord {
 pub struct Seen {
     /// Nothing in flight, inbound or outbound.
     pub idle: bool,
-    /// When the latest request started as far as this copy knows (µs since
-    /// the epoch, 0 = none): never earlier than the real start.
+    /// When the latest request started as far as this copy knows (µs on the
+    /// host's monotonic clock, 0 = none): never earlier than the real start.
     pub last_start_us: u64,
 }
 

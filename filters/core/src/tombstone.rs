@@ -59,7 +59,7 @@ pub struct Tombstone {
     pub cluster: String,
     /// The instance id that announced closing; empty if unknown.
     pub instance: String,
-    /// µs since the epoch.
+    /// µs on the host's monotonic clock.
     pub expires_us: u64,
     pub cause: Cause,
 }

@@ -153,7 +153,7 @@ pub trait Exchange {
     fn address(&mut self) -> Option<String>;
     /// Envoy's `response.flags`.
     fn response_flags(&mut self) -> Option<u64>;
-    /// The clock, µs since the epoch.
+    /// The host's monotonic clock, µs ([`crate::filter::host::Host::now_us`]).
     fn now(&mut self) -> u64;
 }
 
