@@ -436,7 +436,14 @@ async fn it_refuses_closing_from_sources_outside_allowed_sources() {
         r.status, 403,
         "a forwarded-for header is not the source address"
     );
-    assert_eq!(status(&s).await.phase, "serving");
+    // Loopback is outside these sources too: status answers it 403, the
+    // phase gauge says serving.
+    let r = client::get(s.inbound, "/graceful/status").await.unwrap();
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(
+        s.envoy.stat("wasmcustom.graceful_drain_phase").await,
+        Some(0)
+    );
     assert_eq!(
         client::get(s.inbound, "/graceful/ready")
             .await
