@@ -17,7 +17,7 @@ ENVOY_VERSION := 1.40.0
 # OLDEST_SUITES on the oldest; make test-envoy ENVOY_AT=<version> runs every suite.
 ENVOY_MINORS := 1.36.4 1.37.0 1.38.2 1.39.3 $(ENVOY_VERSION)
 ENVOY_OLDEST := $(firstword $(ENVOY_MINORS))
-OLDEST_SUITES := provider_drain consumer istio_sidecar drain_report
+OLDEST_SUITES := provider_drain consumer istio_sidecar drain_report scale_down
 ENVOY_AT ?= $(ENVOY_OLDEST)
 # The newest wheel the native module cannot run on (it lacks callbacks the
 # module calls): the native suite shows the refusal on it.
@@ -264,7 +264,7 @@ e2e: build native native-panic-probe envoy $(call envoy_at,$(ENVOY_TOO_OLD_FOR_N
 
 # The suites that exercise the filters' behaviour, again on the native
 # module (Istio, Envoy Gateway and the docker harness deliver wasm only).
-NATIVE_SUITES := provider_drain consumer faults hostile demo drain_report
+NATIVE_SUITES := provider_drain consumer faults hostile demo drain_report scale_down
 
 .PHONY: e2e-native
 e2e-native: native envoy ## the behaviour suites again on the native module (GRACEFUL_DELIVERY=native); its own suite (ABI version, configs, a caught panic) is harness/tests/native.rs in make e2e

@@ -1,23 +1,27 @@
 //! `make demo`: the matrix of scenarios × approaches
 //! (`graceful_harness::products::demo::matrix`), each cell a rolling restart of
-//! providers under load on real Envoy. Prints a line per cell and at the
+//! providers (or a scale-down) under load on real Envoy. Prints a line per cell and at the
 //! end the matrix as a Markdown table (the README's), writes
 //! `target/demo/report.json` (scenario `today`'s graceful and `sleep_3s`
 //! runs as `graceful` and `baseline`, every cell in `matrix`),
 //! `target/demo/chart.svg` (the matrix) and `target/demo/providers.svg`
-//! (requests per second per provider in `today`'s cells); exits 1 if a graceful cell failed a request
-//! outside the `killed` scenario (where what was in flight on the killed
-//! provider cannot be saved).
+//! (requests per second per provider in `today`'s cells); exits 1 if a
+//! `graceful` or `graceful_no_admin` cell failed a request outside the
+//! `killed` scenario (where what was in flight on the killed provider
+//! cannot be saved).
 //!
 //! Flags: `--scenarios a,b` (all: today, istio_long, no_retry_post,
-//! slow_registry, killed), `--approaches a,b` (all that apply: graceful,
-//! graceful_no_admin (`today` only: the consumer on the contract's default
-//! config, no `admin_cluster`), sleep_3s, sleep_15s, registry_only, plain),
+//! slow_registry, killed, keepalive_clients, scale_down), `--approaches a,b`
+//! (all that apply: graceful, graceful_no_admin (`today` and `scale_down`:
+//! the consumer on the contract's default config, no `admin_cluster`),
+//! graceful_close_off (`keepalive_clients`), sleep_3s, sleep_15s,
+//! registry_only, plain),
 //! `--protocols http1,http2,grpc`
 //! (scenario `today` runs each, the second and third with `graceful` and
 //! `sleep_3s` unless `--approaches` is given; the others the first),
 //! `--rate N` (500),
-//! `--restarts N` (2), `--warmup S` (2), `--settle S` (3), `--duration S`
+//! `--restarts N` (2; not in `scale_down`, where three of four providers
+//! leave at once and none comes back), `--warmup S` (2), `--settle S` (3), `--duration S`
 //! (each cell's load runs at least S seconds), `--no-baseline` (only
 //! `graceful`).
 
@@ -214,11 +218,15 @@ async fn main() -> ExitCode {
     );
     let lost: Vec<String> = cells
         .iter()
-        .filter(|(c, _)| c.approach == "graceful" && c.scenario != "killed" && c.run.failed > 0)
+        .filter(|(c, _)| {
+            ["graceful", "graceful_no_admin"].contains(&c.approach.as_str())
+                && c.scenario != "killed"
+                && c.run.failed > 0
+        })
         .map(|(c, _)| {
             format!(
-                "{} {:?}: {} failed",
-                c.scenario, c.run.protocol, c.run.failed
+                "{} {} {:?}: {} failed",
+                c.scenario, c.approach, c.run.protocol, c.run.failed
             )
         })
         .collect();

@@ -258,6 +258,7 @@ pub async fn rolling_restart(
                 down_ms,
                 up_ms,
                 after_closing: 0,
+                started_after_seen: None,
                 // RunReport::new computes them from the samples.
                 busiest_provider: None,
                 max_share: None,

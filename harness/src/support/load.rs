@@ -44,6 +44,10 @@ pub struct Shape {
     /// evenly over `long_ms` (a slow query, an upload).
     pub long_every: u64,
     pub long_ms: (u64, u64),
+    /// Each HTTP path carries the request's sequence number as a query
+    /// (`?seq=N`, which the demo app ignores), so the consumer's and the
+    /// providers' access logs name the same request.
+    pub numbered: bool,
 }
 
 impl Default for Shape {
@@ -52,6 +56,7 @@ impl Default for Shape {
             method: "GET",
             long_every: 0,
             long_ms: (0, 0),
+            numbered: false,
         }
     }
 }
@@ -60,7 +65,7 @@ impl Shape {
     /// The path of the `seq`-th request (0-based) and whether it is long.
     /// Deterministic, so every approach of a scenario gets the same load.
     pub fn path(&self, seq: u64) -> (String, bool) {
-        if self.long_every > 0 && seq % self.long_every == self.long_every - 1 {
+        let (path, long) = if self.long_every > 0 && seq % self.long_every == self.long_every - 1 {
             let (lo, hi) = self.long_ms;
             let span = hi.saturating_sub(lo) + 1;
             // A multiplicative step spreads durations over the range.
@@ -68,6 +73,11 @@ impl Shape {
             (format!("/delay/{ms}"), true)
         } else {
             ("/".to_string(), false)
+        };
+        if self.numbered {
+            (format!("{path}?seq={seq}"), long)
+        } else {
+            (path, long)
         }
     }
 

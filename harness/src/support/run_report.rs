@@ -24,10 +24,18 @@ pub struct ProviderEvents {
     pub drained_ms: u64,
     /// Envoy and the app got SIGTERM and exited.
     pub down_ms: u64,
-    /// The new instance answered its readiness probe.
+    /// The new instance answered its readiness probe (0 where none came
+    /// back: a scale-down).
     pub up_ms: u64,
     /// Requests that reached this provider after `seen_ms` (its access log).
     pub after_closing: u64,
+    /// Of the requests this provider received, those the consumer started
+    /// after `seen_ms` (whole ms, from both access logs; only where the load
+    /// numbers its requests, [`crate::support::load::Shape::numbered`]):
+    /// what steering should have kept away. The rest of `after_closing` were
+    /// already routed when the consumer saw the provider closing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub started_after_seen: Option<u64>,
     /// The provider that served the most requests during this shutdown
     /// (closing to [`shutdown_end_ms`]); null if no app answered then.
     pub busiest_provider: Option<usize>,

@@ -1,5 +1,6 @@
 //! `make demo`'s matrix: real situations (scenarios) × what teams run
-//! (approaches), each cell a rolling restart under load as in [`super::run`].
+//! (approaches), each cell a rolling restart (or a scale-down) under load as
+//! in [`super::run`].
 //!
 //! | scenario | load | consumer's retries | registry lag | how a provider leaves |
 //! |---|---|---|---|---|
@@ -9,10 +10,12 @@
 //! | `slow_registry` | short GETs | shipped | 6 s (longer than a 3 s sleep) | shutdown |
 //! | `killed` | short GETs | Istio's default | 2 s | SIGKILL of sidecar and app |
 //! | `keepalive_clients` | short GETs from callers without graceful_consumer, on keep-alive HTTP/1.1 or HTTP/2 connections through an L4 balancer (a kube-proxy stand-in, `envoy/l4-balancer.yaml`); and a gRPC client holding a health `Watch` on each provider that goes down (`watch_told_ms`: closing to the moment it learns) | none | 2 s | shutdown |
+//! | `scale_down` | short GETs | Istio's default | 2 s | three of four shut down at once and do not come back |
 //!
 //! | approach | the provider's preStop |
 //! |---|---|
 //! | `graceful` | the filters: `POST /graceful/closing`, wait for `drained` |
+//! | `graceful_no_admin` | the same, graceful_consumer without `admin_cluster` (`today` and `scale_down`) |
 //! | `graceful_close_off` | the same with graceful_drain's `close_connections: "off"` (`keepalive_clients` only: what telling the connections buys) |
 //! | `sleep_3s`, `sleep_15s` | plain Envoy: `POST /healthcheck/fail`, a fixed sleep |
 //! | `registry_only` | plain Envoy: none; SIGTERM at once, the registry follows |
@@ -36,9 +39,14 @@ pub struct Scenario {
     /// The callers reach the providers through an L4 balancer, not a
     /// consumer sidecar: nothing reads the closing mark or retries.
     pub balancer: bool,
+    /// Providers at the start.
+    pub providers: usize,
+    /// A scale-down: this many providers leave at once and do not come
+    /// back; 0, a rolling restart.
+    pub scale_down_by: usize,
 }
 
-pub const SCENARIOS: [Scenario; 6] = [
+pub const SCENARIOS: [Scenario; 7] = [
     Scenario {
         name: "today",
         what: "short GETs, the shipped retry policy, registry lag 2 s",
@@ -47,10 +55,13 @@ pub const SCENARIOS: [Scenario; 6] = [
             method: "GET",
             long_every: 0,
             long_ms: (0, 0),
+            numbered: false,
         },
         registry_lag: Duration::from_secs(2),
         killed: false,
         balancer: false,
+        providers: 3,
+        scale_down_by: 0,
     },
     Scenario {
         name: "istio_long",
@@ -60,10 +71,13 @@ pub const SCENARIOS: [Scenario; 6] = [
             method: "GET",
             long_every: 20,
             long_ms: (2000, 6000),
+            numbered: false,
         },
         registry_lag: Duration::from_secs(2),
         killed: false,
         balancer: false,
+        providers: 3,
+        scale_down_by: 0,
     },
     Scenario {
         name: "no_retry_post",
@@ -73,10 +87,13 @@ pub const SCENARIOS: [Scenario; 6] = [
             method: "POST",
             long_every: 0,
             long_ms: (0, 0),
+            numbered: false,
         },
         registry_lag: Duration::from_secs(2),
         killed: false,
         balancer: false,
+        providers: 3,
+        scale_down_by: 0,
     },
     Scenario {
         name: "slow_registry",
@@ -86,10 +103,13 @@ pub const SCENARIOS: [Scenario; 6] = [
             method: "GET",
             long_every: 0,
             long_ms: (0, 0),
+            numbered: false,
         },
         registry_lag: Duration::from_secs(6),
         killed: false,
         balancer: false,
+        providers: 3,
+        scale_down_by: 0,
     },
     Scenario {
         name: "killed",
@@ -99,10 +119,13 @@ pub const SCENARIOS: [Scenario; 6] = [
             method: "GET",
             long_every: 0,
             long_ms: (0, 0),
+            numbered: false,
         },
         registry_lag: Duration::from_secs(2),
         killed: true,
         balancer: false,
+        providers: 3,
+        scale_down_by: 0,
     },
     Scenario {
         name: "keepalive_clients",
@@ -112,10 +135,31 @@ pub const SCENARIOS: [Scenario; 6] = [
             method: "GET",
             long_every: 0,
             long_ms: (0, 0),
+            numbered: false,
         },
         registry_lag: Duration::from_secs(2),
         killed: false,
         balancer: true,
+        providers: 3,
+        scale_down_by: 0,
+    },
+    Scenario {
+        name: "scale_down",
+        what: "four providers, three leave at once and do not come back, Istio's default retry policy",
+        retry: Retry::Istio,
+        shape: Shape {
+            method: "GET",
+            long_every: 0,
+            long_ms: (0, 0),
+            // So each provider's requests after closing split into those
+            // the consumer had routed before it saw the mark and the rest.
+            numbered: true,
+        },
+        registry_lag: Duration::from_secs(2),
+        killed: false,
+        balancer: false,
+        providers: 4,
+        scale_down_by: 3,
     },
 ];
 
@@ -148,14 +192,15 @@ impl Approach {
     }
 
     /// Every approach that applies to `scenario` (the consumer without an
-    /// admin cluster in `today` only: its membership, not the scenario, is
-    /// what differs).
+    /// admin cluster in `today`, and in `scale_down`, where what it knows of
+    /// the members decides how few hosts are left; elsewhere its membership,
+    /// not the scenario, is what differs).
     pub fn all_for(scenario: &Scenario) -> Vec<Approach> {
         if scenario.killed {
             return vec![Approach::Graceful, Approach::Plain];
         }
         let mut all = vec![Approach::Graceful];
-        if scenario.name == "today" {
+        if scenario.name == "today" || scenario.scale_down_by > 0 {
             all.push(Approach::GracefulNoAdmin);
         }
         if scenario.balancer {
@@ -196,6 +241,8 @@ pub fn cell(
     };
     config.registry_lag = scenario.registry_lag;
     config.balancer = scenario.balancer;
+    config.providers = scenario.providers;
+    config.scale_down_by = scenario.scale_down_by;
     if scenario.shape.long_every > 0 {
         // Long requests hold a connection each: enough of them for the
         // open-loop rate (5% of 500/s × 4 s ≈ 100 at once).

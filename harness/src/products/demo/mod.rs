@@ -1,15 +1,18 @@
-//! The main job: a rolling shutdown of three providers under load, on real
-//! Envoy, with and without the filters.
+//! The main job: a rolling shutdown of providers under load (or a
+//! scale-down), on real Envoy, with and without the filters.
 //!
 //! Topology, all on this machine: the load generator → a consumer sidecar
-//! (127.0.0.1) → three provider sidecars (127.0.0.11, .12, .13) → three
-//! demo apps (`examples/demo-app`, one per provider address). The consumer
-//! learns the providers from file-based EDS, written by a stand-in registry
-//! that applies every change `registry_lag` after the readiness probe saw it
-//! (the registry is always behind, as Kubernetes endpoints and EDS are).
+//! (127.0.0.1) → `providers` provider sidecars (127.0.0.11, .12, ...) → as
+//! many demo apps (`examples/demo-app`, one per provider address). The
+//! consumer learns the providers from file-based EDS, written by a stand-in
+//! registry that applies every change `registry_lag` after the readiness
+//! probe saw it (the registry is always behind, as Kubernetes endpoints and
+//! EDS are).
 //!
 //! One provider at a time goes down the way Kubernetes takes a pod down, and
-//! comes back with a new instance id on the same address:
+//! comes back with a new instance id on the same address; or, in a
+//! scale-down (`scale_down_by`), that many go down at once and do not come
+//! back, as an autoscaler or `kubectl scale` takes pods away:
 //!
 //! | step | graceful run | baseline run (plain Envoy) |
 //! |---|---|---|
@@ -17,16 +20,19 @@
 //! | readiness | `/graceful/ready` 503 → registry drops it after the lag | `/healthz` 503 → same |
 //! | preStop waits | `GET /graceful/drained?wait=60s` | a fixed sleep |
 //! | then | SIGTERM to Envoy and the app | same |
-//! | back | new processes; readiness 200 → registry re-adds it after the lag | same |
+//! | back (not in a scale-down) | new processes; readiness 200 → registry re-adds it after the lag | same |
 
 pub mod matrix;
 pub mod report;
 
+use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use futures_util::future::join_all;
 
 use crate::support::client::{self, GrpcEvent, GrpcStream, H2Conn};
 use crate::support::envoy::{free_port, repo_root, terminate, write_eds, Envoy, EnvoySpec};
@@ -128,8 +134,15 @@ pub struct DemoConfig {
     pub rate: u32,
     /// Client connections the load uses.
     pub connections: usize,
-    /// How many providers go down and come back, in turn (1 to 3).
+    /// Provider sidecars (and apps) at the start (1 to 200).
+    pub providers: usize,
+    /// How many providers go down and come back, in turn, round and round
+    /// (ignored in a scale-down).
     pub restarts: usize,
+    /// A scale-down: this many providers (the first ones) go down at once
+    /// and do not come back (1 to `providers - 1`); 0, the rolling restart
+    /// of `restarts` instead.
+    pub scale_down_by: usize,
     pub registry_lag: Duration,
     /// Load before the first shutdown.
     pub warmup: Duration,
@@ -164,7 +177,9 @@ impl Default for DemoConfig {
             protocol: Protocol::Http1,
             rate: 500,
             connections: 16,
+            providers: 3,
             restarts: 3,
+            scale_down_by: 0,
             registry_lag: Duration::from_secs(2),
             warmup: Duration::from_secs(3),
             settle: Duration::from_secs(4),
@@ -182,7 +197,7 @@ impl Default for DemoConfig {
     }
 }
 
-/// A port free on all three provider addresses.
+/// A port free on every provider address.
 fn port_free_on(ips: &[Ipv4Addr]) -> u16 {
     for _ in 0..50 {
         let port = free_port();
@@ -222,16 +237,16 @@ impl Registry {
         let me = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(me.lag).await;
-            let snapshot = {
-                let Ok(mut m) = me.members.lock() else { return };
-                m.retain(|a| *a != addr);
-                if present {
-                    m.push(addr);
-                    m.sort();
-                }
-                m.clone()
-            };
-            write_eds(&me.eds, "providers", &snapshot);
+            // Written under the lock: changes that fall due together (a
+            // scale-down) share the file's temporary name, and the last
+            // write must hold them all.
+            let Ok(mut m) = me.members.lock() else { return };
+            m.retain(|a| *a != addr);
+            if present {
+                m.push(addr);
+                m.sort();
+            }
+            write_eds(&me.eds, "providers", &m);
         });
     }
 }
@@ -347,7 +362,9 @@ impl Run<'_> {
         });
     }
 
-    async fn shutdown_and_return(&self, p: &mut Provider, registry: &Registry) -> ProviderEvents {
+    /// Provider `p` leaves as the run's mode says: its preStop, the
+    /// registry following, SIGTERM; the moments up to its exit.
+    async fn shut_down(&self, p: &mut Provider, registry: &Registry) -> ProviderEvents {
         let mut ev = ProviderEvents {
             provider: p.index,
             ..Default::default()
@@ -432,6 +449,12 @@ impl Run<'_> {
                 .and_then(Result::ok)
                 .map(|t| t.saturating_sub(ev.closing_ms));
         }
+        ev
+    }
+
+    /// Provider `p` comes back after [`Run::shut_down`]: a new instance on
+    /// the same address, ready, then re-added by the registry after its lag.
+    async fn come_back(&self, p: &mut Provider, registry: &Registry, ev: &mut ProviderEvents) {
         p.generation += 1;
         p.app = Some(self.start_app(p));
         let envoy = self.start_provider_envoy(p).await;
@@ -450,7 +473,6 @@ impl Run<'_> {
         .await;
         ev.up_ms = self.ms();
         self.kubelet(p, 200, registry);
-        ev
     }
 
     /// A gRPC health `Watch` on provider `p`, once it has said SERVING.
@@ -517,6 +539,37 @@ fn arrivals_since(access_log: &Path, since_unix_ms: u64) -> u64 {
         .count() as u64
 }
 
+/// A numbered request's sequence number (`?seq=N`, see [`Shape::numbered`])
+/// and the start of its access log line (Unix ms): the first and last
+/// fields of the consumer's and the providers' formats.
+fn numbered_line(line: &str) -> Option<(u64, u64)> {
+    let start: f64 = line.split_whitespace().next()?.parse().ok()?;
+    let seq = line.split_whitespace().last()?.split_once("?seq=")?.1;
+    Some((seq.parse().ok()?, (start * 1000.0).round() as u64))
+}
+
+/// When the consumer started each numbered request (Unix ms), from its
+/// access log.
+fn numbered_starts(consumer_access_log: &Path) -> HashMap<u64, u64> {
+    std::fs::read_to_string(consumer_access_log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(numbered_line)
+        .collect()
+}
+
+/// The numbered requests a provider received (its access log) that the
+/// consumer started after `seen_unix_ms`, in whole ms as both logs have
+/// it: a request started in that very ms counts as routed before.
+fn started_after(access_log: &Path, started: &HashMap<u64, u64>, seen_unix_ms: u64) -> u64 {
+    std::fs::read_to_string(access_log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(numbered_line)
+        .filter(|(seq, _)| started.get(seq).is_some_and(|&at| at > seen_unix_ms))
+        .count() as u64
+}
+
 /// Runs the scenario once and reports it, with the samples for the chart.
 pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
     let name = mode.name();
@@ -533,7 +586,16 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
         epoch_unix_ms: unix_ms(),
     };
 
-    let ips: Vec<Ipv4Addr> = (11..14).map(|i| Ipv4Addr::new(127, 0, 0, i)).collect();
+    assert!(
+        (1..=200).contains(&config.providers) && config.scale_down_by < config.providers,
+        "{} providers, {} leaving at once",
+        config.providers,
+        config.scale_down_by
+    );
+    let ips: Vec<Ipv4Addr> = (11..)
+        .take(config.providers)
+        .map(|i| Ipv4Addr::new(127, 0, 0, i))
+        .collect();
     let inbound_port = port_free_on(&ips);
     let app_port = port_free_on(&ips);
     let mut providers: Vec<Provider> = ips
@@ -560,6 +622,7 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
         config.registry_lag,
     );
     let outbound_port = free_port();
+    let consumer_access_log = dir.join("access-consumer.log");
     let consumer_template = if config.balancer {
         "l4-balancer.yaml"
     } else if mode.graceful() {
@@ -570,16 +633,19 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
     let mut consumer = EnvoySpec::new(&format!("{name}-consumer"), consumer_template)
         .set("OUTBOUND_PORT", outbound_port)
         .set("EDS_PATH", registry.eds.display())
-        .set("CONSUMER_CONFIG", &config.consumer_config);
+        .set("CONSUMER_CONFIG", &config.consumer_config)
+        .set("ACCESS_LOG", consumer_access_log.display());
     for (placeholder, value) in config.retry.values() {
         consumer = consumer.set(placeholder, value);
     }
     let consumer = consumer.start().await;
     crate::support::envoy::eventually(
-        "consumer sees 3 providers",
+        &format!("consumer sees {} providers", config.providers),
         Duration::from_secs(20),
         || async {
-            (consumer.stat("cluster.providers.membership_healthy").await == Some(3)).then_some(())
+            (consumer.stat("cluster.providers.membership_healthy").await
+                == Some(config.providers as u64))
+            .then_some(())
         },
     )
     .await;
@@ -598,15 +664,33 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
     tokio::time::sleep(config.warmup).await;
     let mut events = Vec::new();
     let rss_start = rss_kb(consumer.pid());
-    for i in 0..config.restarts {
-        // Providers go down in turn, round and round for long runs (a soak).
-        let n = providers.len();
-        let ev = r
-            .shutdown_and_return(&mut providers[i % n], &registry)
-            .await;
-        events.push(ev);
-        // Wait for the registry to carry the new instance, then let it settle.
-        tokio::time::sleep(config.registry_lag + config.settle).await;
+    if config.scale_down_by > 0 {
+        let leaving = providers.iter_mut().take(config.scale_down_by);
+        events = join_all(leaving.map(|p| r.shut_down(p, &registry))).await;
+        // The load goes on until the consumer's Envoy has the registry's
+        // update (a registry slower than the drain drops them after they
+        // are gone), then for the tail.
+        let remaining = (config.providers - config.scale_down_by) as u64;
+        crate::support::envoy::eventually(
+            "the registry drops the leaving providers",
+            config.registry_lag + Duration::from_secs(30),
+            || async {
+                (consumer.stat("cluster.providers.membership_total").await == Some(remaining))
+                    .then_some(())
+            },
+        )
+        .await;
+    } else {
+        for i in 0..config.restarts {
+            // Providers go down in turn, round and round for long runs (a soak).
+            let n = providers.len();
+            let p = &mut providers[i % n];
+            let mut ev = r.shut_down(p, &registry).await;
+            r.come_back(p, &registry, &mut ev).await;
+            events.push(ev);
+            // Wait for the registry to carry the new instance, then let it settle.
+            tokio::time::sleep(config.registry_lag + config.settle).await;
+        }
     }
     let remaining = config.min_duration.saturating_sub(r.epoch.elapsed());
     tokio::time::sleep(config.tail.max(remaining)).await;
@@ -648,6 +732,12 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
         .await
         .unwrap_or(0);
     let consumer_log = consumer.log();
+    // Numbered requests: when the consumer started each one.
+    let started = if config.shape.numbered {
+        Some(numbered_starts(&consumer_access_log))
+    } else {
+        None
+    };
     for ev in &mut events {
         let p = &providers[ev.provider - 1];
         ev.seen_ms = match mode {
@@ -658,7 +748,11 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
                 ev.closing_ms
             }
         };
-        ev.after_closing = arrivals_since(&ev.access_log, r.epoch_unix_ms + ev.seen_ms);
+        let seen_unix_ms = r.epoch_unix_ms + ev.seen_ms;
+        ev.after_closing = arrivals_since(&ev.access_log, seen_unix_ms);
+        ev.started_after_seen = started
+            .as_ref()
+            .map(|started| started_after(&ev.access_log, started, seen_unix_ms));
     }
     drop(consumer);
     for p in &mut providers {
@@ -696,5 +790,19 @@ mod tests {
             Some(1_796_009_053_996)
         );
         assert_eq!(log_time_ms("garbage"), None);
+    }
+
+    #[test]
+    fn numbered_lines_are_read_from_both_access_log_formats() {
+        let consumer = "1796009053.996 200 - 127.0.0.11:8080 attempts=1 override=- /?seq=42";
+        let provider = "1796009054.001 200 - /delay/2000?seq=43";
+        assert_eq!(numbered_line(consumer), Some((42, 1_796_009_053_996)));
+        assert_eq!(numbered_line(provider), Some((43, 1_796_009_054_001)));
+        assert_eq!(numbered_line("1796009054.001 200 - /graceful/ready"), None);
+        let shape = Shape {
+            numbered: true,
+            ..Shape::default()
+        };
+        assert_eq!(shape.path(7), ("/?seq=7".to_string(), false));
     }
 }
