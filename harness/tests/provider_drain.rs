@@ -11,6 +11,7 @@ use graceful_harness::support::envoy::{eventually, free_port, wait_for, Envoy, E
 use graceful_harness::support::mesh::{self, status_of};
 use graceful_harness::support::native::Delivery;
 use graceful_harness::support::upstream::{Counters, Upstream};
+use graceful_harness::support::wall_step::WallStep;
 use std::sync::atomic::Ordering::SeqCst;
 use std::sync::Arc;
 
@@ -1116,6 +1117,115 @@ async fn every_worker_measures_closing_on_one_clock() {
         assert!(
             accepted >= Some(5),
             "worker {worker} accepted {accepted:?} of {answers} connections"
+        );
+    }
+}
+
+/// How far ahead of this machine's wall clock Envoy's is, in s, as its
+/// access log shows the start of a request to `path` (the sidecar's log
+/// lines begin with the start time, s since the epoch); None before the
+/// line is written.
+fn wall_offset_s(s: &Sidecar, path: &str) -> Option<i64> {
+    let log = s.envoy.log();
+    let line = log
+        .lines()
+        .rev()
+        .find(|l| l.ends_with(&format!(" {path}")))?;
+    let start: f64 = line.split_whitespace().next()?.parse().ok()?;
+    let ours = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .ok()?
+        .as_secs_f64();
+    Some((start - ours).round() as i64)
+}
+
+/// Envoy's wall clock offset, from a request of its own.
+async fn envoy_wall_offset_s(s: &Sidecar, probe: &str) -> i64 {
+    client::get(s.inbound, probe).await.unwrap();
+    eventually(
+        "the probe in the access log",
+        Duration::from_secs(5),
+        || async { wall_offset_s(s, probe) },
+    )
+    .await
+}
+
+/// A step of Envoy's wall clock by an hour, forward or back, mid-drain
+/// changes nothing: `closing_for_ms` stays within the test's own bounds,
+/// the gate passes quiet after `consumer_update_wait` and the quiet window
+/// after the last request, and the report's durations are the test's. On
+/// the wall clock a step forward forced the gate at once (`timeout` 60 s
+/// had passed) and a step back held it an hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wall_clock_step_of_an_hour_either_way_mid_drain_changes_nothing() {
+    for step_s in [3600_i64, -3600] {
+        let wall = WallStep::new("wall-step");
+        let (s, _) = sidecar_with("wall-step", DRAIN_CONFIG, "{}", |spec| wall.preload(spec)).await;
+        let offset = envoy_wall_offset_s(&s, "/wall-before").await;
+        assert!(
+            offset.abs() <= 2,
+            "Envoy's wall clock {offset} s off before the step"
+        );
+
+        let before = Instant::now();
+        mesh::start_closing(s.inbound).await;
+        let after = Instant::now();
+        // A request before the step and one after: the quiet window runs
+        // from the later one.
+        client::get(s.inbound, "/").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let hour = Duration::from_secs(3600);
+        if step_s > 0 {
+            wall.ahead(hour);
+        } else {
+            wall.behind(hour);
+        }
+        // The step is in place for the request after (its start in the
+        // access log, an hour off); that request is the last.
+        let last_request = Instant::now();
+        let offset = envoy_wall_offset_s(&s, "/wall-after").await;
+        assert!(
+            (offset - step_s).abs() <= 2,
+            "Envoy's wall clock {offset} s off after the step"
+        );
+
+        let sent = Instant::now();
+        let st = status(&s).await;
+        let (low, high) = (
+            sent.duration_since(after).as_millis() as u64,
+            before.elapsed().as_millis() as u64 + 1,
+        );
+        let closing_for_ms = st.closing_for_ms.unwrap_or(u64::MAX);
+        assert!(
+            (low..=high).contains(&closing_for_ms),
+            "step {step_s} s: closing for {closing_for_ms} ms, the test saw {low}..{high} ms"
+        );
+
+        let drained = mesh::until_drained(s.inbound, Duration::from_secs(10)).await;
+        let since_closing = before.elapsed();
+        assert!(!drained.forced, "step {step_s} s: {drained:?}");
+        assert!(
+            last_request.elapsed() >= QUIET_WINDOW,
+            "step {step_s} s: drained {:?} after the last request",
+            last_request.elapsed()
+        );
+        let report: serde_json::Value = serde_json::from_slice(
+            &client::get(s.inbound, "/graceful/report")
+                .await
+                .unwrap()
+                .body,
+        )
+        .unwrap();
+        let drained_after_ms = report["drained_after_ms"].as_u64().unwrap_or(u64::MAX);
+        assert!(
+            (1000..=since_closing.as_millis() as u64 + 1).contains(&drained_after_ms),
+            "step {step_s} s: {report}"
+        );
+        assert_eq!(report["forced"], false, "step {step_s} s: {report}");
+        let longest = report["request_ms"]["max"].as_f64().unwrap_or(f64::MAX);
+        assert!(longest < 5_000.0, "step {step_s} s: {report}");
+        println!(
+            "wall clock stepped {step_s:+} s mid-drain: passed quiet {drained_after_ms} ms after closing"
         );
     }
 }

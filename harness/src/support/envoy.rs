@@ -146,6 +146,8 @@ pub struct EnvoySpec {
     pub binary: Option<PathBuf>,
     /// More command-line arguments (`--drain-strategy immediate`).
     pub args: Vec<String>,
+    /// More environment for the Envoy process (`LD_PRELOAD`).
+    pub env: Vec<(String, String)>,
     /// How long [`EnvoySpec::start`] waits for ready (an Envoy under
     /// valgrind takes longer than [`START_DEADLINE`]).
     pub start_deadline: Duration,
@@ -163,6 +165,7 @@ impl EnvoySpec {
             module: None,
             binary: None,
             args: Vec::new(),
+            env: Vec::new(),
             start_deadline: START_DEADLINE,
         };
         spec.values
@@ -180,6 +183,12 @@ impl EnvoySpec {
     /// One more command-line argument.
     pub fn arg(mut self, arg: &str) -> EnvoySpec {
         self.args.push(arg.into());
+        self
+    }
+
+    /// Sets an environment variable of the Envoy process.
+    pub fn env(mut self, name: &str, value: impl ToString) -> EnvoySpec {
+        self.env.push((name.into(), value.to_string()));
         self
     }
 
@@ -274,6 +283,7 @@ impl EnvoySpec {
             .args(["--file-flush-interval-msec", "100"])
             .args(&self.args)
             .env("TZ", "UTC")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err)

@@ -4,8 +4,9 @@
 //! template renderer ([`render`]), the test upstream ([`upstream`]), HTTP
 //! clients ([`client`]), a consumer sidecar in front of test upstreams
 //! ([`mesh`]), the open-loop load generator ([`load`]), what a rolling run
-//! reports ([`run_report`]) and what `/proc` says of a process
-//! ([`procfs`]).
+//! reports ([`run_report`]), what `/proc` says of a process
+//! ([`procfs`]) and a wall clock stepped in one Envoy alone
+//! ([`wall_step`]).
 
 pub mod client;
 pub mod envoy;
@@ -16,3 +17,4 @@ pub mod procfs;
 pub mod render;
 pub mod run_report;
 pub mod upstream;
+pub mod wall_step;
