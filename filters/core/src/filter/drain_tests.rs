@@ -100,7 +100,11 @@ fn outside_allowed_sources_only_readiness_and_grpc_health_answer_and_nothing_is_
         assert_eq!(d.request_headers(&st, &h, || (1, ())), Action::Stop);
         assert_eq!(only_reply(&h).status, 403, "{method} {path}");
     }
-    assert_eq!(st.borrow().held(), 0, "an outsider's long-poll is never held");
+    assert_eq!(
+        st.borrow().held(),
+        0,
+        "an outsider's long-poll is never held"
+    );
     assert_eq!(
         h.logs_containing("refused").len(),
         1,
