@@ -239,9 +239,27 @@ fn it_forces_the_gate_at_step_timeout_while_requests_keep_arriving() {
 }
 
 #[test]
-fn a_request_in_flight_after_arrivals_stopped_holds_the_gate_until_the_timeout() {
+fn a_request_in_flight_is_cut_at_step_timeout_without_longest_request() {
+    // The contract's meaning: after consumer_update_wait, step_timeout is
+    // the most time spent waiting for quiet, in flight or not.
     let mut p = process(
         r#"{"consumer_update_wait":"1s","quiet_window":"500ms","step_timeout":"2s","timeout":"10s"}"#,
+    );
+    p.host.advance_to(ms(50));
+    let _slow = request(&mut p.host, &p.w[0], "GET", "/slow");
+    closing_at(&mut p, ms(100));
+    p.host.advance_to(ms(3050));
+    assert_eq!(record(&p.host).phase, Phase::Closing);
+    p.host.advance_to(ms(3150));
+    let r = record(&p.host);
+    assert_eq!((r.phase, r.forced), (Phase::Drained, true));
+}
+
+#[test]
+fn with_longest_request_a_request_in_flight_after_arrivals_stopped_holds_the_gate_until_the_timeout(
+) {
+    let mut p = process(
+        r#"{"consumer_update_wait":"1s","quiet_window":"500ms","step_timeout":"2s","timeout":"10s","longest_request":"6s"}"#,
     );
     p.host.advance_to(ms(50));
     let slow = request(&mut p.host, &p.w[0], "GET", "/slow");
@@ -259,7 +277,7 @@ fn a_request_in_flight_after_arrivals_stopped_holds_the_gate_until_the_timeout()
     assert_eq!(p.host.metric("graceful_drain_forced"), 0);
     // Another one that never ends: the overall timeout is the bound.
     let mut p = process(
-        r#"{"consumer_update_wait":"1s","quiet_window":"500ms","step_timeout":"2s","timeout":"10s"}"#,
+        r#"{"consumer_update_wait":"1s","quiet_window":"500ms","step_timeout":"2s","timeout":"10s","longest_request":"6s"}"#,
     );
     p.host.advance_to(ms(50));
     let _stuck = request(&mut p.host, &p.w[0], "GET", "/slow");

@@ -345,13 +345,14 @@ async fn a_quiet_pass_says_so_and_1000_callers_and_forged_names_keep_it_bounded(
 /// many short ones, none of them likely sampled), then a shutdown with a
 /// long request in flight at closing and no more arrivals. The report's
 /// max covers every one of them; the gate waits for the one in flight past
-/// `consumer_update_wait` + `step_timeout` (arrivals had stopped) and
-/// passes quiet; the recommended budgets cover the longest.
+/// `consumer_update_wait` + `step_timeout` (`longest_request` is set and
+/// arrivals had stopped) and passes quiet; the recommended budgets cover
+/// the longest and the drain config takes them as they are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn rare_long_requests_while_serving_are_in_the_max_and_the_budgets_cover_them() {
     let p = provider(
         "report-long",
-        r#"{"consumer_update_wait":"1s","quiet_window":"300ms","step_timeout":"1s","timeout":"30s"}"#,
+        r#"{"consumer_update_wait":"1s","quiet_window":"300ms","step_timeout":"1s","timeout":"30s","longest_request":"3s"}"#,
     )
     .await;
     let inbound = p.inbound;
@@ -437,15 +438,29 @@ async fn rare_long_requests_while_serving_are_in_the_max_and_the_budgets_cover_t
         ms("timeout") >= ms("consumer_update_wait") + ms("step_timeout") + longest,
         "the recommended timeout covers the longest request: {rec:#}"
     );
+    assert!(
+        ms("longest_request") >= longest,
+        "the recommended longest_request covers the longest request: {rec:#}"
+    );
     for key in [
         "consumer_update_wait",
         "step_timeout",
         "timeout",
+        "longest_request",
         "grace_period_seconds",
     ] {
         let basis = rec["basis"][key].as_str().unwrap_or_default();
         assert!(!basis.is_empty(), "{key}: {rec:#}");
     }
+    // The drain config takes the recommendation as it is.
+    let recommended = serde_json::json!({
+        "consumer_update_wait": rec["consumer_update_wait"],
+        "step_timeout": rec["step_timeout"],
+        "timeout": rec["timeout"],
+        "longest_request": rec["longest_request"],
+    });
+    graceful_core::config::DrainConfig::from_json(recommended.to_string().as_bytes())
+        .unwrap_or_else(|e| panic!("{e}: {rec:#}"));
     assert!(
         rec["basis"]["timeout"]
             .as_str()

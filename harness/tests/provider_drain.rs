@@ -391,10 +391,11 @@ async fn it_forces_the_gate_at_step_timeout_while_requests_keep_arriving_and_cou
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_in_flight_after_arrivals_stopped_is_waited_for_past_step_timeout() {
+async fn with_longest_request_a_request_in_flight_after_arrivals_stopped_is_waited_for() {
     // wait + step_timeout = 700 ms; the request takes 2.5 s and nothing
-    // else arrives: the gate waits for it (timeout is the bound), quiet.
-    let cfg = r#"{"consumer_update_wait":"200ms","quiet_window":"100ms","step_timeout":"500ms","timeout":"60s"}"#;
+    // else arrives: with longest_request set the gate waits for it
+    // (timeout is the bound), quiet.
+    let cfg = r#"{"consumer_update_wait":"200ms","quiet_window":"100ms","step_timeout":"500ms","timeout":"60s","longest_request":"5s"}"#;
     let (s, _) = sidecar("step-arrivals-stopped", cfg, "{}").await;
     let slow = tokio::spawn(client::get(s.inbound, "/delay/2500"));
     eventually("slow request counted", Duration::from_secs(5), || async {
@@ -960,12 +961,11 @@ async fn it_tells_a_grpc_health_watch_of_the_closing_and_the_watch_holds_no_gate
 /// leaves the in-flight count, the gate passes unforced with it open, and
 /// it ends within a tick of the pass (a reset: its headers went out; a
 /// gRPC client reads the stream as failed, not OK). Not configured, it
-/// holds the gate until the overall timeout forces it (the old behaviour;
-/// arrivals had stopped, so step_timeout does not end the wait).
+/// holds the gate until the step timeout forces it (the old behaviour).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_long_lived_stream_does_not_hold_the_gate_and_ends_at_drained() {
     use client::{GrpcEvent, H2Conn};
-    let drain = r#"{"consumer_update_wait":"1s","quiet_window":"500ms","step_timeout":"2s","timeout":"5s","admin_cluster":"envoy_admin"}"#;
+    let drain = r#"{"consumer_update_wait":"1s","quiet_window":"500ms","step_timeout":"2s","timeout":"60s","admin_cluster":"envoy_admin"}"#;
     for (provider, long_lived) in [(r#"{"long_lived_paths":["/grpc/*"]}"#, true), ("{}", false)] {
         let (s, _) = sidecar(&format!("long-lived-{long_lived}"), drain, provider).await;
         let mut h2 = H2Conn::connect(s.inbound).await.unwrap();
@@ -998,12 +998,12 @@ async fn a_long_lived_stream_does_not_hold_the_gate_and_ends_at_drained() {
 /// the shipped `upgrade_configs`) is a long-lived stream by default: it
 /// echoes, leaves the in-flight count, does not hold the gate, and is
 /// closed at drained. With `long_lived_upgrades: false` it holds the gate
-/// until the overall timeout forces it.
+/// until the step timeout forces it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_does_not_hold_the_gate_and_is_closed_at_drained() {
     use futures_util::{SinkExt, StreamExt};
     use tokio_tungstenite::tungstenite::Message;
-    let drain = r#"{"consumer_update_wait":"1s","quiet_window":"300ms","step_timeout":"2s","timeout":"5s"}"#;
+    let drain = r#"{"consumer_update_wait":"1s","quiet_window":"300ms","step_timeout":"2s","timeout":"60s"}"#;
     for (provider, long_lived) in [("{}", true), (r#"{"long_lived_upgrades":false}"#, false)] {
         let (s, _) = sidecar(&format!("websocket-{long_lived}"), drain, provider).await;
         let tcp = tokio::net::TcpStream::connect(s.inbound).await.unwrap();
@@ -1043,8 +1043,7 @@ async fn a_websocket_does_not_hold_the_gate_and_is_closed_at_drained() {
 
 /// With one stream held open: it is out of the in-flight count if
 /// long-lived; then closing, and the gate passes unforced if it is
-/// long-lived, forced (by the overall timeout: nothing else arrives) if
-/// not. When closing started.
+/// long-lived, forced (by the step timeout) if not. When closing started.
 async fn held_through_closing(s: &Sidecar, what: &str, long_lived: bool) -> Instant {
     let inflight = s.envoy.stat("wasmcustom.graceful_provider_inflight").await;
     assert_eq!(

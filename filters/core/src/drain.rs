@@ -228,9 +228,34 @@ mod tests {
     }
 
     #[test]
-    fn a_request_in_flight_holds_the_gate_past_the_step_timeout_until_an_arrival_forces_it() {
+    fn a_request_in_flight_holds_the_gate_until_the_step_timeout_forces_it() {
         let (store, stats) = (MemStore::new(), AtomicMetrics::new());
         let cfg = config();
+        record::start_closing(&store, 100 * S).unwrap();
+        assert_eq!(
+            crate::gate::admit(&stats, true),
+            crate::gate::Admission::Admitted
+        );
+        let mut copy = DrainCopy::default();
+        let (_, passed) = copy.advance(&store, &stats, &stats, &cfg, 105 * S).unwrap();
+        assert_eq!(passed, None, "not quiet: one in flight");
+        let (_, passed) = copy.advance(&store, &stats, &stats, &cfg, 106 * S).unwrap();
+        let passed = passed.unwrap();
+        assert_eq!(
+            (passed.why, passed.inflight),
+            (GatePass::StepTimeout, (1, 0))
+        );
+        assert!(passed.forced() && passed.line().contains("step_timeout: 1 inbound"));
+    }
+
+    #[test]
+    fn with_longest_request_a_request_in_flight_holds_the_gate_past_the_step_timeout_until_an_arrival_forces_it(
+    ) {
+        let (store, stats) = (MemStore::new(), AtomicMetrics::new());
+        let cfg = DrainConfig::from_json(
+            br#"{"consumer_update_wait":"3s","quiet_window":"500ms","step_timeout":"3s","longest_request":"30s"}"#,
+        )
+        .unwrap();
         record::start_closing(&store, 100 * S).unwrap();
         assert_eq!(
             crate::gate::admit(&stats, true),

@@ -22,16 +22,18 @@
 //! | drained  | start closing          |                                                    | drained (idempotent)                         |
 //! | closing  | evaluate gate          | elapsed ≥ consumer_update_wait, quiet              | pass: quiet (drained, forced = false)        |
 //! | closing  | evaluate gate          | elapsed ≥ timeout, not quiet                       | pass: forced = true (overall timeout)        |
-//! | closing  | evaluate gate          | elapsed ≥ wait + step_timeout, arriving            | pass: forced = true (step timeout)           |
-//! | closing  | evaluate gate          | otherwise (in flight, arrivals stopped: wait on)   | closing                                      |
-//!
-//! `step_timeout` bounds only the wait for new requests to stop arriving
-//! (callers that never heed the closing mark); requests already in flight
-//! once arrivals have stopped are waited for until `timeout`, so a service
-//! with long requests sets `timeout` alone.
+//! | closing  | evaluate gate          | elapsed ≥ wait + step_timeout, not quiet; with `longest_request`: arriving | pass: forced = true (step timeout) |
+//! | closing  | evaluate gate          | otherwise (with `longest_request`: in flight, arrivals stopped, wait on) | closing               |
 //! | closing  | pass written           | (CAS: exactly one copy's write lands)  | drained, drained_at = now                    |
 //! | serving  | evaluate gate          |                                        | serving                                      |
 //! | drained  | evaluate gate          |                                        | drained                                      |
+//!
+//! `step_timeout` bounds the wait for quiet (the contract's meaning). With
+//! `longest_request` set, it bounds only the wait for new requests to stop
+//! arriving (callers that never heed the closing mark), and requests
+//! already in flight once arrivals have stopped are waited for until
+//! `timeout`, which then covers the longest request: a service with long
+//! requests sets that one number.
 //!
 //! Closing is one-way for the life of the shared-data namespace (the Envoy
 //! process): a shutting-down instance does not come back, a new one does.
@@ -97,6 +99,10 @@ pub struct GateTimings {
     pub quiet_window: Duration,
     pub step_timeout: Duration,
     pub timeout: Duration,
+    /// The app's longest request, when configured: `step_timeout` then
+    /// forces the gate only while requests keep arriving, and requests in
+    /// flight once arrivals stopped are waited for until `timeout`.
+    pub longest_request: Option<Duration>,
 }
 
 /// Why the gate passed.
@@ -211,7 +217,8 @@ impl InstanceRecord {
             Some(GatePass::Timeout)
         } else if elapsed
             >= micros(gate.consumer_update_wait).saturating_add(micros(gate.step_timeout))
-            && InstanceRecord::is_arriving(seen, gate.quiet_window, now_us)
+            && (gate.longest_request.is_none()
+                || InstanceRecord::is_arriving(seen, gate.quiet_window, now_us))
         {
             Some(GatePass::StepTimeout)
         } else {
@@ -356,12 +363,22 @@ mod tests {
     const MS: u64 = 1_000;
     const S: u64 = 1_000_000;
 
+    /// The contract's defaults.
     fn gate() -> GateTimings {
         GateTimings {
             consumer_update_wait: Duration::from_secs(3),
             quiet_window: Duration::from_millis(500),
             step_timeout: Duration::from_secs(3),
             timeout: Duration::from_secs(60),
+            longest_request: None,
+        }
+    }
+
+    /// The defaults with `longest_request` set.
+    fn with_longest() -> GateTimings {
+        GateTimings {
+            longest_request: Some(Duration::from_secs(30)),
+            ..gate()
         }
     }
 
@@ -456,54 +473,70 @@ mod tests {
 
     #[test]
     fn step_timeout_forces_the_gate_while_requests_keep_arriving() {
+        for g in [gate(), with_longest()] {
+            step_timeout_forces_while_arriving(&g);
+        }
+    }
+
+    fn step_timeout_forces_while_arriving(g: &GateTimings) {
+        let g = *g;
         let r = closing_at(0);
         let at = 6 * S;
-        assert_eq!(
-            r.evaluate(&gate(), &busy_arriving(at - 1, 0), at - 1).1,
-            None
-        );
-        let (d, pass) = r.evaluate(&gate(), &busy_arriving(at, 499 * MS), at);
+        assert_eq!(r.evaluate(&g, &busy_arriving(at - 1, 0), at - 1).1, None);
+        let (d, pass) = r.evaluate(&g, &busy_arriving(at, 499 * MS), at);
         assert_eq!(pass, Some(GatePass::StepTimeout));
         assert!(d.forced);
         // Idle but a start within the window: arrivals go on, forced too.
         let seen = idle_since(at - 100 * MS);
+        assert_eq!(r.evaluate(&g, &seen, at).1, Some(GatePass::StepTimeout));
+    }
+
+    #[test]
+    fn without_longest_request_step_timeout_ends_the_wait_for_quiet_as_the_contract_says() {
+        let r = closing_at(0);
+        // One long request in flight, nothing arriving: forced at
+        // consumer_update_wait + step_timeout.
+        let seen = busy_arriving(6 * S, 5 * S);
+        assert_eq!(r.evaluate(&gate(), &seen, 6 * S - 1).1, None);
         assert_eq!(
-            r.evaluate(&gate(), &seen, at).1,
+            r.evaluate(&gate(), &seen, 6 * S).1,
             Some(GatePass::StepTimeout)
         );
     }
 
     #[test]
-    fn a_request_in_flight_after_arrivals_stopped_is_waited_for_until_timeout() {
+    fn with_longest_request_a_request_in_flight_after_arrivals_stopped_is_waited_for_until_timeout()
+    {
+        let g = with_longest();
         let r = closing_at(0);
         // The last start 500 ms ago or more: arrivals stopped; the one in
         // flight holds the gate past wait + step_timeout ...
         for at in [6 * S, 30 * S, 60 * S - 1] {
             let seen = busy_arriving(at, 500 * MS);
-            assert_eq!(r.evaluate(&gate(), &seen, at).1, None, "at {at}");
+            assert_eq!(r.evaluate(&g, &seen, at).1, None, "at {at}");
         }
         // ... until it ends (quiet) or the overall timeout.
         assert_eq!(
-            r.evaluate(&gate(), &idle_since(20 * S), 31 * S).1,
+            r.evaluate(&g, &idle_since(20 * S), 31 * S).1,
             Some(GatePass::Quiet)
         );
-        assert_eq!(
-            r.evaluate(&gate(), &busy(), 60 * S).1,
-            Some(GatePass::Timeout)
-        );
+        assert_eq!(r.evaluate(&g, &busy(), 60 * S).1, Some(GatePass::Timeout));
         // A new arrival after that forces the step timeout at once.
         let seen = busy_arriving(40 * S, 10 * MS);
-        assert_eq!(
-            r.evaluate(&gate(), &seen, 40 * S).1,
-            Some(GatePass::StepTimeout)
-        );
+        assert_eq!(r.evaluate(&g, &seen, 40 * S).1, Some(GatePass::StepTimeout));
     }
 
     #[test]
     fn which_budget_ends_the_wait_over_a_grid_of_traffic() {
-        // The README's table, checked at every 100 ms over a minute for
-        // in flight or not and the last start at several distances.
-        let g = gate();
+        for g in [gate(), with_longest()] {
+            which_budget_ends_the_wait(&g);
+        }
+    }
+
+    /// The README's table, checked at every 100 ms over a minute for in
+    /// flight or not and the last start at several distances.
+    fn which_budget_ends_the_wait(g: &GateTimings) {
+        let g = *g;
         let wait = micros(g.consumer_update_wait);
         let step = wait + micros(g.step_timeout);
         let window = micros(g.quiet_window);
@@ -522,7 +555,7 @@ mod tests {
                         Some(GatePass::Quiet)
                     } else if at >= micros(g.timeout) {
                         Some(GatePass::Timeout)
-                    } else if at >= step && arriving {
+                    } else if at >= step && (g.longest_request.is_none() || arriving) {
                         Some(GatePass::StepTimeout)
                     } else {
                         None
@@ -566,6 +599,7 @@ mod tests {
             quiet_window: Duration::ZERO,
             step_timeout: Duration::ZERO,
             timeout: Duration::ZERO,
+            longest_request: None,
         };
         assert_eq!(
             closing_at(7).evaluate(&zero, &IDLE, 7).1,

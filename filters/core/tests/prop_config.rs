@@ -161,6 +161,7 @@ fn drain() -> impl Strategy<Value = DrainConfig> {
             quiet_window: q,
             step_timeout: s,
             timeout: w.max(t),
+            longest_request: None,
         });
     let on_drained = prop::option::of((cluster(), url_path(), ms(1..=60_000)).prop_map(
         |(cluster, path, timeout)| OnDrained {

@@ -128,6 +128,7 @@ struct DrainDto {
     quiet_window: Option<String>,
     step_timeout: Option<String>,
     timeout: Option<String>,
+    longest_request: Option<String>,
     allowed_sources: Option<Vec<String>>,
     admin_cluster: Option<String>,
     on_drained: Option<OnDrainedDto>,
@@ -157,6 +158,43 @@ struct PathsDto {
     report: Option<String>,
 }
 
+/// A positive duration (`longest_request`: "0s" would say nothing).
+fn positive_duration(field: &str, text: &str) -> Result<Duration, ConfigError> {
+    let d = duration(field, Some(text), Duration::ZERO)?;
+    if d.is_zero() {
+        return Err(ConfigError::new(field, "must be above 0s"));
+    }
+    Ok(d)
+}
+
+/// With `longest_request` set, the overall `timeout` must leave a request
+/// that long room after the arrivals' budget: unset, it becomes the
+/// least that does (whole seconds, never below the default); set shorter,
+/// the config is refused, naming it.
+fn with_longest_request(
+    mut gate: GateTimings,
+    timeout_set: bool,
+) -> Result<GateTimings, ConfigError> {
+    let Some(longest) = gate.longest_request else {
+        return Ok(gate);
+    };
+    let needed = gate.consumer_update_wait + gate.step_timeout + gate.quiet_window + longest;
+    if gate.timeout >= needed {
+        return Ok(gate);
+    }
+    if timeout_set {
+        return Err(ConfigError::new(
+            "timeout",
+            format!(
+                "shorter than consumer_update_wait + step_timeout + quiet_window + longest_request ({}): a request that long would be cut",
+                crate::duration::format_duration(needed)
+            ),
+        ));
+    }
+    gate.timeout = Duration::from_secs(needed.as_secs() + u64::from(needed.subsec_nanos() > 0));
+    Ok(gate)
+}
+
 impl DrainConfig {
     /// Parses and validates the plugin configuration bytes.
     pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
@@ -178,6 +216,10 @@ impl DrainConfig {
                 DEFAULT_STEP_TIMEOUT,
             )?,
             timeout: duration("timeout", dto.timeout.as_deref(), DEFAULT_TIMEOUT)?,
+            longest_request: match dto.longest_request.as_deref() {
+                None => None,
+                Some(text) => Some(positive_duration("longest_request", text)?),
+            },
         };
         if gate.timeout < gate.consumer_update_wait {
             return Err(ConfigError::new(
@@ -185,6 +227,7 @@ impl DrainConfig {
                 "must be at least consumer_update_wait: consumers need that long to learn of the closing",
             ));
         }
+        let gate = with_longest_request(gate, dto.timeout.is_some())?;
         let allowed_sources = match dto.allowed_sources {
             None => DEFAULT_ALLOWED_SOURCES
                 .iter()
@@ -409,6 +452,24 @@ mod tests {
     }
 
     #[test]
+    fn longest_request_sets_the_timeout_it_needs_unless_one_is_given() {
+        let none = DrainConfig::from_json(b"").unwrap();
+        assert_eq!(none.gate.longest_request, None);
+        let long = DrainConfig::from_json(br#"{"longest_request":"90s"}"#).unwrap();
+        assert_eq!(long.gate.longest_request, Some(Duration::from_secs(90)));
+        // 3 s + 3 s + 500 ms + 90 s, in whole seconds.
+        assert_eq!(long.gate.timeout, Duration::from_secs(97));
+        let short = DrainConfig::from_json(br#"{"longest_request":"2s"}"#).unwrap();
+        assert_eq!(
+            short.gate.timeout,
+            Duration::from_secs(60),
+            "never below the default"
+        );
+        let given = DrainConfig::from_json(br#"{"longest_request":"2s","timeout":"20s"}"#).unwrap();
+        assert_eq!(given.gate.timeout, Duration::from_secs(20));
+    }
+
+    #[test]
     fn drain_config_errors_name_the_field() {
         let cases = [
             (
@@ -422,6 +483,13 @@ mod tests {
                 "invalid duration",
             ),
             (r#"{"step_timeout":"1d"}"#, "step_timeout", "unknown unit"),
+            (r#"{"longest_request":"0s"}"#, "longest_request", "above 0s"),
+            (r#"{"longest_request":30}"#, "longest_request", "invalid type"),
+            (
+                r#"{"longest_request":"30s","timeout":"30s"}"#,
+                "timeout",
+                "shorter than consumer_update_wait + step_timeout + quiet_window + longest_request (36500ms)",
+            ),
             (r#"{"timeout":"25h"}"#, "timeout", "longer than 24h"),
             (r#"{"timeout":60}"#, "timeout", "invalid type"),
             (

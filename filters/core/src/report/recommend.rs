@@ -7,7 +7,8 @@
 //! |---|---|---|
 //! | `consumer_update_wait` | the callers that stopped (their last request came more than [`STOPPED_AFTER`] before the end) | 1.5 × the last of their last requests after closing + 500 ms, up to the next 500 ms, at least 1 s; none stopped: the configured value |
 //! | `step_timeout` | the same callers | every caller after closing stopped: the recommended wait again, at least 1 s (a caller slower to learn than any seen gets as long again before arrivals count as endless); a caller kept sending to the end, or none came: the configured value |
-//! | `timeout` | the longest request since the provider started (`request_ms.max`, exact) | the recommended wait + step_timeout + `quiet_window` + 1.5 × that, whole seconds (a request that starts as the last arrivals do still ends before it); none timed: the configured value, at least wait + step_timeout |
+//! | `longest_request` | the longest request since the provider started (`request_ms.max`, exact) | 1.5 × that, whole seconds (with it set, `step_timeout` ends only arrivals that go on, and a request in flight is waited for until `timeout`); none timed: the configured value, or null |
+//! | `timeout` | the same | the recommended wait + step_timeout + `quiet_window` + the recommended `longest_request`, whole seconds (a request that starts as the last arrivals do still ends before it; the drain config accepts the two together); none timed: the configured value, at least wait + step_timeout |
 //! | `grace_period_seconds` | the recommended timeout | + [`EXIT_ALLOWANCE`] for the app and Envoy to exit after the gate |
 //!
 //! Callers still sending at the end ignore the mark: no wait is long enough
@@ -41,6 +42,8 @@ pub struct Recommended {
     pub consumer_update_wait: String,
     pub step_timeout: String,
     pub timeout: String,
+    /// Null where nothing was timed and none is configured.
+    pub longest_request: Option<String>,
     pub grace_period_seconds: u64,
     pub basis: Basis,
 }
@@ -50,6 +53,7 @@ pub struct Basis {
     pub consumer_update_wait: String,
     pub step_timeout: String,
     pub timeout: String,
+    pub longest_request: String,
     pub grace_period_seconds: String,
 }
 
@@ -152,43 +156,64 @@ pub fn recommend(
             ),
         ),
     };
-    let (timeout, timeout_basis) = if requests.count == 0 && requests.max_us == 0 {
-        let t = gate.timeout.max(wait + step);
+    let timed = !(requests.count == 0 && requests.max_us == 0);
+    let (longest, longest_basis) = if timed {
+        let longest = whole_seconds((requests.max_us * 3 / 2).div_ceil(1000));
         (
-            t,
+            Some(longest),
             format!(
-                "no request was timed, so the configured {} is kept (at least consumer_update_wait + step_timeout){}",
-                format_duration(gate.timeout),
-                forced(GatePass::Timeout)
+                "1.5 × the longest request since the provider started ({}, every request counted; p99 {} over {} recent): with it set, step_timeout ends only arrivals that go on, and a request in flight is waited for until timeout",
+                ms_text(requests.max_us),
+                ms_text(requests.p99_us),
+                requests.count
             ),
         )
     } else {
-        let ms = (wait + step + gate.quiet_window).as_millis() as u64
-            + (requests.max_us * 3 / 2).div_ceil(1000);
         (
-            whole_seconds(ms),
-            format!(
-                "consumer_update_wait {} + step_timeout {} + quiet_window {} + 1.5 × the longest request since the provider started ({}, every request counted; p99 {} over {} recent){}",
-                format_duration(wait),
-                format_duration(step),
-                format_duration(gate.quiet_window),
-                ms_text(requests.max_us),
-                ms_text(requests.p99_us),
-                requests.count,
-                forced(GatePass::Timeout)
-            ),
+            gate.longest_request,
+            "no request was timed, so the configured value is kept".to_string(),
         )
+    };
+    let (timeout, timeout_basis) = match (timed, longest) {
+        (true, Some(longest)) => {
+            let ms = (wait + step + gate.quiet_window + longest).as_millis() as u64;
+            (
+                whole_seconds(ms),
+                format!(
+                    "consumer_update_wait {} + step_timeout {} + quiet_window {} + longest_request {} (the longest request since the provider started, {}){}",
+                    format_duration(wait),
+                    format_duration(step),
+                    format_duration(gate.quiet_window),
+                    format_duration(longest),
+                    ms_text(requests.max_us),
+                    forced(GatePass::Timeout)
+                ),
+            )
+        }
+        _ => {
+            let t = gate.timeout.max(wait + step);
+            (
+                t,
+                format!(
+                    "no request was timed, so the configured {} is kept (at least consumer_update_wait + step_timeout){}",
+                    format_duration(gate.timeout),
+                    forced(GatePass::Timeout)
+                ),
+            )
+        }
     };
     let grace = (timeout + EXIT_ALLOWANCE).as_secs();
     Recommended {
         consumer_update_wait: format_duration(wait),
         step_timeout: format_duration(step),
         timeout: format_duration(timeout),
+        longest_request: longest.map(format_duration),
         grace_period_seconds: grace,
         basis: Basis {
             consumer_update_wait: wait_basis,
             step_timeout: step_basis,
             timeout: timeout_basis,
+            longest_request: longest_basis,
             grace_period_seconds: format!(
                 "timeout {} + {} for the app and Envoy to exit after the gate passes",
                 format_duration(timeout),
@@ -319,6 +344,21 @@ mod tests {
                     "{r:?}"
                 );
                 assert!(r.grace_period_seconds > timeout.as_secs(), "{r:?}");
+                // The drain config takes the recommendation as it is.
+                let json = serde_json::json!({
+                    "consumer_update_wait": r.consumer_update_wait,
+                    "step_timeout": r.step_timeout,
+                    "timeout": r.timeout,
+                    "longest_request": r.longest_request,
+                });
+                let cfg = crate::config::DrainConfig::from_json(json.to_string().as_bytes());
+                let longest = cfg
+                    .map(|c| c.gate.longest_request)
+                    .unwrap_or_else(|e| panic!("{e}: {r:?}"));
+                assert!(
+                    longest.is_some_and(|l| l >= Duration::from_millis(max_ms)),
+                    "{r:?}"
+                );
             }
         }
     }

@@ -15,6 +15,7 @@ fn gate() -> GateTimings {
         quiet_window: Duration::from_millis(500),
         step_timeout: Duration::from_secs(2),
         timeout: Duration::from_secs(10),
+        longest_request: None,
     }
 }
 
