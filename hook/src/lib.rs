@@ -207,8 +207,19 @@ fn http(
             "{method} {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
         );
         stream.write_all(request.as_bytes())?;
+        // Up to the end of the answer's body, not to the connection's end:
+        // Envoy keeps a connection it answered with `connection: close`
+        // open for its delayed_close_timeout (1 s by default), longer than
+        // a request's budget.
         let mut answer = Vec::new();
-        stream.read_to_end(&mut answer)?;
+        let mut buf = [0u8; 4096];
+        while !answer_complete(&answer) {
+            let n = stream.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            answer.extend_from_slice(&buf[..n]);
+        }
         Ok(answer)
     })()
     .map_err(|e| Failure::Answer(format!("{authority}: {e}")))?;
@@ -223,6 +234,23 @@ fn http(
         .map_or("", |(_, body)| body)
         .to_string();
     Ok((status, body))
+}
+
+/// Whether `answer` holds a whole HTTP/1.1 answer: its head and as many
+/// body bytes as its `content-length` says. Without one the body ends with
+/// the connection.
+fn answer_complete(answer: &[u8]) -> bool {
+    let Some(head_end) = answer.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&answer[..head_end]);
+    let length = head.lines().skip(1).find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("content-length")
+            .then(|| value.trim().parse::<usize>().ok())?
+    });
+    length.is_some_and(|n| answer.len() - (head_end + 4) >= n)
 }
 
 /// A custom stat of the filters as Envoy's admin lists it
@@ -632,6 +660,40 @@ mod tests {
         let status = prestop_sidecar(&format!("http://127.0.0.1:{free}"), Duration::from_secs(30));
         assert_eq!(status, ExitCode::SUCCESS);
         assert!(started.elapsed() < Duration::from_secs(5), "did not wait");
+    }
+
+    /// Envoy keeps a connection it answered with `connection: close` open
+    /// for its delayed_close_timeout (1 s): the answer ends at its body.
+    #[test]
+    fn it_reads_an_answer_to_its_content_length_on_a_connection_kept_open() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            let Ok((mut conn, _)) = listener.accept() else {
+                return;
+            };
+            let mut buf = [0u8; 1024];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(
+                b"HTTP/1.1 202 Accepted\r\ncontent-length: 4\r\nconnection: close\r\n\r\nbody",
+            );
+            std::thread::sleep(Duration::from_secs(3));
+        });
+        let started = Instant::now();
+        let answer = http("POST", &url, "/graceful/closing", REQUEST_TIMEOUT);
+        assert_eq!(answer.ok(), Some((202, "body".to_string())));
+        assert!(
+            started.elapsed() < REQUEST_TIMEOUT,
+            "{:?}",
+            started.elapsed()
+        );
+        assert!(!answer_complete(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nbod"
+        ));
+        assert!(!answer_complete(b"HTTP/1.1 200 OK\r\n"));
+        assert!(answer_complete(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"
+        ));
     }
 
     #[test]
