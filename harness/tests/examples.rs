@@ -8,7 +8,11 @@
 //!   Kubernetes versions; documents of other groups (Istio, Envoy Gateway,
 //!   Gateway API) are listed, not validated here;
 //! - the Kubernetes example wires readiness and both preStop hooks to the
-//!   endpoints graceful_drain serves, on the port its Envoy config listens on;
+//!   endpoints graceful_drain serves, on the port its Envoy config listens on,
+//!   each hook from an address graceful_drain answers: an `exec` hook inside
+//!   the pod over loopback (the default `allowed_sources`), never an `httpGet`
+//!   to an endpoint but readiness (kubelet calls from the node's address,
+//!   which gets 403, and a failed preStop is followed by SIGTERM at once);
 //! - its numbers hold together: graceful_drain's `timeout` (read from the
 //!   Envoy config the README renders), each preStop hook's wait and
 //!   `terminationGracePeriodSeconds`.
@@ -490,60 +494,144 @@ fn containers(pod: &Value) -> Vec<Value> {
     pod["containers"].as_sequence().unwrap().clone()
 }
 
-/// A preStop hook that waits on graceful_drain's drained endpoint.
+/// A preStop hook that starts closing and waits on graceful_drain's
+/// drained endpoint: `graceful-hook prestop URL WAIT` (or `demo-app
+/// prestop`, the same code), run inside the pod.
+#[derive(Debug)]
 struct Hook {
-    /// The `wait=` it holds the long-poll for.
+    /// How long it waits for drained.
     wait: Duration,
-    /// The port it calls (`httpGet` port, or the port in demo-app's URL).
+    /// The program it runs.
+    program: String,
+    /// The host and port it calls from inside the pod.
+    host: IpAddr,
     port: u64,
-    /// For exec hooks: the host it calls from inside the pod.
-    host: Option<String>,
 }
 
-fn prestop(container: &Value, drain: &DrainConfig) -> Hook {
+/// The hook's programs: graceful-hook from a volume, or the demo image's own.
+const HOOK_PROGRAMS: &[&str] = &["graceful-hook", "demo-app"];
+
+/// A container's preStop hook, or why it cannot wait for the gate. An
+/// `httpGet` hook is refused: kubelet sends it from the node's address,
+/// outside `allowed_sources`, so every endpoint but readiness answers it
+/// 403, and a failed preStop is followed by SIGTERM at once.
+fn prestop(container: &Value, drain: &DrainConfig) -> Result<Hook, String> {
     let name = container["name"].as_str().unwrap_or("?");
     let hook = &container["lifecycle"]["preStop"];
-    let drained_wait = format!("{}?wait=", drain.paths.drained);
-    let parse = |w: &str| {
-        parse_duration(w).unwrap_or_else(|e| panic!("container {name}: preStop wait {w:?}: {e}"))
-    };
     if let Some(path) = hook["httpGet"]["path"].as_str() {
-        let wait = path.strip_prefix(&drained_wait).unwrap_or_else(|| {
-            panic!("container {name}: preStop httpGet {path:?} is not {drained_wait}…")
+        let endpoint = path.split('?').next().unwrap_or(path);
+        return Err(if endpoint == drain.paths.ready {
+            format!("container {name}: preStop httpGet {path:?} only reads readiness; it never waits for drained")
+        } else {
+            format!(
+                "container {name}: preStop httpGet {path:?} comes from the node's address, outside allowed_sources {:?}: \
+                 graceful_drain answers it 403 (only {} answers every caller), and a failed preStop is followed by SIGTERM at once; \
+                 use an exec hook (graceful-hook prestop URL WAIT) that calls over loopback",
+                drain.allowed_sources, drain.paths.ready
+            )
         });
-        return Hook {
-            wait: parse(wait),
-            port: hook["httpGet"]["port"]
-                .as_u64()
-                .expect("a numeric httpGet port"),
-            host: None,
-        };
     }
     let command: Vec<&str> = hook["exec"]["command"]
         .as_sequence()
-        .unwrap_or_else(|| panic!("container {name}: no preStop hook (httpGet or exec)"))
+        .ok_or_else(|| format!("container {name}: no preStop exec hook"))?
         .iter()
-        .map(|a| a.as_str().unwrap())
+        .map(|a| a.as_str().unwrap_or_default())
         .collect();
-    // `demo-app prestop URL WAIT`: POST closing, then GET drained?wait=WAIT.
-    let at = command
-        .iter()
-        .position(|a| *a == "prestop")
-        .unwrap_or_else(|| {
-            panic!("container {name}: preStop {command:?} is not `demo-app prestop URL WAIT`")
-        });
-    let (Some(url), Some(wait)) = (command.get(at + 1), command.get(at + 2)) else {
-        panic!("container {name}: preStop {command:?} must name the URL and the wait (demo-app's default wait is not checked)");
+    let shape =
+        || format!("container {name}: preStop {command:?} is not `graceful-hook prestop URL WAIT`");
+    command
+        .first()
+        .map(|p| p.rsplit('/').next().unwrap_or(p))
+        .filter(|p| HOOK_PROGRAMS.contains(p))
+        .ok_or_else(shape)?;
+    let [_, "prestop", url, wait] = command[..] else {
+        return Err(shape());
     };
     let (host, port) = url
         .strip_prefix("http://")
         .and_then(|a| a.trim_end_matches('/').rsplit_once(':'))
-        .unwrap_or_else(|| panic!("container {name}: preStop URL {url:?} is not http://HOST:PORT"));
-    Hook {
-        wait: parse(wait),
-        port: port.parse().unwrap(),
-        host: Some(host.to_string()),
+        .ok_or_else(|| format!("container {name}: preStop URL {url:?} is not http://HOST:PORT"))?;
+    let host: IpAddr = host
+        .trim_matches(['[', ']'])
+        .parse()
+        .map_err(|e| format!("container {name}: preStop URL {url:?}: {e}"))?;
+    if !drain.allowed_sources.iter().any(|c| c.contains(host)) {
+        return Err(format!(
+            "container {name}: preStop calls {host}, so it calls from there, outside allowed_sources {:?}: it would get 403",
+            drain.allowed_sources
+        ));
     }
+    Ok(Hook {
+        wait: parse_duration(wait)
+            .map_err(|e| format!("container {name}: preStop wait {wait:?}: {e}"))?,
+        program: command[0].to_string(),
+        host,
+        port: port
+            .parse()
+            .map_err(|e| format!("container {name}: preStop URL {url:?}: {e}"))?,
+    })
+}
+
+/// [`prestop`], failing the test with its reason.
+fn prestop_hook(container: &Value, drain: &DrainConfig) -> Hook {
+    prestop(container, drain).unwrap_or_else(|why| panic!("{why}"))
+}
+
+/// `program` (an absolute path in `container`) is what an init container
+/// installs: `graceful-hook install DIR` from the graceful-hook image, into
+/// an `emptyDir` volume the init container mounts at `DIR` and `container`
+/// where `program` lies.
+fn assert_installed(pod: &Value, container: &Value, program: &str) {
+    let name = container["name"].as_str().unwrap_or("?");
+    let dir = Path::new(program)
+        .parent()
+        .unwrap_or_else(|| panic!("{name}: {program}"));
+    assert_eq!(
+        Path::new(program).file_name().and_then(|f| f.to_str()),
+        Some("graceful-hook"),
+        "{name}: {program} is not what `graceful-hook install` writes"
+    );
+    let mount_of = |c: &Value, at: Option<&Path>| -> Option<String> {
+        c["volumeMounts"].as_sequence()?.iter().find_map(|m| {
+            let path = Path::new(m["mountPath"].as_str()?);
+            (at.is_none_or(|at| at == path)).then(|| m["name"].as_str().map(String::from))?
+        })
+    };
+    let volume = mount_of(container, Some(dir))
+        .unwrap_or_else(|| panic!("{name}: no volume mounted at {}", dir.display()));
+    assert!(
+        pod["volumes"].as_sequence().is_some_and(|vs| vs
+            .iter()
+            .any(|v| v["name"] == volume.as_str() && v["emptyDir"].is_mapping())),
+        "{name}: volume {volume} is not an emptyDir of the pod"
+    );
+    let installs = pod["initContainers"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+        .any(|init| {
+            let command: Vec<&str> = init["command"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+                .filter_map(Value::as_str)
+                .collect();
+            let [bin, "install", at] = command[..] else {
+                return false;
+            };
+            bin.ends_with("/graceful-hook")
+                && init["image"]
+                    .as_str()
+                    .is_some_and(|i| i.starts_with("graceful-wasm/graceful-hook:"))
+                && init["volumeMounts"].as_sequence().is_some_and(|ms| {
+                    ms.iter()
+                        .any(|m| m["name"] == volume.as_str() && m["mountPath"] == at)
+                })
+        });
+    assert!(
+        installs,
+        "{name}: no init container runs `graceful-hook install` into volume {volume} ({program})"
+    );
 }
 
 #[test]
@@ -572,33 +660,27 @@ fn it_wires_readiness_and_prestop_to_the_drain_endpoints() {
         Some(sidecar.listen_port)
     );
 
-    // Envoy's preStop: the drained long-poll on the same listener.
-    let path = envoy["lifecycle"]["preStop"]["httpGet"]["path"]
-        .as_str()
-        .unwrap();
-    assert!(path.starts_with("/graceful/drained?wait="), "{path}");
-    let hook = prestop(envoy, &sidecar.drain);
-    assert_eq!(hook.port, sidecar.listen_port, "envoy's preStop port");
-
-    // The app's preStop starts closing (demo-app prestop POSTs closing, then
-    // waits on drained), from an address graceful_drain allows to.
-    let hook = prestop(app, &sidecar.drain);
-    assert_eq!(hook.port, sidecar.listen_port, "app's preStop port");
-    let host: IpAddr = hook.host.as_deref().unwrap().parse().unwrap();
-    assert!(
-        sidecar
-            .drain
-            .allowed_sources
-            .iter()
-            .any(|c| c.contains(host)),
-        "the app's preStop calls from {host}, outside allowed_sources {:?}: closing would get 403",
-        sidecar.drain.allowed_sources
-    );
-
-    // Every container has a hook that waits for the gate: one without would
-    // get SIGTERM at once and drop requests still in flight.
+    // Every container has a hook that starts closing and waits for the gate
+    // on the listener's port, over loopback (one without would get SIGTERM
+    // at once and drop requests still in flight); the program it runs is in
+    // its image or in a volume an init container fills.
     for c in &containers {
-        prestop(c, &sidecar.drain);
+        let hook = prestop_hook(c, &sidecar.drain);
+        let name = c["name"].as_str().unwrap_or("?");
+        assert_eq!(hook.port, sidecar.listen_port, "{name}'s preStop port");
+        assert!(hook.host.is_loopback(), "{name}'s preStop: {hook:?}");
+        if hook.program.starts_with('/') {
+            assert_installed(&pod, c, &hook.program);
+        } else {
+            assert_eq!(
+                c["image"]
+                    .as_str()
+                    .map(|i| i.starts_with("graceful-wasm/demo-app:")),
+                Some(true),
+                "{name}: {} is only in the demo image",
+                hook.program
+            );
+        }
     }
 
     // The app listens where the sidecar's `app` cluster sends.
@@ -653,7 +735,11 @@ fn it_wires_readiness_and_prestop_to_the_drain_endpoints() {
 
     // `:latest` or untagged images default to imagePullPolicy Always, which
     // a locally built, loaded image never satisfies.
-    for c in &containers {
+    let init = pod["initContainers"]
+        .as_sequence()
+        .cloned()
+        .unwrap_or_default();
+    for c in containers.iter().chain(&init) {
         let image = c["image"].as_str().unwrap();
         let tag = image
             .rsplit_once(':')
@@ -670,6 +756,44 @@ fn it_wires_readiness_and_prestop_to_the_drain_endpoints() {
     }
 }
 
+/// The check above must refuse what used to be shipped: Envoy's preStop as
+/// an `httpGet` long-poll (kubelet calls from the node's address, which
+/// gets 403 at once, and SIGTERM follows a failed hook), and an exec hook
+/// calling the pod's own address rather than loopback.
+#[test]
+fn it_refuses_a_prestop_httpget_to_an_endpoint_but_readiness_and_a_hook_off_loopback() {
+    let sidecar = sidecar();
+    let pod = pod();
+    let envoy = named(&pod["containers"], "envoy");
+    assert!(prestop(envoy, &sidecar.drain).is_ok());
+    let with_hook = |hook: &str| {
+        let mut c = envoy.clone();
+        c["lifecycle"]["preStop"] = serde_yaml::from_str(hook).unwrap();
+        prestop(&c, &sidecar.drain)
+    };
+    for path in [
+        "/graceful/drained?wait=30s",
+        "/graceful/closing",
+        "/graceful/status",
+    ] {
+        let why =
+            with_hook(&format!("{{httpGet: {{path: {path:?}, port: 15006}}}}")).expect_err(path);
+        assert!(why.contains("403") && why.contains("exec hook"), "{why}");
+    }
+    let why = with_hook(r#"{httpGet: {path: "/graceful/ready", port: 15006}}"#).unwrap_err();
+    assert!(why.contains("never waits for drained"), "{why}");
+    let why = with_hook(
+        r#"{exec: {command: ["/graceful/graceful-hook", "prestop", "http://10.1.2.3:15006", "30s"]}}"#,
+    )
+    .unwrap_err();
+    assert!(why.contains("outside allowed_sources"), "{why}");
+    let why = with_hook(r#"{exec: {command: ["/bin/sleep", "30"]}}"#).unwrap_err();
+    assert!(
+        why.contains("is not `graceful-hook prestop URL WAIT`"),
+        "{why}"
+    );
+}
+
 #[test]
 fn it_relates_the_grace_period_the_hook_waits_and_the_drain_timeout() {
     let sidecar = sidecar();
@@ -683,7 +807,7 @@ fn it_relates_the_grace_period_the_hook_waits_and_the_drain_timeout() {
     let mut longest: Option<(String, Duration)> = None;
     for c in containers(&pod) {
         let name = c["name"].as_str().unwrap().to_string();
-        let wait = prestop(&c, &sidecar.drain).wait;
+        let wait = prestop_hook(&c, &sidecar.drain).wait;
         // The gate passes, forced, `timeout` after closing started: a hook
         // that gives up before then lets Kubernetes stop its container while
         // requests may still be in flight.

@@ -557,8 +557,9 @@ async fn it_keeps_request_bodies_and_methods_intact() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn it_drains_through_the_kubernetes_prestop_hook_of_the_examples() {
-    // examples/kubernetes runs `demo-app prestop` as the app's preStop hook:
-    // it must start closing and return only once the gate has passed.
+    // `demo-app prestop` (graceful-hook's code, which examples/kubernetes
+    // runs as both preStop hooks): it must start closing and return only
+    // once the gate has passed.
     let cfg = r#"{"consumer_update_wait":"1s","quiet_window":"200ms"}"#;
     let (s, _) = sidecar("prestop", cfg, "{}").await;
     let bin = graceful_harness::support::upstream::demo_app_binary();

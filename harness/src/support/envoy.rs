@@ -135,6 +135,7 @@ pub struct Envoy {
 /// What to run: a template file in `envoy/` and its placeholder values.
 pub struct EnvoySpec {
     pub name: String,
+    /// A file in `envoy/`, or an absolute path (a test's own variant).
     pub template: String,
     pub values: HashMap<String, String>,
     pub concurrency: u32,
