@@ -471,15 +471,25 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
     let ips: Vec<Ipv4Addr> = providers.iter().map(|p| p.pod.ip).collect();
     rt.block_on(async {
         // The kubelet's view: the pod address on the app port reaches the
-        // sidecar's inbound chain, graceful_drain answers its endpoints.
-        let status = client::get(SocketAddr::from((ips[0], APP_PORT)), "/graceful/status")
+        // sidecar's inbound chain, where graceful_drain answers readiness
+        // to every caller and every other endpoint only to allowed_sources
+        // (loopback by default): the node's address gets 403.
+        let at_pod = SocketAddr::from((ips[0], APP_PORT));
+        let ready = client::get(at_pod, "/graceful/ready")
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        assert!(
-            status.text().contains("\"phase\":\"serving\""),
-            "{}",
-            status.text()
-        );
+        assert_eq!((ready.status, ready.text().trim()), (200, "SERVING"));
+        for (method, path) in [
+            ("GET", "/graceful/status"),
+            ("GET", "/graceful/report"),
+            ("POST", "/graceful/closing"),
+            ("GET", "/graceful/drained?wait=30s"),
+        ] {
+            let r = client::request(at_pod, method, path, &[])
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(r.status, 403, "{method} {path} from the node: {}", r.text());
+        }
     });
 
     // Why the example's hooks use the admin: inside the pod (not uid 1337),
