@@ -180,7 +180,7 @@ impl Traffic {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StartWatch {
     seen: Option<u64>,
-    /// µs since the epoch; 0 = no start seen.
+    /// µs on the host's monotonic clock; 0 = no start seen.
     moved_at_us: u64,
 }
 

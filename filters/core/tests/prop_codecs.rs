@@ -23,7 +23,7 @@ mod common;
 use common::config;
 
 /// `cases` per property; `PROPTEST_CASES=n` runs n instead (deeper runs).
-/// When the observed members were seen (µs since the epoch).
+/// When the observed members were seen (µs on the host's monotonic clock).
 const SEEN_AT: u64 = 1_800_000_000_000_000;
 
 fn bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {

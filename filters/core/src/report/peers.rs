@@ -122,7 +122,7 @@ pub struct PeerCounts {
     /// Answered with the closing mark (marked responses and the drained
     /// 503s).
     pub marked: u64,
-    /// When its latest request started (µs since the epoch).
+    /// When its latest request started (µs on the host's monotonic clock).
     pub last_start_us: u64,
 }
 
@@ -181,7 +181,7 @@ impl PendingPeers {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PeerTable {
     pub requests: u64,
-    /// When the latest of them started (µs since the epoch; 0: none).
+    /// When the latest of them started (µs on the host's monotonic clock; 0: none).
     pub last_start_us: u64,
     /// At most [`PEERS_KEPT`], unordered.
     pub peers: Vec<(PeerId, PeerCounts)>,

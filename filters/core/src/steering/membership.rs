@@ -29,7 +29,7 @@ pub struct Member {
     /// Healthy (or degraded) per EDS and not failing health or outlier
     /// checks: Envoy's own load balancer would pick it.
     pub usable: bool,
-    /// When it last answered, in seconds since the epoch, for observed
+    /// When it last answered, in seconds on the host's monotonic clock, for observed
     /// membership; 0 for the admin's (its listing is the registry's).
     pub seen_s: u32,
     /// Its EDS priority as the admin lists it (0 first; Istio's locality
@@ -39,7 +39,7 @@ pub struct Member {
     pub priority: u8,
 }
 
-/// µs since the epoch as the seconds a member's `seen_s` holds.
+/// µs on the host's monotonic clock as the seconds a member's `seen_s` holds.
 fn seconds(us: u64) -> u32 {
     u32::try_from(us / 1_000_000).unwrap_or(u32::MAX)
 }
