@@ -484,39 +484,30 @@ mod tests {
         }
     }
 
-    /// Tombstones for `addrs`, the i-th confirmed closing at i seconds.
-    fn confirmed_in_turn(addrs: &[&str]) -> Tombstones {
+    /// Tombstones for `addrs`, the i-th observed as `obs` says at i seconds.
+    fn in_turn<'a>(addrs: &[&'a str], obs: impl Fn(&'a str) -> Observation<'a>) -> Tombstones {
         let mut t = Tombstones::default();
         for (i, a) in addrs.iter().enumerate() {
-            t.observe(
-                &Observation::Closing {
-                    cluster: "svc",
-                    address: a,
-                    instance: Some("old"),
-                },
-                &TTLS,
-                i as u64 * 1_000_000,
-                64,
-            );
+            t.observe(&obs(a), &TTLS, i as u64 * 1_000_000, 64);
         }
         t
     }
 
+    /// Tombstones for `addrs`, the i-th confirmed closing at i seconds.
+    fn confirmed_in_turn(addrs: &[&str]) -> Tombstones {
+        in_turn(addrs, |address| Observation::Closing {
+            cluster: "svc",
+            address,
+            instance: Some("old"),
+        })
+    }
+
     /// Tombstones for `addrs`, the i-th a connection refused at i seconds.
     fn refused_in_turn(addrs: &[&str]) -> Tombstones {
-        let mut t = Tombstones::default();
-        for (i, a) in addrs.iter().enumerate() {
-            t.observe(
-                &Observation::ConnectFailure {
-                    cluster: "svc",
-                    address: a,
-                },
-                &TTLS,
-                i as u64 * 1_000_000,
-                64,
-            );
-        }
-        t
+        in_turn(addrs, |address| Observation::ConnectFailure {
+            cluster: "svc",
+            address,
+        })
     }
 
     /// A plan with trial hosts.
