@@ -14,7 +14,7 @@
 //! | step | what | on failure |
 //! |---|---|---|
 //! | 1 | `POST URL/graceful/closing` (URL defaults to `http://127.0.0.1:15006`, an allowed source) | logged; step 2 still waits |
-//! | 2 | `GET URL/graceful/drained?wait=WAIT`: the gate's long-poll | not drained by then: exit 1 after step 3 |
+//! | 2 | `GET URL/graceful/drained?wait=WAIT`: the gate's long-poll, asked again until WAIT whatever an answer says | not drained by then: exit 1 after step 3 |
 //! | 3 | SIGTERM to each command in the order given (Envoy first: once it is gone nothing reaches the app; then the app), each SIGKILLed after `--stop-timeout` | exit 1 |
 //! | 4 | exit 0 if the gate passed quiet; 1 with one line saying why if it was forced, ran out, or a command had to be killed | |
 //!
@@ -122,11 +122,21 @@ async fn http(
             .write_all(request.as_bytes())
             .await
             .map_err(|e| e.to_string())?;
+        // Up to the end of the body its content-length names: Envoy keeps
+        // a `connection: close` connection open for about a second after
+        // the answer, so reading to the end would wait for that.
         let mut answer = Vec::new();
-        stream
-            .read_to_end(&mut answer)
-            .await
-            .map_err(|e| e.to_string())?;
+        let mut chunk = [0u8; 4096];
+        loop {
+            if answer_complete(&answer) {
+                break;
+            }
+            let n = stream.read(&mut chunk).await.map_err(|e| e.to_string())?;
+            if n == 0 {
+                break;
+            }
+            answer.extend_from_slice(&chunk[..n]);
+        }
         let answer = String::from_utf8_lossy(&answer).into_owned();
         let status = answer
             .split_whitespace()
@@ -142,6 +152,20 @@ async fn http(
     tokio::time::timeout(timeout, exchange)
         .await
         .map_err(|_| format!("no answer from {authority} within {timeout:?}"))?
+}
+
+/// True once `answer` holds its headers and as many body bytes as its
+/// `content-length` says (without one, the answer ends with the
+/// connection).
+fn answer_complete(answer: &[u8]) -> bool {
+    let Some(end) = answer.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&answer[..end]).to_ascii_lowercase();
+    head.lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .is_some_and(|len| answer.len() >= end + 4 + len)
 }
 
 fn log(line: &str) {
@@ -179,33 +203,41 @@ async fn drain(o: &Options) -> bool {
         )),
         Err(e) => log(&format!("POST /graceful/closing: {e}")),
     }
-    let wait_s = o.wait.as_secs().max(1);
-    let path = format!("/graceful/drained?wait={wait_s}s");
-    match http("GET", &o.drain, &path, o.wait + Duration::from_secs(5)).await {
-        Ok((200, body)) => {
-            let forced = serde_json::from_str::<serde_json::Value>(body.trim())
-                .ok()
-                .and_then(|v| v.get("forced").and_then(serde_json::Value::as_bool))
-                .unwrap_or(true);
-            let ms = started.elapsed().as_millis();
-            if forced {
-                log(&format!("drained after {ms} ms, FORCED: a drain timeout passed the gate with requests in flight"));
-            } else {
-                log(&format!("drained after {ms} ms"));
+    // The gate's long poll, asked again until this deadline whatever an
+    // answer says (a 429 or 503 is a reason to poll again, never to stop
+    // early): the orchestrator's grace period is what ends it.
+    let deadline = started + o.wait;
+    let mut last = String::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let wait_ms = left.as_millis().max(1);
+        let path = format!("/graceful/drained?wait={wait_ms}ms");
+        let said = match http("GET", &o.drain, &path, left + Duration::from_secs(5)).await {
+            Ok((200, body)) => {
+                let forced = serde_json::from_str::<serde_json::Value>(body.trim())
+                    .ok()
+                    .and_then(|v| v.get("forced").and_then(serde_json::Value::as_bool))
+                    .unwrap_or(true);
+                let ms = started.elapsed().as_millis();
+                if forced {
+                    log(&format!("drained after {ms} ms, FORCED: a drain timeout passed the gate with requests in flight"));
+                } else {
+                    log(&format!("drained after {ms} ms"));
+                }
+                return !forced;
             }
-            !forced
+            Ok((status, body)) => format!("answer {status}: {}", body.trim()),
+            Err(e) => e,
+        };
+        if Instant::now() >= deadline {
+            log(&format!("NOT DRAINED after {}s ({said})", o.wait.as_secs()));
+            return false;
         }
-        Ok((status, body)) => {
-            log(&format!(
-                "NOT DRAINED after {wait_s}s (answer {status}: {})",
-                body.trim()
-            ));
-            false
+        if said != last {
+            log(&format!("drained not yet ({said}): asking again"));
+            last = said;
         }
-        Err(e) => {
-            log(&format!("NOT DRAINED: {e}"));
-            false
-        }
+        tokio::time::sleep(Duration::from_millis(200).min(left)).await;
     }
 }
 
@@ -324,6 +356,23 @@ mod tests {
 
     fn args(s: &str) -> Vec<String> {
         s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn an_answer_is_complete_at_its_content_length() {
+        assert!(!answer_complete(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n"
+        ));
+        assert!(!answer_complete(
+            b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nab"
+        ));
+        assert!(answer_complete(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nabcd"
+        ));
+        assert!(
+            !answer_complete(b"HTTP/1.1 200 OK\r\n\r\nabcd"),
+            "no length: to the connection's end"
+        );
     }
 
     #[test]
