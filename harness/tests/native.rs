@@ -211,3 +211,137 @@ fn an_envoy_that_lacks_its_callbacks_refuses_it_with_one_line_naming_the_version
         "{said}"
     );
 }
+
+/// A listener of the consumer sidecar's shape with the native
+/// `graceful_consumer` at `membership_refresh: 1h`, as an LDS file's
+/// answer; `version` names the listener's stat prefix, so each version is
+/// a change Envoy applies by replacing the listener.
+fn consumer_lds(module: &std::path::Path, port: u16, version: u32) -> String {
+    format!(
+        r#"version_info: "{version}"
+resources:
+- "@type": type.googleapis.com/envoy.config.listener.v3.Listener
+  name: outbound
+  address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+  filter_chains:
+  - filters:
+    - name: envoy.filters.network.http_connection_manager
+      typed_config:
+        "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+        stat_prefix: outbound_v{version}
+        route_config:
+          virtual_hosts:
+          - name: all
+            domains: ["*"]
+            routes: [{{match: {{prefix: /}}, direct_response: {{status: 200}}}}]
+        http_filters:
+        - name: graceful_consumer
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter
+            dynamic_module_config: {{module: {{local: {{filename: {module}}}}}, do_not_close: true, metrics_namespace: wasmcustom}}
+            filter_name: graceful_consumer
+            filter_config:
+              "@type": type.googleapis.com/google.protobuf.StringValue
+              value: '{{"membership_refresh": "1h"}}'
+        - name: envoy.filters.http.router
+          typed_config:
+            "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+"#,
+        module = module.display()
+    )
+}
+
+/// The consumer's membership timer threads running in Envoy `pid` (Linux
+/// truncates a thread's name to 15 bytes).
+fn consumer_timers(pid: u32) -> usize {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return 0;
+    };
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.trim() == "graceful-consum")
+        .count()
+}
+
+/// A listener update destroys the old listener's consumer config on the
+/// main thread. Its timer thread stops at once, not after its period
+/// (`membership_refresh: 1h`): the old listener is removed, its timer is
+/// gone, and the admin (served by the main thread) answers all along.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listener_update_destroys_an_hourly_consumer_config_without_blocking_the_main_thread() {
+    use graceful_harness::support::client;
+    use graceful_harness::support::envoy::eventually;
+    use std::time::Instant;
+
+    let root = repo_root();
+    let module = native_module();
+    let port = free_port();
+    let dir = root.join(format!("target/e2e/native-lds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let lds = dir.join("lds.yaml");
+    std::fs::write(&lds, consumer_lds(&module, port, 1)).unwrap();
+    let bootstrap = dir.join("bootstrap.yaml");
+    std::fs::write(
+        &bootstrap,
+        format!(
+            "node: {{id: consumer, cluster: consumer}}\n\
+             admin: {{address: {{socket_address: {{address: 127.0.0.1, port_value: ${{ADMIN_PORT}}}}}}}}\n\
+             dynamic_resources:\n  lds_config:\n    resource_api_version: V3\n    path_config_source: {{path: {}}}\n",
+            lds.display()
+        ),
+    )
+    .unwrap();
+    let mut spec = EnvoySpec::new("native-lds", &bootstrap.display().to_string()).native(None);
+    // The replaced listener drains for a second, then is destroyed.
+    spec = spec.arg("--drain-time-s").arg("1");
+    let envoy = spec.start().await;
+    eventually("the consumer's timer", Duration::from_secs(10), || async {
+        (consumer_timers(envoy.pid()) == 1).then_some(())
+    })
+    .await;
+
+    // Version 2, moved in whole (Envoy watches the path for a move).
+    let next = dir.join("lds.yaml.next");
+    std::fs::write(&next, consumer_lds(&module, port, 2)).unwrap();
+    std::fs::rename(&next, &lds).unwrap();
+    let began = Instant::now();
+    let mut slowest = Duration::ZERO;
+    let mut answers = 0u32;
+    let removed_after = loop {
+        let asked = Instant::now();
+        let ready = client::get(envoy.admin, "/ready").await;
+        let took = asked.elapsed();
+        assert!(ready.is_ok_and(|r| r.status == 200), "the admin answers");
+        slowest = slowest.max(took);
+        answers += 1;
+        let modified = envoy.stat("listener_manager.listener_modified").await;
+        let draining = envoy
+            .stat("listener_manager.total_listeners_draining")
+            .await;
+        if modified == Some(1) && draining == Some(0) && consumer_timers(envoy.pid()) == 1 {
+            break began.elapsed();
+        }
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "the old listener not removed with its timer in 30 s (modified {modified:?}, draining {draining:?}, timers {})",
+            consumer_timers(envoy.pid())
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    eprintln!(
+        "listener replaced and the old one removed {removed_after:?} after the update; \
+         the admin answered {answers} times, the slowest in {slowest:?}"
+    );
+    // The old timer slept its period in the thread Drop joined: the main
+    // thread blocked for up to an hour and the admin stopped answering. A
+    // generous bound for a shared machine; the measured value is printed.
+    assert!(
+        slowest < Duration::from_millis(500),
+        "slowest admin answer {slowest:?}"
+    );
+    // The new listener's consumer is in place and serves.
+    let mut conn = Conn::http1(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        .await
+        .unwrap();
+    assert_eq!(conn.get("/").await.unwrap().status, 200);
+}
