@@ -245,6 +245,16 @@ envoy_callbacks! {
         body: ModuleBuffer,
         details: ModuleBuffer,
     );
+    fn envoy_dynamic_module_callback_http_set_filter_state_bytes(
+        filter: FilterEnvoyPtr,
+        key: ModuleBuffer,
+        value: ModuleBuffer,
+    ) -> bool;
+    fn envoy_dynamic_module_callback_http_get_filter_state_bytes(
+        filter: FilterEnvoyPtr,
+        key: ModuleBuffer,
+        result: *mut EnvoyBuffer,
+    ) -> bool;
     fn envoy_dynamic_module_callback_http_filter_get_attribute_string(
         filter: FilterEnvoyPtr,
         id: AttributeId,
@@ -527,6 +537,38 @@ impl Stream {
         // SAFETY: valid filter pointer; the buffer is copied at once.
         let ok = unsafe {
             envoy_dynamic_module_callback_http_filter_get_attribute_string(self.0, id, &mut out)
+        };
+        // SAFETY: returned in this hook.
+        (ok && !out.ptr.is_null()).then(|| unsafe { envoy_bytes(out) }.to_vec())
+    }
+
+    /// Sets a bytes value in the stream's filter state (its `StreamInfo`,
+    /// which the upstream filters of its attempts read too); false if
+    /// Envoy refused.
+    pub fn set_filter_state(self, key: &str, value: &[u8]) -> bool {
+        // SAFETY: valid filter pointer; buffers read during the call.
+        unsafe {
+            envoy_dynamic_module_callback_http_set_filter_state_bytes(
+                self.0,
+                ModuleBuffer::of(key.as_bytes()),
+                ModuleBuffer::of(value),
+            )
+        }
+    }
+
+    /// A bytes value of the stream's filter state, copied.
+    pub fn filter_state(self, key: &str) -> Option<Vec<u8>> {
+        let mut out = EnvoyBuffer {
+            ptr: std::ptr::null(),
+            length: 0,
+        };
+        // SAFETY: valid filter pointer; the buffer is copied at once.
+        let ok = unsafe {
+            envoy_dynamic_module_callback_http_get_filter_state_bytes(
+                self.0,
+                ModuleBuffer::of(key.as_bytes()),
+                &mut out,
+            )
         };
         // SAFETY: returned in this hook.
         (ok && !out.ptr.is_null()).then(|| unsafe { envoy_bytes(out) }.to_vec())

@@ -15,18 +15,24 @@
 //! attempt ends without response headers (`stream_complete` is not called
 //! for upstream filters; `destroy` has no filter pointer), so the upstream
 //! instance cannot ask why the attempt ended. It reads the attempt's host
-//! and request id (`x-request-id`) when the attempt starts. At `destroy`,
+//! and its request's stream token when the attempt starts: a number unique
+//! in the process that the listener instance put in the request's filter
+//! state ([`STREAM_TOKEN`]; an upstream filter reads its request's stream
+//! info), not a request header an app may share between requests. At `destroy`,
 //! an attempt that got no response headers while its request is still
 //! alive failed: refused, reset before headers, or out of per-try time, and
 //! the request goes on to a retry or a local reply. Its host is tombstoned
 //! for `failure_tombstone_ttl` as a connect failure. An attempt whose
 //! request is over was cancelled with it (the client went away): nothing.
 //! Which requests are alive the listener instance keeps per worker (the
-//! ids of its streams from request headers to `stream_complete`): Envoy
+//! tokens of its streams from request headers to `stream_complete`): Envoy
 //! completes a cancelled downstream stream before it deletes the attempt,
-//! and deletes a failed attempt (deferred) while its request waits. A
-//! request without an id counts as alive (the wasm-equivalent answer for
-//! a refusal; a cancel then tombstones, readmitted by the next probe).
+//! and deletes a failed attempt (deferred) while its request waits. Two
+//! requests that share an `x-request-id` (propagated, a fan-out) have two
+//! tokens: one's end says nothing about the other's attempts. An attempt
+//! without a token (no listener instance on its request) counts as alive
+//! (the wasm-equivalent answer for a refusal; a cancel then tombstones,
+//! readmitted by the next probe).
 //!
 //! Steering writes the same `override_host_header` as the wasm build, for
 //! Envoy's `override_host` load-balancing policy. ABI v0.2.0 also has
@@ -38,10 +44,11 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use graceful_core::filter::consumer::{ConsumerCopy, ConsumerFilter, ConsumerStream as Core};
-use graceful_core::filter::host::{Attribute, Map, Stream as _};
+use graceful_core::filter::host::{Attribute, Stream as _};
 use graceful_core::keys::Owner;
 
 use crate::abi::{self, Stream};
@@ -49,13 +56,16 @@ use crate::hooks::code;
 use crate::host::{CalloutAnswer, Ids, Native};
 use crate::timer::Timer;
 
-/// The request header both instances key a request by.
-const REQUEST_ID: &str = "x-request-id";
+/// The filter-state key of a request's stream token (module doc).
+pub const STREAM_TOKEN: &str = "graceful.consumer.stream";
+
+/// The next stream token: unique in the process (2^64 streams).
+static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
-    /// The request ids of this worker's listener-instance streams that are
-    /// under way (see the module doc). Bounded by the streams in flight.
-    static LIVE: RefCell<HashSet<Vec<u8>>> = RefCell::new(HashSet::new());
+    /// The tokens of this worker's listener-instance streams that are under
+    /// way (see the module doc). Bounded by the streams in flight.
+    static LIVE: RefCell<HashSet<u64>> = RefCell::new(HashSet::new());
 }
 
 pub struct Config {
@@ -122,8 +132,8 @@ pub struct ConsumerStream {
     core: Core,
     /// Upstream instance: this attempt, for `destroy`.
     attempt: RefCell<Option<Attempt>>,
-    /// Listener instance: this request's id while it is in `LIVE`.
-    live: RefCell<Option<Vec<u8>>>,
+    /// Listener instance: this stream's token while it is in `LIVE`.
+    live: Cell<Option<u64>>,
     /// The worker the stream runs on, once asked.
     worker: Cell<Option<usize>>,
 }
@@ -133,7 +143,7 @@ struct Attempt {
     address: String,
     cluster: String,
     worker: usize,
-    request_id: Option<Vec<u8>>,
+    stream_token: Option<u64>,
 }
 
 impl ConsumerStream {
@@ -153,12 +163,15 @@ impl ConsumerStream {
             .filter
             .request_headers(c.copy(self.worker(s)), &self.core, &h);
         if c.filter.config().evict_on_connect_failure {
-            let request_id = h.header(Map::RequestHeaders, REQUEST_ID);
             if c.filter.is_upstream() {
-                self.attempt_started(&h, self.worker(s), request_id);
-            } else if let Some(id) = request_id {
-                LIVE.with(|l| l.borrow_mut().insert(id.clone()));
-                *self.live.borrow_mut() = Some(id);
+                let token = s.filter_state(STREAM_TOKEN).and_then(|b| token_of(&b));
+                self.attempt_started(&h, self.worker(s), token);
+            } else if self.live.get().is_none() {
+                let token = NEXT_TOKEN.fetch_add(1, Relaxed);
+                if s.set_filter_state(STREAM_TOKEN, &token.to_le_bytes()) {
+                    LIVE.with(|l| l.borrow_mut().insert(token));
+                    self.live.set(Some(token));
+                }
             }
         }
         code(next)
@@ -166,14 +179,14 @@ impl ConsumerStream {
 
     /// Upstream instance: notes this attempt's host, worker and cluster
     /// for [`ConsumerStream::destroy`].
-    fn attempt_started(&self, h: &Native, worker: usize, request_id: Option<Vec<u8>>) {
+    fn attempt_started(&self, h: &Native, worker: usize, stream_token: Option<u64>) {
         if let Some(address) = h.attribute_text(Attribute::UpstreamAddress) {
             let cluster = h.attribute_text(Attribute::ClusterName).unwrap_or_default();
             *self.attempt.borrow_mut() = Some(Attempt {
                 address,
                 cluster,
                 worker,
-                request_id,
+                stream_token,
             });
         }
     }
@@ -215,8 +228,8 @@ impl ConsumerStream {
             return;
         }
         // Cancelled with its request: says nothing about the host.
-        let live = |id: &[u8]| LIVE.with(|l| l.borrow().contains(id));
-        if a.request_id.as_deref().is_some_and(|id| !live(id)) {
+        let live = |token: u64| LIVE.with(|l| l.borrow().contains(&token));
+        if a.stream_token.is_some_and(|token| !live(token)) {
             return;
         }
         c.filter
@@ -224,8 +237,26 @@ impl ConsumerStream {
     }
 
     fn leave_live(&self) {
-        if let Some(id) = self.live.take() {
-            LIVE.with(|l| l.borrow_mut().remove(&id));
+        if let Some(token) = self.live.take() {
+            LIVE.with(|l| l.borrow_mut().remove(&token));
         }
+    }
+}
+
+/// A stream token as [`ConsumerStream::request_headers`] wrote it.
+fn token_of(bytes: &[u8]) -> Option<u64> {
+    Some(u64::from_le_bytes(bytes.try_into().ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_token_reads_back_as_written_and_nothing_else_reads_as_one() {
+        let token = NEXT_TOKEN.fetch_add(1, Relaxed);
+        assert_eq!(token_of(&token.to_le_bytes()), Some(token));
+        assert_eq!(token_of(b""), None);
+        assert_eq!(token_of(b"a request id"), None);
     }
 }
