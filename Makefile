@@ -245,8 +245,9 @@ bench-tools: ## install what make bench drives the load with and counts under: w
 	$(call apt_install,$(BENCH_APT_TOOLS))
 
 .PHONY: lint
-lint: wasm-target ## rustfmt check and clippy (native and wasm) with warnings as errors
+lint: wasm-target ## rustfmt check, the core's room layout (docs/architecture.md), and clippy (native and wasm) with warnings as errors
 	$(CARGO) fmt --all --check
+	python3 tools/check_core_layout.py --self-test
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS))) -p bench-wasm-header -- -D warnings
 

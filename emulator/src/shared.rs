@@ -21,7 +21,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 
-use graceful_core::store::{SharedStore, StoreError, Versioned};
+use graceful_core::shared::store::{SharedStore, StoreError, Versioned};
 
 use crate::world::{show, Race};
 use crate::Host;

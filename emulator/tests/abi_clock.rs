@@ -8,9 +8,9 @@
 
 use std::time::Duration;
 
-use graceful_core::record::{self, InstanceRecord, Phase};
-use graceful_core::status::Status;
-use graceful_core::tombstone::Tombstones;
+use graceful_core::consumer::tombstone::Tombstones;
+use graceful_core::drain::record::{self, InstanceRecord, Phase};
+use graceful_core::drain::status::Status;
 use graceful_emulated_host::{Filter, Host, StreamId, Vm, WallStep};
 use serde_json::Value;
 
@@ -213,7 +213,7 @@ fn tombstone_ends(step: Option<WallStep>) -> Duration {
     // Both workers learn both members from their answers.
     for vm in [w0, w1] {
         for upstream in [A, B] {
-            for _ in 0..graceful_core::consumer::OBSERVE_EVERY {
+            for _ in 0..graceful_core::consumer::decisions::OBSERVE_EVERY {
                 exchange(&mut host, vm, upstream, false);
             }
         }
@@ -221,7 +221,7 @@ fn tombstone_ends(step: Option<WallStep>) -> Duration {
     host.advance_to(ms(10));
     exchange(&mut host, w0, A, true);
     let tombstone = host
-        .shared_data(graceful_core::keys::TOMBSTONES.name)
+        .shared_data(graceful_core::shared::keys::TOMBSTONES.name)
         .and_then(|b| Tombstones::decode(&b))
         .and_then(|t| t.entries().first().cloned())
         .expect("a tombstone for A");

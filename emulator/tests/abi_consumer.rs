@@ -7,9 +7,9 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use graceful_core::consumer::OBSERVE_EVERY;
-use graceful_core::store::SharedStore;
-use graceful_core::tombstone::{Cause, Change, Observation, Tombstone, Tombstones, Ttls};
+use graceful_core::consumer::decisions::OBSERVE_EVERY;
+use graceful_core::consumer::tombstone::{Cause, Change, Observation, Tombstone, Tombstones, Ttls};
+use graceful_core::shared::store::SharedStore;
 use graceful_emulated_host::{CallAnswer, Filter, Host, SharedData, StreamId, Vm};
 
 const OVERRIDE: &str = "x-graceful-override-host";
@@ -74,7 +74,7 @@ fn learn(host: &mut Host, vm: Vm, members: &[(&str, &str)]) {
 }
 
 fn tombstones(host: &Host) -> Vec<Tombstone> {
-    host.shared_data(graceful_core::keys::TOMBSTONES.name)
+    host.shared_data(graceful_core::shared::keys::TOMBSTONES.name)
         .map(|b| {
             Tombstones::decode(&b)
                 .expect("decodable")
@@ -379,7 +379,7 @@ fn evicted_by_another_worker(address: &'static str, now_us: u64) -> impl FnMut(&
             return;
         }
         let (bytes, cas) = store
-            .get(graceful_core::keys::TOMBSTONES.name)
+            .get(graceful_core::shared::keys::TOMBSTONES.name)
             .unwrap()
             .expect("created at configure");
         let mut list = Tombstones::decode(&bytes).expect("decodable");
@@ -393,7 +393,11 @@ fn evicted_by_another_worker(address: &'static str, now_us: u64) -> impl FnMut(&
         };
         assert_eq!(list.observe(&obs, &ttls, now_us, 64), Change::Evicted);
         store
-            .set(graceful_core::keys::TOMBSTONES.name, &list.encode(), cas)
+            .set(
+                graceful_core::shared::keys::TOMBSTONES.name,
+                &list.encode(),
+                cas,
+            )
             .unwrap();
     }
 }
@@ -406,7 +410,7 @@ fn it_counts_one_eviction_when_two_workers_see_the_first_failure_at_once() {
     let (mut host, w0, _) = process(r#"{"probe_path":""}"#);
     let now = host.now_us();
     host.race_after_read(
-        graceful_core::keys::TOMBSTONES.name,
+        graceful_core::shared::keys::TOMBSTONES.name,
         2,
         evicted_by_another_worker(A, now),
     );
@@ -425,7 +429,7 @@ fn it_counts_one_eviction_when_two_workers_see_the_first_failure_at_once() {
     let (mut host, w0, _) = process(r#"{"probe_path":""}"#);
     let now = host.now_us();
     host.race_after_read(
-        graceful_core::keys::TOMBSTONES.name,
+        graceful_core::shared::keys::TOMBSTONES.name,
         2,
         evicted_by_another_worker(B, now),
     );

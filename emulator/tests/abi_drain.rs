@@ -10,8 +10,8 @@ use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use graceful_core::record::{self, InstanceRecord, Phase};
-use graceful_core::status::Status;
+use graceful_core::drain::record::{self, InstanceRecord, Phase};
+use graceful_core::drain::status::Status;
 use graceful_emulated_host::{Action, CallAnswer, CallState, Filter, Host, Level, StreamId, Vm};
 
 const WAITERS: &str = "graceful.v1.drain.waiters";

@@ -10,9 +10,9 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 use std::time::Duration;
 
-use graceful_core::keys::{self, Owner};
-use graceful_core::record;
-use graceful_core::tombstone::Tombstones;
+use graceful_core::consumer::tombstone::Tombstones;
+use graceful_core::drain::record;
+use graceful_core::shared::keys::{self, Owner};
 use graceful_emulated_host::{CallAnswer, Filter, Host, Level, StreamId, Vm};
 
 type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
@@ -309,7 +309,10 @@ fn it_survives_odd_stream_properties() {
 
 /// The tombstone list decodes and stays small whatever the input.
 fn assert_bounded_tombstones(p: &Proc) {
-    if let Some(bytes) = p.host.shared_data(graceful_core::keys::TOMBSTONES.name) {
+    if let Some(bytes) = p
+        .host
+        .shared_data(graceful_core::shared::keys::TOMBSTONES.name)
+    {
         let list = Tombstones::decode(&bytes).expect("tombstones decode");
         for t in list.entries() {
             assert!(t.address.len() <= 64 && t.instance.len() <= 128 && t.cluster.len() <= 255);
@@ -465,7 +468,7 @@ fn it_survives_malformed_response_headers_and_trailers() {
     // a closing mark; the huge, untrimmed and non-UTF-8 ones are not either.
     let evicted: Vec<String> = Tombstones::decode(
         &p.host
-            .shared_data(graceful_core::keys::TOMBSTONES.name)
+            .shared_data(graceful_core::shared::keys::TOMBSTONES.name)
             .unwrap(),
     )
     .unwrap()
@@ -511,7 +514,7 @@ fn it_ignores_garbage_admin_clusters_answers() {
     answers.borrow_mut().push_back(json(ADMIN_JSON.into()));
     host.advance(Duration::from_secs(1));
     let good = host
-        .shared_data(graceful_core::keys::MEMBERS.name)
+        .shared_data(graceful_core::shared::keys::MEMBERS.name)
         .expect("membership stored");
 
     let mut deep = vec![b'['; 100_000];
@@ -532,7 +535,8 @@ fn it_ignores_garbage_admin_clusters_answers() {
         answers.borrow_mut().push_back(answer);
         host.advance(Duration::from_secs(1));
         assert_eq!(
-            host.shared_data(graceful_core::keys::MEMBERS.name).unwrap(),
+            host.shared_data(graceful_core::shared::keys::MEMBERS.name)
+                .unwrap(),
             good,
             "{case}: membership kept"
         );
@@ -543,7 +547,8 @@ fn it_ignores_garbage_admin_clusters_answers() {
         host.fail_call(c.id);
     }
     assert_eq!(
-        host.shared_data(graceful_core::keys::MEMBERS.name).unwrap(),
+        host.shared_data(graceful_core::shared::keys::MEMBERS.name)
+            .unwrap(),
         good
     );
     assert!(host.logs_containing("unreadable admin answer").len() >= 8);
@@ -576,7 +581,9 @@ fn it_ignores_garbage_admin_clusters_answers() {
     many.push_str("]}]}");
     answers.borrow_mut().push_back(json(many.into_bytes()));
     host.advance(Duration::from_secs(1));
-    let members = host.shared_data(graceful_core::keys::MEMBERS.name).unwrap();
+    let members = host
+        .shared_data(graceful_core::shared::keys::MEMBERS.name)
+        .unwrap();
     assert!(
         members.len() < 40 * 1024,
         "bounded: {} bytes",
@@ -597,7 +604,8 @@ fn it_ignores_garbage_admin_clusters_answers() {
     answers.borrow_mut().push_back(json(over_limit));
     host.advance(Duration::from_secs(1));
     assert_eq!(
-        host.shared_data(graceful_core::keys::MEMBERS.name).unwrap(),
+        host.shared_data(graceful_core::shared::keys::MEMBERS.name)
+            .unwrap(),
         members,
         "over 4 MiB: membership kept"
     );
@@ -606,7 +614,8 @@ fn it_ignores_garbage_admin_clusters_answers() {
         answers.borrow_mut().push_back(json(garbage.to_vec()));
         host.advance(Duration::from_secs(1));
         assert_eq!(
-            host.shared_data(graceful_core::keys::MEMBERS.name).unwrap(),
+            host.shared_data(graceful_core::shared::keys::MEMBERS.name)
+                .unwrap(),
             members
         );
     }
@@ -869,7 +878,7 @@ fn it_survives_garbage_http_call_answers() {
         host.answer_call(pending[0].id, answer);
         let t = Tombstones::decode(
             &host
-                .shared_data(graceful_core::keys::TOMBSTONES.name)
+                .shared_data(graceful_core::shared::keys::TOMBSTONES.name)
                 .unwrap(),
         )
         .unwrap();

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use graceful_core::record::{self, GatePass, InstanceRecord, Phase};
+use graceful_core::drain::record::{self, GatePass, InstanceRecord, Phase};
 use graceful_emulated_host::{Filter, Host, Level, StreamId, Vm};
 
 const CLOSING: &str = "x-graceful-closing";

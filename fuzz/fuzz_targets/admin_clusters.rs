@@ -3,7 +3,7 @@
 //! shared-data encoding.
 #![no_main]
 
-use graceful_core::steering::{admin_clusters_path, Membership};
+use graceful_core::consumer::steering::{admin_clusters_path, Membership};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

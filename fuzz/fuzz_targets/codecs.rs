@@ -3,10 +3,10 @@
 //! writes, so decoding then encoding gives back the same bytes.
 #![no_main]
 
-use graceful_core::instance::{decode_identity, encode_identity, is_valid};
-use graceful_core::record::InstanceRecord;
-use graceful_core::steering::{ClusterSet, Membership, MAX_CLUSTERS};
-use graceful_core::tombstone::Tombstones;
+use graceful_core::consumer::steering::{ClusterSet, Membership, MAX_CLUSTERS};
+use graceful_core::consumer::tombstone::Tombstones;
+use graceful_core::drain::record::InstanceRecord;
+use graceful_core::shared::instance::{decode_identity, encode_identity, is_valid};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

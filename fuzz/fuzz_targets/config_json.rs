@@ -2,10 +2,10 @@
 //! whatever parses keeps the documented bounds.
 #![no_main]
 
-use graceful_core::config::{
-    ConsumerConfig, DrainConfig, ProviderConfig, MAX_MAX_TOMBSTONES, MAX_MAX_WAITERS,
-};
-use graceful_core::duration::MAX_DURATION;
+use graceful_core::consumer::config::{ConsumerConfig, MAX_MAX_TOMBSTONES};
+use graceful_core::drain::config::{DrainConfig, MAX_MAX_WAITERS};
+use graceful_core::provider::config::ProviderConfig;
+use graceful_core::shared::duration::MAX_DURATION;
 use libfuzzer_sys::fuzz_target;
 
 fn lower_token(h: &str) -> bool {

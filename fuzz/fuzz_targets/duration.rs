@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use graceful_core::duration::{format_duration, parse_duration, MAX_DURATION};
+use graceful_core::shared::duration::{format_duration, parse_duration, MAX_DURATION};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

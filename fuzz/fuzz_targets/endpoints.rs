@@ -3,8 +3,8 @@
 //! endpoint; a wait is never zero nor above an hour.
 #![no_main]
 
-use graceful_core::config::Paths;
-use graceful_core::endpoints::{route, Endpoint, Route, MAX_WAIT};
+use graceful_core::drain::config::Paths;
+use graceful_core::drain::endpoints::{route, Endpoint, Route, MAX_WAIT};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

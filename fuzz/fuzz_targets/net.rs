@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 
-use graceful_core::net::{trusted_peer_ip, Cidr};
+use graceful_core::shared::net::{trusted_peer_ip, Cidr};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

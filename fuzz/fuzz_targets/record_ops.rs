@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use graceful_core::record::{GatePass, GateTimings, InstanceRecord, Phase, Seen};
+use graceful_core::drain::record::{GatePass, GateTimings, InstanceRecord, Phase, Seen};
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 

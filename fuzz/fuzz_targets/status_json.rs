@@ -2,7 +2,7 @@
 //! prints as JSON that parses back to the same status.
 #![no_main]
 
-use graceful_core::status::Status;
+use graceful_core::drain::status::Status;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

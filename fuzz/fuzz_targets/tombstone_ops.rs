@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use graceful_core::tombstone::{Change, Observation, Tombstones, Ttls};
+use graceful_core::consumer::tombstone::{Change, Observation, Tombstones, Ttls};
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
 

@@ -219,7 +219,7 @@ async fn it_names_a_graceful_consumer_and_a_plain_client_that_ignores_the_mark()
     assert!(longest >= 1_200.0, "{report:#}");
     let rec = &report["recommended"];
     let ms = |field: &str| {
-        graceful_core::duration::parse_duration(rec[field].as_str().unwrap())
+        graceful_core::shared::duration::parse_duration(rec[field].as_str().unwrap())
             .unwrap()
             .as_millis() as f64
     };
@@ -430,7 +430,7 @@ async fn rare_long_requests_while_serving_are_in_the_max_and_the_budgets_cover_t
     assert!((2_500.0..4_000.0).contains(&longest), "{report:#}");
     let rec = &report["recommended"];
     let ms = |field: &str| {
-        graceful_core::duration::parse_duration(rec[field].as_str().unwrap())
+        graceful_core::shared::duration::parse_duration(rec[field].as_str().unwrap())
             .unwrap()
             .as_millis() as f64
     };
@@ -459,7 +459,7 @@ async fn rare_long_requests_while_serving_are_in_the_max_and_the_budgets_cover_t
         "timeout": rec["timeout"],
         "longest_request": rec["longest_request"],
     });
-    graceful_core::config::DrainConfig::from_json(recommended.to_string().as_bytes())
+    graceful_core::drain::config::DrainConfig::from_json(recommended.to_string().as_bytes())
         .unwrap_or_else(|e| panic!("{e}: {rec:#}"));
     assert!(
         rec["basis"]["timeout"]

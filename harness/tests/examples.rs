@@ -23,8 +23,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
-use graceful_core::config::DrainConfig;
-use graceful_core::duration::parse_duration;
+use graceful_core::drain::config::DrainConfig;
+use graceful_core::shared::duration::parse_duration;
 use graceful_harness::support::envoy::repo_root;
 use serde_yaml::Value;
 

@@ -24,7 +24,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use graceful_core::config::ConsumerConfig;
+use graceful_core::consumer::config::ConsumerConfig;
 use graceful_harness::platform::envoy_gateway::{
     self, apply_patch_policy, json_patch::apply_operation, str_field, Example, ADMIN_CLUSTER,
     CLUSTER_TYPE, EXAMPLE,

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
-use graceful_core::status::Status;
+use graceful_core::drain::status::Status;
 use graceful_harness::products::demo::{run, DemoConfig, Mode};
 use graceful_harness::support::client::{self, abort_after, Conn};
 use graceful_harness::support::envoy::{eventually, free_port, Envoy, EnvoySpec};

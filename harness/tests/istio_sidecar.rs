@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use graceful_core::duration::parse_duration;
+use graceful_core::shared::duration::parse_duration;
 use graceful_harness::platform::istio;
 use graceful_harness::platform::netns::{self, Node, Pod};
 use graceful_harness::support::client;

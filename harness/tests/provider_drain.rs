@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use graceful_core::status::Status;
+use graceful_core::drain::status::Status;
 use graceful_harness::support::client::{self, abort_after, load, Conn};
 use graceful_harness::support::envoy::{eventually, free_port, wait_for, Envoy, EnvoySpec};
 use graceful_harness::support::mesh::{self, status_of};

@@ -45,7 +45,7 @@ use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use graceful_core::duration::{format_duration, parse_duration};
+use graceful_core::shared::duration::{format_duration, parse_duration};
 
 /// Where Istio's bootstrap puts Envoy's admin (`{{ .localhost }}`).
 pub const DEFAULT_ADMINS: [&str; 2] = ["http://127.0.0.1:15000", "http://[::1]:15000"];

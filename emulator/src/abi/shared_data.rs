@@ -1,7 +1,7 @@
 //! Shared data: reads (with injected races) and writes under cpp-host's
 //! CAS rules.
 
-use graceful_core::store::StoreError;
+use graceful_core::shared::store::StoreError;
 use wasmtime::Error;
 
 use crate::world::{show, Callback, World};

@@ -1,15 +1,15 @@
 //! `graceful_consumer` as a proxy-wasm plugin: the callbacks of
-//! [`graceful_core::filter::consumer`] forwarded from the SDK's, over the
+//! [`graceful_core::consumer::filter`] forwarded from the SDK's, over the
 //! guest host. What each callback reads, and why that is enough, is the
-//! per-request protocol in [`graceful_core::consumer`].
+//! per-request protocol in [`graceful_core::consumer::decisions`].
 
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
-use graceful_core::consumer::upstream_from_vm_config;
-use graceful_core::filter::consumer::{ConsumerCopy, ConsumerFilter, ConsumerStream};
-use graceful_core::keys::Owner;
+use graceful_core::consumer::decisions::upstream_from_vm_config;
+use graceful_core::consumer::filter::{ConsumerCopy, ConsumerFilter, ConsumerStream};
+use graceful_core::shared::keys::Owner;
 use graceful_guest::{action, CallAnswer, Guest};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};

@@ -1,15 +1,15 @@
 //! What each shared-data key starts as: the empty value of its encoding,
-//! written by the filters that create it ([`crate::keys::Key::created_by`])
+//! written by the filters that create it ([`crate::shared::keys::Key::created_by`])
 //! before any stream runs. Kept apart from the key registry so that
-//! [`crate::keys`] depends on no codec while the codecs name their keys
+//! [`crate::shared::keys`] depends on no codec while the codecs name their keys
 //! there.
 
-use crate::keys::{Encoding, Key, Owner, ALL};
-use crate::record::InstanceRecord;
-use crate::report::durations::DurationRing;
-use crate::report::peers::PeerTable;
-use crate::steering::{ClusterSet, Membership};
-use crate::tombstone::Tombstones;
+use crate::consumer::steering::{ClusterSet, Membership};
+use crate::consumer::tombstone::Tombstones;
+use crate::drain::record::InstanceRecord;
+use crate::drain::report::durations::DurationRing;
+use crate::drain::report::peers::PeerTable;
+use crate::shared::keys::{Encoding, Key, Owner, ALL};
 
 /// The value `key` starts from, which decodes as "nothing yet"; None for
 /// keys written whole.
@@ -31,7 +31,7 @@ pub fn value(key: &Key) -> Option<Vec<u8>> {
 }
 
 /// The keys `filter` creates in `on_configure`, with their initial values,
-/// for [`crate::store::ensure_all`].
+/// for [`crate::shared::store::ensure_all`].
 pub fn values(filter: Owner) -> Vec<(&'static str, Vec<u8>)> {
     ALL.iter()
         .filter(|k| k.created_by.contains(&filter))
@@ -39,10 +39,21 @@ pub fn values(filter: Owner) -> Vec<(&'static str, Vec<u8>)> {
         .collect()
 }
 
+/// Creates the keys `filter` updates, before any stream runs (Envoy
+/// ignores CAS on a missing key: two workers creating one at once would
+/// both succeed and one change be lost; see [`crate::shared::store::ensure_all`]).
+pub fn create_keys(
+    h: &impl crate::shared::host::Host,
+    filter: crate::shared::keys::Owner,
+) -> Result<(), String> {
+    crate::shared::store::ensure_all(h.store(), &values(filter))
+        .map_err(|(key, e)| format!("cannot initialise shared data {key:?}: {e:?}"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::Owner::{Consumer, Drain, Provider};
+    use crate::shared::keys::Owner::{Consumer, Drain, Provider};
 
     #[test]
     fn initial_values_decode_as_nothing_yet() {
@@ -55,7 +66,7 @@ mod tests {
                 Encoding::Tombstones => Tombstones::decode(&v) == Some(Tombstones::default()),
                 Encoding::Membership => Membership::decode(&v) == Some(Membership::default()),
                 Encoding::ClusterSet => ClusterSet::decode(&v) == Some(ClusterSet::default()),
-                Encoding::U64 => crate::store::read_u64(&v) == Some(0),
+                Encoding::U64 => crate::shared::store::read_u64(&v) == Some(0),
                 Encoding::U8 => v == [0],
                 Encoding::PeerTable => PeerTable::decode(&v) == Some(PeerTable::default()),
                 Encoding::DurationRing => DurationRing::decode(&v) == Some(DurationRing::default()),

@@ -1,4 +1,4 @@
-//! The drain gate's protocol ([`graceful_core::gate`]) model-checked: the
+//! The drain gate's protocol ([`graceful_core::shared::gate`]) model-checked: the
 //! real `admit`, `finish` and `GateHold::try_pass` run on threads whose
 //! every stat operation waits for a scheduler's go, so a run is one
 //! interleaving of those operations, each atomic: sequential consistency,
@@ -20,7 +20,8 @@
 
 use std::sync::{Condvar, Mutex};
 
-use graceful_core::gate::{self, Admission, GateHold, Stat, Stats, Traffic};
+use graceful_core::shared::gate::{self, Admission, GateHold, Traffic};
+use graceful_core::shared::metrics::{Stat, Stats};
 
 /// One stat operation as the scheduler ran it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -3,7 +3,7 @@
 //! change here is a deliberate one (adding a key: its registry entry in
 //! `keys.rs` and a row here).
 
-use graceful_core::keys::{Encoding, Owner, ALL};
+use graceful_core::shared::keys::{Encoding, Owner, ALL};
 
 #[test]
 fn the_registry_holds_exactly_the_documented_keys() {
@@ -105,7 +105,7 @@ fn initial_values_are_the_documented_bytes() {
     for (name, value) in initial {
         let want = match name {
             // phase serving, times and count zero: 40 bytes (README).
-            "graceful.v1.instance" => Some(graceful_core::record::initial().1),
+            "graceful.v1.instance" => Some(graceful_core::drain::record::initial().1),
             "graceful.v1.instance_id" | "graceful.v1.identity" => None,
             "graceful.v1.consumer.admin_source" | "graceful.v1.drain.passed_by" => Some(vec![0]),
             // version 1; requests, last start, untracked drops 0; no peers,
@@ -127,5 +127,5 @@ fn initial_values_are_the_documented_bytes() {
         };
         assert_eq!(value, want, "{name}");
     }
-    assert_eq!(graceful_core::record::initial().1.len(), 40);
+    assert_eq!(graceful_core::drain::record::initial().1.len(), 40);
 }

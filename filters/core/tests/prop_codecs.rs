@@ -10,12 +10,12 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use graceful_core::instance::{decode_identity, encode_identity, generate, is_valid};
-use graceful_core::record::{InstanceRecord, Phase, RECORD_LEN};
-use graceful_core::steering::{
+use graceful_core::consumer::steering::{
     admin_clusters_path, AdminSource, ClusterSet, Membership, MAX_CLUSTERS, MAX_MEMBERS,
 };
-use graceful_core::tombstone::{Observation, Tombstones, Ttls};
+use graceful_core::consumer::tombstone::{Observation, Tombstones, Ttls};
+use graceful_core::drain::record::{InstanceRecord, Phase, RECORD_LEN};
+use graceful_core::shared::instance::{decode_identity, encode_identity, generate, is_valid};
 use proptest::prelude::*;
 use serde_json::{json, Value};
 

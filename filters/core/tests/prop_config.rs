@@ -10,13 +10,14 @@
 
 use std::time::Duration;
 
-use graceful_core::config::{
-    CloseConnections, ConsumerConfig, DrainConfig, LongLivedPath, OnDrained, Paths, ProviderConfig,
-    MAX_LONG_LIVED_PATHS, MAX_MAX_TOMBSTONES, MAX_MAX_WAITERS, MAX_ON_DRAINED_TIMEOUT,
+use graceful_core::consumer::config::{ConsumerConfig, MAX_MAX_TOMBSTONES};
+use graceful_core::drain::config::{
+    CloseConnections, DrainConfig, OnDrained, Paths, MAX_MAX_WAITERS, MAX_ON_DRAINED_TIMEOUT,
 };
-use graceful_core::duration::{format_duration, MAX_DURATION};
-use graceful_core::net::Cidr;
-use graceful_core::record::GateTimings;
+use graceful_core::drain::record::GateTimings;
+use graceful_core::provider::config::{LongLivedPath, ProviderConfig, MAX_LONG_LIVED_PATHS};
+use graceful_core::shared::duration::{format_duration, MAX_DURATION};
+use graceful_core::shared::net::Cidr;
 use proptest::prelude::*;
 use serde_json::{json, Map, Value};
 
@@ -195,7 +196,7 @@ fn drain() -> impl Strategy<Value = DrainConfig> {
             CloseConnections::DrainListeners,
             CloseConnections::Off,
         ]),
-        1..=graceful_core::report::peers::PEERS_KEPT as u32,
+        1..=graceful_core::drain::report::peers::PEERS_KEPT as u32,
     )
         .prop_map(
             |(
@@ -594,7 +595,7 @@ fn check_provider(c: &ProviderConfig) -> Result<(), TestCaseError> {
         prop_assert_ne!(h, &c.closing_header);
     }
     if let Some(id) = &c.instance_id {
-        prop_assert!(graceful_core::instance::is_valid(id.as_bytes()));
+        prop_assert!(graceful_core::shared::instance::is_valid(id.as_bytes()));
     }
     prop_assert!(c.long_lived_paths.len() <= MAX_LONG_LIVED_PATHS);
     for p in &c.long_lived_paths {
@@ -807,7 +808,7 @@ proptest! {
 /// Every error names a field of the document (or none, for the document
 /// as a whole) and reads as one line.
 fn check_error_names_a_key(
-    err: &graceful_core::config::ConfigError,
+    err: &graceful_core::shared::config::ConfigError,
     doc: &Value,
 ) -> Result<(), TestCaseError> {
     let top = err.field.split(['.', '[']).next().unwrap_or_default();
@@ -834,7 +835,7 @@ fn check_error_names_a_key(
 }
 
 fn check_field(
-    err: Option<graceful_core::config::ConfigError>,
+    err: Option<graceful_core::shared::config::ConfigError>,
     field: &str,
 ) -> Result<(), TestCaseError> {
     let Some(err) = err else {

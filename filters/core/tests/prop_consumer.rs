@@ -13,10 +13,10 @@
 use std::cell::Cell;
 use std::collections::BTreeSet;
 
-use graceful_core::config::ConsumerConfig;
-use graceful_core::consumer::{Consumer, Counter, Effect, Exchange, Part, Response};
-use graceful_core::keys;
-use graceful_core::store::{self, MemStore};
+use graceful_core::consumer::config::ConsumerConfig;
+use graceful_core::consumer::decisions::{Consumer, Counter, Effect, Exchange, Part, Response};
+use graceful_core::shared::keys;
+use graceful_core::shared::store::{self, MemStore};
 use proptest::prelude::*;
 
 mod common;

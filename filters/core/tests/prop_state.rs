@@ -8,14 +8,14 @@
 
 use std::time::Duration;
 
-use graceful_core::endpoints::Waiters;
-use graceful_core::record::{self, InstanceRecord};
-use graceful_core::steering::{
+use graceful_core::consumer::steering::{
     plan, probe_observation, probe_targets, Member, Membership, Rules, Steering,
     MAX_OVERRIDE_HOSTS, MAX_PROBES,
 };
-use graceful_core::store::{add_bounded, take_lease, update, MemStore, SharedStore};
-use graceful_core::tombstone::{Change, Observation, Tombstones, Ttls};
+use graceful_core::consumer::tombstone::{Change, Observation, Tombstones, Ttls};
+use graceful_core::drain::endpoints::Waiters;
+use graceful_core::drain::record::{self, InstanceRecord};
+use graceful_core::shared::store::{add_bounded, take_lease, update, MemStore, SharedStore};
 use proptest::prelude::*;
 
 mod common;
@@ -402,11 +402,11 @@ proptest! {
         now in 1u64..u64::MAX / 2,
     ) {
         let store = MemStore::new();
-        store.set(graceful_core::keys::RECORD.name, &garbage, 0).unwrap();
+        store.set(graceful_core::shared::keys::RECORD.name, &garbage, 0).unwrap();
         let rec = record::read(&store).unwrap();
         prop_assert_eq!(Some(rec), InstanceRecord::decode(&garbage).or(Some(InstanceRecord::default())));
         let (after, _) = record::start_closing(&store, now).unwrap();
-        prop_assert_eq!(InstanceRecord::decode(&store.get(graceful_core::keys::RECORD.name).unwrap().unwrap().0), Some(after));
+        prop_assert_eq!(InstanceRecord::decode(&store.get(graceful_core::shared::keys::RECORD.name).unwrap().unwrap().0), Some(after));
         prop_assert!(after.phase.is_closing());
     }
 

@@ -10,13 +10,13 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
-use graceful_core::config::Paths;
-use graceful_core::duration::{format_duration, parse_duration, MAX_DURATION};
-use graceful_core::endpoints::{route, Endpoint, Route, MAX_WAIT};
-use graceful_core::gate::Traffic;
-use graceful_core::net::{trusted_peer_ip, Cidr};
-use graceful_core::record::{InstanceRecord, Phase};
-use graceful_core::status::Status;
+use graceful_core::drain::config::Paths;
+use graceful_core::drain::endpoints::{route, Endpoint, Route, MAX_WAIT};
+use graceful_core::drain::record::{InstanceRecord, Phase};
+use graceful_core::drain::status::Status;
+use graceful_core::shared::duration::{format_duration, parse_duration, MAX_DURATION};
+use graceful_core::shared::gate::Traffic;
+use graceful_core::shared::net::{trusted_peer_ip, Cidr};
 use proptest::prelude::*;
 
 mod common;

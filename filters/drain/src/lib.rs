@@ -1,5 +1,5 @@
 //! `graceful_drain` as a proxy-wasm plugin: the callbacks of
-//! [`graceful_core::filter::drain`] (the endpoints, the tick, the answers
+//! [`graceful_core::drain::filter`] (the endpoints, the tick, the answers
 //! to its calls) forwarded from the SDK's, over the guest host. Every VM
 //! copy ticks and holds its own long-polls; a woken one is answered from
 //! the tick through its context, made effective.
@@ -7,8 +7,8 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use graceful_core::filter::drain::{Drain, DrainState, TICK};
-use graceful_core::keys::Owner;
+use graceful_core::drain::filter::{Drain, DrainState, TICK};
+use graceful_core::shared::keys::Owner;
 use graceful_guest::{action, CallAnswer, Guest};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};

@@ -1,14 +1,14 @@
-//! The core's host traits ([`graceful_core::filter::host`]) over proxy-wasm
+//! The core's host traits ([`graceful_core::shared::host`]) over proxy-wasm
 //! hostcalls: what each filter's glue hands its callbacks. `Guest` is the
 //! VM copy (and, inside a stream callback, the current stream: proxy-wasm
 //! hostcalls act on the context being called, or the one made effective).
 
-use graceful_core::filter::host::{
+use graceful_core::shared::host::{
     Attribute, CallResponse, HeaderScan, Host, HttpCall, Level, LocalReply, Map, Stream,
 };
-use graceful_core::keys::Owner;
-use graceful_core::metrics::{Kind, Metric};
-use graceful_core::store::SharedStore;
+use graceful_core::shared::keys::Owner;
+use graceful_core::shared::metrics::{Kind, Metric};
+use graceful_core::shared::store::SharedStore;
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::{BufferType, MapType, MetricType};
 
@@ -164,7 +164,7 @@ impl Stream for Guest {
         let bytes = hostcalls::get_property(vec!["response", "flags"])
             .ok()
             .flatten()?;
-        graceful_core::store::read_u64(&bytes)
+        graceful_core::shared::store::read_u64(&bytes)
     }
 }
 

@@ -9,7 +9,7 @@ mod host;
 
 use std::time::{Duration, UNIX_EPOCH};
 
-use graceful_core::store::{SharedStore, StoreError, Versioned};
+use graceful_core::shared::store::{SharedStore, StoreError, Versioned};
 use proxy_wasm::hostcalls;
 use proxy_wasm::types::Status;
 
@@ -74,9 +74,9 @@ pub fn set_tick_period(period: Duration) {
 
 /// What the SDK does with a stream after a core callback: a reply sent or
 /// a stream held pauses it.
-pub fn action(next: graceful_core::filter::host::Action) -> proxy_wasm::types::Action {
+pub fn action(next: graceful_core::shared::host::Action) -> proxy_wasm::types::Action {
     match next {
-        graceful_core::filter::host::Action::Continue => proxy_wasm::types::Action::Continue,
-        graceful_core::filter::host::Action::Stop => proxy_wasm::types::Action::Pause,
+        graceful_core::shared::host::Action::Continue => proxy_wasm::types::Action::Continue,
+        graceful_core::shared::host::Action::Stop => proxy_wasm::types::Action::Pause,
     }
 }

@@ -1,5 +1,5 @@
 //! graceful_consumer natively: the callbacks of
-//! [`graceful_core::filter::consumer`] over the module's host, with the
+//! [`graceful_core::consumer::filter`] over the module's host, with the
 //! module's statics in place of VM copies.
 //!
 //! | wasm build | native build |
@@ -47,9 +47,9 @@ use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
-use graceful_core::filter::consumer::{ConsumerCopy, ConsumerFilter, ConsumerStream as Core};
-use graceful_core::filter::host::{Attribute, Stream as _};
-use graceful_core::keys::Owner;
+use graceful_core::consumer::filter::{ConsumerCopy, ConsumerFilter, ConsumerStream as Core};
+use graceful_core::shared::host::{Attribute, Stream as _};
+use graceful_core::shared::keys::Owner;
 
 use crate::abi::{self, Stream};
 use crate::hooks::code;

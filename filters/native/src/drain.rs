@@ -1,5 +1,5 @@
 //! graceful_drain natively: the callbacks of
-//! [`graceful_core::filter::drain`] over the module's host, with the
+//! [`graceful_core::drain::filter`] over the module's host, with the
 //! module's threads in place of VM ticks.
 //!
 //! | event | thread | does |
@@ -20,9 +20,9 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::Mutex;
 
-use graceful_core::filter::drain::{Drain, DrainState, TICK};
-use graceful_core::filter::host::StateCell;
-use graceful_core::keys::Owner;
+use graceful_core::drain::filter::{Drain, DrainState, TICK};
+use graceful_core::shared::host::StateCell;
+use graceful_core::shared::keys::Owner;
 
 use crate::abi::{self, SchedulerPtr, Stream};
 use crate::hooks::code;

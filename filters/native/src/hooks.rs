@@ -24,10 +24,10 @@ use crate::{consumer, drain, provider};
 
 /// What Envoy does with a stream after a core callback (the headers and
 /// trailers hooks' status): a reply sent or a stream held stops it.
-pub fn code(next: graceful_core::filter::host::Action) -> u32 {
+pub fn code(next: graceful_core::shared::host::Action) -> u32 {
     match next {
-        graceful_core::filter::host::Action::Continue => CONTINUE,
-        graceful_core::filter::host::Action::Stop => abi::STOP_ITERATION,
+        graceful_core::shared::host::Action::Continue => CONTINUE,
+        graceful_core::shared::host::Action::Stop => abi::STOP_ITERATION,
     }
 }
 
@@ -388,8 +388,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout
         // SAFETY: a live config; buffers valid for this call.
         let c = unsafe { config.cast::<FilterConfig>().as_ref() };
         let max_body = match c {
-            Some(FilterConfig::Drain(_)) => graceful_core::filter::drain::MAX_ANSWER_BODY,
-            Some(FilterConfig::Consumer(_)) => graceful_core::consumer::MAX_ADMIN_BODY,
+            Some(FilterConfig::Drain(_)) => graceful_core::drain::filter::MAX_ANSWER_BODY,
+            Some(FilterConfig::Consumer(_)) => graceful_core::consumer::decisions::MAX_ADMIN_BODY,
             _ => return,
         };
         // SAFETY: buffers valid for this call.

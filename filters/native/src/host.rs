@@ -1,4 +1,4 @@
-//! The core's host traits ([`graceful_core::filter::host`]) over the
+//! The core's host traits ([`graceful_core::shared::host`]) over the
 //! dynamic-module ABI.
 //!
 //! Metric values are the module's: [`METRICS`], one set of SC atomics per
@@ -17,13 +17,13 @@
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::SeqCst};
 
-use graceful_core::filter::host::{
+use graceful_core::shared::headers::CONTENT_TYPE;
+use graceful_core::shared::host::{
     Attribute, CallResponse, HeaderScan, Host, HttpCall, Level, LocalReply, Map, Stream,
 };
-use graceful_core::headers::CONTENT_TYPE;
-use graceful_core::keys::Owner;
-use graceful_core::metrics::{AtomicMetrics, Kind, Metric};
-use graceful_core::store::{SharedStore, SyncStore};
+use graceful_core::shared::keys::Owner;
+use graceful_core::shared::metrics::{AtomicMetrics, Kind, Metric};
+use graceful_core::shared::store::{SharedStore, SyncStore};
 
 use crate::abi::{self, HeaderType};
 

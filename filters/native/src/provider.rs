@@ -1,5 +1,5 @@
 //! graceful_provider natively: the callbacks of
-//! [`graceful_core::filter::provider`] over the module's host. A stream
+//! [`graceful_core::provider::filter`] over the module's host. A stream
 //! Envoy destroys without `stream_complete` leaves the in-flight count at
 //! its destruction (the gate must not wait for it forever); its gauge
 //! change is owed to the next stream (see `host.rs`).
@@ -21,9 +21,9 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::Mutex;
 
-use graceful_core::filter::host::StateCell;
-use graceful_core::filter::provider::{Provider, ProviderCopy, ProviderStream, TICK};
-use graceful_core::keys::Owner;
+use graceful_core::provider::filter::{Provider, ProviderCopy, ProviderStream, TICK};
+use graceful_core::shared::host::StateCell;
+use graceful_core::shared::keys::Owner;
 
 use crate::abi::{self, SchedulerPtr, Stream};
 use crate::hooks::code;

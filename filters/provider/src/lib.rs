@@ -1,5 +1,5 @@
 //! `graceful_provider` as a proxy-wasm plugin: the callbacks of
-//! [`graceful_core::filter::provider`] (admission, the closing mark, the
+//! [`graceful_core::provider::filter`] (admission, the closing mark, the
 //! in-flight count) forwarded from the SDK's, over the guest host.
 //!
 //! An ordinary request enters the VM four times (context create, request
@@ -11,7 +11,7 @@
 //! read (the phase); gauge −1 at the end. No shared data; one clock read at
 //! the start, for the drain report's exact longest request, and one at the
 //! end only for a request sampled (one in 32) or one that could be the
-//! longest (see `graceful_core::filter::provider`).
+//! longest (see `graceful_core::provider::filter`).
 //! Every VM copy ticks to merge its report records into shared data and to
 //! end its kept long-lived streams once drained, answering each through
 //! its context, made effective.
@@ -19,8 +19,8 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use graceful_core::filter::provider::{Provider, ProviderCopy, ProviderStream, TICK};
-use graceful_core::keys::Owner;
+use graceful_core::provider::filter::{Provider, ProviderCopy, ProviderStream, TICK};
+use graceful_core::shared::keys::Owner;
 use graceful_guest::{action, Guest};
 use proxy_wasm::hostcalls;
 use proxy_wasm::traits::{Context, HttpContext, RootContext};

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use graceful_core::status::Status;
+use graceful_core::drain::status::Status;
 use graceful_harness::support::client::{self, Response};
 use graceful_harness::support::envoy::{free_port, EnvoySpec};
 use graceful_harness::support::upstream::Upstream;

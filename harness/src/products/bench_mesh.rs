@@ -14,7 +14,7 @@
 //!   they hold);
 //! - the latency of the admin request the refresh makes, from outside over
 //!   one connection (both sources: `/clusters` filtered and the config
-//!   dump, see `graceful_core::steering::admin`);
+//!   dump, see `graceful_core::consumer::steering::admin`);
 //! - CPU per request at saturation through the `upstream` cluster, with no
 //!   tombstone and with 100 live ones.
 
@@ -33,7 +33,7 @@ use super::bench::{
 use crate::support::client;
 use crate::support::envoy::{free_port, wait_for, Envoy, START_DEADLINE};
 use crate::support::procfs::{rss_kb, thread_cpu_us};
-use graceful_core::steering::AdminSource;
+use graceful_core::consumer::steering::AdminSource;
 
 /// Clusters in the mesh, and endpoints in each.
 pub const MESH_CLUSTERS: usize = 1000;

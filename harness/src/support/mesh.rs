@@ -6,7 +6,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use graceful_core::status::Status;
+use graceful_core::drain::status::Status;
 
 use crate::support::client::{self, Conn, Response};
 use crate::support::envoy::{eventually, free_port, scratch_path, write_eds, Envoy, EnvoySpec};

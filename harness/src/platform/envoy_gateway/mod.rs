@@ -18,7 +18,7 @@ pub mod json_patch;
 use std::fs;
 use std::path::Path;
 
-use graceful_core::config::ConsumerConfig;
+use graceful_core::consumer::config::ConsumerConfig;
 use serde::Deserialize;
 use serde_json::{json, Value};
 

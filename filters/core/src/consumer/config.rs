@@ -1,0 +1,343 @@
+//! `graceful_consumer`'s configuration (the consumer's outbound sidecar):
+//! which marks tombstone a host, for how long, and how steering and
+//! membership are reached.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::shared::config::{
+    cluster_name, duration, header_name, optional_header_name, read_dto, url_path, ConfigError,
+};
+
+pub const DEFAULT_CLOSING_HEADERS: [&str; 2] = ["x-graceful-closing", "closing"];
+pub const DEFAULT_TOMBSTONE_TTL: Duration = Duration::from_secs(30);
+pub const DEFAULT_FAILURE_TOMBSTONE_TTL: Duration = Duration::from_secs(5);
+pub const DEFAULT_OVERRIDE_HOST_HEADER: &str = "x-graceful-override-host";
+/// The header carrying this Envoy's consumer identity on every outbound
+/// request, for the providers' drain reports (the contract's, added).
+pub use crate::shared::config::{DEFAULT_CONSUMER_HEADER, DEFAULT_INSTANCE_HEADER};
+pub const DEFAULT_MEMBERSHIP_REFRESH: Duration = Duration::from_secs(1);
+pub const DEFAULT_MAX_TOMBSTONES: u32 = 1024;
+pub const MAX_MAX_TOMBSTONES: u64 = 65_536;
+pub const DEFAULT_PROBE_PATH: &str = "/graceful/ready";
+/// Envoy's `healthy_panic_threshold` default, and ours.
+pub const DEFAULT_PANIC_THRESHOLD: u8 = 50;
+
+/// Validated configuration of `graceful_consumer`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConsumerConfig {
+    /// Lower-case names; a response header or trailer with one of them and
+    /// value `true` marks the upstream host closing.
+    pub closing_headers: Vec<String>,
+    /// Lower-case name of the instance id header; None turns readmission by
+    /// instance id off.
+    pub instance_header: Option<String>,
+    pub tombstone_ttl: Duration,
+    pub evict_on_connect_failure: bool,
+    pub failure_tombstone_ttl: Duration,
+    /// Lower-case request header the `override_host` LB policy reads.
+    pub override_host_header: String,
+    pub admin_cluster: Option<String>,
+    pub membership_refresh: Duration,
+    pub max_tombstones: u32,
+    /// Path asked of a tombstoned host to learn whether a new instance
+    /// answers at its address (graceful_drain's readiness endpoint); None
+    /// turns probing off.
+    pub probe_path: Option<String>,
+    /// Percent of a cluster's usable members that steering keeps listing:
+    /// when tombstones leave fewer acceptable, members tombstoned only for
+    /// a refused connection are tried too, longest confirmed first (never
+    /// one whose last answer said closing: see
+    /// [`crate::consumer::steering::plan()`]); 0 turns the rule off.
+    pub panic_threshold: u8,
+    /// Lower-case request header set to this Envoy's instance id on every
+    /// outbound request, replacing a client's; None turns it off.
+    pub consumer_header: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+struct ConsumerDto {
+    closing_headers: Option<Vec<String>>,
+    instance_header: Option<String>,
+    tombstone_ttl: Option<String>,
+    evict_on_connect_failure: Option<bool>,
+    failure_tombstone_ttl: Option<String>,
+    override_host_header: Option<String>,
+    admin_cluster: Option<String>,
+    membership_refresh: Option<String>,
+    max_tombstones: Option<u64>,
+    probe_path: Option<String>,
+    panic_threshold: Option<u64>,
+    consumer_header: Option<String>,
+}
+
+fn positive(field: &str, d: Duration) -> Result<Duration, ConfigError> {
+    if d.is_zero() {
+        return Err(ConfigError::new(field, "must be above 0s"));
+    }
+    Ok(d)
+}
+
+impl ConsumerConfig {
+    /// Parses and validates the plugin configuration bytes.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
+        let dto: ConsumerDto = read_dto(bytes, &[])?;
+        let mut closing_headers: Vec<String> = Vec::new();
+        match dto.closing_headers {
+            None => closing_headers.extend(DEFAULT_CLOSING_HEADERS.iter().map(|s| s.to_string())),
+            Some(list) => {
+                for (i, name) in list.iter().enumerate() {
+                    let name = header_name(&format!("closing_headers[{i}]"), name)?;
+                    if !closing_headers.contains(&name) {
+                        closing_headers.push(name);
+                    }
+                }
+            }
+        }
+        let instance_header = optional_header_name(
+            "instance_header",
+            dto.instance_header.as_deref(),
+            DEFAULT_INSTANCE_HEADER,
+        )?;
+        let override_host_header = header_name(
+            "override_host_header",
+            dto.override_host_header
+                .as_deref()
+                .unwrap_or(DEFAULT_OVERRIDE_HOST_HEADER),
+        )?;
+        if closing_headers.contains(&override_host_header)
+            || instance_header.as_ref() == Some(&override_host_header)
+        {
+            return Err(ConfigError::new(
+                "override_host_header",
+                "must differ from closing_headers and instance_header",
+            ));
+        }
+        let consumer_header = optional_header_name(
+            "consumer_header",
+            dto.consumer_header.as_deref(),
+            DEFAULT_CONSUMER_HEADER,
+        )?;
+        if let Some(h) = &consumer_header {
+            if *h == override_host_header
+                || closing_headers.contains(h)
+                || instance_header.as_ref() == Some(h)
+            {
+                return Err(ConfigError::new(
+                    "consumer_header",
+                    "must differ from override_host_header, closing_headers and instance_header",
+                ));
+            }
+        }
+        let tombstone_ttl = positive(
+            "tombstone_ttl",
+            duration(
+                "tombstone_ttl",
+                dto.tombstone_ttl.as_deref(),
+                DEFAULT_TOMBSTONE_TTL,
+            )?,
+        )?;
+        let failure_tombstone_ttl = positive(
+            "failure_tombstone_ttl",
+            duration(
+                "failure_tombstone_ttl",
+                dto.failure_tombstone_ttl.as_deref(),
+                DEFAULT_FAILURE_TOMBSTONE_TTL,
+            )?,
+        )?;
+        let membership_refresh = duration(
+            "membership_refresh",
+            dto.membership_refresh.as_deref(),
+            DEFAULT_MEMBERSHIP_REFRESH,
+        )?;
+        if membership_refresh < Duration::from_millis(100)
+            || membership_refresh > Duration::from_secs(3600)
+        {
+            return Err(ConfigError::new(
+                "membership_refresh",
+                "must be between 100ms and 1h",
+            ));
+        }
+        let max_tombstones = match dto.max_tombstones {
+            None => DEFAULT_MAX_TOMBSTONES,
+            Some(n) if (1..=MAX_MAX_TOMBSTONES).contains(&n) => n as u32,
+            Some(n) => {
+                return Err(ConfigError::new(
+                    "max_tombstones",
+                    format!("{n} is out of range 1..={MAX_MAX_TOMBSTONES}"),
+                ))
+            }
+        };
+        let admin_cluster = match dto.admin_cluster {
+            None => None,
+            Some(name) => Some(cluster_name("admin_cluster", &name)?),
+        };
+        let probe_path = match dto.probe_path.as_deref() {
+            Some("") => None,
+            other => Some(url_path("probe_path", other.unwrap_or(DEFAULT_PROBE_PATH))?),
+        };
+        let panic_threshold = match dto.panic_threshold {
+            None => DEFAULT_PANIC_THRESHOLD,
+            Some(n) => u8::try_from(n).ok().filter(|n| *n <= 100).ok_or_else(|| {
+                ConfigError::new(
+                    "panic_threshold",
+                    format!("{n} is out of range 0..=100 (percent)"),
+                )
+            })?,
+        };
+        Ok(ConsumerConfig {
+            closing_headers,
+            instance_header,
+            tombstone_ttl,
+            evict_on_connect_failure: dto.evict_on_connect_failure.unwrap_or(true),
+            failure_tombstone_ttl,
+            override_host_header,
+            admin_cluster,
+            membership_refresh,
+            max_tombstones,
+            probe_path,
+            panic_threshold,
+            consumer_header,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn consumer_defaults_match_the_contract() {
+        let cfg = ConsumerConfig::from_json(b"").unwrap();
+        assert_eq!(cfg.closing_headers, ["x-graceful-closing", "closing"]);
+        assert_eq!(cfg.instance_header.as_deref(), Some("x-graceful-instance"));
+        assert_eq!(cfg.tombstone_ttl, Duration::from_secs(30));
+        assert!(cfg.evict_on_connect_failure);
+        assert_eq!(cfg.failure_tombstone_ttl, Duration::from_secs(5));
+        assert_eq!(cfg.override_host_header, "x-graceful-override-host");
+        assert_eq!(cfg.admin_cluster, None);
+        assert_eq!(cfg.membership_refresh, Duration::from_secs(1));
+        assert_eq!(cfg.max_tombstones, 1024);
+        assert_eq!(cfg.probe_path.as_deref(), Some("/graceful/ready"));
+        assert_eq!(cfg.panic_threshold, 50);
+        assert_eq!(cfg.consumer_header.as_deref(), Some("x-graceful-consumer"));
+    }
+
+    #[test]
+    fn consumer_reads_every_field() {
+        let cfg = ConsumerConfig::from_json(
+            br#"{"closing_headers":["Closing","X-Shutdown","closing"],"instance_header":"","tombstone_ttl":"10s",
+                "evict_on_connect_failure":false,"failure_tombstone_ttl":"2s","override_host_header":"X-Pin",
+                "admin_cluster":"admin","membership_refresh":"500ms","max_tombstones":8,"probe_path":"",
+                "panic_threshold":0,"consumer_header":""}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            cfg.closing_headers,
+            ["closing", "x-shutdown"],
+            "lower-cased, duplicates dropped"
+        );
+        assert_eq!(cfg.instance_header, None);
+        assert_eq!(cfg.tombstone_ttl, Duration::from_secs(10));
+        assert!(!cfg.evict_on_connect_failure);
+        assert_eq!(cfg.failure_tombstone_ttl, Duration::from_secs(2));
+        assert_eq!(cfg.override_host_header, "x-pin");
+        assert_eq!(cfg.admin_cluster.as_deref(), Some("admin"));
+        assert_eq!(cfg.membership_refresh, Duration::from_millis(500));
+        assert_eq!(cfg.max_tombstones, 8);
+        assert_eq!(cfg.probe_path, None);
+        assert_eq!(cfg.panic_threshold, 0);
+        assert_eq!(cfg.consumer_header, None);
+        let cfg = ConsumerConfig::from_json(br#"{"consumer_header":"X-Caller"}"#).unwrap();
+        assert_eq!(cfg.consumer_header.as_deref(), Some("x-caller"));
+    }
+
+    #[test]
+    fn consumer_config_errors_name_the_field() {
+        let cases = [
+            (
+                r#"{"consumer_header":"x-graceful-override-host"}"#,
+                "consumer_header",
+                "must differ",
+            ),
+            (
+                r#"{"consumer_header":"a b"}"#,
+                "consumer_header",
+                "not a valid header name",
+            ),
+            (
+                r#"{"closing_headers":["ok",""]}"#,
+                "closing_headers[1]",
+                "empty",
+            ),
+            (
+                r#"{"closing_headers":"closing"}"#,
+                "closing_headers",
+                "invalid type",
+            ),
+            (
+                r#"{"instance_header":"a b"}"#,
+                "instance_header",
+                "not a valid header name",
+            ),
+            (r#"{"tombstone_ttl":"0s"}"#, "tombstone_ttl", "above 0s"),
+            (r#"{"tombstone_ttl":"30"}"#, "tombstone_ttl", "missing unit"),
+            (
+                r#"{"evict_on_connect_failure":"true"}"#,
+                "evict_on_connect_failure",
+                "invalid type",
+            ),
+            (
+                r#"{"failure_tombstone_ttl":"0ms"}"#,
+                "failure_tombstone_ttl",
+                "above 0s",
+            ),
+            (
+                r#"{"override_host_header":""}"#,
+                "override_host_header",
+                "empty",
+            ),
+            (
+                r#"{"override_host_header":"closing"}"#,
+                "override_host_header",
+                "differ",
+            ),
+            (r#"{"admin_cluster":""}"#, "admin_cluster", "empty"),
+            (
+                r#"{"membership_refresh":"10ms"}"#,
+                "membership_refresh",
+                "between",
+            ),
+            (r#"{"max_tombstones":0}"#, "max_tombstones", "out of range"),
+            (
+                r#"{"max_tombstones":65537}"#,
+                "max_tombstones",
+                "out of range",
+            ),
+            (r#"{"probe_path":"ready"}"#, "probe_path", "start with '/'"),
+            (
+                r#"{"panic_threshold":101}"#,
+                "panic_threshold",
+                "out of range",
+            ),
+            (
+                r#"{"panic_threshold":"50%"}"#,
+                "panic_threshold",
+                "invalid type",
+            ),
+            (r#"{"panic_threshold":-1}"#, "panic_threshold", "invalid"),
+            (
+                r#"{"tombstone_tll":"5s"}"#,
+                "tombstone_tll",
+                "unknown field",
+            ),
+        ];
+        for (json, field, reason) in cases {
+            let err = ConsumerConfig::from_json(json.as_bytes()).unwrap_err();
+            assert_eq!(err.field, field, "{json}: {err}");
+            assert!(err.reason.contains(reason), "{json}: {err}");
+        }
+    }
+}

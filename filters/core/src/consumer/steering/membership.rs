@@ -1,0 +1,434 @@
+//! Cluster membership: Envoy's admin view (with health, [`super::admin`]), the
+//! addresses that answered as every VM copy saw them (shared), and this
+//! copy's own recent answers.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+
+/// Encoding version of [`Membership`] values (2: a last-seen time per
+/// member; 3: its priority).
+const VERSION: u8 = 3;
+
+/// Bounds on what membership keeps.
+pub const MAX_CLUSTERS: usize = 64;
+pub const MAX_MEMBERS: usize = 1024;
+/// How long an address that answered counts as a member, without admin:
+/// an address that left the cluster stops being listed this long after its
+/// last answer.
+pub const OBSERVED_WINDOW_US: u64 = 60_000_000;
+/// A member's last-seen time in the shared observed membership is written
+/// again once it is this old (the writes per host stay rare).
+pub const SEEN_REFRESH_US: u64 = 15_000_000;
+
+/// A cluster member as the admin reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub address: String,
+    /// Healthy (or degraded) per EDS and not failing health or outlier
+    /// checks: Envoy's own load balancer would pick it.
+    pub usable: bool,
+    /// When it last answered, in seconds on the host's monotonic clock, for observed
+    /// membership; 0 for the admin's (its listing is the registry's).
+    pub seen_s: u32,
+    /// Its EDS priority as the admin lists it (0 first; Istio's locality
+    /// failover and `trafficDistribution` put other zones and regions at
+    /// 1, 2, ...); 0 for observed members, whose priority nobody says.
+    /// Kept to 255.
+    pub priority: u8,
+}
+
+/// µs on the host's monotonic clock as the seconds a member's `seen_s` holds.
+fn seconds(us: u64) -> u32 {
+    u32::try_from(us / 1_000_000).unwrap_or(u32::MAX)
+}
+
+/// Members of the clusters that have tombstones.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Membership {
+    clusters: Vec<(String, Vec<Member>)>,
+}
+
+/// `ip:port` the way Envoy prints host addresses (`[v6]:port`).
+pub(super) fn host_address(ip: &str, port: u16) -> Option<String> {
+    let ip: IpAddr = ip.parse().ok()?;
+    Some(SocketAddr::new(ip, port).to_string())
+}
+
+impl Membership {
+    /// No cluster known.
+    pub fn is_empty(&self) -> bool {
+        self.clusters.is_empty()
+    }
+
+    /// Members of `cluster`, if known.
+    pub fn cluster(&self, cluster: &str) -> Option<&[Member]> {
+        self.clusters
+            .iter()
+            .find(|(name, _)| name == cluster)
+            .map(|(_, m)| m.as_slice())
+    }
+
+    /// Members of `cluster` that answered within [`OBSERVED_WINDOW_US`] of
+    /// `now_us` (observed membership), if the cluster is known.
+    pub fn seen_within_window(&self, cluster: &str, now_us: u64) -> Option<Vec<Member>> {
+        let oldest = seconds(now_us.saturating_sub(OBSERVED_WINDOW_US));
+        let members = self.cluster(cluster)?;
+        Some(
+            members
+                .iter()
+                .filter(|m| m.seen_s > oldest)
+                .cloned()
+                .collect(),
+        )
+    }
+
+    /// Whether `address` in `cluster` was seen within [`SEEN_REFRESH_US`]
+    /// of `now_us`: nothing worth writing.
+    pub fn seen_lately(&self, cluster: &str, address: &str, now_us: u64) -> bool {
+        let fresh = seconds(now_us.saturating_sub(SEEN_REFRESH_US));
+        self.cluster(cluster)
+            .is_some_and(|m| m.iter().any(|m| m.address == address && m.seen_s > fresh))
+    }
+
+    /// Notes that `address` in `cluster` answered at `now_us`: adds it as a
+    /// usable member, or moves its last-seen time; false when that changed
+    /// nothing worth a write (a member seen within [`SEEN_REFRESH_US`]).
+    /// Bounded: past [`MAX_CLUSTERS`] new clusters are not kept, and past
+    /// [`MAX_MEMBERS`] a cluster forgets the member seen longest ago.
+    pub fn saw(&mut self, cluster: &str, address: &str, now_us: u64) -> bool {
+        if cluster.len() > 255 || address.len() > 255 {
+            return false;
+        }
+        let index = match self.clusters.iter().position(|(n, _)| n == cluster) {
+            Some(i) => i,
+            None if self.clusters.len() < MAX_CLUSTERS => {
+                self.clusters.push((cluster.to_string(), Vec::new()));
+                self.clusters.len() - 1
+            }
+            None => return false,
+        };
+        let Some((_, members)) = self.clusters.get_mut(index) else {
+            return false;
+        };
+        let now_s = seconds(now_us);
+        if let Some(m) = members.iter_mut().find(|m| m.address == address) {
+            let stale = m.seen_s <= seconds(now_us.saturating_sub(SEEN_REFRESH_US));
+            if stale {
+                m.seen_s = now_s;
+            }
+            return stale;
+        }
+        if members.len() >= MAX_MEMBERS {
+            if let Some(oldest) = members
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, m)| m.seen_s)
+                .map(|(i, _)| i)
+            {
+                members.remove(oldest);
+            }
+        }
+        members.push(Member {
+            address: address.to_string(),
+            usable: true,
+            seen_s: now_s,
+            priority: 0,
+        });
+        true
+    }
+
+    /// The clusters and their members, for the admin answers' readers.
+    pub(super) fn from_clusters(clusters: Vec<(String, Vec<Member>)>) -> Membership {
+        Membership { clusters }
+    }
+
+    /// Layout: version u8, cluster count u16 LE, then per cluster: name
+    /// (u8 length + bytes), host count u16 LE, per host: usable u8,
+    /// last seen u32 LE (seconds), address (u8 length + bytes).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![VERSION];
+        let clusters: Vec<_> = self
+            .clusters
+            .iter()
+            .filter(|(n, _)| n.len() <= 255)
+            .take(MAX_CLUSTERS)
+            .collect();
+        out.extend_from_slice(&(clusters.len() as u16).to_le_bytes());
+        for (name, members) in clusters {
+            out.push(name.len() as u8);
+            out.extend_from_slice(name.as_bytes());
+            let members: Vec<_> = members
+                .iter()
+                .filter(|m| m.address.len() <= 255)
+                .take(MAX_MEMBERS)
+                .collect();
+            out.extend_from_slice(&(members.len() as u16).to_le_bytes());
+            for m in members {
+                out.push(u8::from(m.usable));
+                out.push(m.priority);
+                out.extend_from_slice(&m.seen_s.to_le_bytes());
+                out.push(m.address.len() as u8);
+                out.extend_from_slice(m.address.as_bytes());
+            }
+        }
+        out
+    }
+
+    /// None for anything [`Membership::encode`] did not write.
+    pub fn decode(bytes: &[u8]) -> Option<Membership> {
+        let (&version, mut rest) = bytes.split_first()?;
+        if version != VERSION {
+            return None;
+        }
+        let mut take = |n: usize| -> Option<&[u8]> {
+            if rest.len() < n {
+                return None;
+            }
+            let (head, tail) = rest.split_at(n);
+            rest = tail;
+            Some(head)
+        };
+        let n_clusters = u16::from_le_bytes(take(2)?.try_into().ok()?);
+        let mut clusters = Vec::new();
+        for _ in 0..n_clusters {
+            let len = usize::from(*take(1)?.first()?);
+            let name = String::from_utf8(take(len)?.to_vec()).ok()?;
+            let n_hosts = u16::from_le_bytes(take(2)?.try_into().ok()?);
+            let mut members = Vec::new();
+            for _ in 0..n_hosts {
+                let usable = match take(1)?.first()? {
+                    0 => false,
+                    1 => true,
+                    _ => return None,
+                };
+                let priority = *take(1)?.first()?;
+                let seen_s = u32::from_le_bytes(take(4)?.try_into().ok()?);
+                let len = usize::from(*take(1)?.first()?);
+                let address = String::from_utf8(take(len)?.to_vec()).ok()?;
+                members.push(Member {
+                    address,
+                    usable,
+                    seen_s,
+                    priority,
+                });
+            }
+            clusters.push((name, members));
+        }
+        take(0)?;
+        rest.is_empty().then_some(Membership { clusters })
+    }
+}
+
+/// Addresses that answered recently, per cluster: this VM copy's own view,
+/// used when no admin cluster is configured. Bounded in clusters and hosts.
+#[derive(Debug, Default)]
+pub struct Observed {
+    clusters: HashMap<String, Vec<(String, u64)>>,
+}
+
+impl Observed {
+    /// Notes that `address` in `cluster` answered at `now_us`; true if this
+    /// copy had not seen it answer within the window (worth telling the
+    /// others).
+    pub fn record(&mut self, cluster: &str, address: &str, now_us: u64) -> bool {
+        if !self.clusters.contains_key(cluster) {
+            if self.clusters.len() >= MAX_CLUSTERS {
+                // Forget the cluster that answered least recently.
+                let stalest = self
+                    .clusters
+                    .iter()
+                    .min_by_key(|(_, hosts)| hosts.iter().map(|h| h.1).max().unwrap_or(0))
+                    .map(|(name, _)| name.clone());
+                if let Some(name) = stalest {
+                    self.clusters.remove(&name);
+                }
+            }
+            self.clusters.insert(cluster.to_string(), Vec::new());
+        }
+        let Some(hosts) = self.clusters.get_mut(cluster) else {
+            return false;
+        };
+        if let Some(h) = hosts.iter_mut().find(|h| h.0 == address) {
+            let stale = now_us.saturating_sub(h.1) >= OBSERVED_WINDOW_US;
+            h.1 = now_us;
+            return stale;
+        }
+        hosts.retain(|h| now_us.saturating_sub(h.1) < OBSERVED_WINDOW_US);
+        if hosts.len() >= MAX_MEMBERS {
+            if let Some(oldest) = hosts
+                .iter()
+                .enumerate()
+                .min_by_key(|(_, h)| h.1)
+                .map(|(i, _)| i)
+            {
+                hosts.swap_remove(oldest);
+            }
+        }
+        hosts.push((address.to_string(), now_us));
+        hosts.sort();
+        true
+    }
+
+    /// Addresses of `cluster` that answered within the window, sorted.
+    pub fn members(&self, cluster: &str, now_us: u64) -> Vec<Member> {
+        self.clusters.get(cluster).map_or_else(Vec::new, |hosts| {
+            hosts
+                .iter()
+                .filter(|h| now_us.saturating_sub(h.1) < OBSERVED_WINDOW_US)
+                .map(|h| Member {
+                    address: h.0.clone(),
+                    usable: true,
+                    seen_s: seconds(h.1),
+                    priority: 0,
+                })
+                .collect()
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ADMIN: &str = r#"{"cluster_statuses":[
+      {"name":"svc","host_statuses":[
+        {"address":{"socket_address":{"address":"127.0.0.1","port_value":18081}},"health_status":{"eds_health_status":"HEALTHY"}},
+        {"address":{"socket_address":{"address":"127.0.0.2","port_value":18082}},"health_status":{"eds_health_status":"DRAINING"}},
+        {"address":{"socket_address":{"address":"::1","port_value":18083}},"health_status":{"eds_health_status":"HEALTHY","failed_active_health_check":true}},
+        {"address":{"pipe":{"path":"/x"}},"health_status":{}},
+        {"address":{"socket_address":{"address":"127.0.0.4","port_value":18084}}}
+      ]},
+      {"name":"other","host_statuses":[{"address":{"socket_address":{"address":"10.0.0.1","port_value":1}}}]}
+    ]}"#;
+
+    #[test]
+    fn reads_admin_membership_with_health() {
+        let m = Membership::from_admin_json(ADMIN.as_bytes(), &["svc"]).unwrap();
+        assert_eq!(m.cluster("other"), None, "only wanted clusters kept");
+        let svc = m.cluster("svc").unwrap();
+        let got: Vec<(&str, bool)> = svc.iter().map(|m| (m.address.as_str(), m.usable)).collect();
+        assert_eq!(
+            got,
+            [
+                ("127.0.0.1:18081", true),
+                ("127.0.0.2:18082", false),
+                ("[::1]:18083", false),
+                ("127.0.0.4:18084", true)
+            ]
+        );
+        assert_eq!(Membership::decode(&m.encode()), Some(m));
+    }
+
+    #[test]
+    fn admin_garbage_is_an_error_not_a_panic() {
+        for bad in [&b""[..], b"{", b"{\"cluster_statuses\":7}", b"\xff"] {
+            assert!(
+                Membership::from_admin_json(bad, &["svc"]).is_err(),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            Membership::from_admin_json(b"{}", &["svc"]).unwrap(),
+            Membership::default()
+        );
+        // serde reads a struct from an array too: nothing in it, nothing kept.
+        assert_eq!(
+            Membership::from_admin_json(b"[]", &["svc"]).unwrap(),
+            Membership::default()
+        );
+    }
+
+    #[test]
+    fn membership_decode_refuses_truncation() {
+        let m = Membership::from_admin_json(ADMIN.as_bytes(), &["svc", "other"]).unwrap();
+        let bytes = m.encode();
+        assert_eq!(Membership::decode(&bytes), Some(m));
+        for cut in 0..bytes.len() {
+            assert_eq!(Membership::decode(&bytes[..cut]), None, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn shared_observed_membership_is_bounded() {
+        const T: u64 = 1_000_000_000_000_000;
+        let mut m = Membership::default();
+        assert!(m.saw("svc", "a:1", T));
+        assert!(!m.saw("svc", "a:1", T), "seen lately: nothing to write");
+        for i in 0..2000u64 {
+            m.saw("svc", &format!("h{i}:1"), T + (i + 1) * 1_000_000);
+        }
+        let svc = m.cluster("svc").unwrap();
+        assert_eq!(svc.len(), MAX_MEMBERS);
+        assert_eq!(
+            svc.last().unwrap().address,
+            "h1999:1",
+            "the members seen longest ago went first"
+        );
+        assert!(svc.iter().all(|m| m.address != "a:1"));
+        for c in 0..100 {
+            m.saw(&format!("c{c}"), "x:1", T);
+        }
+        assert_eq!(Membership::decode(&m.encode()), Some(m));
+    }
+
+    #[test]
+    fn observed_members_leave_the_window_and_are_seen_again() {
+        const T: u64 = 1_000_000_000_000_000;
+        let mut m = Membership::default();
+        m.saw("svc", "a:1", T);
+        m.saw("svc", "b:1", T + 30 * 1_000_000);
+        let within = |m: &Membership, at: u64| -> Vec<String> {
+            m.seen_within_window("svc", at)
+                .unwrap()
+                .into_iter()
+                .map(|m| m.address)
+                .collect()
+        };
+        assert_eq!(within(&m, T + 59 * 1_000_000), ["a:1", "b:1"]);
+        assert_eq!(
+            within(&m, T + 61 * 1_000_000),
+            ["b:1"],
+            "a:1 last answered over a minute ago"
+        );
+        assert!(m.seen_lately("svc", "b:1", T + 40 * 1_000_000));
+        assert!(!m.seen_lately("svc", "b:1", T + 46 * 1_000_000));
+        assert!(
+            !m.saw("svc", "b:1", T + 40 * 1_000_000),
+            "within the refresh: unchanged"
+        );
+        assert!(m.saw("svc", "a:1", T + 61 * 1_000_000), "seen again");
+        assert_eq!(within(&m, T + 62 * 1_000_000), ["a:1", "b:1"]);
+        assert_eq!(m.seen_within_window("other", T), None);
+        assert_eq!(Membership::decode(&m.encode()), Some(m));
+    }
+
+    #[test]
+    fn observed_members_expire_and_stay_bounded() {
+        let mut o = Observed::default();
+        assert!(o.record("svc", "b:1", 0));
+        assert!(o.record("svc", "a:1", 10));
+        assert!(
+            !o.record("svc", "a:1", 20),
+            "seen within the window: nothing new to tell"
+        );
+        let addrs: Vec<String> = o
+            .members("svc", 30)
+            .into_iter()
+            .map(|m| m.address)
+            .collect();
+        assert_eq!(addrs, ["a:1", "b:1"]);
+        assert_eq!(
+            o.members("svc", OBSERVED_WINDOW_US + 5).len(),
+            1,
+            "b:1 left the window"
+        );
+        for i in 0..3000 {
+            o.record("svc", &format!("h{i}:1"), 100 + i);
+        }
+        assert_eq!(o.members("svc", 4000).len(), MAX_MEMBERS);
+        for c in 0..100 {
+            o.record(&format!("c{c}"), "x:1", 5000 + c);
+        }
+        assert!(o.clusters.len() <= MAX_CLUSTERS);
+    }
+}

@@ -1,0 +1,608 @@
+//! Tombstones: upstream hosts a consumer must not send new requests to, for
+//! a while, whatever the registry says. All of a process's tombstones live
+//! in one shared-data value ([`TOMBSTONES`](crate::shared::keys::TOMBSTONES)): shared data has no delete,
+//! so per-host keys would grow without bound under host churn, while one
+//! value holding at most `max_tombstones` entries stays bounded.
+//!
+//! # Transition table (per address)
+//!
+//! "Written" is what reaches shared data: [`Tombstones::worth_writing`]
+//! reads the cached list first and skips the write when the observation
+//! could not change anything, or when a repeated mark would only add less
+//! than [`EXTEND_GRANULARITY_US`] (1 s) of life (otherwise every marked
+//! response of a closing host would be a write).
+//!
+//! | tombstone for the address | observation                        | result                                       | written |
+//! |---------------------------|------------------------------------|----------------------------------------------|---------|
+//! | none or expired           | closing (instance I or unknown)    | new: expires now + ttl (evicted)             | yes     |
+//! | none or expired           | connect failure                    | new: expires now + failure ttl (evicted)     | yes     |
+//! | none or expired           | answered                           | none                                         | no      |
+//! | live, instance I          | closing, instance I or unknown     | expiry pushed to now + ttl if later          | if ≥ 1 s later |
+//! | live, instance I          | closing, instance J ≠ I            | replaced by J's, now + ttl (evicted)         | yes     |
+//! | live, connect failure     | closing (instance I or unknown)    | cause closing, instance learned, expiry as above (extended) | yes |
+//! | live                      | connect failure                    | expiry pushed to now + failure ttl if later  | if ≥ 1 s later |
+//! | live, instance I          | answered by instance J ≠ I         | removed (readmitted: a new instance)         | yes     |
+//! | live, instance unknown    | answered by any instance           | removed (readmitted: it answers again)       | yes     |
+//! | live, instance I          | answered by I, or without an id    | kept                                         | no      |
+//!
+//! After every change, expired entries are dropped, and if more than
+//! `max_tombstones` remain, those expiring first are dropped.
+
+use std::time::Duration;
+
+use crate::shared::duration::micros;
+
+/// A repeated closing mark or connect failure extends a live tombstone in
+/// shared data only when that adds at least this much life (µs).
+pub const EXTEND_GRANULARITY_US: u64 = 1_000_000;
+
+const VERSION: u8 = 1;
+/// Bounds on stored strings: an `ip:port`, an instance id, a cluster name.
+const MAX_ADDRESS: usize = 64;
+const MAX_INSTANCE: usize = 128;
+const MAX_CLUSTER: usize = 255;
+
+/// Why a host was tombstoned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cause {
+    /// It answered with a closing mark.
+    Closing,
+    /// Connecting to it failed, or the connection dropped before a response.
+    ConnectFailure,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tombstone {
+    /// `ip:port`, as Envoy's `upstream.address` and override_host spell it.
+    pub address: String,
+    /// The cluster the host was reached through (for probes).
+    pub cluster: String,
+    /// The instance id that announced closing; empty if unknown.
+    pub instance: String,
+    /// µs on the host's monotonic clock.
+    pub expires_us: u64,
+    pub cause: Cause,
+}
+
+/// What a response (or a failed attempt) said about a host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Observation<'a> {
+    Closing {
+        cluster: &'a str,
+        address: &'a str,
+        instance: Option<&'a str>,
+    },
+    ConnectFailure {
+        cluster: &'a str,
+        address: &'a str,
+    },
+    Answered {
+        address: &'a str,
+        instance: Option<&'a str>,
+    },
+}
+
+impl Observation<'_> {
+    fn address(&self) -> &str {
+        match self {
+            Observation::Closing { address, .. }
+            | Observation::ConnectFailure { address, .. }
+            | Observation::Answered { address, .. } => address,
+        }
+    }
+}
+
+/// What an observation changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    Unchanged,
+    /// A new tombstone (a host newly evicted).
+    Evicted,
+    /// An existing tombstone now lasts longer, or learned the closing
+    /// instance (a connect-failure tombstone that then answered closing).
+    Extended,
+    /// A tombstone was removed because a new instance answered.
+    Readmitted,
+}
+
+/// TTLs that apply to new tombstones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ttls {
+    pub closing: Duration,
+    pub failure: Duration,
+}
+
+/// Truncates to `max` bytes on a char boundary (inputs come from the
+/// network and must not grow the shared value without bound).
+fn bounded(s: &str, max: usize) -> String {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
+
+/// The tombstone list.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tombstones {
+    entries: Vec<Tombstone>,
+}
+
+impl Tombstones {
+    pub fn entries(&self) -> &[Tombstone] {
+        &self.entries
+    }
+
+    /// Live tombstones at `now_us`.
+    pub fn live(&self, now_us: u64) -> impl Iterator<Item = &Tombstone> {
+        self.entries.iter().filter(move |t| t.expires_us > now_us)
+    }
+
+    pub fn live_count(&self, now_us: u64) -> usize {
+        self.live(now_us).count()
+    }
+
+    /// The live tombstone for `address`, if any.
+    pub fn get_live(&self, address: &str, now_us: u64) -> Option<&Tombstone> {
+        self.live(now_us).find(|t| t.address == address)
+    }
+
+    /// False when applying `obs` could not change anything worth a write
+    /// (the module table's "written" column): checked on the cached list
+    /// before the read-modify-write, so the common cases (an answer from a
+    /// host that is not tombstoned, a closing mark already recorded) cost
+    /// none.
+    pub fn worth_writing(&self, obs: &Observation, ttls: &Ttls, now_us: u64) -> bool {
+        // Only an extension by at least this much is written.
+        let extends = |t: &Tombstone, ttl: Duration| {
+            now_us.saturating_add(micros(ttl)) > t.expires_us.saturating_add(EXTEND_GRANULARITY_US)
+        };
+        match obs {
+            Observation::Answered { address, instance } => {
+                self.get_live(address, now_us).is_some_and(|t| {
+                    instance.is_some_and(|i| t.instance.is_empty() || t.instance != i)
+                })
+            }
+            Observation::Closing {
+                address, instance, ..
+            } => self.get_live(address, now_us).is_none_or(|t| {
+                // A closing mark on a connect-failure tombstone changes its
+                // cause.
+                let new_instance =
+                    instance.is_some_and(|i| t.instance != i) || t.cause != Cause::Closing;
+                new_instance || extends(t, ttls.closing)
+            }),
+            Observation::ConnectFailure { address, .. } => self
+                .get_live(address, now_us)
+                .is_none_or(|t| extends(t, ttls.failure)),
+        }
+    }
+
+    /// Applies an observation (see the module's table); `max` bounds the
+    /// number of entries kept.
+    pub fn observe(&mut self, obs: &Observation, ttls: &Ttls, now_us: u64, max: usize) -> Change {
+        let address = obs.address();
+        let live = self
+            .entries
+            .iter()
+            .position(|t| t.address == address && t.expires_us > now_us);
+        let change = match (live, obs) {
+            (None, Observation::Answered { .. }) => Change::Unchanged,
+            (
+                None,
+                Observation::Closing {
+                    cluster, instance, ..
+                },
+            ) => {
+                self.entries.retain(|t| t.address != address);
+                self.entries.push(Tombstone {
+                    address: bounded(address, MAX_ADDRESS),
+                    cluster: bounded(cluster, MAX_CLUSTER),
+                    instance: bounded(instance.unwrap_or(""), MAX_INSTANCE),
+                    expires_us: now_us.saturating_add(micros(ttls.closing)),
+                    cause: Cause::Closing,
+                });
+                Change::Evicted
+            }
+            (None, Observation::ConnectFailure { cluster, .. }) => {
+                self.entries.retain(|t| t.address != address);
+                self.entries.push(Tombstone {
+                    address: bounded(address, MAX_ADDRESS),
+                    cluster: bounded(cluster, MAX_CLUSTER),
+                    instance: String::new(),
+                    expires_us: now_us.saturating_add(micros(ttls.failure)),
+                    cause: Cause::ConnectFailure,
+                });
+                Change::Evicted
+            }
+            (Some(i), obs) => {
+                let Some(t) = self.entries.get_mut(i) else {
+                    return Change::Unchanged;
+                };
+                match obs {
+                    Observation::Closing {
+                        instance: Some(j), ..
+                    } if !t.instance.is_empty() && t.instance != *j => {
+                        t.instance = bounded(j, MAX_INSTANCE);
+                        t.expires_us = now_us.saturating_add(micros(ttls.closing));
+                        t.cause = Cause::Closing;
+                        Change::Evicted
+                    }
+                    Observation::Closing { instance, .. } => {
+                        // Learning the instance or that the host is closing
+                        // (not just unreachable) is a change worth storing
+                        // even when the expiry stays.
+                        let mut learned = t.cause != Cause::Closing;
+                        if t.instance.is_empty() {
+                            t.instance = bounded(instance.unwrap_or(""), MAX_INSTANCE);
+                            learned |= !t.instance.is_empty();
+                        }
+                        t.cause = Cause::Closing;
+                        match extend(t, now_us.saturating_add(micros(ttls.closing))) {
+                            Change::Unchanged if learned => Change::Extended,
+                            change => change,
+                        }
+                    }
+                    Observation::ConnectFailure { .. } => {
+                        extend(t, now_us.saturating_add(micros(ttls.failure)))
+                    }
+                    Observation::Answered { instance, .. } => {
+                        let new_instance = match instance {
+                            Some(j) => t.instance.is_empty() || t.instance != *j,
+                            None => false,
+                        };
+                        if new_instance {
+                            self.entries.remove(i);
+                            Change::Readmitted
+                        } else {
+                            Change::Unchanged
+                        }
+                    }
+                }
+            }
+        };
+        if change != Change::Unchanged {
+            self.compact(now_us, max);
+        }
+        change
+    }
+
+    /// Drops expired entries, then the earliest-expiring ones beyond `max`.
+    pub fn compact(&mut self, now_us: u64, max: usize) {
+        self.entries.retain(|t| t.expires_us > now_us);
+        if self.entries.len() > max {
+            self.entries
+                .sort_by_key(|t| std::cmp::Reverse(t.expires_us));
+            self.entries.truncate(max);
+        }
+    }
+
+    /// Layout: version u8, count u32 LE, then per entry: expires_us u64 LE,
+    /// cause u8, then address, instance (u8 length + bytes each) and
+    /// cluster (u8 length + bytes).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(5 + self.entries.len() * 48);
+        out.push(VERSION);
+        out.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
+        for t in &self.entries {
+            out.extend_from_slice(&t.expires_us.to_le_bytes());
+            out.push(match t.cause {
+                Cause::Closing => 1,
+                Cause::ConnectFailure => 2,
+            });
+            for s in [&t.address, &t.instance, &t.cluster] {
+                // Lengths are bounded at insertion, well under 256.
+                out.push(s.len() as u8);
+                out.extend_from_slice(s.as_bytes());
+            }
+        }
+        out
+    }
+
+    /// None for anything [`Tombstones::encode`] did not write.
+    pub fn decode(bytes: &[u8]) -> Option<Tombstones> {
+        let mut r = Reader(bytes);
+        if r.u8()? != VERSION {
+            return None;
+        }
+        let count = u32::from_le_bytes(r.take(4)?.try_into().ok()?) as usize;
+        let mut entries = Vec::with_capacity(count.min(bytes.len() / 12));
+        for _ in 0..count {
+            let expires_us = u64::from_le_bytes(r.take(8)?.try_into().ok()?);
+            let cause = match r.u8()? {
+                1 => Cause::Closing,
+                2 => Cause::ConnectFailure,
+                _ => return None,
+            };
+            let address = r.string()?;
+            let instance = r.string()?;
+            let cluster = r.string()?;
+            entries.push(Tombstone {
+                address,
+                cluster,
+                instance,
+                expires_us,
+                cause,
+            });
+        }
+        r.0.is_empty().then_some(Tombstones { entries })
+    }
+}
+
+fn extend(t: &mut Tombstone, expires_us: u64) -> Change {
+    if expires_us > t.expires_us {
+        t.expires_us = expires_us;
+        Change::Extended
+    } else {
+        Change::Unchanged
+    }
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (head, tail) = self.0.split_at(n);
+        self.0 = tail;
+        Some(head)
+    }
+
+    fn u8(&mut self) -> Option<u8> {
+        self.take(1).map(|b| b[0])
+    }
+
+    fn string(&mut self) -> Option<String> {
+        let len = usize::from(self.u8()?);
+        String::from_utf8(self.take(len)?.to_vec()).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000;
+    const TTLS: Ttls = Ttls {
+        closing: Duration::from_secs(30),
+        failure: Duration::from_secs(5),
+    };
+
+    fn closing<'a>(address: &'a str, instance: Option<&'a str>) -> Observation<'a> {
+        Observation::Closing {
+            cluster: "svc",
+            address,
+            instance,
+        }
+    }
+
+    fn failure(address: &str) -> Observation<'_> {
+        Observation::ConnectFailure {
+            cluster: "svc",
+            address,
+        }
+    }
+
+    fn answered<'a>(address: &'a str, instance: Option<&'a str>) -> Observation<'a> {
+        Observation::Answered { address, instance }
+    }
+
+    #[test]
+    fn closing_evicts_for_the_ttl() {
+        let mut t = Tombstones::default();
+        assert_eq!(
+            t.observe(&closing("10.0.0.1:80", Some("a")), &TTLS, 0, 8),
+            Change::Evicted
+        );
+        assert!(t.get_live("10.0.0.1:80", 30 * S - 1).is_some());
+        assert!(
+            t.get_live("10.0.0.1:80", 30 * S).is_none(),
+            "expires at exactly the TTL"
+        );
+        assert_eq!(t.live_count(0), 1);
+    }
+
+    #[test]
+    fn connect_failure_evicts_for_the_failure_ttl() {
+        let mut t = Tombstones::default();
+        assert_eq!(
+            t.observe(&failure("10.0.0.1:80"), &TTLS, S, 8),
+            Change::Evicted
+        );
+        let ts = t.get_live("10.0.0.1:80", S).unwrap();
+        assert_eq!((ts.cause, ts.expires_us), (Cause::ConnectFailure, 6 * S));
+    }
+
+    #[test]
+    fn repeated_closing_extends_and_never_shortens() {
+        let mut t = Tombstones::default();
+        t.observe(&closing("h:1", Some("a")), &TTLS, 0, 8);
+        assert_eq!(
+            t.observe(&closing("h:1", Some("a")), &TTLS, 10 * S, 8),
+            Change::Extended
+        );
+        assert_eq!(t.get_live("h:1", 0).unwrap().expires_us, 40 * S);
+        assert_eq!(
+            t.observe(&failure("h:1"), &TTLS, 11 * S, 8),
+            Change::Unchanged,
+            "failure TTL is shorter"
+        );
+        assert_eq!(t.get_live("h:1", 0).unwrap().expires_us, 40 * S);
+    }
+
+    #[test]
+    fn closing_after_a_connect_failure_upgrades_the_tombstone() {
+        let mut t = Tombstones::default();
+        t.observe(&failure("h:1"), &TTLS, 0, 8);
+        assert_eq!(
+            t.observe(&closing("h:1", Some("a")), &TTLS, S, 8),
+            Change::Extended
+        );
+        let ts = t.get_live("h:1", S).unwrap();
+        assert_eq!(
+            (ts.cause, ts.instance.as_str(), ts.expires_us),
+            (Cause::Closing, "a", 31 * S)
+        );
+    }
+
+    #[test]
+    fn a_closing_mark_on_a_longer_failure_tombstone_is_recorded() {
+        // failure TTL above the closing TTL: the expiry stays, but what the
+        // tombstone says changes, so the change must be stored.
+        let ttls = Ttls {
+            closing: Duration::from_secs(5),
+            failure: Duration::from_secs(30),
+        };
+        let mut t = Tombstones::default();
+        t.observe(&failure("h:1"), &ttls, 0, 8);
+        assert_eq!(
+            t.observe(&closing("h:1", Some("a")), &ttls, S, 8),
+            Change::Extended
+        );
+        let ts = t.get_live("h:1", S).unwrap();
+        assert_eq!(
+            (ts.cause, ts.instance.as_str(), ts.expires_us),
+            (Cause::Closing, "a", 30 * S)
+        );
+        assert_eq!(
+            t.observe(&closing("h:1", Some("a")), &ttls, 2 * S, 8),
+            Change::Unchanged,
+            "nothing new the second time"
+        );
+    }
+
+    #[test]
+    fn a_new_instance_answering_readmits_at_once() {
+        let mut t = Tombstones::default();
+        t.observe(&closing("h:1", Some("old")), &TTLS, 0, 8);
+        assert_eq!(
+            t.observe(&answered("h:1", Some("old")), &TTLS, S, 8),
+            Change::Unchanged
+        );
+        assert_eq!(
+            t.observe(&answered("h:1", None), &TTLS, S, 8),
+            Change::Unchanged
+        );
+        assert_eq!(
+            t.observe(&answered("h:1", Some("new")), &TTLS, S, 8),
+            Change::Readmitted
+        );
+        assert!(t.get_live("h:1", S).is_none());
+    }
+
+    #[test]
+    fn a_new_instance_that_is_closing_too_replaces_the_tombstone() {
+        let mut t = Tombstones::default();
+        t.observe(&closing("h:1", Some("old")), &TTLS, 0, 8);
+        assert_eq!(
+            t.observe(&closing("h:1", Some("new")), &TTLS, 5 * S, 8),
+            Change::Evicted
+        );
+        assert_eq!(t.get_live("h:1", 0).unwrap().instance, "new");
+        assert_eq!(t.get_live("h:1", 0).unwrap().expires_us, 35 * S);
+    }
+
+    #[test]
+    fn a_host_tombstoned_for_failure_is_readmitted_when_it_answers() {
+        let mut t = Tombstones::default();
+        t.observe(&failure("h:1"), &TTLS, 0, 8);
+        assert_eq!(
+            t.observe(&answered("h:1", Some("x")), &TTLS, S, 8),
+            Change::Readmitted
+        );
+    }
+
+    #[test]
+    fn answers_from_unknown_hosts_change_nothing() {
+        let mut t = Tombstones::default();
+        assert_eq!(
+            t.observe(&answered("h:1", Some("x")), &TTLS, 0, 8),
+            Change::Unchanged
+        );
+        assert!(t.entries().is_empty());
+    }
+
+    #[test]
+    fn an_expired_tombstone_is_replaced_not_extended() {
+        let mut t = Tombstones::default();
+        t.observe(&closing("h:1", Some("a")), &TTLS, 0, 8);
+        assert_eq!(
+            t.observe(&closing("h:1", Some("a")), &TTLS, 31 * S, 8),
+            Change::Evicted
+        );
+        assert_eq!(t.entries().len(), 1, "no duplicate entry for the address");
+    }
+
+    #[test]
+    fn the_list_stays_bounded_under_churn() {
+        let mut t = Tombstones::default();
+        for i in 0..10_000u64 {
+            let addr = format!("10.{}.{}.{}:8080", i / 65536, (i / 256) % 256, i % 256);
+            t.observe(&closing(&addr, Some("i")), &TTLS, i, 16);
+            assert!(t.entries().len() <= 16);
+        }
+        assert_eq!(t.entries().len(), 16);
+        // The 16 kept are the latest (they expire last).
+        assert!(t.get_live("10.0.39.15:8080", 0).is_some(), "host 9999 kept");
+        assert!(t.encode().len() < 16 * 64, "{} bytes", t.encode().len());
+    }
+
+    #[test]
+    fn network_strings_are_bounded() {
+        let mut t = Tombstones::default();
+        let long = "x".repeat(1000);
+        t.observe(
+            &Observation::Closing {
+                cluster: &long,
+                address: "h:1",
+                instance: Some(&long),
+            },
+            &TTLS,
+            0,
+            8,
+        );
+        let ts = &t.entries()[0];
+        assert_eq!((ts.cluster.len(), ts.instance.len()), (255, 128));
+        assert_eq!(Tombstones::decode(&t.encode()), Some(t.clone()));
+        let mut t = Tombstones::default();
+        let multibyte = "é".repeat(100);
+        t.observe(&closing("h:1", Some(&multibyte)), &TTLS, 0, 8);
+        assert_eq!(t.entries()[0].instance.len(), 128);
+        assert_eq!(Tombstones::decode(&t.encode()), Some(t));
+    }
+
+    #[test]
+    fn encoding_round_trips() {
+        let mut t = Tombstones::default();
+        t.observe(&closing("10.0.0.1:80", Some("a")), &TTLS, 0, 8);
+        t.observe(&failure("[::1]:80"), &TTLS, 0, 8);
+        assert_eq!(Tombstones::decode(&t.encode()), Some(t.clone()));
+        assert_eq!(
+            Tombstones::decode(&Tombstones::default().encode()),
+            Some(Tombstones::default())
+        );
+    }
+
+    #[test]
+    fn decode_refuses_truncated_or_foreign_values() {
+        let mut t = Tombstones::default();
+        t.observe(&closing("10.0.0.1:80", Some("a")), &TTLS, 0, 8);
+        let bytes = t.encode();
+        for cut in 0..bytes.len() {
+            assert_eq!(Tombstones::decode(&bytes[..cut]), None, "cut at {cut}");
+        }
+        let mut extra = bytes.clone();
+        extra.push(0);
+        assert_eq!(Tombstones::decode(&extra), None);
+        let mut bad = bytes;
+        bad[0] = 9;
+        assert_eq!(Tombstones::decode(&bad), None);
+        assert_eq!(
+            Tombstones::decode(&[1, 0xff, 0xff, 0xff, 0xff]),
+            None,
+            "a huge count does not allocate"
+        );
+    }
+}

@@ -1,0 +1,286 @@
+//! One graceful_drain copy's evaluation of the drain gate, the same for
+//! every delivery: a wasm VM copy on its tick, the native module on its
+//! timer. The copy reads the instance record and the traffic stats, and
+//! when the record's timings allow a pass it raises the gate
+//! ([`crate::shared::gate::GateHold`]) and then records the pass with CAS
+//! ([`crate::drain::record::pass`]), so exactly one copy reports it.
+//!
+//! | record phase | traffic | does |
+//! |---|---|---|
+//! | serving | any | nothing |
+//! | closing | timings allow no pass yet | nothing |
+//! | closing | quiet pass allowed | `try_pass`: gate up unless a request moved; then the record |
+//! | closing | step timeout or timeout | gate up (forced); then the record |
+//! | drained | gate stat reads 0 (stats made again) | puts its 1 back |
+//! | drained | otherwise | nothing |
+//!
+//! Every evaluation also raises `graceful_drain_phase` to the record's
+//! phase (it only moves forward).
+
+use crate::drain::config::DrainConfig;
+use crate::drain::record::{self, GatePass, InstanceRecord, Phase, Seen};
+use crate::drain::status::Status;
+use crate::shared::gate::{GateHold, StartWatch, Traffic};
+use crate::shared::metrics::{PhaseGauge, Stat, Stats};
+use crate::shared::store::{SharedStore, UpdateError};
+
+/// Sets the phase gauge if `phase` is further along. The phase only moves
+/// forward, so a copy that read the record before another moved it cannot
+/// set it back, except by a read-then-write race, which the next
+/// evaluation heals.
+pub fn raise_phase(gauge: &dyn PhaseGauge, phase: Phase) {
+    if gauge.get().is_none_or(|p| p < phase.gauge()) {
+        gauge.set(phase.gauge());
+    }
+}
+
+/// What one evaluation saw: the record after it, the traffic, and the
+/// latest start this copy knows of.
+#[derive(Debug, Clone, Copy)]
+pub struct Evaluation {
+    pub rec: InstanceRecord,
+    pub traffic: Traffic,
+    pub last_start_us: u64,
+}
+
+impl Evaluation {
+    pub fn status(&self, now_us: u64) -> Status {
+        Status::new(&self.rec, &self.traffic, self.last_start_us, now_us)
+    }
+}
+
+/// The pass this copy recorded, for its one log line and counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Passed {
+    pub why: GatePass,
+    pub closing_ms: u64,
+    /// In flight when a forced pass was made (inbound, outbound).
+    pub inflight: (u64, u64),
+}
+
+impl Passed {
+    pub fn forced(&self) -> bool {
+        self.why.forced()
+    }
+
+    /// The log line (info when quiet, warn when forced).
+    pub fn line(&self) -> String {
+        let ms = self.closing_ms;
+        match self.why {
+            GatePass::Quiet => format!("drain gate passed after {ms} ms closing: quiet"),
+            GatePass::StepTimeout | GatePass::Timeout => {
+                let (inbound, outbound) = self.inflight;
+                format!(
+                    "drain gate forced after {ms} ms closing by {}: {inbound} inbound, {outbound} outbound still in flight",
+                    self.why.forced_by().unwrap_or_default(),
+                )
+            }
+        }
+    }
+}
+
+/// One copy's own state: when it last saw a request start, and its 1 in
+/// the gate stat.
+#[derive(Debug, Default)]
+pub struct DrainCopy {
+    starts: StartWatch,
+    hold: GateHold,
+}
+
+impl DrainCopy {
+    /// The record with the traffic as this copy sees it now, no gate
+    /// evaluation (the answer to a closing POST, and step one of
+    /// [`DrainCopy::advance`]).
+    pub fn look(&mut self, stats: &dyn Stats, rec: InstanceRecord, now_us: u64) -> Evaluation {
+        let traffic = Traffic::read(stats);
+        let last_start_us = self.starts.observe(traffic.started, now_us);
+        Evaluation {
+            rec,
+            traffic,
+            last_start_us,
+        }
+    }
+
+    /// Evaluates the gate now (the table above); `Some` if this copy made
+    /// and recorded the pass.
+    pub fn advance(
+        &mut self,
+        store: &dyn SharedStore,
+        stats: &dyn Stats,
+        phase: &dyn PhaseGauge,
+        config: &DrainConfig,
+        now_us: u64,
+    ) -> Result<(Evaluation, Option<Passed>), UpdateError> {
+        let rec = record::read(store)?;
+        let mut out = self.look(stats, rec, now_us);
+        let traffic = out.traffic;
+        raise_phase(phase, rec.phase);
+        match rec.phase {
+            Phase::Serving => return Ok((out, None)),
+            Phase::Drained => {
+                if stats.get(Stat::Gate) == Some(0) {
+                    self.hold.hold_again(stats);
+                }
+                return Ok((out, None));
+            }
+            Phase::Closing => {}
+        }
+        let seen = Seen {
+            idle: traffic.idle(),
+            last_start_us: out.last_start_us,
+        };
+        let Some(why) = rec.evaluate(&config.gate, &seen, now_us).1 else {
+            return Ok((out, None));
+        };
+        let up = match why {
+            GatePass::Quiet => self.hold.try_pass(stats, &traffic),
+            GatePass::StepTimeout | GatePass::Timeout => {
+                self.hold.hold(stats);
+                true
+            }
+        };
+        if !up {
+            // A request slipped in between the look and the gate: next time.
+            return Ok((out, None));
+        }
+        let (rec, mine) = record::pass(store, why, now_us)?;
+        out.rec = rec;
+        raise_phase(phase, rec.phase);
+        if !mine {
+            return Ok((out, None));
+        }
+        Ok((
+            out,
+            Some(Passed {
+                why,
+                closing_ms: now_us.saturating_sub(rec.closing_since_us) / 1000,
+                inflight: traffic.inflight(),
+            }),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shared::metrics::AtomicMetrics;
+    use crate::shared::store::MemStore;
+
+    const S: u64 = 1_000_000;
+
+    fn config() -> DrainConfig {
+        DrainConfig::from_json(
+            br#"{"consumer_update_wait":"3s","quiet_window":"500ms","step_timeout":"3s"}"#,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn serving_passes_nothing_and_keeps_the_phase_at_zero() {
+        let (store, stats) = (MemStore::new(), AtomicMetrics::new());
+        let (eval, passed) = DrainCopy::default()
+            .advance(&store, &stats, &stats, &config(), 10 * S)
+            .unwrap();
+        assert_eq!((eval.rec.phase, passed), (Phase::Serving, None));
+        assert_eq!(
+            (
+                stats.value(crate::shared::metrics::Metric::DrainPhase),
+                Stats::get(&stats, Stat::Gate)
+            ),
+            (0, Some(0))
+        );
+    }
+
+    #[test]
+    fn one_copy_records_a_quiet_pass_and_every_copy_sees_drained() {
+        let (store, stats) = (MemStore::new(), AtomicMetrics::new());
+        let cfg = config();
+        record::start_closing(&store, 100 * S).unwrap();
+        let (mut a, mut b) = (DrainCopy::default(), DrainCopy::default());
+        // Before consumer_update_wait: nothing, but the phase says closing.
+        let (_, passed) = a.advance(&store, &stats, &stats, &cfg, 101 * S).unwrap();
+        assert_eq!(
+            (
+                passed,
+                stats.value(crate::shared::metrics::Metric::DrainPhase)
+            ),
+            (None, 1)
+        );
+        let (eval, passed) = a.advance(&store, &stats, &stats, &cfg, 104 * S).unwrap();
+        let passed = passed.unwrap();
+        assert_eq!((passed.why, passed.closing_ms), (GatePass::Quiet, 4000));
+        assert!(!passed.forced() && passed.line().contains("quiet"));
+        assert_eq!(
+            (
+                eval.rec.phase,
+                stats.value(crate::shared::metrics::Metric::DrainPhase)
+            ),
+            (Phase::Drained, 2)
+        );
+        assert_eq!(Stats::get(&stats, Stat::Gate), Some(1));
+        // Another copy only sees it: no second report, no second 1.
+        let (eval, passed) = b.advance(&store, &stats, &stats, &cfg, 104 * S).unwrap();
+        assert_eq!((eval.rec.phase, passed), (Phase::Drained, None));
+        assert_eq!(Stats::get(&stats, Stat::Gate), Some(1));
+    }
+
+    #[test]
+    fn a_request_in_flight_holds_the_gate_until_the_step_timeout_forces_it() {
+        let (store, stats) = (MemStore::new(), AtomicMetrics::new());
+        let cfg = config();
+        record::start_closing(&store, 100 * S).unwrap();
+        assert_eq!(
+            crate::shared::gate::admit(&stats, true),
+            crate::shared::gate::Admission::Admitted
+        );
+        let mut copy = DrainCopy::default();
+        let (_, passed) = copy.advance(&store, &stats, &stats, &cfg, 105 * S).unwrap();
+        assert_eq!(passed, None, "not quiet: one in flight");
+        let (_, passed) = copy.advance(&store, &stats, &stats, &cfg, 106 * S).unwrap();
+        let passed = passed.unwrap();
+        assert_eq!(
+            (passed.why, passed.inflight),
+            (GatePass::StepTimeout, (1, 0))
+        );
+        assert!(passed.forced() && passed.line().contains("step_timeout: 1 inbound"));
+    }
+
+    #[test]
+    fn with_longest_request_a_request_in_flight_holds_the_gate_past_the_step_timeout_until_an_arrival_forces_it(
+    ) {
+        let (store, stats) = (MemStore::new(), AtomicMetrics::new());
+        let cfg = DrainConfig::from_json(
+            br#"{"consumer_update_wait":"3s","quiet_window":"500ms","step_timeout":"3s","longest_request":"30s"}"#,
+        )
+        .unwrap();
+        record::start_closing(&store, 100 * S).unwrap();
+        assert_eq!(
+            crate::shared::gate::admit(&stats, true),
+            crate::shared::gate::Admission::Admitted
+        );
+        let mut copy = DrainCopy::default();
+        let (_, passed) = copy.advance(&store, &stats, &stats, &cfg, 105 * S).unwrap();
+        assert_eq!(passed, None, "not quiet: one in flight");
+        // Arrivals stopped: the one in flight is waited for past wait +
+        // step_timeout (6 s).
+        let (_, passed) = copy.advance(&store, &stats, &stats, &cfg, 110 * S).unwrap();
+        assert_eq!(passed, None, "arrivals stopped: wait for it");
+        // A new request arrives: step_timeout forces the gate at once.
+        assert_eq!(
+            crate::shared::gate::admit(&stats, true),
+            crate::shared::gate::Admission::Admitted
+        );
+        let (_, passed) = copy.advance(&store, &stats, &stats, &cfg, 111 * S).unwrap();
+        let passed = passed.unwrap();
+        assert_eq!(
+            (passed.why, passed.inflight),
+            (GatePass::StepTimeout, (2, 0))
+        );
+        assert!(passed.forced() && passed.line().contains("step_timeout: 2 inbound"));
+        // Drained now: a new request is rejected.
+        assert_eq!(
+            crate::shared::gate::admit(&stats, true),
+            crate::shared::gate::Admission::Rejected
+        );
+    }
+}
