@@ -8,14 +8,17 @@
 //! |---|---|---|
 //! | `config_new` | main | configures, starts the timer thread |
 //! | every [`TICK`] | timer thread | commits a tick to the main thread (config scheduler) |
-//! | tick | main | the core's tick: merges the drain report's records into shared data; once drained, wakes each kept long-lived stream by committing its stream's scheduler |
-//! | request headers | worker | admits; a long-lived stream is kept with a scheduler of its own |
+//! | tick | main | the core's tick on every worker's copy in turn: merges its drain report records into shared data; once drained, wakes each long-lived stream it keeps by committing its stream's scheduler |
+//! | request headers | worker | admits; a long-lived stream is kept, with a scheduler of its own, in its worker's copy |
 //! | woken long-lived stream | worker | the drained answer (Envoy resets a stream whose headers went out) |
 //! | stream destroyed | worker | leaves the count, frees a kept stream's scheduler |
 //!
-//! A kept stream's scheduler is committed (by the tick) and deleted (by
-//! its stream) under the kept list's lock, so a tick never commits a
-//! scheduler its stream has deleted.
+//! State is per worker, as the wasm build's VM copies: one copy per worker
+//! (by `worker_index`) and one for the main thread, each behind its own
+//! lock, which only its worker and the tick take (no process-wide lock on
+//! the request path). A kept stream's scheduler is committed (by the tick)
+//! and deleted (by its stream) under the lock of the copy that keeps it,
+//! so a tick never commits a scheduler its stream has deleted.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
@@ -39,18 +42,39 @@ pub struct Config {
     envoy: abi::Config,
     provider: Provider,
     ids: Ids,
-    /// The kept long-lived streams (their wake handles are their streams'
-    /// schedulers, as addresses: they are only passed back to Envoy) and the
-    /// report records not merged yet, for every worker thread.
-    copy: Mutex<ProviderCopy<usize>>,
+    /// One per worker, then the main thread's: each worker's kept
+    /// long-lived streams (their wake handles are their streams'
+    /// schedulers, as addresses: they are only passed back to Envoy) and
+    /// report records not merged yet.
+    copies: Vec<Mutex<ProviderCopy<usize>>>,
     _timer: Timer,
 }
 
-/// One stream's state: the core's, and a kept stream's id and scheduler.
+/// One stream's state: the core's, a kept stream's id and scheduler, and
+/// its worker (whose copy holds what it keeps and records).
 #[derive(Default)]
 pub struct NativeProviderStream {
     core: ProviderStream,
     kept: Cell<Option<(u32, usize)>>,
+    worker: Cell<Option<usize>>,
+}
+
+impl NativeProviderStream {
+    /// The stream's worker index (asked of Envoy once per stream).
+    fn worker(&self, s: Stream) -> usize {
+        if let Some(w) = self.worker.get() {
+            return w;
+        }
+        let w = usize::try_from(s.worker_index()).unwrap_or(usize::MAX);
+        self.worker.set(Some(w));
+        w
+    }
+
+    /// The worker known from an earlier hook; a stream that never asked
+    /// kept and recorded nothing: the main thread's copy.
+    fn known_worker(&self) -> usize {
+        self.worker.get().unwrap_or(usize::MAX)
+    }
 }
 
 impl Config {
@@ -61,22 +85,30 @@ impl Config {
             envoy,
             provider,
             ids,
-            copy: Mutex::new(ProviderCopy::default()),
+            copies: copies(abi::concurrency()),
             _timer: Timer::start(envoy, "graceful-provider", TICK)?,
         })
     }
 
-    /// The main thread's tick.
+    /// A worker's copy (an index past the workers: the main thread's).
+    fn copy(&self, worker: usize) -> &Mutex<ProviderCopy<usize>> {
+        copy_of(&self.copies, worker)
+    }
+
+    /// The main thread's tick, over every worker's copy.
     pub fn tick(&self) {
         let h = Native::config(self.envoy, &self.ids);
-        self.provider.tick(&self.copy, &h, |_, &scheduler| {
-            // SAFETY: the stream deletes its scheduler only under this
-            // lock, after the tick took it from the kept list or it left it.
-            #[allow(unsafe_code)]
-            unsafe {
-                abi::scheduler_commit(scheduler as SchedulerPtr, EVENT_END)
-            };
-        });
+        for copy in &self.copies {
+            self.provider.tick(copy, &h, |_, &scheduler| {
+                // SAFETY: the stream deletes its scheduler only under this
+                // copy's lock, after the tick took it from the kept list or
+                // it left it.
+                #[allow(unsafe_code)]
+                unsafe {
+                    abi::scheduler_commit(scheduler as SchedulerPtr, EVENT_END)
+                };
+            });
+        }
     }
 
     pub fn request_headers(&self, st: &NativeProviderStream, s: Stream) -> u32 {
@@ -89,7 +121,7 @@ impl Config {
         code(self.provider.request_headers(
             &st.core,
             &Native::stream(s, &self.ids),
-            &self.copy,
+            self.copy(st.worker(s)),
             keep,
         ))
     }
@@ -116,16 +148,20 @@ impl Config {
     }
 
     pub fn stream_complete(&self, st: &NativeProviderStream, s: Stream) {
-        self.provider
-            .stream_end(&st.core, &Native::stream(s, &self.ids), &self.copy);
+        self.provider.stream_end(
+            &st.core,
+            &Native::stream(s, &self.ids),
+            self.copy(st.worker(s)),
+        );
     }
 
     /// The stream is gone: it leaves the count (if `stream_complete` did
     /// not run), and a kept stream's scheduler is deleted.
     pub fn destroy(&self, st: &NativeProviderStream) {
         let h = Native::detached(&self.ids);
+        let copy = self.copy(st.known_worker());
         if let Some((id, scheduler)) = st.kept.take() {
-            self.copy.with(|c| {
+            copy.with(|c| {
                 c.release(id);
                 // SAFETY: under the lock the tick commits under, and no
                 // longer in the kept list: nobody uses it after this.
@@ -135,6 +171,48 @@ impl Config {
                 };
             });
         }
-        self.provider.stream_end(&st.core, &h, &self.copy);
+        self.provider.stream_end(&st.core, &h, copy);
+    }
+}
+
+/// One copy per worker of `concurrency`, then the main thread's.
+fn copies(concurrency: u32) -> Vec<Mutex<ProviderCopy<usize>>> {
+    let workers = usize::try_from(concurrency).unwrap_or(1).max(1);
+    (0..=workers)
+        .map(|_| Mutex::new(ProviderCopy::default()))
+        .collect()
+}
+
+/// Worker `worker`'s copy; any index past the workers is the main thread's.
+fn copy_of(copies: &[Mutex<ProviderCopy<usize>>], worker: usize) -> &Mutex<ProviderCopy<usize>> {
+    &copies[worker.min(copies.len().saturating_sub(1))]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_worker_has_its_own_copy_and_the_main_thread_the_last() {
+        let copies = copies(3);
+        assert_eq!(copies.len(), 4);
+        let at = |w: usize| std::ptr::from_ref(copy_of(&copies, w));
+        let distinct: std::collections::HashSet<_> = (0..4).map(at).collect();
+        assert_eq!(distinct.len(), 4, "workers share a copy");
+        assert_eq!(at(usize::MAX), at(3), "past the workers: the main thread's");
+        assert_eq!(at(7), at(3));
+    }
+
+    #[test]
+    fn a_worker_holding_its_copy_does_not_block_another_worker() {
+        let copies = copies(2);
+        let _held = copy_of(&copies, 0).lock();
+        assert!(copy_of(&copies, 1).try_lock().is_ok());
+        assert!(copy_of(&copies, usize::MAX).try_lock().is_ok());
+    }
+
+    #[test]
+    fn no_concurrency_still_has_a_worker_copy_and_the_main_threads() {
+        assert_eq!(copies(0).len(), 2);
     }
 }
