@@ -8,6 +8,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use bytes::Bytes;
+
 use graceful_harness::support::client::Conn;
 use graceful_harness::support::envoy::{
     envoy_binary, envoy_version, free_port, native_module, repo_root, EnvoySpec,
@@ -154,9 +156,30 @@ async fn a_panic_in_a_hook_is_caught_and_the_request_goes_on() {
     let mut conn = Conn::http1(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
         .await
         .unwrap();
-    for _ in 0..20 {
-        let r = conn.get("/").await.unwrap();
-        assert_eq!(r.status, 200, "the request went on past the panic");
+    // The probe panics in the request hook of a request with its header;
+    // a live probe stream marks its response, a dead one (it panicked) does
+    // nothing more. Panicking requests alternate with plain ones.
+    let probe = [("x-graceful-panic-probe", "1")];
+    for i in 0..20 {
+        let panics = i % 2 == 0;
+        let r = conn
+            .send("GET", "/", if panics { &probe } else { &[] }, Bytes::new())
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "request {i} went on past the panic");
+        let alive = r.header("x-graceful-panic-probe-alive");
+        if panics {
+            assert_eq!(
+                alive, None,
+                "request {i}: a filter that panicked was reused"
+            );
+        } else {
+            assert_eq!(
+                alive.as_deref(),
+                Some("true"),
+                "request {i} after a panicking one: the config was dropped with the stream"
+            );
+        }
     }
     assert_eq!(upstream.app_requests(), 20);
     // Logged once per process, not per request.

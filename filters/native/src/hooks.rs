@@ -1,9 +1,15 @@
 //! The event hooks Envoy calls (`envoy_dynamic_module_on_*`). Envoy refuses
 //! a module that lacks any required one, so every required HTTP-filter
-//! hook is here, most doing nothing. Each runs its body under
-//! [`fail_open`]: a panic is caught, logged once per hook, and the stream
+//! hook is here, most doing nothing. Each catches a panic in its body and
 //! goes on as if the filter were not there (a shutdown helper never denies
-//! traffic over its own bug).
+//! traffic over its own bug). What panicked is dropped, not reused (its
+//! state, or a lock it held, may be half changed):
+//!
+//! | state | event | next |
+//! |---|---|---|
+//! | stream's filter alive | a panic caught in one of its hooks | dead: its later hooks do nothing and continue; logged once per process |
+//! | config alive | a panic caught in its tick or callout answer | dead: its streams' hooks do nothing (requests pass without the filter), its tick and answers are ignored; logged once |
+//! | dead stream's filter, or a dead config's | `filter_destroy` | still releases what the stream holds (the provider's in-flight count and kept scheduler, the consumer's live token): nothing else frees them, and a count never left would hold the drain gate until `timeout` |
 //!
 //! Filter names (`filter_name` in the Envoy config): `graceful_provider`,
 //! `graceful_drain`, `graceful_consumer`, and `graceful_consumer:upstream`
@@ -31,6 +37,13 @@ pub fn code(next: graceful_core::shared::host::Action) -> u32 {
     }
 }
 
+/// The probe panics in the request hook of a request carrying this header.
+#[cfg(feature = "panic-probe")]
+const PANIC_PROBE_HEADER: &str = "x-graceful-panic-probe";
+/// The probe's response header from a live probe stream.
+#[cfg(feature = "panic-probe")]
+const PANIC_PROBE_ALIVE: &str = "x-graceful-panic-probe-alive";
+
 /// Boxed once per config (`config_new`): the variants' sizes do not matter.
 #[allow(clippy::large_enum_variant)]
 enum FilterConfig {
@@ -47,16 +60,64 @@ enum FilterStream {
     Consumer(consumer::ConsumerStream),
 }
 
-/// One stream's filter: its kind's state and its config, which Envoy keeps
-/// alive as long as any of its filters.
-struct Filter {
-    config: *const FilterConfig,
-    stream: FilterStream,
+/// A config as boxed for Envoy: its filter's state and its life.
+struct Configured {
+    kind: FilterConfig,
+    life: Life,
 }
 
+/// One stream's filter: its kind's state, its life, and its config, which
+/// Envoy keeps alive as long as any of its filters.
+struct Filter {
+    config: *const Configured,
+    stream: FilterStream,
+    life: Life,
+}
+
+/// Whether a stream's filter or a config still runs: dead once a panic was
+/// caught in its code (the module doc's table).
+#[derive(Default)]
+struct Life {
+    dead: AtomicBool,
+}
+
+/// What [`Life::run`] did.
+#[derive(Debug, PartialEq)]
+enum Ran<T> {
+    Done(T),
+    /// Dead already: the body did not run.
+    Dead,
+    /// The body panicked: dead from now on.
+    Panicked,
+}
+
+impl Life {
+    fn is_dead(&self) -> bool {
+        self.dead.load(Relaxed)
+    }
+
+    /// Runs `body` unless dead; a panic in it is caught and kills this life.
+    fn run<T>(&self, body: impl FnOnce() -> T) -> Ran<T> {
+        if self.is_dead() {
+            return Ran::Dead;
+        }
+        match catch_unwind(AssertUnwindSafe(body)) {
+            Ok(v) => Ran::Done(v),
+            Err(_) => {
+                self.dead.store(true, Relaxed);
+                Ran::Panicked
+            }
+        }
+    }
+}
+
+/// A stream's filter died: logged once per process (a bug that panics on
+/// every request would flood the log).
+static STREAM_PANIC_LOGGED: AtomicBool = AtomicBool::new(false);
 static PANICKED: AtomicBool = AtomicBool::new(false);
 
-/// Runs a hook's body; on a panic logs (once per process) and returns
+/// Runs the body of a hook that has no stream or config to kill (creating
+/// and destroying them); on a panic logs (once per process) and returns
 /// `fallback`.
 fn fail_open<T>(hook: &str, fallback: T, body: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(body)) {
@@ -79,7 +140,7 @@ fn fail_open<T>(hook: &str, fallback: T, body: impl FnOnce() -> T) -> T {
 /// # Safety
 /// `ptr` is null or a pointer [`envoy_dynamic_module_on_http_filter_new`]
 /// returned and Envoy has not destroyed.
-unsafe fn filter<'a>(ptr: FilterModulePtr) -> Option<(&'a Filter, &'a FilterConfig)> {
+unsafe fn filter<'a>(ptr: FilterModulePtr) -> Option<(&'a Filter, &'a Configured)> {
     let f = ptr.cast::<Filter>();
     // SAFETY: as the caller promises; all on the stream's worker thread.
     let f = unsafe { f.as_ref()? };
@@ -89,23 +150,53 @@ unsafe fn filter<'a>(ptr: FilterModulePtr) -> Option<(&'a Filter, &'a FilterConf
 }
 
 /// A stream hook's body on its filter and config, failing open: the
-/// fallback for a panic or a null filter.
+/// fallback for a null filter, a dead filter or config, or a panic (which
+/// kills the stream's filter).
 ///
 /// # Safety
 /// As [`filter`].
-unsafe fn on_stream<T: Copy>(
+unsafe fn on_stream<T>(
     hook: &str,
     module: FilterModulePtr,
     fallback: T,
     body: impl FnOnce(&FilterStream, &FilterConfig) -> T,
 ) -> T {
-    fail_open(hook, fallback, || {
-        // SAFETY: as the caller promises.
-        match unsafe { filter(module) } {
-            Some((f, c)) => body(&f.stream, c),
-            None => fallback,
+    // SAFETY: as the caller promises.
+    let Some((f, c)) = (unsafe { filter(module) }) else {
+        return fallback;
+    };
+    if c.life.is_dead() {
+        return fallback;
+    }
+    match f.life.run(|| body(&f.stream, &c.kind)) {
+        Ran::Done(v) => v,
+        Ran::Dead => fallback,
+        Ran::Panicked => {
+            if !STREAM_PANIC_LOGGED.swap(true, Relaxed) {
+                abi::log(abi::LOG_ERROR, &format!(
+                    "graceful: a panic in {hook} was caught; that stream's filter is dropped and the stream goes on without it (failing open); logged once"
+                ));
+            }
+            fallback
         }
-    })
+    }
+}
+
+/// A config hook's body (its tick, a callout's answer, on the main
+/// thread); a panic kills the config (the module doc's table).
+///
+/// # Safety
+/// `config` is null or came from `config_new` and is live.
+unsafe fn on_config(hook: &str, config: ConfigModulePtr, body: impl FnOnce(&FilterConfig)) {
+    // SAFETY: as the caller promises.
+    let Some(c) = (unsafe { config.cast::<Configured>().as_ref() }) else {
+        return;
+    };
+    if c.life.run(|| body(&c.kind)) == Ran::Panicked {
+        abi::log(abi::LOG_ERROR, &format!(
+            "graceful: a panic in {hook} was caught; this filter config is dropped and requests pass without it (failing open)"
+        ));
+    }
 }
 
 #[no_mangle]
@@ -159,9 +250,12 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
             )),
         };
         match made {
-            Ok(c) => Box::into_raw(Box::new(c))
-                .cast::<std::ffi::c_void>()
-                .cast_const(),
+            Ok(kind) => Box::into_raw(Box::new(Configured {
+                kind,
+                life: Life::default(),
+            }))
+            .cast::<std::ffi::c_void>()
+            .cast_const(),
             Err(e) => {
                 abi::log(abi::LOG_ERROR, &format!("{name}: {e}"));
                 std::ptr::null()
@@ -177,7 +271,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(ptr:
     fail_open("config_destroy", (), || {
         if !ptr.is_null() {
             // SAFETY: made by Box::into_raw in config_new, given back once.
-            drop(unsafe { Box::from_raw(ptr.cast::<FilterConfig>().cast_mut()) });
+            drop(unsafe { Box::from_raw(ptr.cast::<Configured>().cast_mut()) });
         }
     });
 }
@@ -190,9 +284,9 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
     _envoy: FilterEnvoyPtr,
 ) -> FilterModulePtr {
     fail_open("filter_new", std::ptr::null(), || {
-        let c = config.cast::<FilterConfig>();
+        let c = config.cast::<Configured>();
         // SAFETY: a live config.
-        let stream = match unsafe { c.as_ref() } {
+        let stream = match unsafe { c.as_ref() }.map(|c| &c.kind) {
             Some(FilterConfig::Provider(_)) => FilterStream::Provider(Default::default()),
             Some(FilterConfig::Drain(_)) => FilterStream::Drain(Default::default()),
             Some(FilterConfig::Consumer(_)) => FilterStream::Consumer(Default::default()),
@@ -200,9 +294,13 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
             Some(FilterConfig::PanicProbe) => FilterStream::Provider(Default::default()),
             None => return std::ptr::null(),
         };
-        Box::into_raw(Box::new(Filter { config: c, stream }))
-            .cast::<std::ffi::c_void>()
-            .cast_const()
+        Box::into_raw(Box::new(Filter {
+            config: c,
+            stream,
+            life: Life::default(),
+        }))
+        .cast::<std::ffi::c_void>()
+        .cast_const()
     })
 }
 
@@ -219,7 +317,9 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
         on_stream("request_headers", module, CONTINUE, |stream, c| {
             let s = Stream(envoy);
             #[cfg(feature = "panic-probe")]
-            if matches!(c, FilterConfig::PanicProbe) {
+            if matches!(c, FilterConfig::PanicProbe)
+                && s.header(abi::REQUEST_HEADERS, PANIC_PROBE_HEADER).is_some()
+            {
                 #[allow(clippy::panic)]
                 {
                     panic!("graceful_panic_probe: a panic on purpose");
@@ -247,6 +347,12 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
     unsafe {
         on_stream("response_headers", module, CONTINUE, |stream, c| {
             match (stream, c) {
+                #[cfg(feature = "panic-probe")]
+                (_, FilterConfig::PanicProbe) => {
+                    // Only a live probe stream says so: one that panicked is dead.
+                    Stream(envoy).set_header(abi::RESPONSE_HEADERS, PANIC_PROBE_ALIVE, "true");
+                    CONTINUE
+                }
                 (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
                     pc.response_headers(p, Stream(envoy))
                 }
@@ -315,8 +421,9 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: Fil
         }
         // SAFETY: made by Box::into_raw in filter_new, given back once.
         let f = unsafe { Box::from_raw(module.cast::<Filter>().cast_mut()) };
-        // SAFETY: the config outlives its filters.
-        match (&f.stream, unsafe { f.config.as_ref() }) {
+        // SAFETY: the config outlives its filters. A dead filter or
+        // config still releases what the stream holds (module doc).
+        match (&f.stream, unsafe { f.config.as_ref() }.map(|c| &c.kind)) {
             (FilterStream::Provider(p), Some(FilterConfig::Provider(pc))) => pc.destroy(p),
             (FilterStream::Drain(d), Some(FilterConfig::Drain(dc))) => d.destroy(dc),
             (FilterStream::Consumer(k), Some(FilterConfig::Consumer(kc))) => k.destroy(kc),
@@ -358,15 +465,16 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
     config: ConfigModulePtr,
     _event: u64,
 ) {
-    fail_open("config_scheduled", (), || {
-        // SAFETY: a live config.
-        match unsafe { config.cast::<FilterConfig>().as_ref() } {
-            Some(FilterConfig::Drain(dc)) => dc.tick(),
-            Some(FilterConfig::Consumer(kc)) => kc.tick(),
-            Some(FilterConfig::Provider(pc)) => pc.tick(),
-            _ => {}
-        }
-    });
+    // SAFETY: a live config.
+    unsafe {
+        on_config("config_scheduled", config, |c| match c {
+            FilterConfig::Drain(dc) => dc.tick(),
+            FilterConfig::Consumer(kc) => kc.tick(),
+            FilterConfig::Provider(pc) => pc.tick(),
+            #[cfg(feature = "panic-probe")]
+            FilterConfig::PanicProbe => {}
+        })
+    }
 }
 
 /// An answer to a config's callout (the drain's admin poll or on_drained).
@@ -384,12 +492,10 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout
     body: *const EnvoyBuffer,
     body_size: usize,
 ) {
-    fail_open("config_http_callout_done", (), || {
-        // SAFETY: a live config; buffers valid for this call.
-        let c = unsafe { config.cast::<FilterConfig>().as_ref() };
+    let answered = |c: &FilterConfig| {
         let max_body = match c {
-            Some(FilterConfig::Drain(_)) => graceful_core::drain::filter::MAX_ANSWER_BODY,
-            Some(FilterConfig::Consumer(_)) => graceful_core::consumer::decisions::MAX_ADMIN_BODY,
+            FilterConfig::Drain(_) => graceful_core::drain::filter::MAX_ANSWER_BODY,
+            FilterConfig::Consumer(_) => graceful_core::consumer::decisions::MAX_ADMIN_BODY,
             _ => return,
         };
         // SAFETY: buffers valid for this call.
@@ -404,11 +510,13 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout
             body: &body,
         };
         match c {
-            Some(FilterConfig::Drain(dc)) => dc.callout_done(callout_id, &answer),
-            Some(FilterConfig::Consumer(kc)) => kc.callout_done(callout_id, &answer),
+            FilterConfig::Drain(dc) => dc.callout_done(callout_id, &answer),
+            FilterConfig::Consumer(kc) => kc.callout_done(callout_id, &answer),
             _ => {}
         }
-    });
+    };
+    // SAFETY: a live config.
+    unsafe { on_config("config_http_callout_done", config, answered) }
 }
 
 // Required hooks these filters do nothing in: the stream goes on.
@@ -523,3 +631,31 @@ const _: () = {
     shared_by_workers::<drain::Config>();
     shared_by_workers::<consumer::Config>();
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    #[test]
+    fn a_panic_kills_the_life_and_its_later_hooks_do_not_run() {
+        let life = Life::default();
+        assert_eq!(life.run(|| 1), Ran::Done(1));
+        #[allow(clippy::panic)]
+        let ran = life.run(|| -> u32 { panic!("on purpose") });
+        assert_eq!(ran, Ran::Panicked);
+        assert!(life.is_dead());
+        let called = Cell::new(false);
+        assert_eq!(life.run(|| called.set(true)), Ran::Dead);
+        assert!(!called.get(), "a dead filter's hook ran");
+    }
+
+    #[test]
+    fn one_dead_life_leaves_the_others_alive() {
+        let (dead, alive) = (Life::default(), Life::default());
+        #[allow(clippy::panic)]
+        let _ = dead.run(|| panic!("on purpose"));
+        assert!(dead.is_dead());
+        assert_eq!(alive.run(|| 2), Ran::Done(2));
+    }
+}
