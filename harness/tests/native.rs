@@ -1,6 +1,7 @@
 //! The native module (`dist/libgraceful.so`, `make native`) itself: the ABI
 //! version Envoy reports, the shipped native configs, refused configs, and
-//! a panic in a hook failing open. The behaviour suites (provider_drain,
+//! a panic in a hook failing open, and the consumer telling two requests
+//! that share an `x-request-id` apart. The behaviour suites (provider_drain,
 //! consumer, faults, hostile, demo) run on it with `GRACEFUL_DELIVERY=native`
 //! (`make e2e-native`).
 
@@ -367,4 +368,211 @@ async fn a_listener_update_destroys_an_hourly_consumer_config_without_blocking_t
         .await
         .unwrap();
     assert_eq!(conn.get("/").await.unwrap().status, 200);
+}
+
+/// Two requests that share an `x-request-id` (an app propagates it, a
+/// fan-out shares it), one whose attempt fails at its host and one to a
+/// slow host that the client cancels: the failing host is tombstoned, the
+/// slow one is not (the consumer tells attempts apart per request stream,
+/// not by the header). The failing host holds the attempt's connection
+/// until the other request was cancelled, then closes it before any
+/// answer, and the retry is answered by the cluster's other host (priority
+/// 1, `previous_priorities`): the client sees a 200, so only the upstream
+/// instance can tell, and its failure comes after the cancelled request
+/// with the same id ended (keyed by the header, that end made it look
+/// cancelled too). One Envoy worker: both requests on it.
+/// (The wasm build tombstones an attempt that failed to connect, not one
+/// whose connection closed unanswered.) `envoy/consumer-sidecar.yaml` plus
+/// two routes to two clusters, both with
+/// the upstream instance and the override_host policy of the shipped
+/// `providers` cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_requests_sharing_an_id_one_failed_one_cancelled_tombstone_only_the_failing_host() {
+    use graceful_harness::support::envoy::{eventually, scratch_path, write_eds};
+    use graceful_harness::support::render::render;
+    use serde_yaml::Value;
+    use std::net::SocketAddr;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+    use tokio::io::AsyncWriteExt;
+
+    let slow = Upstream::start().await;
+    let fallback = Upstream::start().await;
+    // Accepts and holds connections until released, then closes them
+    // unanswered.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let failing = listener.local_addr().unwrap();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let (release, released) = tokio::sync::oneshot::channel::<()>();
+    let holder = tokio::spawn({
+        let accepted = accepted.clone();
+        async move {
+            let mut held = Vec::new();
+            let mut released = released;
+            loop {
+                tokio::select! {
+                    conn = listener.accept() => {
+                        if let Ok((c, _)) = conn {
+                            held.push(c);
+                            accepted.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
+                    _ = &mut released => break,
+                }
+            }
+            // Closed without an answer: the attempt ends before headers.
+            drop(listener);
+            drop(held);
+        }
+    });
+    let port = free_port();
+    let eds = scratch_path("shared-id-eds", "yaml");
+    write_eds(&eds, "providers", &[slow.addr]);
+    let cfg = r#"{"admin_cluster":"envoy_admin","failure_tombstone_ttl":"60s","membership_refresh":"200ms"}"#;
+    let spec = EnvoySpec::new("shared-id", "consumer-sidecar.yaml")
+        .set("OUTBOUND_PORT", port)
+        .set("EDS_PATH", eds.display())
+        .set("CONSUMER_CONFIG", cfg);
+    let template =
+        std::fs::read_to_string(repo_root().join("envoy/consumer-sidecar.yaml")).unwrap();
+    let rendered = render(&template, &spec.values).unwrap_or_else(|e| panic!("{e}"));
+    let mut config: Value = serde_yaml::from_str(&rendered).unwrap();
+    let hcm = &mut config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]
+        ["typed_config"];
+    let routes = hcm["route_config"]["virtual_hosts"][0]["routes"]
+        .as_sequence_mut()
+        .expect("the outbound routes");
+    let shipped_route = routes[0].clone();
+    for (prefix, cluster) in [("/failing", "failing"), ("/delay/", "slow")] {
+        let mut route = shipped_route.clone();
+        route["match"] = serde_yaml::from_str(&format!("{{prefix: \"{prefix}\"}}")).unwrap();
+        route["route"]["cluster"] = cluster.into();
+        // A retry goes to the next priority (the failing cluster's fallback).
+        route["route"]["retry_policy"]["retry_priority"] = serde_yaml::from_str(
+            r#"{name: envoy.retry_priorities.previous_priorities, typed_config: {"@type": type.googleapis.com/envoy.extensions.retry.priority.previous_priorities.v3.PreviousPrioritiesConfig, update_frequency: 1}}"#,
+        )
+        .unwrap();
+        routes.insert(0, route);
+    }
+    let endpoint = |priority: u32, addr: SocketAddr| {
+        format!(
+            r#"{{priority: {priority}, lb_endpoints: [{{endpoint: {{address: {{socket_address: {{address: "{}", port_value: {}}}}}}}}}]}}"#,
+            addr.ip(),
+            addr.port()
+        )
+    };
+    let clusters = config["static_resources"]["clusters"]
+        .as_sequence_mut()
+        .expect("the clusters");
+    let shipped_cluster = clusters[0].clone();
+    assert_eq!(shipped_cluster["name"], "providers");
+    for (name, endpoints) in [
+        (
+            "failing",
+            format!("{}, {}", endpoint(0, failing), endpoint(1, fallback.addr)),
+        ),
+        ("slow", endpoint(0, slow.addr)),
+    ] {
+        let mut cluster = shipped_cluster.clone();
+        let map = cluster.as_mapping_mut().expect("a cluster");
+        map.remove("eds_cluster_config");
+        map.insert("name".into(), name.into());
+        map.insert("type".into(), "STATIC".into());
+        map.insert(
+            "load_assignment".into(),
+            serde_yaml::from_str(&format!(
+                "{{cluster_name: {name}, endpoints: [{endpoints}]}}"
+            ))
+            .unwrap(),
+        );
+        clusters.push(cluster);
+    }
+    let path = scratch_path("shared-id-config", "yaml");
+    std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
+    let envoy = EnvoySpec {
+        template: path.display().to_string(),
+        // One worker: both requests on it, where attempts told apart by
+        // the header would collide.
+        concurrency: 1,
+        ..spec
+    }
+    .native(None)
+    .start()
+    .await;
+    let outbound = SocketAddr::from(([127, 0, 0, 1], port));
+    let id = "shared-by-both";
+
+    // The slow request, under way at the slow host.
+    let mut cancelled = tokio::net::TcpStream::connect(outbound).await.unwrap();
+    cancelled
+        .write_all(
+            format!("GET /delay/10000 HTTP/1.1\r\nhost: test\r\nx-request-id: {id}\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+    eventually(
+        "the slow request at its host",
+        Duration::from_secs(10),
+        || async { (envoy.stat("cluster.slow.upstream_rq_active").await == Some(1)).then_some(()) },
+    )
+    .await;
+    // The failing one, with the same id, while the slow one is under way.
+    let failing_request = tokio::spawn(async move {
+        let mut conn = Conn::http1(outbound).await.unwrap();
+        conn.send(
+            "GET",
+            "/failing",
+            &[("x-request-id", id)],
+            Default::default(),
+        )
+        .await
+    });
+    eventually(
+        "the failing request's attempt at its host",
+        Duration::from_secs(10),
+        || async { (accepted.load(Ordering::SeqCst) >= 1).then_some(()) },
+    )
+    .await;
+    // The client gives up on the slow one.
+    drop(cancelled);
+    eventually(
+        "the cancelled request ended",
+        Duration::from_secs(10),
+        || async {
+            (envoy.stat("cluster.slow.upstream_rq_active").await == Some(0)
+                && envoy
+                    .stat("http.outbound.downstream_cx_destroy_remote_active_rq")
+                    .await
+                    >= Some(1))
+            .then_some(())
+        },
+    )
+    .await;
+    // Then the failing host closes the attempt's connection unanswered.
+    release.send(()).unwrap();
+    holder.await.unwrap();
+    let r = failing_request.await.unwrap().unwrap();
+    assert_eq!(r.status, 200, "the retry at the fallback host answers");
+    assert_eq!(fallback.app_requests(), 1);
+    // A membership tick after both: the listener's gauge is current.
+    let ticks = "cluster.envoy_admin.upstream_rq_completed";
+    let before = envoy.stat(ticks).await.unwrap_or(0);
+    eventually(
+        "two membership refreshes",
+        Duration::from_secs(10),
+        || async { (envoy.stat(ticks).await.unwrap_or(0) >= before + 2).then_some(()) },
+    )
+    .await;
+    let log = envoy.log();
+    assert_eq!(
+        envoy.custom_stat("graceful_consumer_tombstones").await,
+        1,
+        "only the failing host:\n{log}"
+    );
+    assert!(log.contains(&format!("tombstoned {failing}")), "{log}");
+    assert!(
+        !log.contains(&format!("tombstoned {}", slow.addr)),
+        "the cancelled request's host was tombstoned:\n{log}"
+    );
 }
