@@ -27,6 +27,7 @@ use graceful_harness::support::envoy::{
     envoy_binary, eventually, free_port, native_module, repo_root, scratch_path, wasm_dir,
     write_eds, Envoy, EnvoySpec,
 };
+use graceful_harness::support::logged::LoggedProcess;
 use graceful_harness::support::mesh::{
     status, status_of, ConsumerSidecar, ProviderSidecar, CLOSING,
 };
@@ -722,46 +723,9 @@ fn in_kubernetes_pod(pod: &Pod, command: &[String]) -> std::process::Command {
     cmd
 }
 
-/// A process inside a pod, killed on drop; its output in `log`, printed
+/// A process inside a pod, killed on drop; its output in a log printed
 /// when the test fails.
-struct PodProcess {
-    name: String,
-    child: std::process::Child,
-    log: PathBuf,
-}
-
-impl PodProcess {
-    fn spawn(name: &str, mut cmd: std::process::Command, dir: &Path) -> PodProcess {
-        let log = dir.join(format!("{name}.log"));
-        let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
-        let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        PodProcess {
-            name: name.into(),
-            child,
-            log,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for PodProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!("===== {} =====\n{}", self.name, self.log());
-        }
-    }
-}
+type PodProcess = LoggedProcess;
 
 /// Runs `f` on a thread of its own inside `netns`, on a runtime of its own.
 fn in_netns<T: Send + 'static>(
@@ -861,6 +825,7 @@ fn it_drains_the_kubernetes_examples_pod_while_the_node_holds_1000_long_polls() 
             .concat(),
         ),
         &dir,
+        |_| {},
     );
     let mut envoy_cmd = pod.command(&envoy_binary().display().to_string());
     envoy_cmd
@@ -869,7 +834,7 @@ fn it_drains_the_kubernetes_examples_pod_while_the_node_holds_1000_long_polls() 
         .args(["--concurrency", "2", "--disable-hot-restart"])
         .args(["--log-format", "[%Y-%m-%d %T.%e][%t][%l][%n] %v"])
         .args(["--file-flush-interval-msec", "100"]);
-    let envoy = PodProcess::spawn("envoy", envoy_cmd, &dir);
+    let envoy = PodProcess::spawn("envoy", envoy_cmd, &dir, |_| {});
     // Up: inside the pod, loopback (allowed) reads the status.
     let inside = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     in_netns(&pod.netns, move || {

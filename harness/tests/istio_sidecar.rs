@@ -22,6 +22,7 @@ use graceful_harness::support::envoy::{
     envoy_binary, eventually, repo_root, wasm_dir, write_eds, write_eds_localities,
 };
 use graceful_harness::support::load::{Load, Protocol, Sample};
+use graceful_harness::support::logged::LoggedProcess;
 use graceful_harness::support::upstream::{demo_app_binary, hook_binary};
 use serde_json::Value;
 
@@ -41,75 +42,16 @@ fn pods_available() -> bool {
     }
 }
 
-/// A process in a pod, killed on drop; its output goes to `log`, printed
+/// A process in a pod, killed on drop; its output goes to a log printed
 /// when the test fails.
-struct Proc {
-    name: String,
-    child: Child,
-    log: PathBuf,
-}
+type Proc = LoggedProcess;
 
-impl Proc {
-    fn spawn(name: &str, mut cmd: Command, dir: &Path) -> Proc {
-        let log = dir.join(format!("{name}.log"));
-        let out = std::fs::File::create(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
-        // The sidecar runs as uid 1337 and opens /dev/stdout itself.
-        chown_proxy(&log);
-        let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
-        let child = cmd
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .spawn()
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        Proc {
-            name: name.into(),
-            child,
-            log,
-        }
-    }
+/// The kubelet's SIGTERM after the hooks, and how long it waits. (`ip
+/// netns exec` replaces itself with the program, and setpriv too, so a
+/// process's pid is the program's.)
+const TERMINATE_GRACE: Duration = Duration::from_secs(15);
 
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// SIGTERM (what the kubelet sends after the hooks), then wait.
-    fn terminate(&mut self) {
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            // `ip netns exec` replaces itself with the program (and setpriv
-            // too), so the pid is the program's.
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-        }
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if self.child.try_wait().ok().flatten().is_some() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if std::thread::panicking() {
-            eprintln!(
-                "===== {} ({}) =====\n{}",
-                self.name,
-                self.log.display(),
-                self.log()
-            );
-        }
-    }
-}
-
+/// The sidecar runs as uid 1337 and opens its log (/dev/stdout) itself.
 fn chown_proxy(path: &Path) {
     std::os::unix::fs::chown(path, Some(netns::PROXY_UID), Some(netns::PROXY_UID))
         .unwrap_or_else(|e| panic!("chown {}: {e}", path.display()));
@@ -139,13 +81,13 @@ fn sidecar(pod: &Pod, config: &Path, dir: &Path) -> Proc {
         .args(["--concurrency", "2", "--disable-hot-restart"])
         .args(["--log-format", "[%Y-%m-%d %T.%e][%t][%l][%n] %v"])
         .args(["--file-flush-interval-msec", "100"]);
-    Proc::spawn(&format!("{}-envoy", pod.name), cmd, dir)
+    Proc::spawn(&format!("{}-envoy", pod.name), cmd, dir, chown_proxy)
 }
 
 fn app(pod: &Pod, name: &str, dir: &Path) -> Proc {
     let mut cmd = pod.command(&demo_app_binary().display().to_string());
     cmd.args(["--listen", &format!("0.0.0.0:{APP_PORT}"), "--name", name]);
-    Proc::spawn(&format!("{}-app", pod.name), cmd, dir)
+    Proc::spawn(&format!("{}-app", pod.name), cmd, dir, chown_proxy)
 }
 
 /// The provider Deployment's pod template from the example.
@@ -601,8 +543,8 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
     let app_said = String::from_utf8_lossy(&app_out.stderr).to_string();
     let proxy_said = String::from_utf8_lossy(&proxy_out.stderr).to_string();
     // Then SIGTERM: Envoy and the app stop.
-    providers[0].envoy.terminate();
-    providers[0].app.terminate();
+    providers[0].envoy.terminate(TERMINATE_GRACE);
+    providers[0].app.terminate(TERMINATE_GRACE);
 
     // The same address comes back as a new pod (a new instance id).
     let p1 = providers.remove(0);

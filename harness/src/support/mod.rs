@@ -11,6 +11,7 @@
 pub mod client;
 pub mod envoy;
 pub mod load;
+pub mod logged;
 pub mod mesh;
 pub mod native;
 pub mod procfs;
