@@ -3,7 +3,7 @@
 //! deadline, and prints Envoy's log whenever the test fails (on drop while
 //! panicking), so every failure comes with what Envoy said.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::fs;
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
@@ -102,23 +102,52 @@ pub fn native_module() -> PathBuf {
     module
 }
 
-/// A TCP port free right now on 127.0.0.1 (bound, read, released), and
-/// never handed out before in this process: the kernel may give a released
-/// port to the next `bind(0)` at once, so two tests running side by side
-/// could otherwise both configure an Envoy on it.
+/// The kernel's ephemeral port range (`net.ipv4.ip_local_port_range`):
+/// where it picks a port for `bind(0)` and for the local end of every
+/// outgoing connection.
+fn ephemeral_ports() -> (u16, u16) {
+    let text = fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let mut ends = text.split_whitespace().filter_map(|p| p.parse().ok());
+    match (ends.next(), ends.next()) {
+        (Some(low), Some(high)) if low <= high => (low, high),
+        _ => (32768, 60999),
+    }
+}
+
+/// Whether `port` can be bound on the loopback now (IPv6 too where the
+/// host has it: some suites listen on `[::1]`).
+fn bindable(port: u16) -> bool {
+    let v6_ok = match TcpListener::bind(("::1", port)) {
+        Ok(_) => true,
+        Err(e) => e.kind() == std::io::ErrorKind::AddrNotAvailable,
+    };
+    v6_ok && TcpListener::bind(("127.0.0.1", port)).is_ok()
+}
+
+/// A TCP port free right now on the loopback, below the kernel's ephemeral
+/// range, and never handed out before in this process. Below the range: a
+/// port the kernel hands out itself can be taken between this check and
+/// Envoy's bind by any connection a test opens (its local end), which made
+/// Envoy exit with "Address already in use"; a port below it only by an
+/// explicit bind. Each process starts at its own place in the range (by
+/// pid), so two test binaries running at once rarely meet.
 pub fn free_port() -> u16 {
-    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
-    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
-    for _ in 0..1000 {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
-            .unwrap_or_else(|e| panic!("no free port: {e}"));
-        if handed_out.insert(port) {
+    static NEXT: Mutex<Option<u32>> = Mutex::new(None);
+    let (ephemeral_low, _) = ephemeral_ports();
+    let high = u32::from(ephemeral_low.saturating_sub(1)).max(2048);
+    let low = high.saturating_sub(12_000).max(1024);
+    let span = high - low;
+    let mut next = NEXT.lock().unwrap_or_else(|e| e.into_inner());
+    let mut at = next.unwrap_or_else(|| (std::process::id().wrapping_mul(7919)) % span);
+    for _ in 0..span {
+        let port = u16::try_from(low + at % span).unwrap_or(u16::MAX);
+        at = (at + 1) % span;
+        if bindable(port) {
+            *next = Some(at);
             return port;
         }
     }
-    panic!("no free port not handed out before in 1000 tries");
+    panic!("no bindable port in {low}..{high}");
 }
 
 static RUN_SEQ: AtomicU32 = AtomicU32::new(0);
@@ -507,4 +536,28 @@ pub async fn terminate(child: &mut Child, grace: Duration) {
     }
     let _ = child.kill();
     let _ = child.wait();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn free_ports_are_distinct_bindable_and_below_the_ephemeral_range() {
+        let (ephemeral_low, _) = ephemeral_ports();
+        let ports: Vec<u16> = (0..50).map(|_| free_port()).collect();
+        let distinct: std::collections::HashSet<_> = ports.iter().collect();
+        assert_eq!(
+            distinct.len(),
+            ports.len(),
+            "a port handed out twice: {ports:?}"
+        );
+        for p in &ports {
+            assert!(*p < ephemeral_low, "{p} is in the ephemeral range");
+            assert!(
+                TcpListener::bind(("127.0.0.1", *p)).is_ok(),
+                "{p} not bindable"
+            );
+        }
+    }
 }
