@@ -5,12 +5,21 @@
 //! integer constants here, so a value Envoy adds later cannot be an invalid
 //! Rust enum.
 //!
-//! Safe wrappers are at the bottom: every pointer Envoy returns is read
-//! only within the hook that got it, as the header requires.
+//! Safe handles are at the bottom, and their types keep the header's rules:
+//!
+//! | handle | lives | threads | why |
+//! |---|---|---|---|
+//! | [`Stream`]`<'cb>` | the hook it was lent to (`in_hook` takes a closure generic over `'cb`) | its worker (not `Send`) | Envoy's filter pointer is valid only during the hook |
+//! | [`Config`]`<'cb>` | the config hook it was lent to | the main thread (not `Send`) | config callbacks are main-thread calls; a config's state keeps no copy of the pointer |
+//! | bytes borrowed from Envoy | `'cb` at most, or copied | | valid until the hook returns |
+//! | [`StreamScheduler`], [`ConfigScheduler`] | owned, deleted on drop | any (`Send + Sync`) | commit is thread-safe; ownership makes delete the last use |
+//!
+//! The raw pointers stay in this file and in the hooks' signatures.
 
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
+use std::marker::PhantomData;
 
 /// The version string `envoy_dynamic_module_on_program_init` returns;
 /// Envoy logs "Dynamic module ABI version v0.2.0 matched." when it is its
@@ -102,14 +111,13 @@ macro_rules! envoy_callbacks {
             $( pub static $name: AtomicUsize = AtomicUsize::new(0); )*
         }
 
-        /// Resolves every callback in the running Envoy; Err: the first it
-        /// lacks.
-        pub fn resolve_callbacks() -> Result<(), &'static str> {
+        /// Stores every callback's address as `resolve` finds it by name;
+        /// Err: the first it lacks (nothing after it is stored).
+        fn install(
+            resolve: &dyn Fn(&'static str) -> *mut c_void,
+        ) -> Result<(), &'static str> {
             $(
-                let symbol = concat!(stringify!($name), "\0");
-                // SAFETY: a NUL-terminated name; RTLD_DEFAULT (null) searches
-                // the global scope, where the Envoy executable exports them.
-                let address = unsafe { dlsym(std::ptr::null_mut(), symbol.as_ptr().cast()) };
+                let address = resolve(concat!(stringify!($name), "\0"));
                 if address.is_null() {
                     return Err(stringify!($name));
                 }
@@ -140,6 +148,22 @@ macro_rules! envoy_callbacks {
 
 extern "C" {
     fn dlsym(handle: *mut c_void, symbol: *const std::ffi::c_char) -> *mut c_void;
+}
+
+/// Resolves every callback in the running Envoy; Err: the first it lacks.
+pub fn resolve_callbacks() -> Result<(), &'static str> {
+    install(&|symbol| {
+        // SAFETY: a NUL-terminated name; RTLD_DEFAULT (null) searches the
+        // global scope, where the Envoy executable exports them.
+        unsafe { dlsym(std::ptr::null_mut(), symbol.as_ptr().cast()) }
+    })
+}
+
+/// Points every callback at a stand-in for Envoy (the unit tests' fake):
+/// `resolve` gets each NUL-terminated name.
+#[cfg(test)]
+pub fn install_stand_in(resolve: &dyn Fn(&'static str) -> *mut c_void) -> Result<(), &'static str> {
+    install(resolve)
 }
 
 /// What a callback that was never resolved returns.
@@ -355,11 +379,12 @@ envoy_callbacks! {
     ) -> CalloutInit;
 }
 
-/// Bytes Envoy owns, valid until the current hook returns.
+/// Bytes Envoy owns, borrowed for as long as the handle `_scope` whose hook
+/// they came from: they cannot outlive the hook.
 ///
 /// # Safety
-/// `b` must come from Envoy within this hook.
-pub unsafe fn envoy_bytes<'a>(b: EnvoyBuffer) -> &'a [u8] {
+/// `b` comes from Envoy within the hook `_scope` belongs to.
+unsafe fn envoy_bytes<'cb>(_scope: &Hook<'cb>, b: EnvoyBuffer) -> &'cb [u8] {
     if b.ptr.is_null() || b.length == 0 {
         &[]
     } else {
@@ -368,23 +393,46 @@ pub unsafe fn envoy_bytes<'a>(b: EnvoyBuffer) -> &'a [u8] {
     }
 }
 
-/// The key and value of a header Envoy owns, borrowed.
+/// The key and value of a header Envoy owns, borrowed for the hook.
 ///
 /// # Safety
-/// `h` comes from Envoy within this hook.
-unsafe fn header_pair<'a>(h: &EnvoyHeader) -> (&'a [u8], &'a [u8]) {
+/// `h` comes from Envoy within the hook `scope` belongs to.
+unsafe fn header_pair<'cb>(scope: &Hook<'cb>, h: &EnvoyHeader) -> (&'cb [u8], &'cb [u8]) {
     // SAFETY: both buffers are Envoy's, valid for the hook.
     unsafe {
         (
-            envoy_bytes(EnvoyBuffer {
-                ptr: h.key_ptr,
-                length: h.key_length,
-            }),
-            envoy_bytes(EnvoyBuffer {
-                ptr: h.value_ptr,
-                length: h.value_length,
-            }),
+            envoy_bytes(
+                scope,
+                EnvoyBuffer {
+                    ptr: h.key_ptr,
+                    length: h.key_length,
+                },
+            ),
+            envoy_bytes(
+                scope,
+                EnvoyBuffer {
+                    ptr: h.value_ptr,
+                    length: h.value_length,
+                },
+            ),
         )
+    }
+}
+
+/// The running hook, as a lifetime: a handle or borrowed bytes tagged
+/// `'cb` cannot be kept past it (every `in_hook` takes a closure generic
+/// over `'cb`). Not `Send`: a hook's handles are its thread's.
+#[derive(Clone, Copy)]
+struct Hook<'cb>(PhantomData<*const &'cb ()>);
+
+impl EnvoyBuffer {
+    /// The bytes, copied.
+    ///
+    /// # Safety
+    /// `self` comes from Envoy within the running hook.
+    pub unsafe fn copied(self) -> Vec<u8> {
+        // SAFETY: as the caller promises; copied before the hook returns.
+        unsafe { envoy_bytes(&Hook(PhantomData), self) }.to_vec()
     }
 }
 
@@ -420,12 +468,31 @@ pub fn log(level: LogLevel, message: &str) {
     }
 }
 
-/// One stream as Envoy hands it to a hook: the filter pointer is valid for
-/// the hook's duration.
+/// A stream as Envoy hands it to a hook: usable only inside that hook
+/// (`'cb`) and on its thread (not `Send`), the filter pointer hidden.
 #[derive(Clone, Copy)]
-pub struct Stream(pub FilterEnvoyPtr);
+pub struct Stream<'cb> {
+    ptr: FilterEnvoyPtr,
+    hook: Hook<'cb>,
+}
 
-impl Stream {
+impl Stream<'_> {
+    /// Runs `body` with the stream Envoy passed to the running hook.
+    ///
+    /// # Safety
+    /// `ptr` is the filter pointer Envoy passed to the hook being run.
+    pub unsafe fn in_hook<T>(
+        ptr: FilterEnvoyPtr,
+        body: impl for<'cb> FnOnce(Stream<'cb>) -> T,
+    ) -> T {
+        body(Stream {
+            ptr,
+            hook: Hook(PhantomData),
+        })
+    }
+}
+
+impl<'cb> Stream<'cb> {
     /// The first value of a header, copied.
     pub fn header(self, map: HeaderType, name: &str) -> Option<Vec<u8>> {
         let mut out = EnvoyBuffer {
@@ -435,7 +502,7 @@ impl Stream {
         // SAFETY: a valid filter pointer for this hook; out is written by Envoy.
         let found = unsafe {
             envoy_dynamic_module_callback_http_get_header(
-                self.0,
+                self.ptr,
                 map,
                 ModuleBuffer::of(name.as_bytes()),
                 &mut out,
@@ -444,7 +511,7 @@ impl Stream {
             )
         };
         // SAFETY: the buffer was just returned in this hook.
-        (found && !out.ptr.is_null()).then(|| unsafe { envoy_bytes(out) }.to_vec())
+        (found && !out.ptr.is_null()).then(|| unsafe { envoy_bytes(&self.hook, out) }.to_vec())
     }
 
     /// Runs `f` over every header of a map, borrowed from Envoy for the
@@ -452,7 +519,7 @@ impl Stream {
     pub fn with_headers<T>(
         self,
         map: HeaderType,
-        f: impl for<'a> FnOnce(&mut dyn Iterator<Item = (&'a [u8], &'a [u8])>) -> T,
+        f: impl FnOnce(&mut dyn Iterator<Item = (&'cb [u8], &'cb [u8])>) -> T,
     ) -> T {
         const EMPTY: EnvoyHeader = EnvoyHeader {
             key_ptr: std::ptr::null(),
@@ -461,26 +528,26 @@ impl Stream {
             value_length: 0,
         };
         // SAFETY: valid filter pointer; the array is sized as Envoy says.
-        let n = unsafe { envoy_dynamic_module_callback_http_get_headers_size(self.0, map) };
+        let n = unsafe { envoy_dynamic_module_callback_http_get_headers_size(self.ptr, map) };
         let mut raw = vec![EMPTY; n];
         // SAFETY: as above; Envoy fills at most n entries.
         let ok = n > 0
             && unsafe {
-                envoy_dynamic_module_callback_http_get_headers(self.0, map, raw.as_mut_ptr())
+                envoy_dynamic_module_callback_http_get_headers(self.ptr, map, raw.as_mut_ptr())
             };
         if !ok {
             raw.clear();
         }
-        // SAFETY: Envoy's buffers, valid until this hook returns (no setter
-        // runs while `f` reads them).
-        let mut pairs = raw.iter().map(|h| unsafe { header_pair(h) });
+        // SAFETY: Envoy's buffers, valid until this hook returns unless the
+        // map changes: the core's scans only read (`Stream::scan_headers`).
+        let mut pairs = raw.iter().map(|h| unsafe { header_pair(&self.hook, h) });
         f(&mut pairs)
     }
 
     /// The worker this stream runs on (0-based).
     pub fn worker_index(self) -> u32 {
         // SAFETY: valid filter pointer.
-        unsafe { envoy_dynamic_module_callback_http_filter_get_worker_index(self.0) }
+        unsafe { envoy_dynamic_module_callback_http_filter_get_worker_index(self.ptr) }
     }
 
     /// Sets a header (replacing every value); false if Envoy refused (the
@@ -489,7 +556,7 @@ impl Stream {
         // SAFETY: valid filter pointer; buffers read during the call.
         unsafe {
             envoy_dynamic_module_callback_http_set_header(
-                self.0,
+                self.ptr,
                 map,
                 ModuleBuffer::of(name.as_bytes()),
                 ModuleBuffer::of(value.as_bytes()),
@@ -502,7 +569,7 @@ impl Stream {
         // SAFETY: as set_header; a null value removes the key.
         unsafe {
             envoy_dynamic_module_callback_http_set_header(
-                self.0,
+                self.ptr,
                 map,
                 ModuleBuffer::of(name.as_bytes()),
                 ModuleBuffer::NULL,
@@ -519,7 +586,7 @@ impl Stream {
         // SAFETY: valid filter pointer; every buffer outlives the call.
         unsafe {
             envoy_dynamic_module_callback_http_send_response(
-                self.0,
+                self.ptr,
                 status,
                 raw.as_mut_ptr(),
                 raw.len(),
@@ -536,10 +603,10 @@ impl Stream {
         };
         // SAFETY: valid filter pointer; the buffer is copied at once.
         let ok = unsafe {
-            envoy_dynamic_module_callback_http_filter_get_attribute_string(self.0, id, &mut out)
+            envoy_dynamic_module_callback_http_filter_get_attribute_string(self.ptr, id, &mut out)
         };
         // SAFETY: returned in this hook.
-        (ok && !out.ptr.is_null()).then(|| unsafe { envoy_bytes(out) }.to_vec())
+        (ok && !out.ptr.is_null()).then(|| unsafe { envoy_bytes(&self.hook, out) }.to_vec())
     }
 
     /// Sets a bytes value in the stream's filter state (its `StreamInfo`,
@@ -549,7 +616,7 @@ impl Stream {
         // SAFETY: valid filter pointer; buffers read during the call.
         unsafe {
             envoy_dynamic_module_callback_http_set_filter_state_bytes(
-                self.0,
+                self.ptr,
                 ModuleBuffer::of(key.as_bytes()),
                 ModuleBuffer::of(value),
             )
@@ -565,20 +632,20 @@ impl Stream {
         // SAFETY: valid filter pointer; the buffer is copied at once.
         let ok = unsafe {
             envoy_dynamic_module_callback_http_get_filter_state_bytes(
-                self.0,
+                self.ptr,
                 ModuleBuffer::of(key.as_bytes()),
                 &mut out,
             )
         };
         // SAFETY: returned in this hook.
-        (ok && !out.ptr.is_null()).then(|| unsafe { envoy_bytes(out) }.to_vec())
+        (ok && !out.ptr.is_null()).then(|| unsafe { envoy_bytes(&self.hook, out) }.to_vec())
     }
 
     pub fn attribute_int(self, id: AttributeId) -> Option<u64> {
         let mut out = 0u64;
         // SAFETY: valid filter pointer; out is a plain integer.
         let ok = unsafe {
-            envoy_dynamic_module_callback_http_filter_get_attribute_int(self.0, id, &mut out)
+            envoy_dynamic_module_callback_http_filter_get_attribute_int(self.ptr, id, &mut out)
         };
         ok.then_some(out)
     }
@@ -589,9 +656,9 @@ impl Stream {
             length: 0,
         };
         // SAFETY: valid filter pointer; copied at once.
-        let ok = unsafe { envoy_dynamic_module_callback_http_get_cluster_name(self.0, &mut out) };
+        let ok = unsafe { envoy_dynamic_module_callback_http_get_cluster_name(self.ptr, &mut out) };
         // SAFETY: returned in this hook.
-        ok.then(|| String::from_utf8_lossy(unsafe { envoy_bytes(out) }).into_owned())
+        ok.then(|| String::from_utf8_lossy(unsafe { envoy_bytes(&self.hook, out) }).into_owned())
     }
 
     pub fn counter_add(self, id: Option<usize>, n: u64) {
@@ -599,7 +666,7 @@ impl Stream {
         unsafe {
             metric(
                 envoy_dynamic_module_callback_http_filter_increment_counter,
-                self.0,
+                self.ptr,
                 id,
                 n,
             )
@@ -613,7 +680,7 @@ impl Stream {
             envoy_dynamic_module_callback_http_filter_decrement_gauge
         };
         // SAFETY: a valid filter pointer for the filter-level call.
-        unsafe { metric(call, self.0, id, delta.unsigned_abs()) }
+        unsafe { metric(call, self.ptr, id, delta.unsigned_abs()) }
     }
 
     pub fn gauge_set(self, id: Option<usize>, value: u64) {
@@ -621,7 +688,7 @@ impl Stream {
         unsafe {
             metric(
                 envoy_dynamic_module_callback_http_filter_set_gauge,
-                self.0,
+                self.ptr,
                 id,
                 value,
             )
@@ -629,50 +696,79 @@ impl Stream {
     }
 
     /// A scheduler that brings work back to this stream's worker
-    /// (`on_http_filter_scheduled`); must be freed with [`scheduler_delete`].
-    pub fn scheduler(self) -> SchedulerPtr {
+    /// (`on_http_filter_scheduled`), from any thread, for as long as it is
+    /// kept; deleted when dropped.
+    pub fn scheduler(self) -> StreamScheduler {
         // SAFETY: valid filter pointer.
-        unsafe { envoy_dynamic_module_callback_http_filter_scheduler_new(self.0) }
+        StreamScheduler(unsafe {
+            envoy_dynamic_module_callback_http_filter_scheduler_new(self.ptr)
+        })
     }
 }
 
-/// # Safety
-/// `s` came from [`Stream::scheduler`] and was not deleted.
-pub unsafe fn scheduler_commit(s: SchedulerPtr, event: u64) {
-    // SAFETY: the caller keeps `s` alive; commit is safe from any thread.
-    unsafe { envoy_dynamic_module_callback_http_filter_scheduler_commit(s, event) }
+/// A stream's scheduler, owned: commit from any thread, deleted once, on
+/// drop. A commit after the stream ended does nothing (Envoy's scheduler
+/// holds the filter weakly and posts to its worker's dispatcher).
+pub struct StreamScheduler(SchedulerPtr);
+
+// SAFETY: Envoy's commit posts to a dispatcher, which is thread-safe, and
+// delete frees an object holding a weak pointer and a dispatcher
+// reference; ownership makes delete the last use.
+unsafe impl Send for StreamScheduler {}
+// SAFETY: commit takes `&self` and is thread-safe (above).
+unsafe impl Sync for StreamScheduler {}
+
+impl StreamScheduler {
+    pub fn commit(&self, event: u64) {
+        if !self.0.is_null() {
+            // SAFETY: alive until Drop; commit is thread-safe.
+            unsafe { envoy_dynamic_module_callback_http_filter_scheduler_commit(self.0, event) }
+        }
+    }
 }
 
-/// # Safety
-/// `s` came from [`Stream::scheduler`]; it is not used again.
-pub unsafe fn scheduler_delete(s: SchedulerPtr) {
-    // SAFETY: the caller gives up `s`.
-    unsafe { envoy_dynamic_module_callback_http_filter_scheduler_delete(s) }
+impl Drop for StreamScheduler {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: owned: no commit can follow.
+            unsafe { envoy_dynamic_module_callback_http_filter_scheduler_delete(self.0) }
+        }
+    }
 }
 
-/// Envoy's worker count; main thread only (config_new).
-pub fn concurrency() -> u32 {
-    // SAFETY: called from config_new, on the main thread.
-    unsafe { envoy_dynamic_module_callback_get_concurrency() }
-}
-
-/// A filter config as Envoy hands it to `config_new` and the config hooks.
+/// A filter config as Envoy hands it to `config_new` and the config hooks
+/// (its tick, a callout's answer): usable only inside that hook, on the
+/// main thread (not `Send`), the pointer hidden. A config's state keeps no
+/// copy: each main-thread hook gets its own.
 #[derive(Clone, Copy)]
-pub struct Config(pub ConfigEnvoyPtr);
+pub struct Config<'cb> {
+    ptr: ConfigEnvoyPtr,
+    hook: Hook<'cb>,
+}
 
-// SAFETY: the config pointer is only dereferenced by Envoy, on the main
-// thread where it calls the config hooks; the module only carries it.
-unsafe impl Send for Config {}
-// SAFETY: as above.
-unsafe impl Sync for Config {}
+impl Config<'_> {
+    /// Runs `body` with the config Envoy passed to the running hook.
+    ///
+    /// # Safety
+    /// `ptr` is the config pointer Envoy passed to the hook being run.
+    pub unsafe fn in_hook<T>(
+        ptr: ConfigEnvoyPtr,
+        body: impl for<'cb> FnOnce(Config<'cb>) -> T,
+    ) -> T {
+        body(Config {
+            ptr,
+            hook: Hook(PhantomData),
+        })
+    }
+}
 
-impl Config {
+impl<'cb> Config<'cb> {
     fn define(self, call: DefineCall, name: &str) -> Option<usize> {
         let mut id = 0usize;
         // SAFETY: valid config pointer during config_new; no labels.
         let r = unsafe {
             call(
-                self.0,
+                self.ptr,
                 ModuleBuffer::of(name.as_bytes()),
                 std::ptr::null_mut(),
                 0,
@@ -696,12 +792,18 @@ impl Config {
         )
     }
 
+    /// Envoy's worker count (a main-thread call, hence a config's).
+    pub fn concurrency(self) -> u32 {
+        // SAFETY: in a config hook, on the main thread.
+        unsafe { envoy_dynamic_module_callback_get_concurrency() }
+    }
+
     pub fn counter_add(self, id: Option<usize>, n: u64) {
         // SAFETY: a valid config pointer, on the main thread.
         unsafe {
             metric(
                 envoy_dynamic_module_callback_http_filter_config_increment_counter,
-                self.0,
+                self.ptr,
                 id,
                 n,
             )
@@ -713,7 +815,7 @@ impl Config {
         unsafe {
             metric(
                 envoy_dynamic_module_callback_http_filter_config_set_gauge,
-                self.0,
+                self.ptr,
                 id,
                 value,
             )
@@ -725,7 +827,7 @@ impl Config {
     pub fn scheduler(self) -> ConfigScheduler {
         // SAFETY: valid config pointer during config_new.
         ConfigScheduler(unsafe {
-            envoy_dynamic_module_callback_http_filter_config_scheduler_new(self.0)
+            envoy_dynamic_module_callback_http_filter_config_scheduler_new(self.ptr)
         })
     }
 
@@ -746,7 +848,7 @@ impl Config {
         // SAFETY: valid config pointer on the main thread; buffers outlive the call.
         let r = unsafe {
             envoy_dynamic_module_callback_http_filter_config_http_callout(
-                self.0,
+                self.ptr,
                 &mut id,
                 ModuleBuffer::of(cluster.as_bytes()),
                 raw.as_mut_ptr(),
@@ -761,15 +863,58 @@ impl Config {
             Err(r)
         }
     }
+
+    /// The pairs of a callout's answer headers, copied.
+    ///
+    /// # Safety
+    /// `headers` and `n` come from the `*_callout_done` hook being run.
+    pub unsafe fn callout_headers(
+        self,
+        headers: *const EnvoyHeader,
+        n: usize,
+    ) -> Vec<(Vec<u8>, Vec<u8>)> {
+        if headers.is_null() {
+            return Vec::new();
+        }
+        // SAFETY: Envoy passes n valid headers for the hook's duration.
+        let raw = unsafe { std::slice::from_raw_parts(headers, n) };
+        raw.iter()
+            .map(|h| {
+                // SAFETY: as above.
+                let (k, v) = unsafe { header_pair(&self.hook, h) };
+                (k.to_vec(), v.to_vec())
+            })
+            .collect()
+    }
+
+    /// A callout's answer body, concatenated, at most `max` bytes.
+    ///
+    /// # Safety
+    /// `chunks` and `n` come from the `*_callout_done` hook being run.
+    pub unsafe fn callout_body(self, chunks: *const EnvoyBuffer, n: usize, max: usize) -> Vec<u8> {
+        if chunks.is_null() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        // SAFETY: Envoy passes n valid buffers for the hook's duration.
+        for c in unsafe { std::slice::from_raw_parts(chunks, n) } {
+            // SAFETY: as above.
+            let bytes = unsafe { envoy_bytes(&self.hook, *c) };
+            let room = max.saturating_sub(out.len());
+            out.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        }
+        out
+    }
 }
 
-/// A config scheduler: commit from any thread, delete once.
+/// A config scheduler, owned: commit from any thread, deleted once, on
+/// drop.
 pub struct ConfigScheduler(ConfigSchedulerPtr);
 
-// SAFETY: the header says commit may be called from any thread; delete is
-// called once, by the owner, after every committer stopped.
+// SAFETY: the header says commit may be called from any thread; ownership
+// makes delete (on drop) the last use.
 unsafe impl Send for ConfigScheduler {}
-// SAFETY: as above.
+// SAFETY: commit takes `&self` and is thread-safe (above).
 unsafe impl Sync for ConfigScheduler {}
 
 impl ConfigScheduler {
@@ -786,46 +931,8 @@ impl ConfigScheduler {
 impl Drop for ConfigScheduler {
     fn drop(&mut self) {
         if !self.0.is_null() {
-            // SAFETY: the last use; nobody commits after the owner drops it.
+            // SAFETY: owned: no commit can follow.
             unsafe { envoy_dynamic_module_callback_http_filter_config_scheduler_delete(self.0) }
         }
     }
-}
-
-/// The pairs of a callout's answer headers, copied.
-///
-/// # Safety
-/// `headers` and `n` come from a `*_callout_done` hook being run.
-pub unsafe fn callout_headers(headers: *const EnvoyHeader, n: usize) -> Vec<(Vec<u8>, Vec<u8>)> {
-    if headers.is_null() {
-        return Vec::new();
-    }
-    // SAFETY: Envoy passes n valid headers for the hook's duration.
-    let raw = unsafe { std::slice::from_raw_parts(headers, n) };
-    raw.iter()
-        .map(|h| {
-            // SAFETY: as above.
-            let (k, v) = unsafe { header_pair(h) };
-            (k.to_vec(), v.to_vec())
-        })
-        .collect()
-}
-
-/// A callout's answer body, concatenated, at most `max` bytes.
-///
-/// # Safety
-/// `chunks` and `n` come from a `*_callout_done` hook being run.
-pub unsafe fn callout_body(chunks: *const EnvoyBuffer, n: usize, max: usize) -> Vec<u8> {
-    if chunks.is_null() {
-        return Vec::new();
-    }
-    let mut out = Vec::new();
-    // SAFETY: Envoy passes n valid buffers for the hook's duration.
-    for c in unsafe { std::slice::from_raw_parts(chunks, n) } {
-        // SAFETY: as above.
-        let bytes = unsafe { envoy_bytes(*c) };
-        let room = max.saturating_sub(out.len());
-        out.extend_from_slice(&bytes[..bytes.len().min(room)]);
-    }
-    out
 }

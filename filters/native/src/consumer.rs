@@ -69,7 +69,6 @@ thread_local! {
 }
 
 pub struct Config {
-    envoy: abi::Config,
     filter: ConsumerFilter,
     ids: Ids,
     /// One per worker, then the main thread's.
@@ -79,7 +78,7 @@ pub struct Config {
 }
 
 impl Config {
-    pub fn new(envoy: abi::Config, json: &[u8], upstream: bool) -> Result<Config, String> {
+    pub fn new(envoy: abi::Config<'_>, json: &[u8], upstream: bool) -> Result<Config, String> {
         let ids = if upstream {
             Ids::NONE
         } else {
@@ -87,7 +86,7 @@ impl Config {
         };
         let filter = ConsumerFilter::configure(&Native::config(envoy, &ids), json, upstream)?
             .with_probe_failure_as_connect_failure();
-        let workers = usize::try_from(abi::concurrency()).unwrap_or(1).max(1);
+        let workers = usize::try_from(envoy.concurrency()).unwrap_or(1).max(1);
         let copies = (0..=workers)
             .map(|_| Mutex::new(filter.new_copy()))
             .collect();
@@ -98,7 +97,6 @@ impl Config {
             Some(Timer::start(envoy, "graceful-consumer", period)?)
         };
         Ok(Config {
-            envoy,
             filter,
             ids,
             copies,
@@ -112,14 +110,14 @@ impl Config {
     }
 
     /// The membership timer's tick, on the main thread.
-    pub fn tick(&self) {
-        let h = Native::config(self.envoy, &self.ids);
+    pub fn tick(&self, envoy: abi::Config<'_>) {
+        let h = Native::config(envoy, &self.ids);
         self.filter.tick(self.copy(usize::MAX), &h);
     }
 
     /// An answer to a membership refresh or a probe (main thread).
-    pub fn callout_done(&self, id: u64, answer: &CalloutAnswer) {
-        let h = Native::config(self.envoy, &self.ids);
+    pub fn callout_done(&self, envoy: abi::Config<'_>, id: u64, answer: &CalloutAnswer) {
+        let h = Native::config(envoy, &self.ids);
         let token = u32::try_from(id).unwrap_or(u32::MAX);
         self.filter
             .call_answered(self.copy(usize::MAX), &h, token, answer);
@@ -148,7 +146,7 @@ struct Attempt {
 
 impl ConsumerStream {
     /// The stream's worker index (asked of Envoy once per stream).
-    fn worker(&self, s: Stream) -> usize {
+    fn worker(&self, s: Stream<'_>) -> usize {
         if let Some(w) = self.worker.get() {
             return w;
         }
@@ -157,7 +155,7 @@ impl ConsumerStream {
         w
     }
 
-    pub fn request_headers(&self, c: &Config, s: Stream) -> u32 {
+    pub fn request_headers(&self, c: &Config, s: Stream<'_>) -> u32 {
         let h = Native::stream(s, &c.ids);
         let next = c
             .filter
@@ -191,7 +189,7 @@ impl ConsumerStream {
         }
     }
 
-    pub fn response_headers(&self, c: &Config, s: Stream) -> u32 {
+    pub fn response_headers(&self, c: &Config, s: Stream<'_>) -> u32 {
         let h = Native::stream(s, &c.ids);
         code(
             c.filter
@@ -199,7 +197,7 @@ impl ConsumerStream {
         )
     }
 
-    pub fn response_trailers(&self, c: &Config, s: Stream) -> u32 {
+    pub fn response_trailers(&self, c: &Config, s: Stream<'_>) -> u32 {
         let h = Native::stream(s, &c.ids);
         code(
             c.filter
@@ -209,7 +207,7 @@ impl ConsumerStream {
 
     /// The listener instance's stream is over. (Envoy does not call this
     /// for upstream filters.)
-    pub fn stream_complete(&self, c: &Config, s: Stream) {
+    pub fn stream_complete(&self, c: &Config, s: Stream<'_>) {
         self.leave_live();
         c.filter.stream_end(&self.core, &Native::stream(s, &c.ids));
     }

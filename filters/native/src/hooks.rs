@@ -22,7 +22,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use crate::abi::{
-    self, envoy_bytes, ConfigEnvoyPtr, ConfigModulePtr, EnvoyBuffer, EnvoyHeader, FilterEnvoyPtr,
+    self, ConfigEnvoyPtr, ConfigModulePtr, EnvoyBuffer, EnvoyHeader, FilterEnvoyPtr,
     FilterModulePtr, Stream, CONTINUE,
 };
 use crate::host::CalloutAnswer;
@@ -149,17 +149,18 @@ unsafe fn filter<'a>(ptr: FilterModulePtr) -> Option<(&'a Filter, &'a Configured
     Some((f, c))
 }
 
-/// A stream hook's body on its filter and config, failing open: the
-/// fallback for a null filter, a dead filter or config, or a panic (which
-/// kills the stream's filter).
+/// A stream hook's body on its filter, config and stream, failing open:
+/// the fallback for a null filter, a dead filter or config, or a panic
+/// (which kills the stream's filter).
 ///
 /// # Safety
-/// As [`filter`].
+/// As [`filter`]; `envoy` is the filter pointer Envoy passed to the hook.
 unsafe fn on_stream<T>(
     hook: &str,
+    envoy: FilterEnvoyPtr,
     module: FilterModulePtr,
     fallback: T,
-    body: impl FnOnce(&FilterStream, &FilterConfig) -> T,
+    body: impl FnOnce(&FilterStream, &FilterConfig, Stream<'_>) -> T,
 ) -> T {
     // SAFETY: as the caller promises.
     let Some((f, c)) = (unsafe { filter(module) }) else {
@@ -168,7 +169,9 @@ unsafe fn on_stream<T>(
     if c.life.is_dead() {
         return fallback;
     }
-    match f.life.run(|| body(&f.stream, &c.kind)) {
+    // SAFETY: Envoy's pointer for this hook.
+    let ran = unsafe { Stream::in_hook(envoy, |s| f.life.run(|| body(&f.stream, &c.kind, s))) };
+    match ran {
         Ran::Done(v) => v,
         Ran::Dead => fallback,
         Ran::Panicked => {
@@ -186,13 +189,21 @@ unsafe fn on_stream<T>(
 /// thread); a panic kills the config (the module doc's table).
 ///
 /// # Safety
-/// `config` is null or came from `config_new` and is live.
-unsafe fn on_config(hook: &str, config: ConfigModulePtr, body: impl FnOnce(&FilterConfig)) {
+/// `config` is null or came from `config_new` and is live; `envoy` is the
+/// config pointer Envoy passed to the hook.
+unsafe fn on_config(
+    hook: &str,
+    envoy: ConfigEnvoyPtr,
+    config: ConfigModulePtr,
+    body: impl FnOnce(&FilterConfig, abi::Config<'_>),
+) {
     // SAFETY: as the caller promises.
     let Some(c) = (unsafe { config.cast::<Configured>().as_ref() }) else {
         return;
     };
-    if c.life.run(|| body(&c.kind)) == Ran::Panicked {
+    // SAFETY: Envoy's pointer for this hook.
+    let ran = unsafe { abi::Config::in_hook(envoy, |e| c.life.run(|| body(&c.kind, e))) };
+    if ran == Ran::Panicked {
         abi::log(abi::LOG_ERROR, &format!(
             "graceful: a panic in {hook} was caught; this filter config is dropped and requests pass without it (failing open)"
         ));
@@ -231,10 +242,12 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
 ) -> ConfigModulePtr {
     fail_open("config_new", std::ptr::null(), || {
         // SAFETY: valid for this call.
-        let (name, json) = unsafe { (envoy_bytes(name).to_vec(), envoy_bytes(config).to_vec()) };
+        let (name, json) = unsafe { (name.copied(), config.copied()) };
         let name = String::from_utf8_lossy(&name).into_owned();
-        let envoy = abi::Config(envoy);
-        let made = match name.as_str() {
+        // SAFETY: Envoy's config pointer for this call.
+        let made = unsafe {
+            abi::Config::in_hook(envoy, |envoy| {
+                match name.as_str() {
             "graceful_provider" => provider::Config::new(envoy, &json).map(FilterConfig::Provider),
             "graceful_drain" => drain::Config::new(envoy, &json).map(FilterConfig::Drain),
             #[cfg(feature = "panic-probe")]
@@ -248,6 +261,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
             other => Err(format!(
                 "unknown filter_name {other:?}: this module has graceful_provider, graceful_drain, graceful_consumer and graceful_consumer:upstream"
             )),
+        }
+            })
         };
         match made {
             Ok(kind) => Box::into_raw(Box::new(Configured {
@@ -314,24 +329,33 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
 ) -> u32 {
     // SAFETY: a live filter.
     unsafe {
-        on_stream("request_headers", module, CONTINUE, |stream, c| {
-            let s = Stream(envoy);
-            #[cfg(feature = "panic-probe")]
-            if matches!(c, FilterConfig::PanicProbe)
-                && s.header(abi::REQUEST_HEADERS, PANIC_PROBE_HEADER).is_some()
-            {
-                #[allow(clippy::panic)]
+        on_stream(
+            "request_headers",
+            envoy,
+            module,
+            CONTINUE,
+            |stream, c, s| {
+                #[cfg(feature = "panic-probe")]
+                if matches!(c, FilterConfig::PanicProbe)
+                    && s.header(abi::REQUEST_HEADERS, PANIC_PROBE_HEADER).is_some()
                 {
-                    panic!("graceful_panic_probe: a panic on purpose");
+                    #[allow(clippy::panic)]
+                    {
+                        panic!("graceful_panic_probe: a panic on purpose");
+                    }
                 }
-            }
-            match (stream, c) {
-                (FilterStream::Provider(p), FilterConfig::Provider(pc)) => pc.request_headers(p, s),
-                (FilterStream::Drain(d), FilterConfig::Drain(dc)) => d.request_headers(dc, s),
-                (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => k.request_headers(kc, s),
-                _ => CONTINUE,
-            }
-        })
+                match (stream, c) {
+                    (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
+                        pc.request_headers(p, s)
+                    }
+                    (FilterStream::Drain(d), FilterConfig::Drain(dc)) => d.request_headers(dc, s),
+                    (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {
+                        k.request_headers(kc, s)
+                    }
+                    _ => CONTINUE,
+                }
+            },
+        )
     }
 }
 
@@ -345,23 +369,29 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
 ) -> u32 {
     // SAFETY: a live filter.
     unsafe {
-        on_stream("response_headers", module, CONTINUE, |stream, c| {
-            match (stream, c) {
-                #[cfg(feature = "panic-probe")]
-                (_, FilterConfig::PanicProbe) => {
-                    // Only a live probe stream says so: one that panicked is dead.
-                    Stream(envoy).set_header(abi::RESPONSE_HEADERS, PANIC_PROBE_ALIVE, "true");
-                    CONTINUE
+        on_stream(
+            "response_headers",
+            envoy,
+            module,
+            CONTINUE,
+            |stream, c, s| {
+                match (stream, c) {
+                    #[cfg(feature = "panic-probe")]
+                    (_, FilterConfig::PanicProbe) => {
+                        // Only a live probe stream says so: one that panicked is dead.
+                        s.set_header(abi::RESPONSE_HEADERS, PANIC_PROBE_ALIVE, "true");
+                        CONTINUE
+                    }
+                    (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
+                        pc.response_headers(p, s)
+                    }
+                    (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {
+                        k.response_headers(kc, s)
+                    }
+                    _ => CONTINUE,
                 }
-                (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
-                    pc.response_headers(p, Stream(envoy))
-                }
-                (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {
-                    k.response_headers(kc, Stream(envoy))
-                }
-                _ => CONTINUE,
-            }
-        })
+            },
+        )
     }
 }
 
@@ -374,17 +404,21 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
 ) -> u32 {
     // SAFETY: a live filter.
     unsafe {
-        on_stream("response_trailers", module, CONTINUE, |stream, c| {
-            match (stream, c) {
+        on_stream(
+            "response_trailers",
+            envoy,
+            module,
+            CONTINUE,
+            |stream, c, s| match (stream, c) {
                 (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
-                    pc.response_trailers(p, Stream(envoy))
+                    pc.response_trailers(p, s)
                 }
                 (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {
-                    k.response_trailers(kc, Stream(envoy))
+                    k.response_trailers(kc, s)
                 }
                 _ => CONTINUE,
-            }
-        })
+            },
+        )
     }
 }
 
@@ -397,17 +431,17 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
 ) {
     // SAFETY: a live filter.
     unsafe {
-        on_stream("stream_complete", module, (), |stream, c| {
-            match (stream, c) {
-                (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
-                    pc.stream_complete(p, Stream(envoy))
-                }
-                (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {
-                    k.stream_complete(kc, Stream(envoy))
-                }
+        on_stream(
+            "stream_complete",
+            envoy,
+            module,
+            (),
+            |stream, c, s| match (stream, c) {
+                (FilterStream::Provider(p), FilterConfig::Provider(pc)) => pc.stream_complete(p, s),
+                (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => k.stream_complete(kc, s),
                 _ => {}
-            }
-        })
+            },
+        )
     }
 }
 
@@ -445,12 +479,12 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
 ) {
     // SAFETY: a live filter.
     unsafe {
-        on_stream("scheduled", module, (), |stream, c| match (stream, c) {
-            (FilterStream::Drain(d), FilterConfig::Drain(dc)) => d.scheduled(dc, Stream(envoy)),
-            (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
-                pc.scheduled(p, Stream(envoy))
+        on_stream("scheduled", envoy, module, (), |stream, c, s| {
+            match (stream, c) {
+                (FilterStream::Drain(d), FilterConfig::Drain(dc)) => d.scheduled(dc, s),
+                (FilterStream::Provider(p), FilterConfig::Provider(pc)) => pc.scheduled(p, s),
+                _ => {}
             }
-            _ => {}
         })
     }
 }
@@ -461,16 +495,16 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
 /// `config` came from `config_new`.
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
-    _envoy: ConfigEnvoyPtr,
+    envoy: ConfigEnvoyPtr,
     config: ConfigModulePtr,
     _event: u64,
 ) {
     // SAFETY: a live config.
     unsafe {
-        on_config("config_scheduled", config, |c| match c {
-            FilterConfig::Drain(dc) => dc.tick(),
-            FilterConfig::Consumer(kc) => kc.tick(),
-            FilterConfig::Provider(pc) => pc.tick(),
+        on_config("config_scheduled", envoy, config, |c, envoy| match c {
+            FilterConfig::Drain(dc) => dc.tick(envoy),
+            FilterConfig::Consumer(kc) => kc.tick(envoy),
+            FilterConfig::Provider(pc) => pc.tick(envoy),
             #[cfg(feature = "panic-probe")]
             FilterConfig::PanicProbe => {}
         })
@@ -483,7 +517,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
 /// Envoy's pointers, valid for the call.
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout_done(
-    _envoy: ConfigEnvoyPtr,
+    envoy: ConfigEnvoyPtr,
     config: ConfigModulePtr,
     callout_id: u64,
     _result: u32,
@@ -492,7 +526,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout
     body: *const EnvoyBuffer,
     body_size: usize,
 ) {
-    let answered = |c: &FilterConfig| {
+    let answered = |c: &FilterConfig, envoy: abi::Config<'_>| {
         let max_body = match c {
             FilterConfig::Drain(_) => graceful_core::drain::filter::MAX_ANSWER_BODY,
             FilterConfig::Consumer(_) => graceful_core::consumer::decisions::MAX_ADMIN_BODY,
@@ -501,8 +535,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout
         // SAFETY: buffers valid for this call.
         let (headers, body) = unsafe {
             (
-                abi::callout_headers(headers, headers_size),
-                abi::callout_body(body, body_size, max_body),
+                envoy.callout_headers(headers, headers_size),
+                envoy.callout_body(body, body_size, max_body),
             )
         };
         let answer = CalloutAnswer {
@@ -510,13 +544,13 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout
             body: &body,
         };
         match c {
-            FilterConfig::Drain(dc) => dc.callout_done(callout_id, &answer),
-            FilterConfig::Consumer(kc) => kc.callout_done(callout_id, &answer),
+            FilterConfig::Drain(dc) => dc.callout_done(envoy, callout_id, &answer),
+            FilterConfig::Consumer(kc) => kc.callout_done(envoy, callout_id, &answer),
             _ => {}
         }
     };
     // SAFETY: a live config.
-    unsafe { on_config("config_http_callout_done", config, answered) }
+    unsafe { on_config("config_http_callout_done", envoy, config, answered) }
 }
 
 // Required hooks these filters do nothing in: the stream goes on.

@@ -57,7 +57,7 @@ fn owner_index(o: Owner) -> usize {
 pub struct Ids([Option<usize>; COUNT]);
 
 impl Ids {
-    pub fn define(envoy: abi::Config, filter: Owner) -> Ids {
+    pub fn define(envoy: abi::Config<'_>, filter: Owner) -> Ids {
         let mut ids = [None; COUNT];
         for m in Metric::defined_by(filter, false) {
             ids[m.index()] = match m.kind() {
@@ -75,21 +75,21 @@ impl Ids {
 
 /// Where a hook writes Envoy stats.
 #[derive(Clone, Copy)]
-enum Sink {
-    Stream(abi::Stream),
-    Config(abi::Config),
+enum Sink<'a> {
+    Stream(abi::Stream<'a>),
+    Config(abi::Config<'a>),
     None,
 }
 
 /// A hook's host: its stream (if a stream hook), else its config (if a
 /// main-thread config hook), and its config's stat ids.
 pub struct Native<'a> {
-    sink: Sink,
+    sink: Sink<'a>,
     ids: &'a Ids,
 }
 
 impl<'a> Native<'a> {
-    pub fn stream(s: abi::Stream, ids: &'a Ids) -> Native<'a> {
+    pub fn stream(s: abi::Stream<'a>, ids: &'a Ids) -> Native<'a> {
         Native {
             sink: Sink::Stream(s),
             ids,
@@ -97,7 +97,7 @@ impl<'a> Native<'a> {
     }
 
     /// Main thread only: calls and config-level stats.
-    pub fn config(c: abi::Config, ids: &'a Ids) -> Native<'a> {
+    pub fn config(c: abi::Config<'a>, ids: &'a Ids) -> Native<'a> {
         Native {
             sink: Sink::Config(c),
             ids,
@@ -112,7 +112,7 @@ impl<'a> Native<'a> {
         }
     }
 
-    fn abi_stream(&self) -> Option<abi::Stream> {
+    fn abi_stream(&self) -> Option<abi::Stream<'a>> {
         match self.sink {
             Sink::Stream(s) => Some(s),
             _ => None,

@@ -26,6 +26,10 @@ mod abi;
 mod clock;
 mod consumer;
 mod drain;
+#[cfg(test)]
+mod fake_envoy;
+#[cfg(test)]
+mod glue_tests;
 mod hooks;
 mod host;
 mod provider;

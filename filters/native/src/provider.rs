@@ -16,9 +16,9 @@
 //! State is per worker, as the wasm build's VM copies: one copy per worker
 //! (by `worker_index`) and one for the main thread, each behind its own
 //! lock, which only its worker and the tick take (no process-wide lock on
-//! the request path). A kept stream's scheduler is committed (by the tick)
-//! and deleted (by its stream) under the lock of the copy that keeps it,
-//! so a tick never commits a scheduler its stream has deleted.
+//! the request path). A kept stream's scheduler is owned by the copy that
+//! keeps it: the tick takes it out to commit it, or the stream's
+//! destruction releases it; either drops (deletes) it, once.
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
@@ -28,7 +28,7 @@ use graceful_core::provider::filter::{Provider, ProviderCopy, ProviderStream, TI
 use graceful_core::shared::host::StateCell;
 use graceful_core::shared::keys::Owner;
 
-use crate::abi::{self, SchedulerPtr, Stream};
+use crate::abi::{self, Stream, StreamScheduler};
 use crate::hooks::code;
 use crate::host::{Ids, Native};
 use crate::timer::Timer;
@@ -39,29 +39,28 @@ const EVENT_END: u64 = 1;
 static NEXT_KEPT: AtomicU32 = AtomicU32::new(1);
 
 pub struct Config {
-    envoy: abi::Config,
     provider: Provider,
     ids: Ids,
     /// One per worker, then the main thread's: each worker's kept
-    /// long-lived streams (their wake handles are their streams'
-    /// schedulers, as addresses: they are only passed back to Envoy) and
-    /// report records not merged yet.
-    copies: Vec<Mutex<ProviderCopy<usize>>>,
+    /// long-lived streams (each woken by its stream's scheduler, which the
+    /// copy owns: deleted when the stream leaves the copy or the tick has
+    /// woken it) and report records not merged yet.
+    copies: Vec<Mutex<ProviderCopy<StreamScheduler>>>,
     _timer: Timer,
 }
 
-/// One stream's state: the core's, a kept stream's id and scheduler, and
-/// its worker (whose copy holds what it keeps and records).
+/// One stream's state: the core's, a kept stream's id, and its worker
+/// (whose copy holds what it keeps and records).
 #[derive(Default)]
 pub struct NativeProviderStream {
     core: ProviderStream,
-    kept: Cell<Option<(u32, usize)>>,
+    kept: Cell<Option<u32>>,
     worker: Cell<Option<usize>>,
 }
 
 impl NativeProviderStream {
     /// The stream's worker index (asked of Envoy once per stream).
-    fn worker(&self, s: Stream) -> usize {
+    fn worker(&self, s: Stream<'_>) -> usize {
         if let Some(w) = self.worker.get() {
             return w;
         }
@@ -78,45 +77,37 @@ impl NativeProviderStream {
 }
 
 impl Config {
-    pub fn new(envoy: abi::Config, json: &[u8]) -> Result<Config, String> {
+    pub fn new(envoy: abi::Config<'_>, json: &[u8]) -> Result<Config, String> {
         let ids = Ids::define(envoy, Owner::Provider);
         let provider = Provider::configure(&Native::config(envoy, &ids), json)?;
         Ok(Config {
-            envoy,
             provider,
             ids,
-            copies: copies(abi::concurrency()),
+            copies: copies(envoy.concurrency()),
             _timer: Timer::start(envoy, "graceful-provider", TICK)?,
         })
     }
 
     /// A worker's copy (an index past the workers: the main thread's).
-    fn copy(&self, worker: usize) -> &Mutex<ProviderCopy<usize>> {
+    fn copy(&self, worker: usize) -> &Mutex<ProviderCopy<StreamScheduler>> {
         copy_of(&self.copies, worker)
     }
 
-    /// The main thread's tick, over every worker's copy.
-    pub fn tick(&self) {
-        let h = Native::config(self.envoy, &self.ids);
+    /// The main thread's tick, over every worker's copy. The woken
+    /// streams' schedulers are dropped (deleted) after their commit.
+    pub fn tick(&self, envoy: abi::Config<'_>) {
+        let h = Native::config(envoy, &self.ids);
         for copy in &self.copies {
-            self.provider.tick(copy, &h, |_, &scheduler| {
-                // SAFETY: the stream deletes its scheduler only under this
-                // copy's lock, after the tick took it from the kept list or
-                // it left it.
-                #[allow(unsafe_code)]
-                unsafe {
-                    abi::scheduler_commit(scheduler as SchedulerPtr, EVENT_END)
-                };
-            });
+            self.provider
+                .tick(copy, &h, |_, scheduler| scheduler.commit(EVENT_END));
         }
     }
 
-    pub fn request_headers(&self, st: &NativeProviderStream, s: Stream) -> u32 {
+    pub fn request_headers(&self, st: &NativeProviderStream, s: Stream<'_>) -> u32 {
         let keep = || {
             let id = NEXT_KEPT.fetch_add(1, SeqCst);
-            let scheduler = s.scheduler() as usize;
-            st.kept.set(Some((id, scheduler)));
-            (id, scheduler)
+            st.kept.set(Some(id));
+            (id, s.scheduler())
         };
         code(self.provider.request_headers(
             &st.core,
@@ -126,14 +117,14 @@ impl Config {
         ))
     }
 
-    pub fn response_headers(&self, st: &NativeProviderStream, s: Stream) -> u32 {
+    pub fn response_headers(&self, st: &NativeProviderStream, s: Stream<'_>) -> u32 {
         code(
             self.provider
                 .response_headers(&st.core, &Native::stream(s, &self.ids)),
         )
     }
 
-    pub fn response_trailers(&self, st: &NativeProviderStream, s: Stream) -> u32 {
+    pub fn response_trailers(&self, st: &NativeProviderStream, s: Stream<'_>) -> u32 {
         code(
             self.provider
                 .response_trailers(&st.core, &Native::stream(s, &self.ids)),
@@ -141,13 +132,13 @@ impl Config {
     }
 
     /// The tick woke this kept long-lived stream: the gate has passed.
-    pub fn scheduled(&self, st: &NativeProviderStream, s: Stream) {
+    pub fn scheduled(&self, st: &NativeProviderStream, s: Stream<'_>) {
         if st.kept.get().is_some() {
             self.provider.answer_woken(&Native::stream(s, &self.ids));
         }
     }
 
-    pub fn stream_complete(&self, st: &NativeProviderStream, s: Stream) {
+    pub fn stream_complete(&self, st: &NativeProviderStream, s: Stream<'_>) {
         self.provider.stream_end(
             &st.core,
             &Native::stream(s, &self.ids),
@@ -156,27 +147,20 @@ impl Config {
     }
 
     /// The stream is gone: it leaves the count (if `stream_complete` did
-    /// not run), and a kept stream's scheduler is deleted.
+    /// not run), and a kept stream leaves its copy (which deletes its
+    /// scheduler, if the tick has not woken it already).
     pub fn destroy(&self, st: &NativeProviderStream) {
         let h = Native::detached(&self.ids);
         let copy = self.copy(st.known_worker());
-        if let Some((id, scheduler)) = st.kept.take() {
-            copy.with(|c| {
-                c.release(id);
-                // SAFETY: under the lock the tick commits under, and no
-                // longer in the kept list: nobody uses it after this.
-                #[allow(unsafe_code)]
-                unsafe {
-                    abi::scheduler_delete(scheduler as SchedulerPtr)
-                };
-            });
+        if let Some(id) = st.kept.take() {
+            copy.with(|c| c.release(id));
         }
         self.provider.stream_end(&st.core, &h, copy);
     }
 }
 
 /// One copy per worker of `concurrency`, then the main thread's.
-fn copies(concurrency: u32) -> Vec<Mutex<ProviderCopy<usize>>> {
+fn copies<W>(concurrency: u32) -> Vec<Mutex<ProviderCopy<W>>> {
     let workers = usize::try_from(concurrency).unwrap_or(1).max(1);
     (0..=workers)
         .map(|_| Mutex::new(ProviderCopy::default()))
@@ -184,7 +168,7 @@ fn copies(concurrency: u32) -> Vec<Mutex<ProviderCopy<usize>>> {
 }
 
 /// Worker `worker`'s copy; any index past the workers is the main thread's.
-fn copy_of(copies: &[Mutex<ProviderCopy<usize>>], worker: usize) -> &Mutex<ProviderCopy<usize>> {
+fn copy_of<W>(copies: &[Mutex<ProviderCopy<W>>], worker: usize) -> &Mutex<ProviderCopy<W>> {
     &copies[worker.min(copies.len().saturating_sub(1))]
 }
 
@@ -194,7 +178,7 @@ mod tests {
 
     #[test]
     fn each_worker_has_its_own_copy_and_the_main_thread_the_last() {
-        let copies = copies(3);
+        let copies = copies::<()>(3);
         assert_eq!(copies.len(), 4);
         let at = |w: usize| std::ptr::from_ref(copy_of(&copies, w));
         let distinct: std::collections::HashSet<_> = (0..4).map(at).collect();
@@ -205,7 +189,7 @@ mod tests {
 
     #[test]
     fn a_worker_holding_its_copy_does_not_block_another_worker() {
-        let copies = copies(2);
+        let copies = copies::<()>(2);
         let _held = copy_of(&copies, 0).lock();
         assert!(copy_of(&copies, 1).try_lock().is_ok());
         assert!(copy_of(&copies, usize::MAX).try_lock().is_ok());
@@ -213,6 +197,6 @@ mod tests {
 
     #[test]
     fn no_concurrency_still_has_a_worker_copy_and_the_main_threads() {
-        assert_eq!(copies(0).len(), 2);
+        assert_eq!(copies::<()>(0).len(), 2);
     }
 }

@@ -1,0 +1,474 @@
+//! The glue's unit tests: the module's hooks driven as Envoy drives them,
+//! over the fake Envoy of `fake_envoy.rs` (every ABI callback in memory).
+//! What the real-Envoy suites show end to end, these show per hook: what
+//! each one asks of Envoy, and that handles Envoy lends are given back
+//! once.
+
+#![allow(unsafe_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::time::{Duration, Instant};
+
+use graceful_core::shared::metrics::Metric;
+
+use crate::abi::{self, ConfigModulePtr, EnvoyBuffer, FilterModulePtr, CONTINUE, STOP_ITERATION};
+use crate::fake_envoy::{self, FakeConfig, FakeStream};
+use crate::hooks::*;
+use crate::host::METRICS;
+
+fn buffer(text: &str) -> EnvoyBuffer {
+    EnvoyBuffer {
+        ptr: text.as_ptr(),
+        length: text.len(),
+    }
+}
+
+/// A config the module made, destroyed on drop.
+struct Loaded {
+    fake: Box<FakeConfig>,
+    module: ConfigModulePtr,
+}
+
+impl Loaded {
+    /// `config_new` for `name` with `json`; None if the module refused it.
+    fn new(name: &str, json: &str) -> Option<Loaded> {
+        let fake = Box::new(FakeConfig::default());
+        // SAFETY: buffers valid for the call, a live fake config.
+        let module = unsafe {
+            envoy_dynamic_module_on_http_filter_config_new(fake.ptr(), buffer(name), buffer(json))
+        };
+        (!module.is_null()).then_some(Loaded { fake, module })
+    }
+
+    fn filter(&self) -> Filter {
+        // SAFETY: a live config.
+        let module =
+            unsafe { envoy_dynamic_module_on_http_filter_new(self.module, std::ptr::null_mut()) };
+        assert!(!module.is_null(), "filter_new refused");
+        Filter(module)
+    }
+
+    /// One main-thread tick, as the timer's commit brings it.
+    fn tick(&self) {
+        // SAFETY: live fake and config.
+        unsafe {
+            envoy_dynamic_module_on_http_filter_config_scheduled(self.fake.ptr(), self.module, 1)
+        };
+    }
+
+    fn id_of(&self, m: Metric) -> usize {
+        self.fake
+            .id_of(m.name())
+            .unwrap_or_else(|| panic!("{} not defined", m.name()))
+    }
+}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        // SAFETY: made by config_new, destroyed once.
+        unsafe { envoy_dynamic_module_on_http_filter_config_destroy(self.module) };
+    }
+}
+
+/// A stream's filter; `destroy` gives it back (Envoy always does).
+struct Filter(FilterModulePtr);
+
+impl Filter {
+    fn request_headers(&self, s: &FakeStream) -> u32 {
+        // SAFETY: live fake and filter.
+        unsafe { envoy_dynamic_module_on_http_filter_request_headers(s.ptr(), self.0, true) }
+    }
+
+    fn response_headers(&self, s: &FakeStream) -> u32 {
+        // SAFETY: live fake and filter.
+        unsafe { envoy_dynamic_module_on_http_filter_response_headers(s.ptr(), self.0, true) }
+    }
+
+    fn stream_complete(&self, s: &FakeStream) {
+        // SAFETY: live fake and filter.
+        unsafe { envoy_dynamic_module_on_http_filter_stream_complete(s.ptr(), self.0) }
+    }
+
+    fn scheduled(&self, s: &FakeStream) {
+        // SAFETY: live fake and filter.
+        unsafe { envoy_dynamic_module_on_http_filter_scheduled(s.ptr(), self.0, 1) }
+    }
+
+    fn destroy(self) {
+        // SAFETY: made by filter_new, destroyed once.
+        unsafe { envoy_dynamic_module_on_http_filter_destroy(self.0) }
+    }
+}
+
+fn get(path: &str) -> FakeStream {
+    let s = FakeStream::with_request(&[(":method", "GET"), (":path", path), (":authority", "app")]);
+    s.set_attribute(abi::ATTR_SOURCE_ADDRESS, "127.0.0.1:40000");
+    s
+}
+
+/// The net of the gauge changes a stream made to stat `id`.
+fn gauge_net(s: &FakeStream, id: usize) -> i64 {
+    s.stats
+        .borrow()
+        .iter()
+        .filter(|(_, i, _)| *i == id)
+        .map(|(op, _, v)| match *op {
+            "gauge+" => i64::try_from(*v).unwrap(),
+            "gauge-" => -i64::try_from(*v).unwrap(),
+            other => panic!("unexpected {other} on a gauge"),
+        })
+        .sum()
+}
+
+fn value(m: Metric) -> i64 {
+    i64::try_from(METRICS.value(m)).unwrap()
+}
+
+#[test]
+fn a_config_with_a_bad_field_is_refused_and_the_log_names_the_field() {
+    let _world = fake_envoy::world();
+    fake_envoy::take_log();
+    assert!(Loaded::new("graceful_drain", r#"{"quiet_window": "soon"}"#).is_none());
+    let log = fake_envoy::take_log();
+    assert!(
+        log.iter()
+            .any(|(level, line)| *level == abi::LOG_ERROR && line.contains("quiet_window")),
+        "{log:?}"
+    );
+    assert!(Loaded::new("graceful_nothing", "{}").is_none());
+    let log = fake_envoy::take_log();
+    assert!(
+        log.iter().any(|(_, line)| line.contains("graceful_nothing")
+            && line.contains("graceful_provider, graceful_drain")),
+        "{log:?}"
+    );
+    assert!(
+        fake_envoy::misuse().is_empty(),
+        "{:?}",
+        fake_envoy::misuse()
+    );
+}
+
+#[test]
+fn a_provider_stream_is_counted_once_and_its_stat_moves_through_its_stream() {
+    let _world = fake_envoy::world();
+    let provider = Loaded::new("graceful_provider", "{}").expect("configured");
+    let inflight = provider.id_of(Metric::ProviderInflight);
+    let before = value(Metric::ProviderInflight);
+
+    let s = get("/orders");
+    let f = provider.filter();
+    assert_eq!(f.request_headers(&s), CONTINUE);
+    assert_eq!(value(Metric::ProviderInflight), before + 1);
+    assert_eq!(f.response_headers(&s), CONTINUE);
+    f.stream_complete(&s);
+    assert_eq!(value(Metric::ProviderInflight), before);
+    f.destroy();
+    assert_eq!(
+        value(Metric::ProviderInflight),
+        before,
+        "destroy after stream_complete left the count twice"
+    );
+    assert_eq!(gauge_net(&s, inflight), 0, "{:?}", s.stats.borrow());
+    assert!(
+        s.stats.borrow().contains(&("gauge+", inflight, 1)),
+        "the stat was not mirrored through the stream: {:?}",
+        s.stats.borrow()
+    );
+}
+
+#[test]
+fn a_stream_destroyed_without_completing_leaves_the_count_and_the_next_stream_pays_its_stat() {
+    let _world = fake_envoy::world();
+    let provider = Loaded::new("graceful_provider", "{}").expect("configured");
+    let inflight = provider.id_of(Metric::ProviderInflight);
+    let before = value(Metric::ProviderInflight);
+
+    let first = get("/a");
+    let f = provider.filter();
+    f.request_headers(&first);
+    f.destroy();
+    assert_eq!(value(Metric::ProviderInflight), before);
+    assert_eq!(
+        gauge_net(&first, inflight),
+        1,
+        "the destroy had no stream to write with"
+    );
+
+    let second = get("/b");
+    let g = provider.filter();
+    g.request_headers(&second);
+    g.stream_complete(&second);
+    g.destroy();
+    assert_eq!(
+        gauge_net(&first, inflight) + gauge_net(&second, inflight),
+        0,
+        "Envoy's stat disagrees with the count: {:?} then {:?}",
+        first.stats.borrow(),
+        second.stats.borrow()
+    );
+}
+
+#[test]
+fn a_kept_long_lived_stream_has_one_scheduler_deleted_once_when_it_goes() {
+    let _world = fake_envoy::world();
+    let provider = Loaded::new("graceful_provider", "{}").expect("configured");
+    let live_before = fake_envoy::live_schedulers();
+
+    let s = get("/chat");
+    s.add_header(abi::REQUEST_HEADERS, "upgrade", "websocket");
+    let f = provider.filter();
+    assert_eq!(f.request_headers(&s), CONTINUE);
+    assert_eq!(
+        *s.schedulers_made.borrow(),
+        1,
+        "a kept stream has a scheduler"
+    );
+    assert_eq!(fake_envoy::live_schedulers(), live_before + 1);
+    provider.tick();
+    assert!(
+        s.commits.lock().unwrap().is_empty(),
+        "woken before the gate passed"
+    );
+    f.destroy();
+    assert_eq!(
+        fake_envoy::live_schedulers(),
+        live_before,
+        "scheduler not deleted"
+    );
+    assert!(
+        fake_envoy::misuse().is_empty(),
+        "{:?}",
+        fake_envoy::misuse()
+    );
+}
+
+#[test]
+fn a_drain_long_poll_is_woken_by_a_tick_answered_on_its_worker_and_its_scheduler_deleted() {
+    let _world = fake_envoy::world();
+    let drain = Loaded::new("graceful_drain", "{}").expect("configured");
+    let live_before = fake_envoy::live_schedulers();
+
+    let s = get("/graceful/drained?wait=20ms");
+    let f = drain.filter();
+    assert_eq!(f.request_headers(&s), STOP_ITERATION, "not held");
+    assert!(s.sent.borrow().is_none());
+    assert_eq!(fake_envoy::live_schedulers(), live_before + 1);
+
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while s.commits.lock().unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "no tick woke the long-poll");
+        drain.tick();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(*s.commits.lock().unwrap(), [1]);
+    assert_eq!(
+        fake_envoy::live_schedulers(),
+        live_before,
+        "the woken stream's scheduler was not deleted"
+    );
+    f.scheduled(&s);
+    let sent = s.sent.borrow().clone().expect("answered when woken");
+    assert!(
+        String::from_utf8_lossy(&sent.body).contains("\"phase\""),
+        "{sent:?}"
+    );
+    f.destroy();
+    assert!(
+        fake_envoy::misuse().is_empty(),
+        "{:?}",
+        fake_envoy::misuse()
+    );
+}
+
+#[test]
+fn a_drain_long_poll_gone_before_its_wake_gets_no_commit_and_its_scheduler_is_deleted() {
+    let _world = fake_envoy::world();
+    let drain = Loaded::new("graceful_drain", "{}").expect("configured");
+    let live_before = fake_envoy::live_schedulers();
+
+    let s = get("/graceful/drained?wait=1h");
+    let f = drain.filter();
+    assert_eq!(f.request_headers(&s), STOP_ITERATION);
+    f.destroy();
+    assert_eq!(fake_envoy::live_schedulers(), live_before);
+    drain.tick();
+    assert!(s.commits.lock().unwrap().is_empty());
+    assert!(
+        fake_envoy::misuse().is_empty(),
+        "{:?}",
+        fake_envoy::misuse()
+    );
+}
+
+#[test]
+fn an_outsider_reads_no_drain_endpoint_and_holds_no_scheduler() {
+    let _world = fake_envoy::world();
+    let drain = Loaded::new("graceful_drain", "{}").expect("configured");
+    let live_before = fake_envoy::live_schedulers();
+    let s = get("/graceful/drained?wait=1h");
+    s.set_attribute(abi::ATTR_SOURCE_ADDRESS, "10.1.2.3:5000");
+    let f = drain.filter();
+    assert_eq!(f.request_headers(&s), STOP_ITERATION);
+    assert_eq!(s.sent.borrow().as_ref().map(|r| r.status), Some(403));
+    assert_eq!(fake_envoy::live_schedulers(), live_before);
+    f.destroy();
+}
+
+/// A listener stream and one upstream attempt of it, sharing filter state
+/// as a request's `StreamInfo` is shared.
+fn request_and_attempt(host: &str) -> (FakeStream, FakeStream) {
+    let listener = get("/orders");
+    let attempt = listener.attempt();
+    attempt.set_attribute(abi::ATTR_UPSTREAM_ADDRESS, host);
+    attempt.set_cluster("orders");
+    (listener, attempt)
+}
+
+#[test]
+fn an_attempt_torn_down_unanswered_tombstones_its_host_only_while_its_request_lives() {
+    let _world = fake_envoy::world();
+    let listener = Loaded::new("graceful_consumer", "{}").expect("configured");
+    let upstream = Loaded::new("graceful_consumer:upstream", "{}").expect("configured");
+    let evictions = || value(Metric::ConsumerEvictions);
+
+    // Failed: the attempt ends unanswered while its request goes on.
+    let before = evictions();
+    let (l, a) = request_and_attempt("10.9.8.7:8080");
+    let (lf, af) = (listener.filter(), upstream.filter());
+    lf.request_headers(&l);
+    af.request_headers(&a);
+    af.destroy();
+    assert_eq!(
+        evictions(),
+        before + 1,
+        "the failed attempt's host was not tombstoned"
+    );
+    lf.stream_complete(&l);
+    lf.destroy();
+
+    // Cancelled: the request ended first, taking its attempt with it.
+    let before = evictions();
+    let (l, a) = request_and_attempt("10.9.8.6:8080");
+    let (lf, af) = (listener.filter(), upstream.filter());
+    lf.request_headers(&l);
+    af.request_headers(&a);
+    lf.stream_complete(&l);
+    lf.destroy();
+    af.destroy();
+    assert_eq!(
+        evictions(),
+        before,
+        "a cancelled attempt tombstoned its host"
+    );
+}
+
+#[test]
+fn a_client_cannot_forge_the_consumer_identity_the_attempt_carries_its_own() {
+    let _world = fake_envoy::world();
+    let json = r#"{"consumer_header": "x-graceful-consumer"}"#;
+    let listener = Loaded::new("graceful_consumer", json).expect("configured");
+    let upstream = Loaded::new("graceful_consumer:upstream", json).expect("configured");
+    let (l, a) = request_and_attempt("10.9.8.5:8080");
+    l.add_header(abi::REQUEST_HEADERS, "x-graceful-consumer", "forged");
+    a.add_header(abi::REQUEST_HEADERS, "x-graceful-consumer", "forged");
+    let (lf, af) = (listener.filter(), upstream.filter());
+    lf.request_headers(&l);
+    assert_eq!(l.header(abi::REQUEST_HEADERS, "x-graceful-consumer"), None);
+    af.request_headers(&a);
+    let identity = a.header(abi::REQUEST_HEADERS, "x-graceful-consumer");
+    assert!(
+        identity
+            .as_deref()
+            .is_some_and(|id| !id.is_empty() && id != "forged"),
+        "{identity:?}"
+    );
+    af.response_headers(&a);
+    af.destroy();
+    lf.stream_complete(&l);
+    lf.destroy();
+}
+
+#[test]
+fn a_tick_polls_the_admin_through_the_config_and_its_answer_comes_back_to_it() {
+    let _world = fake_envoy::world();
+    let drain =
+        Loaded::new("graceful_drain", r#"{"admin_cluster": "envoy_admin"}"#).expect("configured");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let call = loop {
+        drain.tick();
+        if let Some(c) = drain.fake.callouts.lock().unwrap().first().cloned() {
+            break c;
+        }
+        assert!(Instant::now() < deadline, "no admin poll");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(call.cluster, "envoy_admin");
+    assert!(
+        call.headers.contains(&(":path".into(), "/ready".into())),
+        "{:?}",
+        call.headers
+    );
+    let (k, v, body) = (":status", "200", "LIVE\n");
+    let header = abi::EnvoyHeader {
+        key_ptr: k.as_ptr(),
+        key_length: k.len(),
+        value_ptr: v.as_ptr(),
+        value_length: v.len(),
+    };
+    let chunk = buffer(body);
+    let phase = value(Metric::DrainPhase);
+    // SAFETY: live fake and config; buffers valid for the call.
+    unsafe {
+        envoy_dynamic_module_on_http_filter_config_http_callout_done(
+            drain.fake.ptr(),
+            drain.module,
+            call.id,
+            0,
+            &header,
+            1,
+            &chunk,
+            1,
+        );
+    }
+    assert_eq!(
+        value(Metric::DrainPhase),
+        phase,
+        "a LIVE admin moved the phase"
+    );
+    // A live config answers on.
+    let s = get("/graceful/status");
+    let f = drain.filter();
+    assert_eq!(f.request_headers(&s), STOP_ITERATION);
+    assert_eq!(s.sent.borrow().as_ref().map(|r| r.status), Some(200));
+    f.destroy();
+}
+
+#[test]
+fn a_config_destroyed_stops_its_timer_at_once_and_deletes_its_scheduler() {
+    let _world = fake_envoy::world();
+    let live_before = fake_envoy::live_schedulers();
+    let consumer =
+        Loaded::new("graceful_consumer", r#"{"membership_refresh": "1h"}"#).expect("configured");
+    assert_eq!(fake_envoy::live_schedulers(), live_before + 1);
+    let started = Instant::now();
+    drop(consumer);
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "config_destroy took {took:?}"
+    );
+    assert_eq!(fake_envoy::live_schedulers(), live_before);
+}
+
+#[test]
+fn hooks_given_no_filter_let_the_stream_go_on() {
+    let _world = fake_envoy::world();
+    let s = get("/a");
+    let none = Filter(std::ptr::null());
+    assert_eq!(none.request_headers(&s), CONTINUE);
+    assert_eq!(none.response_headers(&s), CONTINUE);
+    none.stream_complete(&s);
+    none.scheduled(&s);
+    none.destroy();
+    assert!(s.sent.borrow().is_none());
+}
