@@ -252,7 +252,7 @@ lint: wasm-target ## rustfmt check, the core's room layout (docs/architecture.md
 	$(CARGO) clippy --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS))) -p bench-wasm-header -- -D warnings
 
 .PHONY: unit
-unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core, the guest glue, the native module's clock, the emulator's own store, the harness and tools
+unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core, the guest glue, the native glue (over a fake Envoy), the emulator's own store, the harness and tools
 	$(CARGO) test -p graceful-core --tests
 	$(CARGO) test -p graceful-guest -p graceful-native -p graceful-emulated-host -p graceful-harness --lib --bins
 
