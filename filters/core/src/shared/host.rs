@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::shared::metrics::{Metric, PhaseGauge, Stat, Stats};
+use crate::shared::metrics::{Metric, Metrics, PhaseGauge};
 use crate::shared::store::SharedStore;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,16 +155,16 @@ impl<T> StateCell<T> for Mutex<T> {
     }
 }
 
-/// The gate's [`Stats`] and the [`PhaseGauge`] over a host's metrics.
+/// [`Metrics`] and the [`PhaseGauge`] over a host's metrics.
 pub struct HostMetrics<'a, H: ?Sized>(pub &'a H);
 
-impl<H: Host + ?Sized> Stats for HostMetrics<'_, H> {
-    fn add(&self, stat: Stat, delta: i64) {
-        self.0.metric_add(stat.metric(), delta);
+impl<H: Host + ?Sized> Metrics for HostMetrics<'_, H> {
+    fn add(&self, metric: Metric, delta: i64) {
+        self.0.metric_add(metric, delta);
     }
 
-    fn get(&self, stat: Stat) -> Option<u64> {
-        self.0.metric_get(stat.metric())
+    fn get(&self, metric: Metric) -> Option<u64> {
+        self.0.metric_get(metric)
     }
 }
 
