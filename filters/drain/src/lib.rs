@@ -7,7 +7,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use graceful_core::drain::filter::{Drain, DrainState, TICK};
+use graceful_core::drain::filter::{Drain, DrainCopy, TICK};
 use graceful_core::shared::keys::Owner;
 use graceful_guest::{action, CallAnswer, Guest};
 use proxy_wasm::hostcalls;
@@ -23,7 +23,7 @@ struct Shared {
     drain: Drain,
     host: Guest,
     /// This VM copy's gate evaluation, long-polls and calls.
-    state: RefCell<DrainState>,
+    state: RefCell<DrainCopy>,
 }
 
 struct DrainRoot {
@@ -53,7 +53,7 @@ impl RootContext for DrainRoot {
                 self.shared = Some(Rc::new(Shared {
                     drain,
                     host,
-                    state: RefCell::new(DrainState::default()),
+                    state: RefCell::new(DrainCopy::default()),
                 }));
                 graceful_guest::set_tick_period(TICK);
                 true

@@ -20,7 +20,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::Mutex;
 
-use graceful_core::drain::filter::{Drain, DrainState, TICK};
+use graceful_core::drain::filter::{Drain, DrainCopy, TICK};
 use graceful_core::shared::host::StateCell;
 use graceful_core::shared::keys::Owner;
 
@@ -40,7 +40,7 @@ pub struct Config {
     ids: Ids,
     /// The long-polls' wake handles are their streams' schedulers (as
     /// addresses: they are only passed back to Envoy).
-    state: Mutex<DrainState<usize>>,
+    state: Mutex<DrainCopy<usize>>,
     _timer: Timer,
 }
 
@@ -52,7 +52,7 @@ impl Config {
             envoy,
             drain,
             ids,
-            state: Mutex::new(DrainState::default()),
+            state: Mutex::new(DrainCopy::default()),
             _timer: Timer::start(envoy, "graceful-drain", TICK)?,
         })
     }

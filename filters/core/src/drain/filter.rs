@@ -10,7 +10,7 @@
 //! | gRPC health `Watch` | while serving, the app's, and this copy keeps the stream (at most [`MAX_WATCHES`]); once closing, answered `NOT_SERVING` |
 //! | tick, closing, kept `Watch` streams | wakes each: answered `NOT_SERVING`, which Envoy turns into a reset once the app's headers went out (the client's health check sees the stream fail); so none holds the gate |
 //! | `report` | the drain report ([`crate::drain::report`]) from shared data |
-//! | `status`, `drained` | evaluates the gate ([`crate::drain::copy::DrainCopy::advance`]) and answers; `drained?wait=` holds the stream until drained or its wait runs out |
+//! | `status`, `drained` | evaluates the gate ([`crate::drain::gate_copy::GateCopy::advance`]) and answers; `drained?wait=` holds the stream until drained or its wait runs out |
 //! | tick (every [`TICK`]) | evaluates the gate; sends `on_drained` for a pass this copy made (on the tick or in an endpoint); wakes due long-polls; while serving, polls the admin's `/ready` (one copy per [`ADMIN_POLL_INTERVAL`], by lease) |
 //! | admin answer 503 `DRAINING` | starts closing (Envoy's `/healthcheck/fail`) |
 //! | closing started by this copy, `close_connections` on | at its next tick, POSTs the mode's admin path ([`CloseConnections::admin_path`]), so Envoy tells keep-alive and HTTP/2 clients to leave; a failed answer is tried again [`CLOSE_RETRY`] later, until closing ends with the process |
@@ -26,8 +26,8 @@
 use std::time::Duration;
 
 use crate::drain::config::{CloseConnections, DrainConfig};
-use crate::drain::copy::{raise_phase, DrainCopy, Evaluation};
 use crate::drain::endpoints::{is_endpoint_path, route, Endpoint, Reply, Route, Stamp, Waiters};
+use crate::drain::gate_copy::{raise_phase, Evaluation, GateCopy};
 use crate::drain::record::{self, GatePass, Phase};
 use crate::drain::report::{Inputs, Report};
 use crate::shared::duration::micros;
@@ -65,11 +65,12 @@ pub struct Drain {
     config: DrainConfig,
 }
 
-/// One copy's mutable state (a VM copy's; the native config's). `W` is
-/// what wakes a held long-poll (see [`Waiters`]).
+/// One copy's state (a VM copy's; the native config's): its part in the
+/// gate, its held streams and its calls. `W` is what wakes a held
+/// long-poll (see [`Waiters`]).
 #[derive(Debug)]
-pub struct DrainState<W = ()> {
-    copy: DrainCopy,
+pub struct DrainCopy<W = ()> {
+    gate: GateCopy,
     waiters: Waiters<W>,
     /// gRPC health `Watch` streams held by the app since serving.
     watches: Waiters<W>,
@@ -98,10 +99,10 @@ pub struct DrainState<W = ()> {
     late_peers_at: u64,
 }
 
-impl<W> Default for DrainState<W> {
+impl<W> Default for DrainCopy<W> {
     fn default() -> Self {
-        DrainState {
-            copy: DrainCopy::default(),
+        DrainCopy {
+            gate: GateCopy::default(),
             waiters: Waiters::default(),
             watches: Waiters::default(),
             ending_watches: Vec::new(),
@@ -118,7 +119,7 @@ impl<W> Default for DrainState<W> {
     }
 }
 
-impl<W> DrainState<W> {
+impl<W> DrainCopy<W> {
     /// Long-polls held.
     pub fn held(&self) -> usize {
         self.waiters.len()
@@ -147,12 +148,12 @@ impl Drain {
     /// forced, and owed to `on_drained`.
     fn advance<W>(
         &self,
-        st: &mut DrainState<W>,
+        st: &mut DrainCopy<W>,
         h: &(impl Host + ?Sized),
         now: u64,
     ) -> Result<Evaluation, UpdateError> {
         let m = HostMetrics(h);
-        let (eval, passed) = st.copy.advance(h.store(), &m, &m, &self.config, now)?;
+        let (eval, passed) = st.gate.advance(h.store(), &m, &m, &self.config, now)?;
         if let Some(p) = passed {
             let outcome = match p.why {
                 GatePass::Quiet => Metric::DrainPassedQuiet,
@@ -188,7 +189,7 @@ impl Drain {
 
     /// Sets `graceful_drain_late_peers` from the report's peers, at most
     /// once per [`REPORT_INTERVAL`] per copy, once closing.
-    fn count_late_peers<W>(&self, state: &impl StateCell<DrainState<W>>, h: &impl Host, now: u64) {
+    fn count_late_peers<W>(&self, state: &impl StateCell<DrainCopy<W>>, h: &impl Host, now: u64) {
         let due = state.with(|st| {
             let due = now >= st.late_peers_at.saturating_add(micros(REPORT_INTERVAL));
             if due {
@@ -209,19 +210,19 @@ impl Drain {
     /// The record with the traffic now, no gate evaluation.
     fn look<W>(
         &self,
-        st: &mut DrainState<W>,
+        st: &mut DrainCopy<W>,
         h: &(impl Host + ?Sized),
         now: u64,
     ) -> Result<Evaluation, String> {
         let rec = record::read(h.store()).map_err(|e| format!("{e:?}"))?;
-        Ok(st.copy.look(&HostMetrics(h), rec, now))
+        Ok(st.gate.look(&HostMetrics(h), rec, now))
     }
 
     /// A request's headers. `waiter` gives the stream's long-poll id and
     /// its wake handle, asked only when the stream is held.
     pub fn request_headers<W>(
         &self,
-        state: &impl StateCell<DrainState<W>>,
+        state: &impl StateCell<DrainCopy<W>>,
         s: &impl Stream,
         waiter: impl FnOnce() -> (u32, W),
     ) -> Action {
@@ -251,7 +252,7 @@ impl Drain {
 
     fn answer<W>(
         &self,
-        state: &impl StateCell<DrainState<W>>,
+        state: &impl StateCell<DrainCopy<W>>,
         s: &impl Stream,
         endpoint: Endpoint,
         waiter: impl FnOnce() -> (u32, W),
@@ -311,7 +312,7 @@ impl Drain {
     /// keeps the stream to end at closing; once closing, `NOT_SERVING`.
     fn watch<W>(
         &self,
-        state: &impl StateCell<DrainState<W>>,
+        state: &impl StateCell<DrainCopy<W>>,
         s: &impl Stream,
         waiter: impl FnOnce() -> (u32, W),
     ) -> Answer {
@@ -362,7 +363,7 @@ impl Drain {
 
     fn start_closing<W>(
         &self,
-        state: &impl StateCell<DrainState<W>>,
+        state: &impl StateCell<DrainCopy<W>>,
         s: &impl Stream,
         now: u64,
         ip: Option<std::net::IpAddr>,
@@ -380,7 +381,7 @@ impl Drain {
                         ),
                     );
                 }
-                let eval = state.with(|st| st.copy.look(&HostMetrics(s), rec, now));
+                let eval = state.with(|st| st.gate.look(&HostMetrics(s), rec, now));
                 Reply::closing(&eval.status(now))
             }
             Err(e) => Reply::unavailable(&format!("{e:?}")),
@@ -391,7 +392,7 @@ impl Drain {
     /// reply to send at once when it cannot be held.
     fn hold<W>(
         &self,
-        state: &impl StateCell<DrainState<W>>,
+        state: &impl StateCell<DrainCopy<W>>,
         s: &impl Stream,
         now: u64,
         wait: Duration,
@@ -412,7 +413,7 @@ impl Drain {
 
     /// A woken stream's answer: a kept `Watch` is told `NOT_SERVING`; a
     /// long-poll gets `drained` with the status now.
-    pub fn answer_woken<W>(&self, state: &impl StateCell<DrainState<W>>, s: &impl Stream, id: u32) {
+    pub fn answer_woken<W>(&self, state: &impl StateCell<DrainCopy<W>>, s: &impl Stream, id: u32) {
         let watch = state.with(|st| {
             let before = st.ending_watches.len();
             st.ending_watches.retain(|w| *w != id);
@@ -433,7 +434,7 @@ impl Drain {
     /// A stream with long-poll `id` ended: a poll not answered yet frees its
     /// slot. Takes the locked state: the native module deletes the
     /// stream's wake handle under the same lock.
-    pub fn release<W>(&self, st: &mut DrainState<W>, h: &(impl Host + ?Sized), id: u32) {
+    pub fn release<W>(&self, st: &mut DrainCopy<W>, h: &(impl Host + ?Sized), id: u32) {
         if st.waiters.release(id) {
             let _ = add_bounded(h.store(), keys::WAITERS.name, -1, u64::MAX);
         }
@@ -445,7 +446,7 @@ impl Drain {
     /// long-poll under the state's lock; the due ones are returned too.
     pub fn tick<W>(
         &self,
-        state: &impl StateCell<DrainState<W>>,
+        state: &impl StateCell<DrainCopy<W>>,
         h: &impl Host,
         mut wake: impl FnMut(u32, &W),
     ) -> Vec<(u32, W)> {
@@ -497,7 +498,7 @@ impl Drain {
 
     /// POSTs the status JSON to the app's shutdown hook, once: only the copy
     /// whose write passed the gate owes it.
-    fn call_on_drained<W>(&self, state: &impl StateCell<DrainState<W>>, h: &impl Host, body: &str) {
+    fn call_on_drained<W>(&self, state: &impl StateCell<DrainCopy<W>>, h: &impl Host, body: &str) {
         let Some(cb) = &self.config.on_drained else {
             return;
         };
@@ -530,7 +531,7 @@ impl Drain {
 
     /// Asks Envoy's admin to tell the clients' connections to leave, if
     /// this copy owes it (it started closing) and no call is in flight.
-    fn close_connections<W>(&self, state: &impl StateCell<DrainState<W>>, h: &impl Host, now: u64) {
+    fn close_connections<W>(&self, state: &impl StateCell<DrainCopy<W>>, h: &impl Host, now: u64) {
         let (Some(cluster), Some(path)) = (
             &self.config.admin_cluster,
             self.config.close_connections.admin_path(),
@@ -555,7 +556,7 @@ impl Drain {
         }
     }
 
-    fn poll_admin<W>(&self, state: &impl StateCell<DrainState<W>>, h: &impl Host, now: u64) {
+    fn poll_admin<W>(&self, state: &impl StateCell<DrainCopy<W>>, h: &impl Host, now: u64) {
         let Some(cluster) = &self.config.admin_cluster else {
             return;
         };
@@ -583,7 +584,7 @@ impl Drain {
     /// has no `:status`).
     pub fn call_answered<W>(
         &self,
-        state: &impl StateCell<DrainState<W>>,
+        state: &impl StateCell<DrainCopy<W>>,
         h: &impl Host,
         token: u32,
         answer: &impl CallResponse,
@@ -653,7 +654,7 @@ impl Drain {
     /// anything else is tried again [`CLOSE_RETRY`] later, logged once.
     fn close_answered<W>(
         &self,
-        state: &impl StateCell<DrainState<W>>,
+        state: &impl StateCell<DrainCopy<W>>,
         h: &impl Host,
         status: Option<&[u8]>,
     ) {

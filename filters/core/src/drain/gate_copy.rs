@@ -79,18 +79,18 @@ impl Passed {
     }
 }
 
-/// One copy's own state: when it last saw a request start, and its 1 in
-/// the gate stat.
+/// This copy's part in the drain gate: when it last saw a request start,
+/// and its own 1 in `graceful_drain_gate`.
 #[derive(Debug, Default)]
-pub struct DrainCopy {
+pub struct GateCopy {
     starts: StartWatch,
     hold: GateHold,
 }
 
-impl DrainCopy {
+impl GateCopy {
     /// The record with the traffic as this copy sees it now, no gate
     /// evaluation (the answer to a closing POST, and step one of
-    /// [`DrainCopy::advance`]).
+    /// [`GateCopy::advance`]).
     pub fn look(&mut self, metrics: &dyn Metrics, rec: InstanceRecord, now_us: u64) -> Evaluation {
         let traffic = Traffic::read(metrics);
         let last_start_us = self.starts.observe(traffic.started, now_us);
@@ -178,7 +178,7 @@ mod tests {
     #[test]
     fn serving_passes_nothing_and_keeps_the_phase_at_zero() {
         let (store, metrics) = (MemStore::new(), AtomicMetrics::new());
-        let (eval, passed) = DrainCopy::default()
+        let (eval, passed) = GateCopy::default()
             .advance(&store, &metrics, &metrics, &config(), 10 * S)
             .unwrap();
         assert_eq!((eval.rec.phase, passed), (Phase::Serving, None));
@@ -196,7 +196,7 @@ mod tests {
         let (store, metrics) = (MemStore::new(), AtomicMetrics::new());
         let cfg = config();
         record::start_closing(&store, 100 * S).unwrap();
-        let (mut a, mut b) = (DrainCopy::default(), DrainCopy::default());
+        let (mut a, mut b) = (GateCopy::default(), GateCopy::default());
         // Before consumer_update_wait: nothing, but the phase says closing.
         let (_, passed) = a
             .advance(&store, &metrics, &metrics, &cfg, 101 * S)
@@ -230,7 +230,7 @@ mod tests {
             crate::shared::gate::admit(&metrics, true),
             crate::shared::gate::Admission::Admitted
         );
-        let mut copy = DrainCopy::default();
+        let mut copy = GateCopy::default();
         let (_, passed) = copy
             .advance(&store, &metrics, &metrics, &cfg, 105 * S)
             .unwrap();
@@ -259,7 +259,7 @@ mod tests {
             crate::shared::gate::admit(&metrics, true),
             crate::shared::gate::Admission::Admitted
         );
-        let mut copy = DrainCopy::default();
+        let mut copy = GateCopy::default();
         let (_, passed) = copy
             .advance(&store, &metrics, &metrics, &cfg, 105 * S)
             .unwrap();
