@@ -371,7 +371,7 @@ impl ConsumerFilter {
         let now = h.now_us();
         let (effects, calls) = copy.with(|c| {
             let mut effects = c.core.notice_unannounced(h.store(), signal);
-            let (more, calls) = c.core.on_tick(h.store(), now);
+            let (more, calls) = c.core.tick(h.store(), now);
             effects.extend(more);
             (effects, calls)
         });

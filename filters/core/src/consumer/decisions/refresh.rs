@@ -72,7 +72,7 @@ impl Call {
 impl Consumer {
     /// A tick: the copy that takes the lease refreshes membership and
     /// probes.
-    pub fn on_tick(&mut self, store: &dyn SharedStore, now: u64) -> (Vec<Effect>, Vec<Call>) {
+    pub fn tick(&mut self, store: &dyn SharedStore, now: u64) -> (Vec<Effect>, Vec<Call>) {
         let mut effects = Vec::new();
         let interval = micros(self.config.membership_refresh);
         let mut calls = Vec::new();

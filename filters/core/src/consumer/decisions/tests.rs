@@ -815,7 +815,7 @@ fn the_refresh_asks_the_admin_then_probes_what_is_still_a_member() {
         Part::Headers,
         S,
     );
-    let (fx, calls) = c[1].on_tick(&store, 2 * S);
+    let (fx, calls) = c[1].tick(&store, 2 * S);
     assert!(fx.contains(&Effect::Set(Metric::ConsumerTombstones, 1)));
     let [admin] = calls.as_slice() else {
         panic!("{calls:?}")
@@ -828,10 +828,10 @@ fn the_refresh_asks_the_admin_then_probes_what_is_still_a_member() {
             source: AdminSource::Clusters,
         }
     );
-    let (_, again) = c[0].on_tick(&store, 2 * S);
+    let (_, again) = c[0].tick(&store, 2 * S);
     assert!(again.is_empty(), "the lease: one copy per interval");
     c[1].sent(7, admin.clone());
-    let (_, in_flight) = c[1].on_tick(&store, 4 * S);
+    let (_, in_flight) = c[1].tick(&store, 4 * S);
     assert!(in_flight.is_empty(), "one admin call at a time");
     let Some(CallKind::Admin { wanted, source }) = c[1].answer_for(7) else {
         panic!()
@@ -909,7 +909,7 @@ fn a_failed_admin_answer_probes_from_the_last_known_membership() {
     );
     // The tick that sent the admin call read the tombstones the answer
     // works from.
-    let (_, calls) = c[0].on_tick(&store, 2 * S);
+    let (_, calls) = c[0].tick(&store, 2 * S);
     assert_eq!(calls.len(), 1);
     let mut read = false;
     let (fx, probes) = c[0].admin_answered(
@@ -939,7 +939,7 @@ fn a_failed_admin_answer_probes_from_the_last_known_membership() {
 
 /// The one call `c`'s tick at `at` sends: its membership refresh.
 fn next_refresh(c: &mut Consumer, store: &MemStore, at: u64) -> Call {
-    let (_, calls) = c.on_tick(store, at);
+    let (_, calls) = c.tick(store, at);
     let [call] = calls.as_slice() else {
         panic!("one refresh, not {calls:?}")
     };
@@ -951,7 +951,7 @@ fn an_admin_that_ignores_the_clusters_filter_turns_every_copy_to_the_config_dump
     let json = r#"{"admin_cluster":"admin","membership_refresh":"1s"}"#;
     let (store, mut c) = copies(json, 2);
     observe(&mut c[0], &store, ok("i"), "10.0.0.1:80", Part::Headers, S);
-    let (_, calls) = c[0].on_tick(&store, 2 * S);
+    let (_, calls) = c[0].tick(&store, 2 * S);
     let [admin] = calls.as_slice() else {
         panic!("{calls:?}")
     };
@@ -1090,14 +1090,14 @@ fn clusters_unanswered_three_refreshes_in_a_row_turns_every_copy_to_the_config_d
 fn without_an_admin_the_tick_probes_directly_and_skips_probes_in_flight() {
     let (store, mut c) = copies("", 1);
     observe(&mut c[0], &store, closing("i"), "b:1", Part::Headers, S);
-    let (_, calls) = c[0].on_tick(&store, 2 * S);
+    let (_, calls) = c[0].tick(&store, 2 * S);
     let [probe] = calls.as_slice() else {
         panic!("{calls:?}")
     };
     assert_eq!(probe.timeout, Duration::from_secs(1));
     assert!(probe.headers.contains(&(":authority".into(), "b:1".into())));
     c[0].sent(3, probe.clone());
-    let (_, calls) = c[0].on_tick(&store, 4 * S);
+    let (_, calls) = c[0].tick(&store, 4 * S);
     assert!(calls.is_empty(), "still in flight: {calls:?}");
     assert!(matches!(
         probe.not_sent("BadArgument"),
