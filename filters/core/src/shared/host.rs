@@ -1,8 +1,8 @@
 //! What a host does for a filter, as small traits: the one surface the
-//! filters' callbacks ([`super::provider`], [`super::drain`],
-//! [`super::consumer`]) are written against. The proxy-wasm glue
+//! filters' callbacks ([`crate::provider`], [`crate::drain`],
+//! [`crate::consumer`]) are written against. The proxy-wasm glue
 //! (`filters/guest`) and the native module (`filters/native`) each
-//! implement them once; tests use [`super::mock`].
+//! implement them once; unit tests use `shared::mock`.
 //!
 //! [`Host`] is what any callback can do (shared data, the clocks, metrics,
 //! the log, HTTP calls); [`Stream`] adds what a stream's callbacks can do
