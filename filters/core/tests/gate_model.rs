@@ -1,6 +1,6 @@
 //! The drain gate's protocol ([`graceful_core::shared::gate`]) model-checked: the
 //! real `admit`, `finish` and `GateHold::try_pass` run on threads whose
-//! every stat operation waits for a scheduler's go, so a run is one
+//! every metric operation waits for a scheduler's go, so a run is one
 //! interleaving of those operations, each atomic: sequential consistency,
 //! what Envoy's `std::atomic` stats give. Small worlds are checked for
 //! every interleaving (stateless model checking, depth first), larger ones
@@ -21,18 +21,18 @@
 use std::sync::{Condvar, Mutex};
 
 use graceful_core::shared::gate::{self, Admission, GateHold, Traffic};
-use graceful_core::shared::metrics::{Stat, Stats};
+use graceful_core::shared::metrics::{Metric, Metrics};
 
-/// One stat operation as the scheduler ran it.
+/// One metric operation as the scheduler ran it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Op {
-    Add(Stat, i64),
-    Get(Stat, u64),
+    Add(Metric, i64),
+    Get(Metric, u64),
 }
 
 #[derive(Default)]
 struct State {
-    values: [i64; 5],
+    values: [i64; Metric::ALL.len()],
     /// Every operation, in the order it ran: (actor, op).
     log: Vec<(usize, Op)>,
     turn: Option<usize>,
@@ -45,23 +45,13 @@ struct Sched {
     cv: Condvar,
 }
 
-fn idx(s: Stat) -> usize {
-    match s {
-        Stat::Inflight => 0,
-        Stat::Started => 1,
-        Stat::Gate => 2,
-        Stat::OutboundInflight => 3,
-        Stat::OutboundStarted => 4,
-    }
-}
-
-/// What the stats look like to one actor.
-struct ActorStats<'a> {
+/// What the metrics look like to one actor.
+struct ActorMetrics<'a> {
     id: usize,
     sched: &'a Sched,
 }
 
-impl ActorStats<'_> {
+impl ActorMetrics<'_> {
     fn step(&self, f: impl FnOnce(&mut State) -> Op) -> Op {
         let mut st = self.sched.state.lock().unwrap();
         st.parked[self.id] = true;
@@ -78,21 +68,21 @@ impl ActorStats<'_> {
     }
 }
 
-impl Stats for ActorStats<'_> {
-    fn add(&self, stat: Stat, delta: i64) {
+impl Metrics for ActorMetrics<'_> {
+    fn add(&self, metric: Metric, delta: i64) {
         self.step(|st| {
-            st.values[idx(stat)] += delta;
-            Op::Add(stat, delta)
+            st.values[metric.index()] += delta;
+            Op::Add(metric, delta)
         });
     }
 
-    fn get(&self, stat: Stat) -> Option<u64> {
-        // Nothing in these worlds writes the outbound stats: their reads
+    fn get(&self, metric: Metric) -> Option<u64> {
+        // Nothing in these worlds writes the outbound metrics: their reads
         // commute with every operation, so they need no interleaving.
-        if matches!(stat, Stat::OutboundInflight | Stat::OutboundStarted) {
+        if matches!(metric, Metric::ConsumerInflight | Metric::ConsumerStarted) {
             return Some(0);
         }
-        match self.step(|st| Op::Get(stat, u64::try_from(st.values[idx(stat)]).unwrap())) {
+        match self.step(|st| Op::Get(metric, u64::try_from(st.values[metric.index()]).unwrap())) {
             Op::Get(_, v) => Some(v),
             Op::Add(..) => unreachable!(),
         }
@@ -119,27 +109,27 @@ enum Outcome {
     BackedOff,
 }
 
-fn act(actor: Actor, stats: &ActorStats) -> Outcome {
+fn act(actor: Actor, metrics: &ActorMetrics) -> Outcome {
     match actor {
-        Actor::Request => match gate::admit(stats, true) {
+        Actor::Request => match gate::admit(metrics, true) {
             Admission::Admitted => {
-                gate::finish(stats);
+                gate::finish(metrics);
                 Outcome::Admitted
             }
             Admission::Rejected => Outcome::Rejected,
         },
         Actor::BrokenRequest => {
-            if stats.get(Stat::Gate).is_some_and(|g| g > 0) {
+            if metrics.get(Metric::DrainGate).is_some_and(|g| g > 0) {
                 return Outcome::Rejected;
             }
-            stats.add(Stat::Inflight, 1);
-            stats.add(Stat::Started, 1);
-            stats.add(Stat::Inflight, -1);
+            metrics.add(Metric::ProviderInflight, 1);
+            metrics.add(Metric::ProviderStarted, 1);
+            metrics.add(Metric::ProviderInflight, -1);
             Outcome::Admitted
         }
         Actor::Attempt => {
-            let before = Traffic::read(stats);
-            if GateHold::default().try_pass(stats, &before) {
+            let before = Traffic::read(metrics);
+            if GateHold::default().try_pass(metrics, &before) {
                 Outcome::Passed
             } else {
                 Outcome::BackedOff
@@ -160,7 +150,7 @@ struct Run {
     /// (choice made, how many were waiting) at each step.
     choices: Vec<(usize, usize)>,
     log: Vec<(usize, Op)>,
-    values: [i64; 5],
+    values: [i64; Metric::ALL.len()],
     outcomes: Vec<Outcome>,
 }
 
@@ -181,7 +171,7 @@ fn run(actors: &[Actor], mut pick: Pick) -> Run {
             let sched = &sched;
             let outcomes = &outcomes;
             scope.spawn(move || {
-                let out = act(actor, &ActorStats { id, sched });
+                let out = act(actor, &ActorMetrics { id, sched });
                 outcomes.lock().unwrap()[id] = Some(out);
                 let mut st = sched.state.lock().unwrap();
                 st.finished[id] = true;
@@ -249,8 +239,8 @@ fn check(actors: &[Actor], r: &Run) -> Result<(), String> {
             continue;
         }
         passes += 1;
-        let gate_up = pos(d, &|op| *op == Op::Add(Stat::Gate, 1))[0];
-        let check_read = *pos(d, &|op| matches!(op, Op::Get(Stat::Inflight, _)))
+        let gate_up = pos(d, &|op| *op == Op::Add(Metric::DrainGate, 1))[0];
+        let check_read = *pos(d, &|op| matches!(op, Op::Get(Metric::ProviderInflight, _)))
             .last()
             .unwrap();
         for (q, _) in actors
@@ -264,14 +254,14 @@ fn check(actors: &[Actor], r: &Run) -> Result<(), String> {
             // Admitted requests must all have ended before the attempt's
             // last look at the count: none in flight at the pass, none
             // admitted after it.
-            let ended = pos(q, &|op| *op == Op::Add(Stat::Inflight, -1));
+            let ended = pos(q, &|op| *op == Op::Add(Metric::ProviderInflight, -1));
             if ended[0] > check_read {
                 return Err(format!(
                     "request {q} in flight after attempt {d} passed: {:?}",
                     r.log
                 ));
             }
-            let gate_read = pos(q, &|op| matches!(op, Op::Get(Stat::Gate, _)))[0];
+            let gate_read = pos(q, &|op| matches!(op, Op::Get(Metric::DrainGate, _)))[0];
             if gate_read > gate_up {
                 return Err(format!(
                     "request {q} admitted although it read the gate after attempt {d} put it up: {:?}",
@@ -280,13 +270,13 @@ fn check(actors: &[Actor], r: &Run) -> Result<(), String> {
             }
         }
     }
-    if r.values[idx(Stat::Inflight)] != 0 {
+    if r.values[Metric::ProviderInflight.index()] != 0 {
         return Err(format!("in-flight count ends at {:?}", r.values));
     }
-    if r.values[idx(Stat::Gate)] != passes {
+    if r.values[Metric::DrainGate.index()] != passes {
         return Err(format!(
             "gate ends at {} after {passes} passes: {:?}",
-            r.values[idx(Stat::Gate)],
+            r.values[Metric::DrainGate.index()],
             r.log
         ));
     }

@@ -14,8 +14,9 @@ use std::cell::Cell;
 use std::collections::BTreeSet;
 
 use graceful_core::consumer::config::ConsumerConfig;
-use graceful_core::consumer::decisions::{Consumer, Counter, Effect, Exchange, Part, Response};
+use graceful_core::consumer::decisions::{Consumer, Effect, Exchange, Part, Response};
 use graceful_core::shared::keys;
+use graceful_core::shared::metrics::Metric;
 use graceful_core::shared::store::{self, MemStore};
 use proptest::prelude::*;
 
@@ -77,7 +78,7 @@ impl Process {
 
     fn carry(&self, effects: &[Effect]) {
         for e in effects {
-            if let Effect::Add(Counter::Generation, n) = e {
+            if let Effect::Add(Metric::ConsumerGeneration, n) = e {
                 self.signal.set(self.signal.get() + n);
             }
         }

@@ -7,7 +7,7 @@
 use std::cell::RefCell;
 use std::rc::Rc;
 
-use graceful_core::drain::filter::{Drain, DrainState, TICK};
+use graceful_core::drain::filter::{Drain, DrainCopy, TICK};
 use graceful_core::shared::keys::Owner;
 use graceful_guest::{action, CallAnswer, Guest};
 use proxy_wasm::hostcalls;
@@ -23,7 +23,7 @@ struct Shared {
     drain: Drain,
     host: Guest,
     /// This VM copy's gate evaluation, long-polls and calls.
-    state: RefCell<DrainState>,
+    copy: RefCell<DrainCopy>,
 }
 
 struct DrainRoot {
@@ -40,7 +40,7 @@ impl Context for DrainRoot {
     ) {
         if let Some(s) = &self.shared {
             s.drain
-                .call_answered(&s.state, &s.host, token, &CallAnswer { body_size });
+                .call_answered(&s.copy, &s.host, token, &CallAnswer { body_size });
         }
     }
 }
@@ -53,7 +53,7 @@ impl RootContext for DrainRoot {
                 self.shared = Some(Rc::new(Shared {
                     drain,
                     host,
-                    state: RefCell::new(DrainState::default()),
+                    copy: RefCell::new(DrainCopy::default()),
                 }));
                 graceful_guest::set_tick_period(TICK);
                 true
@@ -69,11 +69,11 @@ impl RootContext for DrainRoot {
         let Some(s) = &self.shared else {
             return;
         };
-        for (context_id, ()) in s.drain.tick(&s.state, &s.host, |_, _| {}) {
+        for (context_id, ()) in s.drain.tick(&s.copy, &s.host, |_, _| {}) {
             // The stream may have gone meanwhile: then the host refuses the
             // context and there is nobody to answer.
             if hostcalls::set_effective_context(context_id).is_ok() {
-                s.drain.answer_woken(&s.state, &s.host, context_id);
+                s.drain.answer_woken(&s.copy, &s.host, context_id);
             }
         }
     }
@@ -103,7 +103,7 @@ impl HttpContext for DrainStream {
             return Action::Continue;
         };
         let id = self.context_id;
-        action(s.drain.request_headers(&s.state, &s.host, || (id, ())))
+        action(s.drain.request_headers(&s.copy, &s.host, || (id, ())))
     }
 
     /// A long-poll whose client went away before it was answered: free
@@ -111,7 +111,7 @@ impl HttpContext for DrainStream {
     fn on_log(&mut self) {
         if let Some(s) = &self.shared {
             s.drain
-                .release(&mut s.state.borrow_mut(), &s.host, self.context_id);
+                .release(&mut s.copy.borrow_mut(), &s.host, self.context_id);
         }
     }
 }

@@ -12,7 +12,7 @@
 //! | stream destroyed | worker | frees its long-poll slot and its scheduler |
 //! | `config_destroy` | main | stops and joins the timer thread |
 //!
-//! A held long-poll's scheduler is owned by the state: the tick takes it
+//! A held long-poll's scheduler is owned by the copy: the tick takes it
 //! out to commit it, or the stream's destruction releases it; either drops
 //! (deletes) it, once.
 
@@ -20,7 +20,7 @@ use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
 use std::sync::Mutex;
 
-use graceful_core::drain::filter::{Drain, DrainState, TICK};
+use graceful_core::drain::filter::{Drain, DrainCopy, TICK};
 use graceful_core::shared::host::StateCell;
 use graceful_core::shared::keys::Owner;
 
@@ -37,8 +37,9 @@ static NEXT_WAITER: AtomicU32 = AtomicU32::new(1);
 pub struct Config {
     drain: Drain,
     ids: Ids,
-    /// The long-polls' wake handles are their streams' schedulers.
-    state: Mutex<DrainState<StreamScheduler>>,
+    /// The config's one copy; its long-polls' wake handles are their
+    /// streams' schedulers.
+    copy: Mutex<DrainCopy<StreamScheduler>>,
     _timer: Timer,
 }
 
@@ -49,7 +50,7 @@ impl Config {
         Ok(Config {
             drain,
             ids,
-            state: Mutex::new(DrainState::default()),
+            copy: Mutex::new(DrainCopy::default()),
             _timer: Timer::start(envoy, "graceful-drain", TICK)?,
         })
     }
@@ -58,7 +59,7 @@ impl Config {
     /// (deleted) after their commit.
     pub fn tick(&self, envoy: abi::Config<'_>) {
         let h = Native::config(envoy, &self.ids);
-        self.drain.tick(&self.state, &h, |_, scheduler| {
+        self.drain.tick(&self.copy, &h, |_, scheduler| {
             scheduler.commit(EVENT_ANSWER)
         });
     }
@@ -67,7 +68,7 @@ impl Config {
     pub fn callout_done(&self, envoy: abi::Config<'_>, id: u64, answer: &CalloutAnswer) {
         let h = Native::config(envoy, &self.ids);
         let token = u32::try_from(id).unwrap_or(u32::MAX);
-        self.drain.call_answered(&self.state, &h, token, answer);
+        self.drain.call_answered(&self.copy, &h, token, answer);
     }
 }
 
@@ -87,7 +88,7 @@ impl DrainStream {
         };
         code(
             c.drain
-                .request_headers(&c.state, &Native::stream(s, &c.ids), hold),
+                .request_headers(&c.copy, &Native::stream(s, &c.ids), hold),
         )
     }
 
@@ -96,7 +97,7 @@ impl DrainStream {
     pub fn scheduled(&self, c: &Config, s: Stream<'_>) {
         if let Some(id) = self.waiting.get() {
             c.drain
-                .answer_woken(&c.state, &Native::stream(s, &c.ids), id);
+                .answer_woken(&c.copy, &Native::stream(s, &c.ids), id);
         }
     }
 
@@ -106,7 +107,7 @@ impl DrainStream {
         let Some(id) = self.waiting.take() else {
             return;
         };
-        c.state
+        c.copy
             .with(|st| c.drain.release(st, &Native::detached(&c.ids), id));
     }
 }

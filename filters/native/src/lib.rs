@@ -15,7 +15,7 @@
 //! | a tick in every VM copy | one timer thread per drain or consumer config, waking the main thread through a config scheduler |
 //! | a long-poll answered from the tick with `set_effective_context` | the tick commits the stream's own scheduler; the answer is sent on its worker |
 //!
-//! Each filter's callbacks are the core's (`graceful_core::filter`), over
+//! Each filter's callbacks are the core's (`graceful_core::<room>::filter`), over
 //! the host in `host.rs`; `provider.rs`, `drain.rs` and `consumer.rs` hold
 //! only what is this delivery's.
 //!

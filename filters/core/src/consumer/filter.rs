@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use crate::consumer::config::ConsumerConfig;
 use crate::consumer::decisions::{
-    Call, CallKind, Consumer, Counter, Effect, Exchange, Gauge, Part, Response, MAX_ADMIN_BODY,
+    Call, CallKind, Consumer, Effect, Exchange, Part, Response, MAX_ADMIN_BODY,
 };
 use crate::shared::headers;
 use crate::shared::host::{
@@ -149,21 +149,8 @@ impl Exchange for Fixed {
 fn carry_out(h: &(impl Host + ?Sized), effects: Vec<Effect>) {
     for effect in effects {
         match effect {
-            Effect::Set(gauge, value) => h.metric_set(
-                match gauge {
-                    Gauge::Tombstones => Metric::ConsumerTombstones,
-                    Gauge::TombstoneBytes => Metric::ConsumerTombstoneBytes,
-                },
-                value,
-            ),
-            Effect::Add(counter, n) => h.metric_add(
-                match counter {
-                    Counter::Evictions => Metric::ConsumerEvictions,
-                    Counter::Readmitted => Metric::ConsumerReadmitted,
-                    Counter::Generation => Metric::ConsumerGeneration,
-                },
-                i64::try_from(n).unwrap_or(i64::MAX),
-            ),
+            Effect::Set(metric, value) => h.metric_set(metric, value),
+            Effect::Add(metric, n) => h.metric_add(metric, i64::try_from(n).unwrap_or(i64::MAX)),
             Effect::Log(level, line) => h.log(level, &line),
         }
     }
@@ -384,7 +371,7 @@ impl ConsumerFilter {
         let now = h.now_us();
         let (effects, calls) = copy.with(|c| {
             let mut effects = c.core.notice_unannounced(h.store(), signal);
-            let (more, calls) = c.core.on_tick(h.store(), now);
+            let (more, calls) = c.core.tick(h.store(), now);
             effects.extend(more);
             (effects, calls)
         });

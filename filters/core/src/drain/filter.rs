@@ -10,7 +10,7 @@
 //! | gRPC health `Watch` | while serving, the app's, and this copy keeps the stream (at most [`MAX_WATCHES`]); once closing, answered `NOT_SERVING` |
 //! | tick, closing, kept `Watch` streams | wakes each: answered `NOT_SERVING`, which Envoy turns into a reset once the app's headers went out (the client's health check sees the stream fail); so none holds the gate |
 //! | `report` | the drain report ([`crate::drain::report`]) from shared data |
-//! | `status`, `drained` | evaluates the gate ([`crate::drain::copy::DrainCopy::advance`]) and answers; `drained?wait=` holds the stream until drained or its wait runs out |
+//! | `status`, `drained` | evaluates the gate ([`crate::drain::gate_copy::GateCopy::advance`]) and answers; `drained?wait=` holds the stream until drained or its wait runs out |
 //! | tick (every [`TICK`]) | evaluates the gate; sends `on_drained` for a pass this copy made (on the tick or in an endpoint); wakes due long-polls; while serving, polls the admin's `/ready` (one copy per [`ADMIN_POLL_INTERVAL`], by lease) |
 //! | admin answer 503 `DRAINING` | starts closing (Envoy's `/healthcheck/fail`) |
 //! | closing started by this copy, `close_connections` on | at its next tick, POSTs the mode's admin path ([`CloseConnections::admin_path`]), so Envoy tells keep-alive and HTTP/2 clients to leave; a failed answer is tried again [`CLOSE_RETRY`] later, until closing ends with the process |
@@ -26,8 +26,8 @@
 use std::time::Duration;
 
 use crate::drain::config::{CloseConnections, DrainConfig};
-use crate::drain::copy::{raise_phase, DrainCopy, Evaluation};
 use crate::drain::endpoints::{is_endpoint_path, route, Endpoint, Reply, Route, Stamp, Waiters};
+use crate::drain::gate_copy::{raise_phase, Evaluation, GateCopy};
 use crate::drain::record::{self, GatePass, Phase};
 use crate::drain::report::{Inputs, Report};
 use crate::shared::duration::micros;
@@ -65,11 +65,12 @@ pub struct Drain {
     config: DrainConfig,
 }
 
-/// One copy's mutable state (a VM copy's; the native config's). `W` is
-/// what wakes a held long-poll (see [`Waiters`]).
+/// One copy's state (a VM copy's; the native config's): its part in the
+/// gate, its held streams and its calls. `W` is what wakes a held
+/// long-poll (see [`Waiters`]).
 #[derive(Debug)]
-pub struct DrainState<W = ()> {
-    copy: DrainCopy,
+pub struct DrainCopy<W = ()> {
+    gate: GateCopy,
     waiters: Waiters<W>,
     /// gRPC health `Watch` streams held by the app since serving.
     watches: Waiters<W>,
@@ -98,10 +99,10 @@ pub struct DrainState<W = ()> {
     late_peers_at: u64,
 }
 
-impl<W> Default for DrainState<W> {
+impl<W> Default for DrainCopy<W> {
     fn default() -> Self {
-        DrainState {
-            copy: DrainCopy::default(),
+        DrainCopy {
+            gate: GateCopy::default(),
             waiters: Waiters::default(),
             watches: Waiters::default(),
             ending_watches: Vec::new(),
@@ -118,7 +119,7 @@ impl<W> Default for DrainState<W> {
     }
 }
 
-impl<W> DrainState<W> {
+impl<W> DrainCopy<W> {
     /// Long-polls held.
     pub fn held(&self) -> usize {
         self.waiters.len()
@@ -147,12 +148,12 @@ impl Drain {
     /// forced, and owed to `on_drained`.
     fn advance<W>(
         &self,
-        st: &mut DrainState<W>,
+        c: &mut DrainCopy<W>,
         h: &(impl Host + ?Sized),
         now: u64,
     ) -> Result<Evaluation, UpdateError> {
         let m = HostMetrics(h);
-        let (eval, passed) = st.copy.advance(h.store(), &m, &m, &self.config, now)?;
+        let (eval, passed) = c.gate.advance(h.store(), &m, &m, &self.config, now)?;
         if let Some(p) = passed {
             let outcome = match p.why {
                 GatePass::Quiet => Metric::DrainPassedQuiet,
@@ -173,7 +174,7 @@ impl Drain {
                 Err(e) => h.log(Level::Warn, &format!("drain report not read: {e}")),
             }
             if self.config.on_drained.is_some() {
-                st.callback_owed = Some(eval.status(now).to_json());
+                c.callback_owed = Some(eval.status(now).to_json());
             }
         }
         Ok(eval)
@@ -188,11 +189,11 @@ impl Drain {
 
     /// Sets `graceful_drain_late_peers` from the report's peers, at most
     /// once per [`REPORT_INTERVAL`] per copy, once closing.
-    fn count_late_peers<W>(&self, state: &impl StateCell<DrainState<W>>, h: &impl Host, now: u64) {
-        let due = state.with(|st| {
-            let due = now >= st.late_peers_at.saturating_add(micros(REPORT_INTERVAL));
+    fn count_late_peers<W>(&self, copy: &impl StateCell<DrainCopy<W>>, h: &impl Host, now: u64) {
+        let due = copy.with(|c| {
+            let due = now >= c.late_peers_at.saturating_add(micros(REPORT_INTERVAL));
             if due {
-                st.late_peers_at = now;
+                c.late_peers_at = now;
             }
             due
         });
@@ -209,19 +210,19 @@ impl Drain {
     /// The record with the traffic now, no gate evaluation.
     fn look<W>(
         &self,
-        st: &mut DrainState<W>,
+        c: &mut DrainCopy<W>,
         h: &(impl Host + ?Sized),
         now: u64,
     ) -> Result<Evaluation, String> {
         let rec = record::read(h.store()).map_err(|e| format!("{e:?}"))?;
-        Ok(st.copy.look(&HostMetrics(h), rec, now))
+        Ok(c.gate.look(&HostMetrics(h), rec, now))
     }
 
     /// A request's headers. `waiter` gives the stream's long-poll id and
     /// its wake handle, asked only when the stream is held.
     pub fn request_headers<W>(
         &self,
-        state: &impl StateCell<DrainState<W>>,
+        copy: &impl StateCell<DrainCopy<W>>,
         s: &impl Stream,
         waiter: impl FnOnce() -> (u32, W),
     ) -> Action {
@@ -237,7 +238,7 @@ impl Drain {
         };
         let reply = match route(&self.config.paths, &method, &path) {
             Route::Pass => return Action::Continue,
-            Route::Endpoint(endpoint) => match self.answer(state, s, endpoint, waiter) {
+            Route::Endpoint(endpoint) => match self.answer(copy, s, endpoint, waiter) {
                 Answer::Now(reply) => reply,
                 Answer::Held => return Action::Stop,
                 Answer::App => return Action::Continue,
@@ -251,7 +252,7 @@ impl Drain {
 
     fn answer<W>(
         &self,
-        state: &impl StateCell<DrainState<W>>,
+        copy: &impl StateCell<DrainCopy<W>>,
         s: &impl Stream,
         endpoint: Endpoint,
         waiter: impl FnOnce() -> (u32, W),
@@ -275,26 +276,26 @@ impl Drain {
             }
         };
         Answer::Now(match endpoint {
-            Endpoint::Closing => self.start_closing(state, s, now, source),
+            Endpoint::Closing => self.start_closing(copy, s, now, source),
             Endpoint::Ready => match record::read(s.store()) {
                 Ok(rec) => Reply::ready(rec.phase),
                 Err(e) => Reply::unavailable(&format!("{e:?}")),
             },
-            Endpoint::Status => match state.with(|st| self.advance(st, s, now)) {
+            Endpoint::Status => match copy.with(|c| self.advance(c, s, now)) {
                 Ok(eval) => Reply::status(&eval.status(now)),
                 Err(e) => Reply::unavailable(&format!("{e:?}")),
             },
-            Endpoint::Drained { wait } => match state.with(|st| self.advance(st, s, now)) {
+            Endpoint::Drained { wait } => match copy.with(|c| self.advance(c, s, now)) {
                 Ok(eval) if eval.rec.phase == Phase::Drained || wait.is_none() => {
                     Reply::drained(&eval.status(now))
                 }
-                Ok(_) => match self.hold(state, s, now, wait.unwrap_or_default(), waiter) {
+                Ok(_) => match self.hold(copy, s, now, wait.unwrap_or_default(), waiter) {
                     Some(reply) => reply,
                     None => return Answer::Held,
                 },
                 Err(e) => Reply::unavailable(&format!("{e:?}")),
             },
-            Endpoint::GrpcHealthWatch => return self.watch(state, s, waiter),
+            Endpoint::GrpcHealthWatch => return self.watch(copy, s, waiter),
             Endpoint::Report => match self.report(s, now) {
                 Ok(report) => Reply::report(&report.to_json()),
                 Err(e) => Reply::unavailable(&e),
@@ -311,15 +312,15 @@ impl Drain {
     /// keeps the stream to end at closing; once closing, `NOT_SERVING`.
     fn watch<W>(
         &self,
-        state: &impl StateCell<DrainState<W>>,
+        copy: &impl StateCell<DrainCopy<W>>,
         s: &impl Stream,
         waiter: impl FnOnce() -> (u32, W),
     ) -> Answer {
         match record::read(s.store()) {
             Ok(rec) if rec.phase == Phase::Serving => {
-                if state.with(|st| st.watches.len()) < MAX_WATCHES {
+                if copy.with(|c| c.watches.len()) < MAX_WATCHES {
                     let (id, wake) = waiter();
-                    state.with(|st| st.watches.hold(id, wake, u64::MAX));
+                    copy.with(|c| c.watches.hold(id, wake, u64::MAX));
                 }
                 Answer::App
             }
@@ -362,7 +363,7 @@ impl Drain {
 
     fn start_closing<W>(
         &self,
-        state: &impl StateCell<DrainState<W>>,
+        copy: &impl StateCell<DrainCopy<W>>,
         s: &impl Stream,
         now: u64,
         ip: Option<std::net::IpAddr>,
@@ -370,7 +371,7 @@ impl Drain {
         match record::start_closing(s.store(), now) {
             Ok((rec, started)) => {
                 if started {
-                    state.with(|st| st.close_owed = true);
+                    copy.with(|c| c.close_owed = true);
                     raise_phase(&HostMetrics(s), Phase::Closing);
                     s.log(
                         Level::Info,
@@ -380,7 +381,7 @@ impl Drain {
                         ),
                     );
                 }
-                let eval = state.with(|st| st.copy.look(&HostMetrics(s), rec, now));
+                let eval = copy.with(|c| c.gate.look(&HostMetrics(s), rec, now));
                 Reply::closing(&eval.status(now))
             }
             Err(e) => Reply::unavailable(&format!("{e:?}")),
@@ -391,7 +392,7 @@ impl Drain {
     /// reply to send at once when it cannot be held.
     fn hold<W>(
         &self,
-        state: &impl StateCell<DrainState<W>>,
+        copy: &impl StateCell<DrainCopy<W>>,
         s: &impl Stream,
         now: u64,
         wait: Duration,
@@ -402,7 +403,7 @@ impl Drain {
             Ok(Some(_)) => {
                 let (id, wake) = waiter();
                 let deadline = now.saturating_add(micros(wait));
-                state.with(|st| st.waiters.hold(id, wake, deadline));
+                copy.with(|c| c.waiters.hold(id, wake, deadline));
                 None
             }
             Ok(None) => Some(Reply::too_many_waiters()),
@@ -412,18 +413,18 @@ impl Drain {
 
     /// A woken stream's answer: a kept `Watch` is told `NOT_SERVING`; a
     /// long-poll gets `drained` with the status now.
-    pub fn answer_woken<W>(&self, state: &impl StateCell<DrainState<W>>, s: &impl Stream, id: u32) {
-        let watch = state.with(|st| {
-            let before = st.ending_watches.len();
-            st.ending_watches.retain(|w| *w != id);
-            st.ending_watches.len() != before
+    pub fn answer_woken<W>(&self, copy: &impl StateCell<DrainCopy<W>>, s: &impl Stream, id: u32) {
+        let watch = copy.with(|c| {
+            let before = c.ending_watches.len();
+            c.ending_watches.retain(|w| *w != id);
+            c.ending_watches.len() != before
         });
         if watch {
             send(s, &Reply::grpc_not_serving());
             return;
         }
         let now = s.now_us();
-        let reply = match state.with(|st| self.look(st, s, now)) {
+        let reply = match copy.with(|c| self.look(c, s, now)) {
             Ok(eval) => Reply::drained(&eval.status(now)),
             Err(e) => Reply::unavailable(&e),
         };
@@ -431,26 +432,26 @@ impl Drain {
     }
 
     /// A stream with long-poll `id` ended: a poll not answered yet frees its
-    /// slot. Takes the locked state: the native module deletes the
+    /// slot. Takes the copy locked: the native module deletes the
     /// stream's wake handle under the same lock.
-    pub fn release<W>(&self, st: &mut DrainState<W>, h: &(impl Host + ?Sized), id: u32) {
-        if st.waiters.release(id) {
+    pub fn release<W>(&self, c: &mut DrainCopy<W>, h: &(impl Host + ?Sized), id: u32) {
+        if c.waiters.release(id) {
             let _ = add_bounded(h.store(), keys::WAITERS.name, -1, u64::MAX);
         }
-        st.watches.release(id);
-        st.ending_watches.retain(|w| *w != id);
+        c.watches.release(id);
+        c.ending_watches.retain(|w| *w != id);
     }
 
     /// The tick (see the module table). `wake` is called for each due
-    /// long-poll under the state's lock; the due ones are returned too.
+    /// long-poll under the copy's lock; the due ones are returned too.
     pub fn tick<W>(
         &self,
-        state: &impl StateCell<DrainState<W>>,
+        copy: &impl StateCell<DrainCopy<W>>,
         h: &impl Host,
         mut wake: impl FnMut(u32, &W),
     ) -> Vec<(u32, W)> {
         let now = h.now_us();
-        let eval = match state.with(|st| self.advance(st, h, now)) {
+        let eval = match copy.with(|c| self.advance(c, h, now)) {
             Ok(eval) => eval,
             Err(e) => {
                 h.log(
@@ -460,20 +461,20 @@ impl Drain {
                 return Vec::new();
             }
         };
-        if let Some(body) = state.with(|st| st.callback_owed.take()) {
-            self.call_on_drained(state, h, &body);
+        if let Some(body) = copy.with(|c| c.callback_owed.take()) {
+            self.call_on_drained(copy, h, &body);
         }
         let drained = eval.rec.phase == Phase::Drained;
         let closing = eval.rec.phase != Phase::Serving;
-        let (due, ended) = state.with(|st| {
-            let mut due = st.waiters.take_due(drained, now);
+        let (due, ended) = copy.with(|c| {
+            let mut due = c.waiters.take_due(drained, now);
             for (id, w) in &due {
                 let _ = add_bounded(h.store(), keys::WAITERS.name, -1, u64::MAX);
                 wake(*id, w);
             }
-            let watches = st.watches.take_due(closing, now);
+            let watches = c.watches.take_due(closing, now);
             for (id, w) in &watches {
-                st.ending_watches.push(*id);
+                c.ending_watches.push(*id);
                 wake(*id, w);
             }
             let ended = watches.len();
@@ -487,17 +488,17 @@ impl Drain {
             );
         }
         if eval.rec.phase == Phase::Serving {
-            self.poll_admin(state, h, now);
+            self.poll_admin(copy, h, now);
         } else {
-            self.count_late_peers(state, h, now);
+            self.count_late_peers(copy, h, now);
         }
-        self.close_connections(state, h, now);
+        self.close_connections(copy, h, now);
         due
     }
 
     /// POSTs the status JSON to the app's shutdown hook, once: only the copy
     /// whose write passed the gate owes it.
-    fn call_on_drained<W>(&self, state: &impl StateCell<DrainState<W>>, h: &impl Host, body: &str) {
+    fn call_on_drained<W>(&self, copy: &impl StateCell<DrainCopy<W>>, h: &impl Host, body: &str) {
         let Some(cb) = &self.config.on_drained else {
             return;
         };
@@ -514,7 +515,7 @@ impl Drain {
             timeout: cb.timeout,
         };
         match h.dispatch(&call) {
-            Ok(token) => state.with(|st| st.callback_call = Some(token)),
+            Ok(token) => copy.with(|c| c.callback_call = Some(token)),
             Err(reason) => {
                 h.metric_add(Metric::DrainCallbackFailed, 1);
                 h.log(
@@ -530,7 +531,7 @@ impl Drain {
 
     /// Asks Envoy's admin to tell the clients' connections to leave, if
     /// this copy owes it (it started closing) and no call is in flight.
-    fn close_connections<W>(&self, state: &impl StateCell<DrainState<W>>, h: &impl Host, now: u64) {
+    fn close_connections<W>(&self, copy: &impl StateCell<DrainCopy<W>>, h: &impl Host, now: u64) {
         let (Some(cluster), Some(path)) = (
             &self.config.admin_cluster,
             self.config.close_connections.admin_path(),
@@ -538,15 +539,15 @@ impl Drain {
             return;
         };
         let due =
-            state.with(|st| st.close_owed && st.close_call.is_none() && now >= st.close_not_before);
+            copy.with(|c| c.close_owed && c.close_call.is_none() && now >= c.close_not_before);
         if !due {
             return;
         }
         match admin_call(h, cluster, "POST", path, CLOSE_CALL_TIMEOUT) {
-            Ok(token) => state.with(|st| st.close_call = Some(token)),
+            Ok(token) => copy.with(|c| c.close_call = Some(token)),
             Err(reason) => {
                 // No such cluster: it will not appear while closing.
-                state.with(|st| st.close_owed = false);
+                copy.with(|c| c.close_owed = false);
                 h.log(
                     Level::Warn,
                     &format!("connections not told to close: POST {path} to cluster {cluster:?} not sent ({reason})"),
@@ -555,11 +556,11 @@ impl Drain {
         }
     }
 
-    fn poll_admin<W>(&self, state: &impl StateCell<DrainState<W>>, h: &impl Host, now: u64) {
+    fn poll_admin<W>(&self, copy: &impl StateCell<DrainCopy<W>>, h: &impl Host, now: u64) {
         let Some(cluster) = &self.config.admin_cluster else {
             return;
         };
-        if state.with(|st| st.admin_call.is_some()) {
+        if copy.with(|c| c.admin_call.is_some()) {
             return;
         }
         let interval = micros(ADMIN_POLL_INTERVAL);
@@ -567,9 +568,9 @@ impl Drain {
             return;
         }
         match admin_call(h, cluster, "GET", "/ready", ADMIN_POLL_TIMEOUT) {
-            Ok(token) => state.with(|st| st.admin_call = Some(token)),
+            Ok(token) => copy.with(|c| c.admin_call = Some(token)),
             Err(reason) => {
-                if !state.with(|st| std::mem::replace(&mut st.admin_warned, true)) {
+                if !copy.with(|c| std::mem::replace(&mut c.admin_warned, true)) {
                     h.log(
                         Level::Warn,
                         &format!("admin poll to cluster {cluster:?} not sent ({reason}): is the cluster defined?"),
@@ -583,29 +584,29 @@ impl Drain {
     /// has no `:status`).
     pub fn call_answered<W>(
         &self,
-        state: &impl StateCell<DrainState<W>>,
+        copy: &impl StateCell<DrainCopy<W>>,
         h: &impl Host,
         token: u32,
         answer: &impl CallResponse,
     ) {
         let status = answer.header(STATUS);
-        let (admin, callback, close) = state.with(|st| {
-            let admin = st.admin_call == Some(token);
-            let callback = st.callback_call == Some(token);
-            let close = st.close_call == Some(token);
+        let (admin, callback, close) = copy.with(|c| {
+            let admin = c.admin_call == Some(token);
+            let callback = c.callback_call == Some(token);
+            let close = c.close_call == Some(token);
             if admin {
-                st.admin_call = None;
+                c.admin_call = None;
             }
             if callback {
-                st.callback_call = None;
+                c.callback_call = None;
             }
             if close {
-                st.close_call = None;
+                c.close_call = None;
             }
             (admin, callback, close)
         });
         if close {
-            self.close_answered(state, h, status.as_deref());
+            self.close_answered(copy, h, status.as_deref());
             return;
         }
         if admin {
@@ -619,7 +620,7 @@ impl Drain {
                         // Envoy fails its health check already; a drain of
                         // the listeners is still this copy's to start.
                         if self.config.close_connections == CloseConnections::DrainListeners {
-                            state.with(|st| st.close_owed = true);
+                            copy.with(|c| c.close_owed = true);
                         }
                         raise_phase(&HostMetrics(h), Phase::Closing);
                         h.log(
@@ -653,7 +654,7 @@ impl Drain {
     /// anything else is tried again [`CLOSE_RETRY`] later, logged once.
     fn close_answered<W>(
         &self,
-        state: &impl StateCell<DrainState<W>>,
+        copy: &impl StateCell<DrainCopy<W>>,
         h: &impl Host,
         status: Option<&[u8]>,
     ) {
@@ -667,13 +668,13 @@ impl Drain {
             String::from_utf8_lossy(s).into_owned()
         });
         let now = h.now_us();
-        let first_failure = state.with(|st| {
+        let first_failure = copy.with(|c| {
             if ok {
-                st.close_owed = false;
+                c.close_owed = false;
                 false
             } else {
-                st.close_not_before = now.saturating_add(micros(CLOSE_RETRY));
-                !std::mem::replace(&mut st.close_warned, true)
+                c.close_not_before = now.saturating_add(micros(CLOSE_RETRY));
+                !std::mem::replace(&mut c.close_warned, true)
             }
         });
         if ok {

@@ -21,7 +21,7 @@ fn request(h: &MockHost, method: &str, path: &str, source: &str) {
     h.set_attribute(Attribute::DestinationAddress, "10.0.0.7:8080");
 }
 
-fn call(d: &Drain, st: &RefCell<DrainState>, h: &MockHost, method: &str, path: &str) -> Action {
+fn call(d: &Drain, st: &RefCell<DrainCopy>, h: &MockHost, method: &str, path: &str) -> Action {
     request(h, method, path, "127.0.0.1:5000");
     d.request_headers(st, h, || (7, ()))
 }
@@ -331,7 +331,7 @@ fn the_report_names_the_late_callers_and_a_quiet_pass_says_so() {
 fn a_long_poll_is_held_then_woken_once_drained() {
     let h = MockHost::new();
     let json = r#"{"consumer_update_wait": "0s", "quiet_window": "0s"}"#;
-    let (d, st) = (drain(&h, json), RefCell::new(DrainState::<char>::default()));
+    let (d, st) = (drain(&h, json), RefCell::new(DrainCopy::<char>::default()));
     h.metric_add(Metric::ProviderInflight, 1);
     request(&h, "GET", "/graceful/drained?wait=30s", "127.0.0.1:1");
     assert_eq!(d.request_headers(&st, &h, || (5, 'w')), Action::Stop);
@@ -572,7 +572,7 @@ fn a_failed_close_call_is_tried_again_a_second_later_and_logged_once() {
 
 /// Starts closing the way the admin does (its poll answered DRAINING: Envoy's
 /// `/healthcheck/fail`) or by `POST /graceful/closing`.
-fn start_closing(d: &Drain, st: &RefCell<DrainState>, h: &MockHost, by_admin: bool) {
+fn start_closing(d: &Drain, st: &RefCell<DrainCopy>, h: &MockHost, by_admin: bool) {
     if by_admin {
         d.tick(st, h, |_, _| {});
         let poll = h.take_calls();
@@ -657,6 +657,6 @@ fn close_connections_is_refused_without_the_admin_it_goes_through() {
     }
 }
 
-fn state() -> RefCell<DrainState> {
-    RefCell::new(DrainState::default())
+fn state() -> RefCell<DrainCopy> {
+    RefCell::new(DrainCopy::default())
 }

@@ -1,5 +1,5 @@
 //! graceful_drain: [`filter`] (its callbacks), [`config`], [`record`] (the
-//! instance record and the shutdown state machine), [`copy`] (one copy's
+//! instance record and the shutdown state machine), [`gate_copy`] (one copy's
 //! evaluation of the gate), [`endpoints`] and [`status`] (what its
 //! endpoints answer) and [`report`] (the drain report).
 //!
@@ -8,9 +8,9 @@
 //! ([`PendingReport`]); graceful_consumer's tests read a peer identity.
 
 pub mod config;
-pub mod copy;
 pub mod endpoints;
 pub mod filter;
+pub mod gate_copy;
 pub mod record;
 pub mod report;
 pub mod status;

@@ -63,7 +63,7 @@
 //! again starts from 0 with nothing in flight; the drain filter puts its 1
 //! back into `gate` on its next tick when the record says drained.
 
-use crate::shared::metrics::{Stat, Stats};
+use crate::shared::metrics::{Metric, Metrics};
 
 /// What admission decided for a new request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,19 +76,19 @@ pub enum Admission {
 
 /// Steps 1–3 of the table. A `gate` that cannot be read admits (fail open:
 /// a shutdown helper never denies traffic over its own trouble).
-pub fn admit(stats: &dyn Stats, reject_when_drained: bool) -> Admission {
-    stats.add(Stat::Inflight, 1);
-    if reject_when_drained && stats.get(Stat::Gate).is_some_and(|g| g > 0) {
-        stats.add(Stat::Inflight, -1);
+pub fn admit(metrics: &dyn Metrics, reject_when_drained: bool) -> Admission {
+    metrics.add(Metric::ProviderInflight, 1);
+    if reject_when_drained && metrics.get(Metric::DrainGate).is_some_and(|g| g > 0) {
+        metrics.add(Metric::ProviderInflight, -1);
         return Admission::Rejected;
     }
-    stats.add(Stat::Started, 1);
+    metrics.add(Metric::ProviderStarted, 1);
     Admission::Admitted
 }
 
 /// Step 4: an admitted stream ended.
-pub fn finish(stats: &dyn Stats) {
-    stats.add(Stat::Inflight, -1);
+pub fn finish(metrics: &dyn Metrics) {
+    metrics.add(Metric::ProviderInflight, -1);
 }
 
 /// What the drain side reads: in-flight counts and the total of starts
@@ -103,12 +103,12 @@ pub struct Traffic {
 impl Traffic {
     /// Reads the counts, in-flight first: a request that ended before its
     /// count was read had started before `started` is read (step c).
-    pub fn read(stats: &dyn Stats) -> Traffic {
-        let inflight_inbound = stats.get(Stat::Inflight);
-        let inflight_outbound = stats.get(Stat::OutboundInflight);
-        let started = stats
-            .get(Stat::Started)
-            .zip(stats.get(Stat::OutboundStarted))
+    pub fn read(metrics: &dyn Metrics) -> Traffic {
+        let inflight_inbound = metrics.get(Metric::ProviderInflight);
+        let inflight_outbound = metrics.get(Metric::ConsumerInflight);
+        let started = metrics
+            .get(Metric::ProviderStarted)
+            .zip(metrics.get(Metric::ConsumerStarted))
             .map(|(a, b)| a.wrapping_add(b));
         Traffic {
             inflight_inbound,
@@ -184,35 +184,35 @@ impl GateHold {
 
     /// Steps b–d: tries to pass the gate unforced when `before` (read at
     /// step a) was quiet. True if it passed (the 1 stays in `gate`).
-    pub fn try_pass(&mut self, stats: &dyn Stats, before: &Traffic) -> bool {
+    pub fn try_pass(&mut self, metrics: &dyn Metrics, before: &Traffic) -> bool {
         if self.held {
             return true;
         }
         if !before.idle() || before.started.is_none() {
             return false;
         }
-        stats.add(Stat::Gate, 1);
-        let after = Traffic::read(stats);
+        metrics.add(Metric::DrainGate, 1);
+        let after = Traffic::read(metrics);
         if after.idle() && after.started == before.started {
             self.held = true;
             return true;
         }
-        stats.add(Stat::Gate, -1);
+        metrics.add(Metric::DrainGate, -1);
         false
     }
 
     /// Step b′: a forced pass. Idempotent per copy.
-    pub fn hold(&mut self, stats: &dyn Stats) {
+    pub fn hold(&mut self, metrics: &dyn Metrics) {
         if !self.held {
-            stats.add(Stat::Gate, 1);
+            metrics.add(Metric::DrainGate, 1);
             self.held = true;
         }
     }
 
     /// Puts a 1 back into a gate stat that reads 0 although the record says
     /// drained: the stats were made again (see the module doc).
-    pub fn hold_again(&mut self, stats: &dyn Stats) {
-        stats.add(Stat::Gate, 1);
+    pub fn hold_again(&mut self, metrics: &dyn Metrics) {
+        metrics.add(Metric::DrainGate, 1);
         self.held = true;
     }
 }
@@ -225,44 +225,40 @@ mod tests {
     #[test]
     fn counts_read_as_gauges_never_below_zero() {
         let c = crate::shared::metrics::AtomicMetrics::new();
-        c.add(Stat::Inflight, 2);
-        c.add(Stat::Inflight, -3);
-        assert_eq!(c.get(Stat::Inflight), Some(0));
-        c.add(Stat::Inflight, 2);
-        assert_eq!(c.get(Stat::Inflight), Some(1));
+        c.add(Metric::ProviderInflight, 2);
+        c.add(Metric::ProviderInflight, -3);
+        assert_eq!(c.get(Metric::ProviderInflight), Some(0));
+        c.add(Metric::ProviderInflight, 2);
+        assert_eq!(c.get(Metric::ProviderInflight), Some(1));
     }
 
-    type AfterAdd = Box<dyn FnMut(Stat, &Fake)>;
+    type AfterAdd = Box<dyn FnMut(Metric, &Fake)>;
 
-    /// Stats as plain numbers, with a hook run after each add (to play
+    /// Metrics as plain numbers, with a hook run after each add (to play
     /// another worker acting between two steps).
     #[derive(Default)]
     struct Fake {
-        values: RefCell<[i64; 5]>,
+        values: RefCell<[i64; Metric::ALL.len()]>,
         after_add: RefCell<Option<AfterAdd>>,
     }
 
-    fn idx(s: Stat) -> usize {
-        s as usize
-    }
-
-    impl Stats for Fake {
-        fn add(&self, stat: Stat, delta: i64) {
-            self.values.borrow_mut()[idx(stat)] += delta;
+    impl Metrics for Fake {
+        fn add(&self, metric: Metric, delta: i64) {
+            self.values.borrow_mut()[metric.index()] += delta;
             let hook = self.after_add.borrow_mut().take();
             if let Some(mut f) = hook {
-                f(stat, self);
+                f(metric, self);
                 *self.after_add.borrow_mut() = Some(f);
             }
         }
-        fn get(&self, stat: Stat) -> Option<u64> {
-            u64::try_from(self.values.borrow()[idx(stat)]).ok()
+        fn get(&self, metric: Metric) -> Option<u64> {
+            u64::try_from(self.values.borrow()[metric.index()]).ok()
         }
     }
 
     impl Fake {
-        fn value(&self, s: Stat) -> i64 {
-            self.values.borrow()[idx(s)]
+        fn value(&self, metric: Metric) -> i64 {
+            self.values.borrow()[metric.index()]
         }
     }
 
@@ -270,13 +266,22 @@ mod tests {
     fn admission_counts_and_rejects_only_once_the_gate_is_up() {
         let f = Fake::default();
         assert_eq!(admit(&f, true), Admission::Admitted);
-        assert_eq!((f.value(Stat::Inflight), f.value(Stat::Started)), (1, 1));
+        assert_eq!(
+            (
+                f.value(Metric::ProviderInflight),
+                f.value(Metric::ProviderStarted)
+            ),
+            (1, 1)
+        );
         finish(&f);
-        assert_eq!(f.value(Stat::Inflight), 0);
-        f.add(Stat::Gate, 1);
+        assert_eq!(f.value(Metric::ProviderInflight), 0);
+        f.add(Metric::DrainGate, 1);
         assert_eq!(admit(&f, true), Admission::Rejected);
         assert_eq!(
-            (f.value(Stat::Inflight), f.value(Stat::Started)),
+            (
+                f.value(Metric::ProviderInflight),
+                f.value(Metric::ProviderStarted)
+            ),
             (0, 1),
             "a rejected request leaves no count behind"
         );
@@ -290,9 +295,9 @@ mod tests {
     #[test]
     fn an_unreadable_gate_admits() {
         struct Blind;
-        impl Stats for Blind {
-            fn add(&self, _: Stat, _: i64) {}
-            fn get(&self, _: Stat) -> Option<u64> {
+        impl Metrics for Blind {
+            fn add(&self, _: Metric, _: i64) {}
+            fn get(&self, _: Metric) -> Option<u64> {
                 None
             }
         }
@@ -309,17 +314,17 @@ mod tests {
         // A request arrives right after the attempt's gate += 1: it is
         // rejected, and the attempt (which sees nothing) passes.
         *f.after_add.borrow_mut() = Some(Box::new(|s, f: &Fake| {
-            if s == Stat::Gate && f.value(Stat::Gate) == 1 {
+            if s == Metric::DrainGate && f.value(Metric::DrainGate) == 1 {
                 *f.after_add.borrow_mut() = None;
                 assert_eq!(admit(f, true), Admission::Rejected);
             }
         }));
         let mut hold = GateHold::default();
         assert!(hold.try_pass(&f, &before));
-        assert_eq!(f.value(Stat::Gate), 1);
+        assert_eq!(f.value(Metric::DrainGate), 1);
         assert!(hold.try_pass(&f, &before), "idempotent");
         hold.hold(&f);
-        assert_eq!(f.value(Stat::Gate), 1, "one 1 per copy");
+        assert_eq!(f.value(Metric::DrainGate), 1, "one 1 per copy");
     }
 
     #[test]
@@ -330,7 +335,7 @@ mod tests {
         finish(&f);
         let mut hold = GateHold::default();
         assert!(!hold.try_pass(&f, &before), "started moved");
-        assert_eq!(f.value(Stat::Gate), 0, "backed off");
+        assert_eq!(f.value(Metric::DrainGate), 0, "backed off");
         assert!(!hold.is_held());
     }
 

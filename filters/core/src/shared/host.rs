@@ -1,8 +1,8 @@
 //! What a host does for a filter, as small traits: the one surface the
-//! filters' callbacks ([`super::provider`], [`super::drain`],
-//! [`super::consumer`]) are written against. The proxy-wasm glue
+//! filters' callbacks ([`crate::provider`], [`crate::drain`],
+//! [`crate::consumer`]) are written against. The proxy-wasm glue
 //! (`filters/guest`) and the native module (`filters/native`) each
-//! implement them once; tests use [`super::mock`].
+//! implement them once; unit tests use `shared::mock`.
 //!
 //! [`Host`] is what any callback can do (shared data, the clocks, metrics,
 //! the log, HTTP calls); [`Stream`] adds what a stream's callbacks can do
@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::shared::metrics::{Metric, PhaseGauge, Stat, Stats};
+use crate::shared::metrics::{Metric, Metrics, PhaseGauge};
 use crate::shared::store::SharedStore;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,16 +155,16 @@ impl<T> StateCell<T> for Mutex<T> {
     }
 }
 
-/// The gate's [`Stats`] and the [`PhaseGauge`] over a host's metrics.
+/// [`Metrics`] and the [`PhaseGauge`] over a host's metrics.
 pub struct HostMetrics<'a, H: ?Sized>(pub &'a H);
 
-impl<H: Host + ?Sized> Stats for HostMetrics<'_, H> {
-    fn add(&self, stat: Stat, delta: i64) {
-        self.0.metric_add(stat.metric(), delta);
+impl<H: Host + ?Sized> Metrics for HostMetrics<'_, H> {
+    fn add(&self, metric: Metric, delta: i64) {
+        self.0.metric_add(metric, delta);
     }
 
-    fn get(&self, stat: Stat) -> Option<u64> {
-        self.0.metric_get(stat.metric())
+    fn get(&self, metric: Metric) -> Option<u64> {
+        self.0.metric_get(metric)
     }
 }
 

@@ -192,13 +192,13 @@ impl Default for AtomicMetrics {
     }
 }
 
-impl Stats for AtomicMetrics {
-    fn add(&self, stat: Stat, delta: i64) {
-        self.metric_add(stat.metric(), delta);
+impl Metrics for AtomicMetrics {
+    fn add(&self, metric: Metric, delta: i64) {
+        self.metric_add(metric, delta);
     }
 
-    fn get(&self, stat: Stat) -> Option<u64> {
-        Some(self.value(stat.metric()))
+    fn get(&self, metric: Metric) -> Option<u64> {
+        Some(self.value(metric))
     }
 }
 
@@ -212,47 +212,15 @@ impl PhaseGauge for AtomicMetrics {
     }
 }
 
-/// The stats the gate's protocol ([`crate::shared::gate`]) reads and writes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stat {
-    /// Gauge `graceful_provider_inflight`: inbound requests in flight.
-    Inflight,
-    /// Counter `graceful_provider_started`: inbound requests admitted.
-    Started,
-    /// Gauge `graceful_drain_gate`: > 0 once the gate passed (or while a
-    /// copy tries to pass it).
-    Gate,
-    /// Gauge `graceful_consumer_inflight`: outbound requests in flight.
-    OutboundInflight,
-    /// Counter `graceful_consumer_started`: outbound requests started.
-    OutboundStarted,
-}
-
-impl Stat {
-    /// Its metric in the registry.
-    pub fn metric(self) -> Metric {
-        match self {
-            Stat::Inflight => Metric::ProviderInflight,
-            Stat::Started => Metric::ProviderStarted,
-            Stat::Gate => Metric::DrainGate,
-            Stat::OutboundInflight => Metric::ConsumerInflight,
-            Stat::OutboundStarted => Metric::ConsumerStarted,
-        }
-    }
-
-    /// The metric name (the contract's).
-    pub fn name(self) -> &'static str {
-        self.metric().name()
-    }
-}
-
-/// Process-wide atomic stats (Envoy's through hostcalls; atomics in tests
-/// and in the native module: [`AtomicMetrics`]).
-pub trait Stats {
+/// The metrics as process-wide atomics, as the gate's protocol
+/// ([`crate::shared::gate`]) reads and writes them: Envoy's stats through
+/// hostcalls ([`crate::shared::host::HostMetrics`]), or [`AtomicMetrics`]
+/// (tests, the native module).
+pub trait Metrics {
     /// Adds `delta` (may be negative for gauges).
-    fn add(&self, stat: Stat, delta: i64);
+    fn add(&self, metric: Metric, delta: i64);
     /// The current value; None if the host cannot say.
-    fn get(&self, stat: Stat) -> Option<u64>;
+    fn get(&self, metric: Metric) -> Option<u64>;
 }
 
 /// The `graceful_drain_phase` gauge, which graceful_provider reads on every
@@ -329,15 +297,15 @@ mod tests {
     }
 
     #[test]
-    fn the_gate_stats_are_registry_metrics_of_the_right_kind() {
-        for (stat, kind) in [
-            (Stat::Inflight, Gauge),
-            (Stat::Started, Counter),
-            (Stat::Gate, Gauge),
-            (Stat::OutboundInflight, Gauge),
-            (Stat::OutboundStarted, Counter),
+    fn the_gate_metrics_are_of_the_kinds_the_gate_assumes() {
+        for (metric, kind) in [
+            (Metric::ProviderInflight, Gauge),
+            (Metric::ProviderStarted, Counter),
+            (Metric::DrainGate, Gauge),
+            (Metric::ConsumerInflight, Gauge),
+            (Metric::ConsumerStarted, Counter),
         ] {
-            assert_eq!(stat.metric().kind(), kind, "{stat:?}");
+            assert_eq!(metric.kind(), kind, "{metric:?}");
         }
     }
 
@@ -347,7 +315,7 @@ mod tests {
         m.metric_add(Metric::ProviderInflight, -1);
         assert_eq!(m.value(Metric::ProviderInflight), 0);
         m.metric_add(Metric::ProviderInflight, 2);
-        assert_eq!(Stats::get(&m, Stat::Inflight), Some(1));
+        assert_eq!(Metrics::get(&m, Metric::ProviderInflight), Some(1));
         PhaseGauge::set(&m, 2);
         assert_eq!(PhaseGauge::get(&m), Some(2));
     }

@@ -3,10 +3,10 @@
 //!
 //! | module | holds |
 //! |---|---|
-//! | [`host`] | the host traits every filter's callbacks are written over; [`mock`] implements them for unit tests |
+//! | [`host`] | the host traits every filter's callbacks are written over; `mock` implements them for unit tests |
 //! | [`store`] | the shared-data trait with the host's CAS semantics |
 //! | [`keys`] | every shared-data key and its encoding |
-//! | [`metrics`] | every Envoy metric the filters define, and the stats traits over them |
+//! | [`metrics`] | every Envoy metric the filters define, and the `Metrics` and `PhaseGauge` traits over them |
 //! | [`gate`] | admission, the in-flight counts and the drain gate's protocol without compare-and-swap |
 //! | [`instance`] | the instance id, one per Envoy process |
 //! | [`config`] | the config error type, reading JSON into a DTO, the shared validators |

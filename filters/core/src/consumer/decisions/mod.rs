@@ -35,7 +35,7 @@
 //!   since this VM copy last looked. Every write another copy must see (the
 //!   tombstones, the admin membership, the observed membership) bumps that
 //!   counter *after* the shared-data write (the [`Effect::Add`] of
-//!   [`Counter::Generation`] the write returns; Envoy counters are
+//!   [`Metric::ConsumerGeneration`] the write returns; Envoy counters are
 //!   process-wide atomics, so a reader that sees the bump sees the write).
 //!   The counter is read before any shared data, so a copy that saw it
 //!   unchanged has every write made before that read. A tombstone written
@@ -130,6 +130,7 @@ use crate::consumer::config::ConsumerConfig;
 use crate::consumer::steering::{AdminSource, Membership, Observed};
 use crate::consumer::tombstone::{Tombstones, Ttls};
 use crate::shared::instance;
+use crate::shared::metrics::Metric;
 
 /// Legacy response-flag bits (Envoy `stream_info.h`): upstream connection
 /// failure and upstream connection termination.
@@ -218,37 +219,22 @@ impl Response {
     }
 }
 
-/// Gauges the consumer sets (`graceful_consumer_inflight` is the glue's:
-/// +1 and −1 per stream).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gauge {
-    /// `graceful_consumer_tombstones`: live tombstones.
-    Tombstones,
-    /// `graceful_consumer_tombstone_bytes`: size of the shared list (shows
-    /// it stays bounded).
-    TombstoneBytes,
-}
-
-/// Counters the consumer adds to (`graceful_consumer_steered` and
-/// `graceful_consumer_started` are the glue's: it counts header writes the
-/// host accepted, and streams).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Counter {
-    Evictions,
-    Readmitted,
-    /// `graceful_consumer_generation`: bumped after every shared write the
-    /// other VM copies must see (see the module doc).
-    Generation,
-}
-
 /// A log line's level: the hosts' one.
 pub use crate::shared::host::Level;
 
 /// Something for the glue to do, in order: a metric change or a log line.
+/// The decisions set `graceful_consumer_tombstones` and
+/// `graceful_consumer_tombstone_bytes` and add to
+/// `graceful_consumer_evictions`, `graceful_consumer_readmitted` and
+/// `graceful_consumer_generation`; the consumer's other metrics are the
+/// glue's (in flight and started per stream, steered per header write the
+/// host accepted).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Effect {
-    Set(Gauge, u64),
-    Add(Counter, u64),
+    /// Sets a gauge.
+    Set(Metric, u64),
+    /// Adds to a counter.
+    Add(Metric, u64),
     Log(Level, String),
 }
 

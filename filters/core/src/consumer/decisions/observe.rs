@@ -2,12 +2,13 @@
 //! tombstone writes, readmissions, and the membership observed from answers.
 
 use super::{
-    Consumer, Counter, Effect, Exchange, Gauge, Level, Part, Response, FLAG_UC, FLAG_UF,
-    OBSERVE_EVERY, RECORD_EVERY_US,
+    Consumer, Effect, Exchange, Level, Part, Response, FLAG_UC, FLAG_UF, OBSERVE_EVERY,
+    RECORD_EVERY_US,
 };
 use crate::consumer::steering::{ClusterSet, Membership, MAX_MEMBERS};
 use crate::consumer::tombstone::{Change, Observation, Tombstones};
 use crate::shared::keys;
+use crate::shared::metrics::Metric;
 use crate::shared::store::{update, SharedStore};
 
 impl Consumer {
@@ -216,8 +217,8 @@ impl Consumer {
         // readmission question): two reads, on a path as rare as writes.
         self.tombstones.stale();
         self.refresh_tombstones(store);
-        effects.push(Effect::Set(Gauge::Tombstones, live as u64));
-        effects.push(Effect::Set(Gauge::TombstoneBytes, size as u64));
+        effects.push(Effect::Set(Metric::ConsumerTombstones, live as u64));
+        effects.push(Effect::Set(Metric::ConsumerTombstoneBytes, size as u64));
         let line = match (change, obs) {
             (
                 Change::Evicted,
@@ -225,7 +226,7 @@ impl Consumer {
                     address, instance, ..
                 },
             ) => Some((
-                Counter::Evictions,
+                Metric::ConsumerEvictions,
                 format!(
                     "tombstoned {address} (instance {}) for {:?}: closing mark",
                     instance.unwrap_or("unknown"),
@@ -233,14 +234,14 @@ impl Consumer {
                 ),
             )),
             (Change::Evicted, Observation::ConnectFailure { address, .. }) => Some((
-                Counter::Evictions,
+                Metric::ConsumerEvictions,
                 format!(
                     "tombstoned {address} for {:?}: connect failure",
                     self.ttls.failure
                 ),
             )),
             (Change::Readmitted, Observation::Answered { address, instance }) => Some((
-                Counter::Readmitted,
+                Metric::ConsumerReadmitted,
                 format!(
                     "readmitted {address}: new instance {}",
                     instance.unwrap_or("unknown")

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::{Consumer, Effect, Gauge, Level};
+use super::{Consumer, Effect, Level};
 use crate::consumer::steering::{
     probe_observation, probe_targets, AdminSource, ClusterSet, Membership,
     CLUSTERS_UNANSWERED_TURN, MAX_ADMIN_BODY,
@@ -15,6 +15,7 @@ use crate::consumer::tombstone::Tombstones;
 use crate::shared::duration::micros;
 use crate::shared::headers;
 use crate::shared::keys;
+use crate::shared::metrics::Metric;
 use crate::shared::store::{take_lease, SharedStore};
 
 /// Timeout of every call the consumer makes (admin and probes).
@@ -71,7 +72,7 @@ impl Call {
 impl Consumer {
     /// A tick: the copy that takes the lease refreshes membership and
     /// probes.
-    pub fn on_tick(&mut self, store: &dyn SharedStore, now: u64) -> (Vec<Effect>, Vec<Call>) {
+    pub fn tick(&mut self, store: &dyn SharedStore, now: u64) -> (Vec<Effect>, Vec<Call>) {
         let mut effects = Vec::new();
         let interval = micros(self.config.membership_refresh);
         let mut calls = Vec::new();
@@ -95,11 +96,11 @@ impl Consumer {
         // (on Envoy 1.36 the upstream instance's own gauges are in the
         // cluster's stats scope).
         effects.push(Effect::Set(
-            Gauge::Tombstones,
+            Metric::ConsumerTombstones,
             tombstones.live_count(now) as u64,
         ));
         effects.push(Effect::Set(
-            Gauge::TombstoneBytes,
+            Metric::ConsumerTombstoneBytes,
             tombstones.encode().len() as u64,
         ));
         let Some(admin) = &self.config.admin_cluster else {

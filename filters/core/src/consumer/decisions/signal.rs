@@ -2,10 +2,11 @@
 //! data only when `graceful_consumer_generation` moved (see the module doc
 //! of [`super`]), and tells the others of its writes by bumping it.
 
-use super::{Consumer, Counter, Effect, Exchange, Level};
+use super::{Consumer, Effect, Exchange, Level};
 use crate::consumer::steering::Membership;
 use crate::consumer::tombstone::Tombstones;
 use crate::shared::keys;
+use crate::shared::metrics::Metric;
 use crate::shared::store::{self, add_bounded, SharedStore};
 
 /// Upstream responses that carry [`crate::shared::headers::SIGNAL`] after each
@@ -148,7 +149,7 @@ impl Consumer {
     /// generation key moved already).
     pub(super) fn announce(&mut self) -> Vec<Effect> {
         self.own_bumps = self.own_bumps.saturating_add(1);
-        vec![Effect::Add(Counter::Generation, 1)]
+        vec![Effect::Add(Metric::ConsumerGeneration, 1)]
     }
 
     /// Bumps a generation key, then the change signal (whatever the key's

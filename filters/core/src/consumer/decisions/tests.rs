@@ -1,6 +1,7 @@
 use super::*;
 use crate::consumer::config::ConsumerConfig;
 use crate::shared::keys;
+use crate::shared::metrics::{Kind, Metric};
 use crate::shared::store::{self, add_bounded, MemStore, SharedStore};
 use std::cell::Cell;
 use std::time::Duration;
@@ -73,10 +74,22 @@ thread_local! {
     static SIGNAL: Cell<u64> = const { Cell::new(0) };
 }
 
-/// Carries out the generation bumps among `fx`, as the glue does.
+/// Carries out the generation bumps among `fx`, as the glue does; every
+/// metric effect must set a gauge or add to a counter of the consumer's.
 fn carry(fx: &[Effect]) {
     for e in fx {
-        if let Effect::Add(Counter::Generation, n) = e {
+        if let Effect::Set(m, _) | Effect::Add(m, _) = e {
+            let kind = match e {
+                Effect::Set(..) => Kind::Gauge,
+                _ => Kind::Counter,
+            };
+            assert_eq!(
+                (m.owner(), m.kind()),
+                (keys::Owner::Consumer, kind),
+                "{e:?}"
+            );
+        }
+        if let Effect::Add(Metric::ConsumerGeneration, n) = e {
             SIGNAL.with(|s| s.set(s.get() + n));
         }
     }
@@ -157,8 +170,11 @@ fn a_closing_mark_tombstones_and_every_copy_steers_away() {
         observe(&mut c[0], &store, ok("i"), a, Part::Headers, S);
     }
     let fx = observe(&mut c[0], &store, closing("i"), "b:1", Part::Headers, S);
-    assert!(fx.contains(&Effect::Add(Counter::Evictions, 1)), "{fx:?}");
-    assert!(fx.contains(&Effect::Set(Gauge::Tombstones, 1)));
+    assert!(
+        fx.contains(&Effect::Add(Metric::ConsumerEvictions, 1)),
+        "{fx:?}"
+    );
+    assert!(fx.contains(&Effect::Set(Metric::ConsumerTombstones, 1)));
     assert_eq!(gen(&store, keys::TOMBSTONES_GEN), 1);
     // Copy 1 never saw an answer: it steers from the shared observed set.
     let list = steer(&mut c[1], &store, "svc", 2 * S);
@@ -203,9 +219,12 @@ fn a_new_instance_answering_readmits() {
     let (store, mut c) = copies("", 1);
     observe(&mut c[0], &store, closing("old"), "b:1", Part::Headers, S);
     let same = observe(&mut c[0], &store, ok("old"), "b:1", Part::Headers, 2 * S);
-    assert!(!same.contains(&Effect::Add(Counter::Readmitted, 1)));
+    assert!(!same.contains(&Effect::Add(Metric::ConsumerReadmitted, 1)));
     let fx = observe(&mut c[0], &store, ok("new"), "b:1", Part::Headers, 3 * S);
-    assert!(fx.contains(&Effect::Add(Counter::Readmitted, 1)), "{fx:?}");
+    assert!(
+        fx.contains(&Effect::Add(Metric::ConsumerReadmitted, 1)),
+        "{fx:?}"
+    );
     assert_eq!(steer(&mut c[0], &store, "svc", 4 * S), None);
 }
 
@@ -215,7 +234,10 @@ fn connect_failures_evict_downstream_as_local_503s_and_upstream_as_failed_attemp
     let mut reply = Stream::to("svc").with(":status", "503");
     reply.flags = Some(FLAG_UF);
     let fx = observe(&mut c[0], &store, reply, "b:1", Part::Headers, S);
-    assert!(fx.contains(&Effect::Add(Counter::Evictions, 1)), "{fx:?}");
+    assert!(
+        fx.contains(&Effect::Add(Metric::ConsumerEvictions, 1)),
+        "{fx:?}"
+    );
 
     let mut up = Consumer::new(config(""), true);
     let mut reply = Stream::to("svc").with(":status", "503");
@@ -224,7 +246,10 @@ fn connect_failures_evict_downstream_as_local_503s_and_upstream_as_failed_attemp
     assert!(up.attempt_may_have_failed(false));
     assert!(!up.attempt_may_have_failed(true), "it answered");
     let fx = up.connect_failed(&store, &mut Stream::to("svc").at(S), "c:1");
-    assert!(fx.contains(&Effect::Add(Counter::Evictions, 1)), "{fx:?}");
+    assert!(
+        fx.contains(&Effect::Add(Metric::ConsumerEvictions, 1)),
+        "{fx:?}"
+    );
     assert!(!c[0].attempt_may_have_failed(false), "downstream: never");
 }
 
@@ -239,7 +264,10 @@ fn marks_in_trailers_count_and_other_trailers_are_not_answers() {
     );
     let t = Stream::to("svc").with("closing", "false, TRUE");
     let fx = observe(&mut c[0], &store, t, "a:1", Part::Trailers, S);
-    assert!(fx.contains(&Effect::Add(Counter::Evictions, 1)), "{fx:?}");
+    assert!(
+        fx.contains(&Effect::Add(Metric::ConsumerEvictions, 1)),
+        "{fx:?}"
+    );
 }
 
 /// Counts shared-data reads and writes.
@@ -298,7 +326,7 @@ fn admin_knows(store: &MemStore, addresses: &[&str]) {
     let m = Membership::from_admin_json(body.as_bytes(), &["svc"]).unwrap();
     store.set(keys::MEMBERS.name, &m.encode(), 0).unwrap();
     add_bounded(store, keys::MEMBERS_GEN.name, 1, u64::MAX).unwrap();
-    carry(&[Effect::Add(Counter::Generation, 1)]);
+    carry(&[Effect::Add(Metric::ConsumerGeneration, 1)]);
 }
 
 /// An unmarked 200 from `address` at `now` through `c`, which must say
@@ -481,7 +509,7 @@ fn a_write_is_seen_by_every_copy_at_its_next_request_through_the_signal() {
     // effects the glue carries out after the core returned.
     let bumps = fx
         .iter()
-        .filter(|e| **e == Effect::Add(Counter::Generation, 1))
+        .filter(|e| **e == Effect::Add(Metric::ConsumerGeneration, 1))
         .count();
     assert_eq!(bumps, 1, "{fx:?}");
     assert_eq!(SIGNAL.with(Cell::get), before + 1);
@@ -566,11 +594,16 @@ fn while_live_every_response_is_observed_and_checked_for_readmission() {
     for i in 0..3 {
         let mut s = ok("i");
         let fx = observe_with(&mut c[0], &store, &mut s, "a:1", Part::Headers, 2 * S + i);
-        assert!(fx.iter().all(|e| *e != Effect::Add(Counter::Readmitted, 1)));
+        assert!(fx
+            .iter()
+            .all(|e| *e != Effect::Add(Metric::ConsumerReadmitted, 1)));
         assert_eq!(s.address_reads, 1, "live: membership is observed");
     }
     let fx = observe(&mut c[0], &store, ok("new"), "b:1", Part::Headers, 3 * S);
-    assert!(fx.contains(&Effect::Add(Counter::Readmitted, 1)), "{fx:?}");
+    assert!(
+        fx.contains(&Effect::Add(Metric::ConsumerReadmitted, 1)),
+        "{fx:?}"
+    );
 }
 
 /// An unmarked 200 without an instance id (what an upstream that is no
@@ -617,7 +650,7 @@ fn with_the_admin_listing_the_cluster_a_steered_answer_without_an_instance_id_is
         // (the sampled one records the address in the observed set)
         assert!(
             fx.iter()
-                .all(|e| matches!(e, Effect::Add(Counter::Generation, 1))),
+                .all(|e| matches!(e, Effect::Add(Metric::ConsumerGeneration, 1))),
             "{fx:?}"
         );
         addresses += s.address_reads;
@@ -638,7 +671,10 @@ fn with_the_admin_listing_the_cluster_a_steered_answer_without_an_instance_id_is
         Part::Headers,
         3 * S,
     );
-    assert!(!fx.contains(&Effect::Add(Counter::Readmitted, 1)), "{fx:?}");
+    assert!(
+        !fx.contains(&Effect::Add(Metric::ConsumerReadmitted, 1)),
+        "{fx:?}"
+    );
     assert!(steer(&mut c[0], &store, "svc", 3 * S).is_some_and(|l| !l.contains("127.0.0.2:1")));
     // With an instance id the address is read: a new one readmits at once,
     // the closing one changes nothing.
@@ -661,7 +697,10 @@ fn with_the_admin_listing_the_cluster_a_steered_answer_without_an_instance_id_is
         Part::Headers,
         4 * S,
     );
-    assert!(fx.contains(&Effect::Add(Counter::Readmitted, 1)), "{fx:?}");
+    assert!(
+        fx.contains(&Effect::Add(Metric::ConsumerReadmitted, 1)),
+        "{fx:?}"
+    );
     assert_eq!(steer(&mut c[0], &store, "svc", 5 * S), None);
 }
 
@@ -755,12 +794,12 @@ fn a_failed_generation_bump_is_logged_once_and_the_change_still_counts() {
     let fx = observe(&mut c[0], &store, closing("i"), "b:1", Part::Headers, S);
     assert_eq!(warns(&fx), 1, "{fx:?}");
     assert!(
-        fx.contains(&Effect::Add(Counter::Evictions, 1)),
+        fx.contains(&Effect::Add(Metric::ConsumerEvictions, 1)),
         "fail open"
     );
     let fx = observe(&mut c[0], &store, closing("j"), "b:1", Part::Headers, 2 * S);
     assert_eq!(warns(&fx), 0, "once per VM copy: {fx:?}");
-    assert!(fx.contains(&Effect::Add(Counter::Evictions, 1)));
+    assert!(fx.contains(&Effect::Add(Metric::ConsumerEvictions, 1)));
 }
 
 #[test]
@@ -776,8 +815,8 @@ fn the_refresh_asks_the_admin_then_probes_what_is_still_a_member() {
         Part::Headers,
         S,
     );
-    let (fx, calls) = c[1].on_tick(&store, 2 * S);
-    assert!(fx.contains(&Effect::Set(Gauge::Tombstones, 1)));
+    let (fx, calls) = c[1].tick(&store, 2 * S);
+    assert!(fx.contains(&Effect::Set(Metric::ConsumerTombstones, 1)));
     let [admin] = calls.as_slice() else {
         panic!("{calls:?}")
     };
@@ -789,10 +828,10 @@ fn the_refresh_asks_the_admin_then_probes_what_is_still_a_member() {
             source: AdminSource::Clusters,
         }
     );
-    let (_, again) = c[0].on_tick(&store, 2 * S);
+    let (_, again) = c[0].tick(&store, 2 * S);
     assert!(again.is_empty(), "the lease: one copy per interval");
     c[1].sent(7, admin.clone());
-    let (_, in_flight) = c[1].on_tick(&store, 4 * S);
+    let (_, in_flight) = c[1].tick(&store, 4 * S);
     assert!(in_flight.is_empty(), "one admin call at a time");
     let Some(CallKind::Admin { wanted, source }) = c[1].answer_for(7) else {
         panic!()
@@ -810,7 +849,7 @@ fn the_refresh_asks_the_admin_then_probes_what_is_still_a_member() {
     );
     assert_eq!(
         fx,
-        [Effect::Add(Counter::Generation, 1)],
+        [Effect::Add(Metric::ConsumerGeneration, 1)],
         "the signal moves"
     );
     assert_eq!(
@@ -837,7 +876,10 @@ fn the_refresh_asks_the_admin_then_probes_what_is_still_a_member() {
         Some(b"new".to_vec()),
         || 5 * S,
     );
-    assert!(fx.contains(&Effect::Add(Counter::Readmitted, 1)), "{fx:?}");
+    assert!(
+        fx.contains(&Effect::Add(Metric::ConsumerReadmitted, 1)),
+        "{fx:?}"
+    );
     assert_eq!(c[1].answer_for(8), None, "answered once");
     // The same answer again: the membership is unchanged, nothing written.
     c[1].sent(9, admin.clone());
@@ -867,7 +909,7 @@ fn a_failed_admin_answer_probes_from_the_last_known_membership() {
     );
     // The tick that sent the admin call read the tombstones the answer
     // works from.
-    let (_, calls) = c[0].on_tick(&store, 2 * S);
+    let (_, calls) = c[0].tick(&store, 2 * S);
     assert_eq!(calls.len(), 1);
     let mut read = false;
     let (fx, probes) = c[0].admin_answered(
@@ -897,7 +939,7 @@ fn a_failed_admin_answer_probes_from_the_last_known_membership() {
 
 /// The one call `c`'s tick at `at` sends: its membership refresh.
 fn next_refresh(c: &mut Consumer, store: &MemStore, at: u64) -> Call {
-    let (_, calls) = c.on_tick(store, at);
+    let (_, calls) = c.tick(store, at);
     let [call] = calls.as_slice() else {
         panic!("one refresh, not {calls:?}")
     };
@@ -909,7 +951,7 @@ fn an_admin_that_ignores_the_clusters_filter_turns_every_copy_to_the_config_dump
     let json = r#"{"admin_cluster":"admin","membership_refresh":"1s"}"#;
     let (store, mut c) = copies(json, 2);
     observe(&mut c[0], &store, ok("i"), "10.0.0.1:80", Part::Headers, S);
-    let (_, calls) = c[0].on_tick(&store, 2 * S);
+    let (_, calls) = c[0].tick(&store, 2 * S);
     let [admin] = calls.as_slice() else {
         panic!("{calls:?}")
     };
@@ -1048,14 +1090,14 @@ fn clusters_unanswered_three_refreshes_in_a_row_turns_every_copy_to_the_config_d
 fn without_an_admin_the_tick_probes_directly_and_skips_probes_in_flight() {
     let (store, mut c) = copies("", 1);
     observe(&mut c[0], &store, closing("i"), "b:1", Part::Headers, S);
-    let (_, calls) = c[0].on_tick(&store, 2 * S);
+    let (_, calls) = c[0].tick(&store, 2 * S);
     let [probe] = calls.as_slice() else {
         panic!("{calls:?}")
     };
     assert_eq!(probe.timeout, Duration::from_secs(1));
     assert!(probe.headers.contains(&(":authority".into(), "b:1".into())));
     c[0].sent(3, probe.clone());
-    let (_, calls) = c[0].on_tick(&store, 4 * S);
+    let (_, calls) = c[0].tick(&store, 4 * S);
     assert!(calls.is_empty(), "still in flight: {calls:?}");
     assert!(matches!(
         probe.not_sent("BadArgument"),
@@ -1098,12 +1140,15 @@ fn a_mark_the_upstream_instance_recorded_in_another_stats_scope_still_steers_eve
     s.address = Some("a:1".into());
     let seen = s.scanned(up.config());
     let fx = up.observe_response(&store, &mut s, &seen, Part::Headers);
-    assert!(fx.contains(&Effect::Add(Counter::Evictions, 1)), "{fx:?}");
+    assert!(
+        fx.contains(&Effect::Add(Metric::ConsumerEvictions, 1)),
+        "{fx:?}"
+    );
     // Its bump is not carried into this scope's signal. The listener's copy
     // sees the same mark on the final response: recorded already, so no
     // write, but a bump for the others.
     let fx = observe(&mut c[0], &store, closing("i"), "a:1", Part::Headers, S);
-    assert_eq!(fx, [Effect::Add(Counter::Generation, 1)]);
+    assert_eq!(fx, [Effect::Add(Metric::ConsumerGeneration, 1)]);
     let listed = steer(&mut c[1], &store, "svc", S).unwrap();
     assert!(
         !listed.contains("a:1") && listed.contains("b:1"),
@@ -1130,7 +1175,7 @@ fn a_tick_announces_a_write_whose_bump_this_scope_never_saw() {
     up.connect_failed(&store, &mut Stream::to("svc").at(S), "b:1");
     assert_eq!(steer(&mut c[1], &store, "svc", S), None, "not told yet");
     let fx = c[0].notice_unannounced(&store, signal);
-    assert_eq!(fx, [Effect::Add(Counter::Generation, 1)]);
+    assert_eq!(fx, [Effect::Add(Metric::ConsumerGeneration, 1)]);
     carry(&fx);
     let listed = steer(&mut c[1], &store, "svc", S).unwrap();
     assert!(!listed.contains("b:1"), "{listed}");

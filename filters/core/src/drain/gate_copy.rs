@@ -21,7 +21,7 @@ use crate::drain::config::DrainConfig;
 use crate::drain::record::{self, GatePass, InstanceRecord, Phase, Seen};
 use crate::drain::status::Status;
 use crate::shared::gate::{GateHold, StartWatch, Traffic};
-use crate::shared::metrics::{PhaseGauge, Stat, Stats};
+use crate::shared::metrics::{Metric, Metrics, PhaseGauge};
 use crate::shared::store::{SharedStore, UpdateError};
 
 /// Sets the phase gauge if `phase` is further along. The phase only moves
@@ -79,20 +79,20 @@ impl Passed {
     }
 }
 
-/// One copy's own state: when it last saw a request start, and its 1 in
-/// the gate stat.
+/// This copy's part in the drain gate: when it last saw a request start,
+/// and its own 1 in `graceful_drain_gate`.
 #[derive(Debug, Default)]
-pub struct DrainCopy {
+pub struct GateCopy {
     starts: StartWatch,
     hold: GateHold,
 }
 
-impl DrainCopy {
+impl GateCopy {
     /// The record with the traffic as this copy sees it now, no gate
     /// evaluation (the answer to a closing POST, and step one of
-    /// [`DrainCopy::advance`]).
-    pub fn look(&mut self, stats: &dyn Stats, rec: InstanceRecord, now_us: u64) -> Evaluation {
-        let traffic = Traffic::read(stats);
+    /// [`GateCopy::advance`]).
+    pub fn look(&mut self, metrics: &dyn Metrics, rec: InstanceRecord, now_us: u64) -> Evaluation {
+        let traffic = Traffic::read(metrics);
         let last_start_us = self.starts.observe(traffic.started, now_us);
         Evaluation {
             rec,
@@ -106,20 +106,20 @@ impl DrainCopy {
     pub fn advance(
         &mut self,
         store: &dyn SharedStore,
-        stats: &dyn Stats,
+        metrics: &dyn Metrics,
         phase: &dyn PhaseGauge,
         config: &DrainConfig,
         now_us: u64,
     ) -> Result<(Evaluation, Option<Passed>), UpdateError> {
         let rec = record::read(store)?;
-        let mut out = self.look(stats, rec, now_us);
+        let mut out = self.look(metrics, rec, now_us);
         let traffic = out.traffic;
         raise_phase(phase, rec.phase);
         match rec.phase {
             Phase::Serving => return Ok((out, None)),
             Phase::Drained => {
-                if stats.get(Stat::Gate) == Some(0) {
-                    self.hold.hold_again(stats);
+                if metrics.get(Metric::DrainGate) == Some(0) {
+                    self.hold.hold_again(metrics);
                 }
                 return Ok((out, None));
             }
@@ -133,9 +133,9 @@ impl DrainCopy {
             return Ok((out, None));
         };
         let up = match why {
-            GatePass::Quiet => self.hold.try_pass(stats, &traffic),
+            GatePass::Quiet => self.hold.try_pass(metrics, &traffic),
             GatePass::StepTimeout | GatePass::Timeout => {
-                self.hold.hold(stats);
+                self.hold.hold(metrics);
                 true
             }
         };
@@ -177,15 +177,15 @@ mod tests {
 
     #[test]
     fn serving_passes_nothing_and_keeps_the_phase_at_zero() {
-        let (store, stats) = (MemStore::new(), AtomicMetrics::new());
-        let (eval, passed) = DrainCopy::default()
-            .advance(&store, &stats, &stats, &config(), 10 * S)
+        let (store, metrics) = (MemStore::new(), AtomicMetrics::new());
+        let (eval, passed) = GateCopy::default()
+            .advance(&store, &metrics, &metrics, &config(), 10 * S)
             .unwrap();
         assert_eq!((eval.rec.phase, passed), (Phase::Serving, None));
         assert_eq!(
             (
-                stats.value(crate::shared::metrics::Metric::DrainPhase),
-                Stats::get(&stats, Stat::Gate)
+                metrics.value(Metric::DrainPhase),
+                Metrics::get(&metrics, Metric::DrainGate)
             ),
             (0, Some(0))
         );
@@ -193,50 +193,51 @@ mod tests {
 
     #[test]
     fn one_copy_records_a_quiet_pass_and_every_copy_sees_drained() {
-        let (store, stats) = (MemStore::new(), AtomicMetrics::new());
+        let (store, metrics) = (MemStore::new(), AtomicMetrics::new());
         let cfg = config();
         record::start_closing(&store, 100 * S).unwrap();
-        let (mut a, mut b) = (DrainCopy::default(), DrainCopy::default());
+        let (mut a, mut b) = (GateCopy::default(), GateCopy::default());
         // Before consumer_update_wait: nothing, but the phase says closing.
-        let (_, passed) = a.advance(&store, &stats, &stats, &cfg, 101 * S).unwrap();
-        assert_eq!(
-            (
-                passed,
-                stats.value(crate::shared::metrics::Metric::DrainPhase)
-            ),
-            (None, 1)
-        );
-        let (eval, passed) = a.advance(&store, &stats, &stats, &cfg, 104 * S).unwrap();
+        let (_, passed) = a
+            .advance(&store, &metrics, &metrics, &cfg, 101 * S)
+            .unwrap();
+        assert_eq!((passed, metrics.value(Metric::DrainPhase)), (None, 1));
+        let (eval, passed) = a
+            .advance(&store, &metrics, &metrics, &cfg, 104 * S)
+            .unwrap();
         let passed = passed.unwrap();
         assert_eq!((passed.why, passed.closing_ms), (GatePass::Quiet, 4000));
         assert!(!passed.forced() && passed.line().contains("quiet"));
         assert_eq!(
-            (
-                eval.rec.phase,
-                stats.value(crate::shared::metrics::Metric::DrainPhase)
-            ),
+            (eval.rec.phase, metrics.value(Metric::DrainPhase)),
             (Phase::Drained, 2)
         );
-        assert_eq!(Stats::get(&stats, Stat::Gate), Some(1));
+        assert_eq!(Metrics::get(&metrics, Metric::DrainGate), Some(1));
         // Another copy only sees it: no second report, no second 1.
-        let (eval, passed) = b.advance(&store, &stats, &stats, &cfg, 104 * S).unwrap();
+        let (eval, passed) = b
+            .advance(&store, &metrics, &metrics, &cfg, 104 * S)
+            .unwrap();
         assert_eq!((eval.rec.phase, passed), (Phase::Drained, None));
-        assert_eq!(Stats::get(&stats, Stat::Gate), Some(1));
+        assert_eq!(Metrics::get(&metrics, Metric::DrainGate), Some(1));
     }
 
     #[test]
     fn a_request_in_flight_holds_the_gate_until_the_step_timeout_forces_it() {
-        let (store, stats) = (MemStore::new(), AtomicMetrics::new());
+        let (store, metrics) = (MemStore::new(), AtomicMetrics::new());
         let cfg = config();
         record::start_closing(&store, 100 * S).unwrap();
         assert_eq!(
-            crate::shared::gate::admit(&stats, true),
+            crate::shared::gate::admit(&metrics, true),
             crate::shared::gate::Admission::Admitted
         );
-        let mut copy = DrainCopy::default();
-        let (_, passed) = copy.advance(&store, &stats, &stats, &cfg, 105 * S).unwrap();
+        let mut copy = GateCopy::default();
+        let (_, passed) = copy
+            .advance(&store, &metrics, &metrics, &cfg, 105 * S)
+            .unwrap();
         assert_eq!(passed, None, "not quiet: one in flight");
-        let (_, passed) = copy.advance(&store, &stats, &stats, &cfg, 106 * S).unwrap();
+        let (_, passed) = copy
+            .advance(&store, &metrics, &metrics, &cfg, 106 * S)
+            .unwrap();
         let passed = passed.unwrap();
         assert_eq!(
             (passed.why, passed.inflight),
@@ -248,29 +249,35 @@ mod tests {
     #[test]
     fn with_longest_request_a_request_in_flight_holds_the_gate_past_the_step_timeout_until_an_arrival_forces_it(
     ) {
-        let (store, stats) = (MemStore::new(), AtomicMetrics::new());
+        let (store, metrics) = (MemStore::new(), AtomicMetrics::new());
         let cfg = DrainConfig::from_json(
             br#"{"consumer_update_wait":"3s","quiet_window":"500ms","step_timeout":"3s","longest_request":"30s"}"#,
         )
         .unwrap();
         record::start_closing(&store, 100 * S).unwrap();
         assert_eq!(
-            crate::shared::gate::admit(&stats, true),
+            crate::shared::gate::admit(&metrics, true),
             crate::shared::gate::Admission::Admitted
         );
-        let mut copy = DrainCopy::default();
-        let (_, passed) = copy.advance(&store, &stats, &stats, &cfg, 105 * S).unwrap();
+        let mut copy = GateCopy::default();
+        let (_, passed) = copy
+            .advance(&store, &metrics, &metrics, &cfg, 105 * S)
+            .unwrap();
         assert_eq!(passed, None, "not quiet: one in flight");
         // Arrivals stopped: the one in flight is waited for past wait +
         // step_timeout (6 s).
-        let (_, passed) = copy.advance(&store, &stats, &stats, &cfg, 110 * S).unwrap();
+        let (_, passed) = copy
+            .advance(&store, &metrics, &metrics, &cfg, 110 * S)
+            .unwrap();
         assert_eq!(passed, None, "arrivals stopped: wait for it");
         // A new request arrives: step_timeout forces the gate at once.
         assert_eq!(
-            crate::shared::gate::admit(&stats, true),
+            crate::shared::gate::admit(&metrics, true),
             crate::shared::gate::Admission::Admitted
         );
-        let (_, passed) = copy.advance(&store, &stats, &stats, &cfg, 111 * S).unwrap();
+        let (_, passed) = copy
+            .advance(&store, &metrics, &metrics, &cfg, 111 * S)
+            .unwrap();
         let passed = passed.unwrap();
         assert_eq!(
             (passed.why, passed.inflight),
@@ -279,7 +286,7 @@ mod tests {
         assert!(passed.forced() && passed.line().contains("step_timeout: 2 inbound"));
         // Drained now: a new request is rejected.
         assert_eq!(
-            crate::shared::gate::admit(&stats, true),
+            crate::shared::gate::admit(&metrics, true),
             crate::shared::gate::Admission::Rejected
         );
     }
