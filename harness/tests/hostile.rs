@@ -727,24 +727,6 @@ fn in_kubernetes_pod(pod: &Pod, command: &[String]) -> std::process::Command {
 /// when the test fails.
 type PodProcess = LoggedProcess;
 
-/// Runs `f` on a thread of its own inside `netns`, on a runtime of its own.
-fn in_netns<T: Send + 'static>(
-    netns: &str,
-    f: impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = T>>> + Send + 'static,
-) -> T {
-    let inside = netns.to_string();
-    std::thread::spawn(move || {
-        netns::enter(&inside);
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap_or_else(|e| panic!("{e}"))
-            .block_on(f())
-    })
-    .join()
-    .unwrap_or_else(|_| panic!("a thread inside {netns} failed"))
-}
-
 /// The Kubernetes example's pod, as its manifest and README say, in a
 /// network namespace standing for the pod: Envoy with the config the
 /// README renders (its `drain-config.json`, every other default), the app
@@ -837,7 +819,7 @@ fn it_drains_the_kubernetes_examples_pod_while_the_node_holds_1000_long_polls() 
     let envoy = PodProcess::spawn("envoy", envoy_cmd, &dir, |_| {});
     // Up: inside the pod, loopback (allowed) reads the status.
     let inside = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    in_netns(&pod.netns, move || {
+    netns::run_in(&pod.netns, move || {
         Box::pin(async move {
             eventually(
                 "the pod's Envoy serving",
@@ -858,7 +840,7 @@ fn it_drains_the_kubernetes_examples_pod_while_the_node_holds_1000_long_polls() 
         .iter()
         .map(|(c, command)| (c.clone(), in_kubernetes_pod(&pod, command)))
         .collect();
-    in_netns(&node_netns, move || {
+    netns::run_in(&node_netns, move || {
         Box::pin(async move {
             // The kubelet's view, from the node's address: readiness
             // answers, nothing else does.
@@ -888,7 +870,7 @@ fn it_drains_the_kubernetes_examples_pod_while_the_node_holds_1000_long_polls() 
             });
             let in_flight = pod_netns.clone();
             tokio::task::spawn_blocking(move || {
-                in_netns(&in_flight, move || {
+                netns::run_in(&in_flight, move || {
                     Box::pin(async move {
                         eventually(
                             "the slow request in flight",
@@ -931,7 +913,7 @@ fn it_drains_the_kubernetes_examples_pod_while_the_node_holds_1000_long_polls() 
             assert_eq!(slow_status, Ok(200), "the request in flight at closing");
             // Inside the pod (loopback): the gate, and when it passed.
             let (read_at, report, st) = tokio::task::spawn_blocking(move || {
-                in_netns(&pod_netns, move || {
+                netns::run_in(&pod_netns, move || {
                     Box::pin(async move {
                         let read_at = Instant::now();
                         let report = client::get(inside, "/graceful/report").await.unwrap();

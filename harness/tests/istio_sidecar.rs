@@ -207,19 +207,6 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
-/// Runs `f` on a thread of its own inside `netns` (sockets it opens
-/// belong there), on a runtime of its own.
-fn in_netns<T: Send + 'static>(
-    netns: &str,
-    f: impl FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = T>>> + Send + 'static,
-) -> std::thread::JoinHandle<T> {
-    let netns = netns.to_string();
-    std::thread::spawn(move || {
-        netns::enter(&netns);
-        runtime().block_on(f())
-    })
-}
-
 /// Load from a pod to the provider Service (its ClusterIP, captured to the
 /// pod's sidecar): 200 req/s on 8 keep-alive connections, on a thread of
 /// its own inside the pod's namespace, until [`Running::stop`].
@@ -231,7 +218,7 @@ struct Running {
 impl Running {
     fn start(netns: &str, epoch: Instant) -> Running {
         let (stop, stopped) = std::sync::mpsc::channel::<()>();
-        let load = in_netns(netns, move || {
+        let load = netns::spawn_in(netns, move || {
             Box::pin(async move {
                 let load = Load::start(SocketAddr::from((VIP, 80)), Protocol::Http1, 200, 8, epoch);
                 while stopped.try_recv().is_err() {
@@ -363,7 +350,7 @@ impl Mesh {
             },
         ));
         let node = self.node.netns.clone();
-        in_netns(&node, move || {
+        netns::spawn_in(&node, move || {
             Box::pin(async move {
                 for (ip, metric) in pods {
                     eventually(
@@ -437,7 +424,7 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
     // Why the example's hooks use the admin: inside the pod (not uid 1337),
     // 15006 is the blackhole chain and the pod's own address is the app.
     let p1_ip = ips[0];
-    let inside = in_netns(&providers[0].pod.netns, move || {
+    let inside = netns::spawn_in(&providers[0].pod.netns, move || {
         Box::pin(async move {
             let direct = client::get(
                 SocketAddr::from(([127, 0, 0, 1], istio::INBOUND_PORT)),
@@ -884,7 +871,7 @@ struct KillRun {
 /// Load from the consumer pod to the Service for `duration` (captured to
 /// 15001), at 200 req/s over 8 connections; every sample.
 fn load_for(consumer: &Pod, duration: Duration) -> Vec<Sample> {
-    in_netns(&consumer.netns, move || {
+    netns::spawn_in(&consumer.netns, move || {
         Box::pin(async move {
             let load = Load::start(
                 SocketAddr::from((VIP, 80)),
@@ -926,7 +913,7 @@ fn kill_run(name: &str, upstream_instance: bool) -> KillRun {
     // is the in-flight case (`faults.rs`), not this one: wait until the
     // consumer's Envoy holds no connection to the pod.
     let victim_addr = SocketAddr::from((victim.pod.ip, APP_PORT));
-    in_netns(&mesh.consumer_pod.netns, move || {
+    netns::spawn_in(&mesh.consumer_pod.netns, move || {
         Box::pin(async move { no_connection_to(victim_addr, Duration::from_secs(10)).await })
     })
     .join()
@@ -937,7 +924,7 @@ fn kill_run(name: &str, upstream_instance: bool) -> KillRun {
     let samples = load_for(&mesh.consumer_pod, Duration::from_secs(5));
     let consumer_ip = mesh.consumer_pod.ip;
     let cluster = mesh.cluster.clone();
-    let (retries, evictions) = in_netns(&mesh.node.netns, move || {
+    let (retries, evictions) = netns::spawn_in(&mesh.node.netns, move || {
         Box::pin(async move {
             (
                 retries_of(consumer_ip, &cluster).await,
@@ -1079,7 +1066,7 @@ fn lone_provider(
     let path = write_config(dir, name, &config);
     let app = app(&pod, name, dir);
     let envoy = sidecar(&pod, &path, dir);
-    in_netns(&pod.netns, move || {
+    netns::spawn_in(&pod.netns, move || {
         Box::pin(async move {
             let admin = SocketAddr::from((admin, istio::ADMIN_PORT));
             let what = format!("{admin}: the sidecar's admin");
@@ -1128,7 +1115,7 @@ fn it_closes_and_drains_an_ipv6_only_pod_through_its_admin_on_ipv6_loopback() {
             istio::on_ipv6_loopback(config);
         },
     );
-    let v4_refused = in_netns(&pod.netns, || {
+    let v4_refused = netns::spawn_in(&pod.netns, || {
         Box::pin(async { std::net::TcpStream::connect(("127.0.0.1", istio::ADMIN_PORT)).is_err() })
     })
     .join()
@@ -1277,7 +1264,7 @@ fn it_keeps_steering_in_the_consumers_zone_under_istios_locality_failover() {
     // 3 s in the zone, then p1 starts closing (its admin, as the hooks do).
     std::thread::sleep(Duration::from_secs(3));
     let closing_at = Instant::now();
-    in_netns(&p1_pod, || {
+    netns::spawn_in(&p1_pod, || {
         Box::pin(async {
             client::post(
                 SocketAddr::from(([127, 0, 0, 1], istio::ADMIN_PORT)),
@@ -1290,7 +1277,7 @@ fn it_keeps_steering_in_the_consumers_zone_under_istios_locality_failover() {
     .join()
     .unwrap_or_else(|_| panic!("p1 thread"))
     .unwrap_or_else(|e| panic!("p1's admin: {e}"));
-    let tombstoned_at = in_netns(&node, move || {
+    let tombstoned_at = netns::spawn_in(&node, move || {
         Box::pin(async move {
             eventually(
                 "the consumer tombstones p1",
@@ -1481,7 +1468,7 @@ fn it_keeps_a_pods_outbound_calls_on_their_connections_after_healthcheck_fail() 
     let netns = mesh.consumer_pod.netns.clone();
     let load = Running::start(&netns, epoch);
     let probe = |netns: String| {
-        in_netns(&netns, || {
+        netns::spawn_in(&netns, || {
             Box::pin(async {
                 // Two requests on one keep-alive connection: the first's
                 // `connection` header, and whether the second could follow.
@@ -1498,7 +1485,7 @@ fn it_keeps_a_pods_outbound_calls_on_their_connections_after_healthcheck_fail() 
     std::thread::sleep(Duration::from_secs(2));
     let before = probe(netns.clone());
     let failed_at = Instant::now();
-    let status = in_netns(&netns, || {
+    let status = netns::spawn_in(&netns, || {
         Box::pin(async {
             client::post(
                 SocketAddr::from(([127, 0, 0, 1], istio::ADMIN_PORT)),

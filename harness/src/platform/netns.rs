@@ -172,6 +172,37 @@ pub fn enter(netns: &str) {
         .unwrap_or_else(|e| panic!("setns {path}: {e}"));
 }
 
+/// A future a thread inside a namespace runs (built on that thread, so
+/// the sockets it opens belong there).
+pub type InNetns<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T>>>;
+
+/// Runs `f` on a thread of its own inside `netns`, on a current-thread
+/// runtime of its own; the thread's handle.
+pub fn spawn_in<T: Send + 'static>(
+    netns: &str,
+    f: impl FnOnce() -> InNetns<T> + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let inside = netns.to_string();
+    std::thread::spawn(move || {
+        enter(&inside);
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"))
+            .block_on(f())
+    })
+}
+
+/// [`spawn_in`], waited for: what `f` returned.
+pub fn run_in<T: Send + 'static>(
+    netns: &str,
+    f: impl FnOnce() -> InNetns<T> + Send + 'static,
+) -> T {
+    spawn_in(netns, f)
+        .join()
+        .unwrap_or_else(|_| panic!("a thread inside {netns} failed"))
+}
+
 /// One pod: a namespace with `eth0` at `ip`.
 pub struct Pod {
     pub name: String,
