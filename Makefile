@@ -205,22 +205,26 @@ bench-mesh: build envoy bench-tools $(foreach v,$(BENCH_MESH_MINORS),$(call envo
 	envoys=""; for v in $(BENCH_MESH_MINORS); do envoys="$$envoys$${envoys:+,}$$v=$(CURDIR)/$(VENV)/envoys/$$v/envoy"; done; \
 	  BENCH_MESH_ENVOYS="$$envoys" $(E2E_ENV) target/tools/bench-mesh $(BENCH_MESH_FLAGS)
 
+# The floors every bench set is read against: a Rust wasm filter that only
+# adds a response header, exporting only what it uses (target/bench/).
+.PHONY: bench-floors
+bench-floors: wasm-target
+	$(CARGO) build --release --target $(WASM_TARGET) -p bench-wasm-header
+	@mkdir -p target/bench
+	cp target/$(WASM_TARGET)/release/bench_wasm_header.wasm target/bench/
+	python3 tools/strip_exports.py bench/wasm-header/Cargo.toml target/bench/bench_wasm_header.wasm
+
 # make bench-count BENCH_COUNT_FLAGS="--sets none,consumer --window 10"; with
 # --mesh, in make bench-mesh's mesh of 1,000 clusters (bench/results/count-mesh.json).
 BENCH_COUNT_FLAGS ?=
 
 .PHONY: bench-count
-bench-count: build native envoy bench-tools ## Envoy's instructions per request for each bench set, counted under callgrind (does not move with the host's noise; about 3 min a set): bench/results/count.json
+bench-count: build native envoy bench-tools bench-floors ## Envoy's instructions per request for each bench set, counted under callgrind (does not move with the host's noise; about 3 min a set): bench/results/count.json
 	$(CARGO) build --profile tools -p graceful-harness --bin bench-count
 	$(E2E_ENV) target/tools/bench-count $(BENCH_COUNT_FLAGS)
 
 .PHONY: bench
-bench: build native envoy bench-tools ## what the filters cost against plain Envoy (wrk), memory, and shutdown quality: bench/results/
-	@# The floor: a Rust wasm filter that only adds a response header, exporting only what it uses.
-	$(CARGO) build --release --target $(WASM_TARGET) -p bench-wasm-header
-	@mkdir -p target/bench
-	cp target/$(WASM_TARGET)/release/bench_wasm_header.wasm target/bench/
-	python3 tools/strip_exports.py bench/wasm-header/Cargo.toml target/bench/bench_wasm_header.wasm
+bench: build native envoy bench-tools bench-floors ## what the filters cost against plain Envoy (wrk), memory, and shutdown quality: bench/results/
 	$(CARGO) build --profile tools -p demo-app
 	$(CARGO) build --profile tools -p graceful-harness --bin bench
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/bench $(BENCH_FLAGS)

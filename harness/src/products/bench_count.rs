@@ -257,6 +257,9 @@ async fn count_started(
 fn warm(envoy: &Envoy, addr: SocketAddr) -> Result<(), String> {
     let until = std::time::Instant::now() + START_UNDER_CALLGRIND;
     let mut answered = 0;
+    // Why the last run got no answer: said if the deadline passes (wrk
+    // missing, or refused connections, reads differently from a slow start).
+    let mut last = String::from("no requests answered");
     while answered < 4 {
         match wrk(addr, 4, Duration::from_secs(5)) {
             Ok(r) if r.non_2xx > 0 => {
@@ -266,13 +269,14 @@ fn warm(envoy: &Envoy, addr: SocketAddr) -> Result<(), String> {
                 ))
             }
             Ok(r) if r.requests > 0 => answered += 1,
-            Ok(_) | Err(_) if std::time::Instant::now() < until => {}
-            Ok(_) | Err(_) => {
-                return Err(format!(
-                    "{}: no answer to warm-up load within {:?}",
-                    envoy.name, START_UNDER_CALLGRIND
-                ))
-            }
+            Ok(_) => last = String::from("no requests answered"),
+            Err(e) => last = e,
+        }
+        if answered < 4 && std::time::Instant::now() >= until {
+            return Err(format!(
+                "{}: no answer to warm-up load within {:?} (last run: {last})",
+                envoy.name, START_UNDER_CALLGRIND
+            ));
         }
     }
     Ok(())
