@@ -7,8 +7,16 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::shared::config::{
-    cluster_name, duration, header_name, optional_header_name, read_dto, url_path, ConfigError,
+    cluster_name, duration, header_name, optional_header_name, positive_duration, read_dto,
+    url_path, ConfigError,
 };
+#[cfg(feature = "schema")]
+use crate::shared::config::{
+    json_schema_of, ClusterName, DurationText, HeaderName, OptionalHeaderName, OptionalUrlPath,
+    PositiveDurationText,
+};
+#[cfg(feature = "schema")]
+use crate::shared::duration::format_duration;
 
 pub const DEFAULT_CLOSING_HEADERS: [&str; 2] = ["x-graceful-closing", "closing"];
 pub const DEFAULT_TOMBSTONE_TTL: Duration = Duration::from_secs(30);
@@ -23,6 +31,8 @@ pub const MAX_MAX_TOMBSTONES: u64 = 65_536;
 pub const DEFAULT_PROBE_PATH: &str = "/graceful/ready";
 /// Envoy's `healthy_panic_threshold` default, and ours.
 pub const DEFAULT_PANIC_THRESHOLD: u8 = 50;
+/// `panic_threshold` is a percentage.
+const MAX_PANIC_THRESHOLD: u8 = 100;
 
 /// Validated configuration of `graceful_consumer`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,28 +66,64 @@ pub struct ConsumerConfig {
     pub consumer_header: Option<String>,
 }
 
+/// The configuration as written. Its doc comments and `schemars`
+/// attributes are the JSON Schema's descriptions, defaults and forms
+/// (schema/graceful_consumer.schema.json, docs/configuration.md).
 #[derive(Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "schema",
+    schemars(
+        title = "graceful_consumer",
+        description = "The configuration of graceful_consumer, on the outbound side of a consumer's sidecar: it tombstones upstream hosts that say they are closing (or refuse connections) and steers requests away from them."
+    )
+)]
 struct ConsumerDto {
+    /// A response header or trailer with one of these names and value `true` (case-insensitive) marks the upstream host closing (`closing` is what dubbo-go providers send).
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<HeaderName>", extend("default" = DEFAULT_CLOSING_HEADERS)))]
     closing_headers: Option<Vec<String>>,
+    /// A response from a tombstoned address with a different instance id in this header clears the tombstone at once; `""` turns that off.
+    #[cfg_attr(feature = "schema", schemars(with = "OptionalHeaderName", extend("default" = DEFAULT_INSTANCE_HEADER)))]
     instance_header: Option<String>,
+    /// How long a closing host stays evicted, whatever the registry (EDS) says meanwhile.
+    #[cfg_attr(feature = "schema", schemars(with = "PositiveDurationText", extend("default" = format_duration(DEFAULT_TOMBSTONE_TTL))))]
     tombstone_ttl: Option<String>,
+    /// A local reply with response flags UF (connect failure) or UC (connection termination) evicts that host too.
+    #[cfg_attr(feature = "schema", schemars(extend("default" = true)))]
     evict_on_connect_failure: Option<bool>,
+    /// The tombstone time for connect failures.
+    #[cfg_attr(feature = "schema", schemars(with = "PositiveDurationText", extend("default" = format_duration(DEFAULT_FAILURE_TOMBSTONE_TTL))))]
     failure_tombstone_ttl: Option<String>,
+    /// The request header through which the filter steers Envoy's `envoy.load_balancing_policies.override_host` policy away from tombstoned hosts; any value a client sent in it is removed first. Must differ from `closing_headers` and `instance_header`.
+    #[cfg_attr(feature = "schema", schemars(with = "HeaderName", extend("default" = DEFAULT_OVERRIDE_HOST_HEADER)))]
     override_host_header: Option<String>,
+    /// An Envoy cluster pointing at Envoy's admin listener; when set, the filter learns each cluster's members and health from it.
+    #[cfg_attr(feature = "schema", schemars(with = "ClusterName"))]
     admin_cluster: Option<String>,
+    /// How often to refresh membership from `admin_cluster` and probe tombstoned hosts; 100ms to 1h.
+    #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = format_duration(DEFAULT_MEMBERSHIP_REFRESH))))]
     membership_refresh: Option<String>,
+    /// Bound on tombstones kept per Envoy; past it, those expiring first are dropped.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = MAX_MAX_TOMBSTONES), extend("default" = DEFAULT_MAX_TOMBSTONES)))]
     max_tombstones: Option<u64>,
+    /// Asked of each tombstoned host every `membership_refresh`, pinned to its address, to learn whether a new instance answers there (graceful_drain's readiness endpoint); `""` turns probing off.
+    #[cfg_attr(feature = "schema", schemars(with = "OptionalUrlPath", extend("default" = DEFAULT_PROBE_PATH)))]
     probe_path: Option<String>,
+    /// Percent of a cluster's usable members that steering keeps listing (`0` turns the rule off): when tombstones leave fewer acceptable hosts, members tombstoned only for a refused connection are tried too; a host whose last answer said closing is never listed while any acceptable host is known.
+    #[cfg_attr(feature = "schema", schemars(range(max = MAX_PANIC_THRESHOLD), extend("default" = DEFAULT_PANIC_THRESHOLD)))]
     panic_threshold: Option<u64>,
+    /// Each outbound request carries this Envoy's consumer identity in this header, replacing any value the client sent, so a provider's drain report can name its callers; `""` turns it off. Must differ from `override_host_header`, `closing_headers` and `instance_header`.
+    #[cfg_attr(feature = "schema", schemars(with = "OptionalHeaderName", extend("default" = DEFAULT_CONSUMER_HEADER)))]
     consumer_header: Option<String>,
 }
 
-fn positive(field: &str, d: Duration) -> Result<Duration, ConfigError> {
-    if d.is_zero() {
-        return Err(ConfigError::new(field, "must be above 0s"));
+impl ConsumerConfig {
+    /// The JSON Schema of graceful_consumer's configuration.
+    #[cfg(feature = "schema")]
+    pub fn json_schema() -> serde_json::Value {
+        json_schema_of::<ConsumerDto>()
     }
-    Ok(d)
 }
 
 impl ConsumerConfig {
@@ -131,21 +177,15 @@ impl ConsumerConfig {
                 ));
             }
         }
-        let tombstone_ttl = positive(
+        let tombstone_ttl = positive_duration(
             "tombstone_ttl",
-            duration(
-                "tombstone_ttl",
-                dto.tombstone_ttl.as_deref(),
-                DEFAULT_TOMBSTONE_TTL,
-            )?,
+            dto.tombstone_ttl.as_deref(),
+            DEFAULT_TOMBSTONE_TTL,
         )?;
-        let failure_tombstone_ttl = positive(
+        let failure_tombstone_ttl = positive_duration(
             "failure_tombstone_ttl",
-            duration(
-                "failure_tombstone_ttl",
-                dto.failure_tombstone_ttl.as_deref(),
-                DEFAULT_FAILURE_TOMBSTONE_TTL,
-            )?,
+            dto.failure_tombstone_ttl.as_deref(),
+            DEFAULT_FAILURE_TOMBSTONE_TTL,
         )?;
         let membership_refresh = duration(
             "membership_refresh",
@@ -180,12 +220,15 @@ impl ConsumerConfig {
         };
         let panic_threshold = match dto.panic_threshold {
             None => DEFAULT_PANIC_THRESHOLD,
-            Some(n) => u8::try_from(n).ok().filter(|n| *n <= 100).ok_or_else(|| {
-                ConfigError::new(
-                    "panic_threshold",
-                    format!("{n} is out of range 0..=100 (percent)"),
-                )
-            })?,
+            Some(n) => u8::try_from(n)
+                .ok()
+                .filter(|n| *n <= MAX_PANIC_THRESHOLD)
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        "panic_threshold",
+                        format!("{n} is out of range 0..=100 (percent)"),
+                    )
+                })?,
         };
         Ok(ConsumerConfig {
             closing_headers,

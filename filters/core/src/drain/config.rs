@@ -3,10 +3,25 @@
 
 use std::time::Duration;
 
+#[cfg(feature = "schema")]
+use std::borrow::Cow;
+
+#[cfg(feature = "schema")]
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::Deserialize;
 
 use crate::drain::record::GateTimings;
-use crate::shared::config::{cluster_name, duration, read_dto, url_path, ConfigError};
+#[cfg(feature = "schema")]
+use crate::drain::report::peers::PEERS_KEPT;
+use crate::shared::config::{
+    cluster_name, duration, positive_duration, read_dto, url_path, ConfigError,
+};
+#[cfg(feature = "schema")]
+use crate::shared::config::{
+    json_schema_of, ClusterName, DurationText, PositiveDurationText, UrlPath,
+};
+#[cfg(feature = "schema")]
+use crate::shared::duration::format_duration;
 use crate::shared::net::Cidr;
 
 pub const DEFAULT_CONSUMER_UPDATE_WAIT: Duration = Duration::from_secs(3);
@@ -121,50 +136,99 @@ pub struct DrainConfig {
     pub max_report_peers: u32,
 }
 
+/// The configuration as written. Its doc comments and `schemars`
+/// attributes are the JSON Schema's descriptions, defaults and forms
+/// (schema/graceful_drain.schema.json, docs/configuration.md).
 #[derive(Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "schema",
+    schemars(
+        title = "graceful_drain",
+        description = "The configuration of graceful_drain, on a listener that kubelet, the release system and the consumers' health checks reach: it answers the closing, readiness, status, drained and report endpoints and decides when the drain gate passes.",
+        transform = close_connections_needs_admin
+    )
+)]
 struct DrainDto {
+    /// The least time spent closing before the gate can pass: consumers need it to learn of the closing.
+    #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = format_duration(DEFAULT_CONSUMER_UPDATE_WAIT))))]
     consumer_update_wait: Option<String>,
+    /// The gate passes only when no request is in flight and none started within this window.
+    #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = format_duration(DEFAULT_QUIET_WINDOW))))]
     quiet_window: Option<String>,
+    /// After `consumer_update_wait`, the most time spent waiting for quiet; then the gate passes anyway (forced). With `longest_request` set: the most time spent waiting for new requests to stop arriving.
+    #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = format_duration(DEFAULT_STEP_TIMEOUT))))]
     step_timeout: Option<String>,
+    /// After this much closing time the gate passes whatever happens (forced). Must be at least `consumer_update_wait`, and with `longest_request` set at least `consumer_update_wait` + `step_timeout` + `quiet_window` + `longest_request` (unset, it becomes that sum in whole seconds when that is longer than 60s).
+    #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = format_duration(DEFAULT_TIMEOUT))))]
     timeout: Option<String>,
+    /// The app's longest request: with it set, `step_timeout` forces the gate only while requests keep arriving, and a request in flight once arrivals stopped is waited for until `timeout`.
+    #[cfg_attr(feature = "schema", schemars(with = "PositiveDurationText"))]
     longest_request: Option<String>,
+    /// Only these source addresses may start closing, hold `drained?wait=`, or read status and the report; others get 403 and are never held (readiness and gRPC health answer everyone). `[]` allows none (only `admin_cluster` can start closing).
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<Cidr>", extend("default" = DEFAULT_ALLOWED_SOURCES)))]
     allowed_sources: Option<Vec<String>>,
+    /// An Envoy cluster pointing at Envoy's admin; when set, `POST /healthcheck/fail` on the admin also starts closing.
+    #[cfg_attr(feature = "schema", schemars(with = "ClusterName"))]
     admin_cluster: Option<String>,
+    /// Once the gate passes, POST the status JSON once to this cluster (the app's own shutdown hook); its failure is logged and counted, never blocks the gate.
     on_drained: Option<OnDrainedDto>,
+    /// Bound on `drained?wait=` requests held at once; more get 429.
+    #[cfg_attr(feature = "schema", schemars(range(max = MAX_MAX_WAITERS), extend("default" = DEFAULT_MAX_WAITERS)))]
     max_waiters: Option<u64>,
+    /// The endpoints' paths, each distinct from the others.
     paths: Option<PathsDto>,
+    /// How closing reaches clients that never read the mark: `"healthcheck_fail"` (Envoy's `POST /healthcheck/fail`: HTTP/1.1 `connection: close` and HTTP/2 GOAWAY on listeners of drain type DEFAULT), `"drain_listeners"` (`POST /drain_listeners?graceful&skip_exit&inboundonly`: the INBOUND listeners, whatever their drain type) or `"off"`. The first two need `admin_cluster`. Unset: `"healthcheck_fail"` with `admin_cluster`, else `"off"`.
+    #[cfg_attr(feature = "schema", schemars(with = "CloseConnections"))]
     close_connections: Option<String>,
+    /// Callers the drain report lists, largest first.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = PEERS_KEPT), extend("default" = DEFAULT_MAX_REPORT_PEERS)))]
     max_report_peers: Option<u64>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(inline))]
 struct OnDrainedDto {
+    /// The cluster to POST to.
+    #[cfg_attr(feature = "schema", schemars(with = "ClusterName"))]
     cluster: String,
+    /// The path to POST to.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = DEFAULT_ON_DRAINED_PATH)))]
     path: Option<String>,
+    /// How long to wait for the answer; at most 60s.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(with = "PositiveDurationText", extend("default" = format_duration(DEFAULT_ON_DRAINED_TIMEOUT))))]
     timeout: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(inline))]
 struct PathsDto {
+    /// `POST`: starts closing (idempotent); 202 with the status JSON; 403 from a source outside `allowed_sources`.
+    #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().closing)))]
     closing: Option<String>,
+    /// `GET`: 200 `SERVING` while serving; 503 `NOT_SERVING` once closing (the readiness probe).
+    #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().ready)))]
     ready: Option<String>,
+    /// `GET`: 200 with the status JSON.
+    #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().status)))]
     status: Option<String>,
+    /// `GET`: 200 with the status JSON once the gate has passed, else 503 with it; `?wait=10s` holds the request until the gate passes or the wait runs out.
+    #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().drained)))]
     drained: Option<String>,
+    /// gRPC health `Check`: forwarded to the app while serving; once closing, answered UNAVAILABLE (NOT_SERVING) by the filter.
+    #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().grpc_health)))]
     grpc_health: Option<String>,
+    /// gRPC health `Watch`: forwarded to the app while serving; ended once closing.
+    #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().grpc_health_watch)))]
     grpc_health_watch: Option<String>,
+    /// `GET`: the drain report of the current or last shutdown.
+    #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().report)))]
     report: Option<String>,
-}
-
-/// A positive duration (`longest_request`: "0s" would say nothing).
-fn positive_duration(field: &str, text: &str) -> Result<Duration, ConfigError> {
-    let d = duration(field, Some(text), Duration::ZERO)?;
-    if d.is_zero() {
-        return Err(ConfigError::new(field, "must be above 0s"));
-    }
-    Ok(d)
 }
 
 /// With `longest_request` set, the overall `timeout` must leave a request
@@ -218,7 +282,7 @@ impl DrainConfig {
             timeout: duration("timeout", dto.timeout.as_deref(), DEFAULT_TIMEOUT)?,
             longest_request: match dto.longest_request.as_deref() {
                 None => None,
-                Some(text) => Some(positive_duration("longest_request", text)?),
+                text => Some(positive_duration("longest_request", text, Duration::ZERO)?),
             },
         };
         if gate.timeout < gate.consumer_update_wait {
@@ -307,6 +371,13 @@ impl DrainConfig {
     }
 }
 
+/// `close_connections`'s values as written.
+const CLOSE_CONNECTIONS: [(&str, CloseConnections); 3] = [
+    ("healthcheck_fail", CloseConnections::HealthcheckFail),
+    ("drain_listeners", CloseConnections::DrainListeners),
+    ("off", CloseConnections::Off),
+];
+
 /// `close_connections`: absent, `healthcheck_fail` where the admin is
 /// reachable and off where it is not; named, it needs `admin_cluster`.
 fn close_connections(
@@ -316,25 +387,72 @@ fn close_connections(
     let mode = match value {
         None if has_admin => return Ok(CloseConnections::HealthcheckFail),
         None => return Ok(CloseConnections::Off),
-        Some("off") => CloseConnections::Off,
-        Some("healthcheck_fail") => CloseConnections::HealthcheckFail,
-        Some("drain_listeners") => CloseConnections::DrainListeners,
-        Some(other) => {
-            return Err(ConfigError::new(
-                "close_connections",
-                format!(
-                    "{other:?} is not one of \"healthcheck_fail\", \"drain_listeners\", \"off\""
-                ),
-            ))
-        }
+        Some(text) => match CLOSE_CONNECTIONS.iter().find(|(name, _)| *name == text) {
+            Some((_, mode)) => *mode,
+            None => {
+                let names: Vec<String> = CLOSE_CONNECTIONS
+                    .iter()
+                    .map(|(name, _)| format!("{name:?}"))
+                    .collect();
+                return Err(ConfigError::new(
+                    "close_connections",
+                    format!("{text:?} is not one of {}", names.join(", ")),
+                ));
+            }
+        },
     };
-    if mode != CloseConnections::Off && !has_admin {
+    if mode.admin_path().is_some() && !has_admin {
         return Err(ConfigError::new(
             "close_connections",
             "needs admin_cluster: the connections are drained through Envoy's admin",
         ));
     }
     Ok(mode)
+}
+
+/// `close_connections`'s form, for the schema: one of its names.
+#[cfg(feature = "schema")]
+impl JsonSchema for CloseConnections {
+    fn schema_name() -> Cow<'static, str> {
+        "close_connections".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        let names: Vec<&str> = CLOSE_CONNECTIONS.iter().map(|(name, _)| *name).collect();
+        json_schema!({"type": "string", "enum": names})
+    }
+}
+
+/// [`close_connections`]'s rule across fields, for the schema: a mode that
+/// goes through the admin needs `admin_cluster`.
+#[cfg(feature = "schema")]
+fn close_connections_needs_admin(schema: &mut Schema) {
+    let through_admin: Vec<&str> = CLOSE_CONNECTIONS
+        .iter()
+        .filter(|(_, mode)| mode.admin_path().is_some())
+        .map(|(name, _)| *name)
+        .collect();
+    schema.insert(
+        "dependentSchemas".into(),
+        serde_json::json!({
+            "close_connections": {
+                "if": {"properties": {"close_connections": {"enum": through_admin}}},
+                "then": {"required": ["admin_cluster"]},
+            }
+        }),
+    );
+}
+
+impl DrainConfig {
+    /// The JSON Schema of graceful_drain's configuration.
+    #[cfg(feature = "schema")]
+    pub fn json_schema() -> serde_json::Value {
+        json_schema_of::<DrainDto>()
+    }
 }
 
 fn paths(dto: PathsDto) -> Result<Paths, ConfigError> {

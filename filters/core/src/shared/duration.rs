@@ -26,6 +26,17 @@ impl fmt::Display for DurationError {
     }
 }
 
+/// The units a duration is written in, each with its length in microseconds.
+const UNITS: [(&str, u128); 4] = [
+    ("ms", 1_000),
+    ("s", 1_000_000),
+    ("m", 60_000_000),
+    ("h", 3_600_000_000),
+];
+
+/// Most digits on either side of a number's decimal point.
+const MAX_DIGITS: usize = 12;
+
 /// Parses `"250ms"`, `"3s"`, `"1m30s"`, `"0.5s"`, `"0s"`. Units: `ms`, `s`, `m`, `h`.
 pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
     let err = |why: &str| {
@@ -53,12 +64,11 @@ pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
             pos += 1;
         }
         let unit_us: u128 = match &text[unit_start..pos] {
-            "ms" => 1_000,
-            "s" => 1_000_000,
-            "m" => 60_000_000,
-            "h" => 3_600_000_000,
             "" => return Err(err("missing unit")),
-            _ => return Err(err("unknown unit")),
+            unit => match UNITS.iter().find(|(name, _)| *name == unit) {
+                Some((_, us)) => *us,
+                None => return Err(err("unknown unit")),
+            },
         };
         total_us = total_us
             .checked_add(scaled(number, unit_us).ok_or_else(|| err("bad number"))?)
@@ -81,7 +91,7 @@ fn scaled(number: &str, unit_us: u128) -> Option<u128> {
     if whole.is_empty() || (number.contains('.') && frac.is_empty()) || frac.contains('.') {
         return None;
     }
-    if whole.len() > 12 || frac.len() > 12 {
+    if whole.len() > MAX_DIGITS || frac.len() > MAX_DIGITS {
         return None;
     }
     let whole: u128 = whole.parse().ok()?;
@@ -92,6 +102,20 @@ fn scaled(number: &str, unit_us: u128) -> Option<u128> {
         value += u128::from(digit - b'0') * scale;
     }
     Some(value)
+}
+
+/// [`parse_duration`]'s grammar as a JSON Schema pattern: one or more
+/// numbers, each with a unit. `zero`: only numbers that are all zeros (what
+/// a field that must be above 0s refuses). The 24h bound is a value, which
+/// a pattern cannot weigh: the schema leaves it to the parser.
+#[cfg(feature = "schema")]
+pub(crate) fn duration_pattern(zero: bool) -> String {
+    let digit = if zero { "0" } else { "[0-9]" };
+    let units: Vec<&str> = UNITS.iter().map(|(name, _)| *name).collect();
+    format!(
+        "^({digit}{{1,{MAX_DIGITS}}}(\\.{digit}{{1,{MAX_DIGITS}}})?({}))+$",
+        units.join("|")
+    )
 }
 
 /// Formats a duration the way [`parse_duration`] reads it, in the largest
