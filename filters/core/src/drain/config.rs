@@ -18,10 +18,11 @@ use crate::shared::config::{
 };
 #[cfg(feature = "schema")]
 use crate::shared::config::{
-    json_schema_of, ClusterName, DurationText, PositiveDurationText, UrlPath,
+    json_schema_of, ClusterName, DurationText, ParserOnlyRule, PositiveDurationText, UrlPath,
+    CLUSTER_NAME_BYTES, DUPLICATE_KEYS, DURATION_AT_MOST_24H, WHOLE_NUMBERS,
 };
 #[cfg(feature = "schema")]
-use crate::shared::duration::format_duration;
+use crate::shared::duration::contract_duration;
 use crate::shared::net::Cidr;
 
 pub const DEFAULT_CONSUMER_UPDATE_WAIT: Duration = Duration::from_secs(3);
@@ -151,36 +152,53 @@ pub struct DrainConfig {
     )
 )]
 struct DrainDto {
-    /// The least time spent closing before the gate can pass: consumers need it to learn of the closing.
-    #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = format_duration(DEFAULT_CONSUMER_UPDATE_WAIT))))]
+    /// The least time spent closing before the gate can pass: consumers need it to learn of the
+    /// closing.
+    #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = contract_duration(DEFAULT_CONSUMER_UPDATE_WAIT))))]
     consumer_update_wait: Option<String>,
-    /// The gate passes only when no request is in flight and none started within this window.
-    #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = format_duration(DEFAULT_QUIET_WINDOW))))]
+    /// The gate passes only when nothing is in flight and no request started within this window.
+    #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = contract_duration(DEFAULT_QUIET_WINDOW))))]
     quiet_window: Option<String>,
-    /// After `consumer_update_wait`, the most time spent waiting for quiet; then the gate passes anyway (forced). With `longest_request` set: the most time spent waiting for new requests to stop arriving.
-    #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = format_duration(DEFAULT_STEP_TIMEOUT))))]
+    /// After `consumer_update_wait`, the most time spent waiting for quiet; then the gate passes,
+    /// forced. With `longest_request` set: the most time spent waiting for new requests to stop
+    /// arriving.
+    #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = contract_duration(DEFAULT_STEP_TIMEOUT))))]
     step_timeout: Option<String>,
-    /// After this much closing time the gate passes whatever happens (forced). Must be at least `consumer_update_wait`, and with `longest_request` set at least `consumer_update_wait` + `step_timeout` + `quiet_window` + `longest_request` (unset, it becomes that sum in whole seconds when that is longer than 60s).
-    #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = format_duration(DEFAULT_TIMEOUT))))]
+    /// After this much closing time the gate passes whatever happens, forced. Must be at least
+    /// `consumer_update_wait`; with `longest_request` set, at least `consumer_update_wait` +
+    /// `step_timeout` + `quiet_window` + `longest_request`, and when unset it becomes that sum
+    /// rounded up to whole seconds if the sum is longer than 60s.
+    #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = contract_duration(DEFAULT_TIMEOUT))))]
     timeout: Option<String>,
-    /// The app's longest request: with it set, `step_timeout` forces the gate only while requests keep arriving, and a request in flight once arrivals stopped is waited for until `timeout`.
+    /// The app's longest request: with it set, `step_timeout` forces the gate only while requests
+    /// keep arriving, a request in flight once arrivals stopped is waited for until `timeout`, and
+    /// `timeout` defaults to what that needs.
     #[cfg_attr(feature = "schema", schemars(with = "PositiveDurationText"))]
     longest_request: Option<String>,
-    /// Only these source addresses may start closing, hold `drained?wait=`, or read status and the report; others get 403 and are never held (readiness and gRPC health answer everyone). `[]` allows none (only `admin_cluster` can start closing).
+    /// Address ranges allowed to start closing, hold `drained?wait=`, and read `status`, `drained`
+    /// and the report; others get 403 at once and are never held (readiness and gRPC health answer
+    /// everyone). `[]` allows none (only `admin_cluster` can start closing).
     #[cfg_attr(feature = "schema", schemars(with = "Vec<Cidr>", extend("default" = DEFAULT_ALLOWED_SOURCES)))]
     allowed_sources: Option<Vec<String>>,
-    /// An Envoy cluster pointing at Envoy's admin; when set, `POST /healthcheck/fail` on the admin also starts closing.
+    /// A cluster pointing at Envoy's admin; when set, `POST /healthcheck/fail` on the admin starts
+    /// closing (polled once a second per Envoy).
     #[cfg_attr(feature = "schema", schemars(with = "ClusterName"))]
     admin_cluster: Option<String>,
-    /// Once the gate passes, POST the status JSON once to this cluster (the app's own shutdown hook); its failure is logged and counted, never blocks the gate.
+    /// When the gate passes, POST the status JSON once to this cluster: the app's own shutdown hook
+    /// (the mesh form of dubbo-go's custom shutdown callbacks). Failures are logged and counted,
+    /// never block the gate.
     on_drained: Option<OnDrainedDto>,
-    /// Bound on `drained?wait=` requests held at once; more get 429.
+    /// Bound on `drained?wait=` requests held at once per Envoy; more get 429.
     #[cfg_attr(feature = "schema", schemars(range(max = MAX_MAX_WAITERS), extend("default" = DEFAULT_MAX_WAITERS)))]
     max_waiters: Option<u64>,
-    /// The endpoints' paths, each distinct from the others.
+    /// The endpoints' paths: each must start with `/`, all distinct.
     paths: Option<PathsDto>,
-    /// How closing reaches clients that never read the mark: `"healthcheck_fail"` (Envoy's `POST /healthcheck/fail`: HTTP/1.1 `connection: close` and HTTP/2 GOAWAY on listeners of drain type DEFAULT), `"drain_listeners"` (`POST /drain_listeners?graceful&skip_exit&inboundonly`: the INBOUND listeners, whatever their drain type) or `"off"`. The first two need `admin_cluster`. Unset: `"healthcheck_fail"` with `admin_cluster`, else `"off"`.
-    #[cfg_attr(feature = "schema", schemars(with = "CloseConnections"))]
+    /// How closing reaches clients that never read the mark: `"healthcheck_fail"` (Envoy's `POST
+    /// /healthcheck/fail`: HTTP/1.1 `connection: close` and HTTP/2 GOAWAY on the listeners of drain
+    /// type DEFAULT), `"drain_listeners"` (`POST /drain_listeners?graceful&skip_exit&inboundonly`:
+    /// the INBOUND listeners, whatever their drain type) or `"off"`. The first two need
+    /// `admin_cluster` (refused without it).
+    #[cfg_attr(feature = "schema", schemars(with = "CloseConnections", extend("x-default" = "`\"healthcheck_fail\"` with `admin_cluster`, else `\"off\"`")))]
     close_connections: Option<String>,
     /// Callers the drain report lists, largest first.
     #[cfg_attr(feature = "schema", schemars(range(min = 1, max = PEERS_KEPT), extend("default" = DEFAULT_MAX_REPORT_PEERS)))]
@@ -191,16 +209,16 @@ struct DrainDto {
 #[serde(deny_unknown_fields)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(inline))]
 struct OnDrainedDto {
-    /// The cluster to POST to.
+    /// The cluster to POST to (the app's).
     #[cfg_attr(feature = "schema", schemars(with = "ClusterName"))]
     cluster: String,
     /// The path to POST to.
     #[serde(default)]
     #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = DEFAULT_ON_DRAINED_PATH)))]
     path: Option<String>,
-    /// How long to wait for the answer; at most 60s.
+    /// How long to wait for the answer: above 0s, at most 60s.
     #[serde(default)]
-    #[cfg_attr(feature = "schema", schemars(with = "PositiveDurationText", extend("default" = format_duration(DEFAULT_ON_DRAINED_TIMEOUT))))]
+    #[cfg_attr(feature = "schema", schemars(with = "PositiveDurationText", extend("default" = contract_duration(DEFAULT_ON_DRAINED_TIMEOUT))))]
     timeout: Option<String>,
 }
 
@@ -208,25 +226,25 @@ struct OnDrainedDto {
 #[serde(default, deny_unknown_fields)]
 #[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(inline))]
 struct PathsDto {
-    /// `POST`: starts closing (idempotent); 202 with the status JSON; 403 from a source outside `allowed_sources`.
+    /// `POST`: starts closing.
     #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().closing)))]
     closing: Option<String>,
-    /// `GET`: 200 `SERVING` while serving; 503 `NOT_SERVING` once closing (the readiness probe).
+    /// `GET`: the readiness probe (`SERVING`, then `NOT_SERVING` once closing).
     #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().ready)))]
     ready: Option<String>,
-    /// `GET`: 200 with the status JSON.
+    /// `GET`: the status JSON.
     #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().status)))]
     status: Option<String>,
-    /// `GET`: 200 with the status JSON once the gate has passed, else 503 with it; `?wait=10s` holds the request until the gate passes or the wait runs out.
+    /// `GET`: whether the gate has passed; `?wait=` holds the request until it does.
     #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().drained)))]
     drained: Option<String>,
-    /// gRPC health `Check`: forwarded to the app while serving; once closing, answered UNAVAILABLE (NOT_SERVING) by the filter.
+    /// gRPC health `Check`: the app's while serving, the filter's once closing.
     #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().grpc_health)))]
     grpc_health: Option<String>,
-    /// gRPC health `Watch`: forwarded to the app while serving; ended once closing.
+    /// gRPC health `Watch`: the app's while serving, ended once closing.
     #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().grpc_health_watch)))]
     grpc_health_watch: Option<String>,
-    /// `GET`: the drain report of the current or last shutdown.
+    /// `GET`: the drain report.
     #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().report)))]
     report: Option<String>,
 }
@@ -447,11 +465,46 @@ fn close_connections_needs_admin(schema: &mut Schema) {
     );
 }
 
+/// [`DrainConfig::from_json`]'s rules on values the schema cannot weigh:
+/// durations compared across fields, and the paths' distinctness.
+#[cfg(feature = "schema")]
+const TIMEOUT_AT_LEAST_CONSUMER_UPDATE_WAIT: ParserOnlyRule = ParserOnlyRule {
+    name: "timeout_at_least_consumer_update_wait",
+    rule: "`timeout` must be at least `consumer_update_wait`.",
+};
+
+#[cfg(feature = "schema")]
+const TIMEOUT_COVERS_LONGEST_REQUEST: ParserOnlyRule = ParserOnlyRule {
+    name: "timeout_covers_longest_request",
+    rule: "With `longest_request` set, a `timeout` that is set must be at least `consumer_update_wait` + `step_timeout` + `quiet_window` + `longest_request`.",
+};
+
+#[cfg(feature = "schema")]
+const ON_DRAINED_TIMEOUT_AT_MOST_60S: ParserOnlyRule = ParserOnlyRule {
+    name: "on_drained_timeout_at_most_60s",
+    rule: "`on_drained.timeout` is at most 60s.",
+};
+
+#[cfg(feature = "schema")]
+const DISTINCT_PATHS: ParserOnlyRule = ParserOnlyRule {
+    name: "distinct_paths",
+    rule: "The paths under `paths` must all differ, defaults included (setting `paths.status` to `\"/graceful/ready\"` is refused).",
+};
+
 impl DrainConfig {
     /// The JSON Schema of graceful_drain's configuration.
     #[cfg(feature = "schema")]
     pub fn json_schema() -> serde_json::Value {
-        json_schema_of::<DrainDto>()
+        json_schema_of::<DrainDto>(&[
+            DUPLICATE_KEYS,
+            WHOLE_NUMBERS,
+            DURATION_AT_MOST_24H,
+            CLUSTER_NAME_BYTES,
+            TIMEOUT_AT_LEAST_CONSUMER_UPDATE_WAIT,
+            TIMEOUT_COVERS_LONGEST_REQUEST,
+            ON_DRAINED_TIMEOUT_AT_MOST_60S,
+            DISTINCT_PATHS,
+        ])
     }
 }
 

@@ -27,9 +27,9 @@ use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-#[cfg(feature = "schema")]
-use crate::shared::duration::duration_pattern;
 use crate::shared::duration::parse_duration;
+#[cfg(feature = "schema")]
+use crate::shared::duration::{duration_pattern, zero_duration_pattern};
 
 /// Default name of the header carrying an instance id (graceful_provider
 /// writes it, graceful_consumer reads it).
@@ -172,20 +172,66 @@ fn read_typed<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ConfigError> {
     Ok(dto)
 }
 
-/// What makes a config schema: JSON Schema 2020-12, the value forms as
-/// named definitions (`$defs`), and the rules every DTO shares applied to
-/// the whole: no `null` anywhere ([`read_dto`]), descriptions written as
-/// paragraphs (a doc comment's line breaks joined), and no `format`
-/// (schemars names Rust's integer widths there, which no validator knows).
+/// A rule the parser enforces that JSON Schema cannot state (a comparison
+/// across fields, a sum, a byte count, the JSON text as written). Each is
+/// listed by name in the schema (`x-parser-only-rules`) and so in
+/// docs/configuration.md, and tools/check_schema.py holds a config for each
+/// that the parser refuses and the schema accepts: the gaps are exactly these.
 #[cfg(feature = "schema")]
-pub(crate) fn json_schema_of<T: JsonSchema>() -> Value {
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ParserOnlyRule {
+    pub name: &'static str,
+    pub rule: &'static str,
+}
+
+/// Every filter's: serde refuses a key given twice.
+#[cfg(feature = "schema")]
+pub(crate) const DUPLICATE_KEYS: ParserOnlyRule = ParserOnlyRule {
+    name: "no_duplicate_keys",
+    rule: "A key given twice in one object is refused. A JSON Schema validator sees the document once parsed, when one of the two is left.",
+};
+
+/// Where a config has counts: serde reads them from whole numbers only.
+#[cfg(feature = "schema")]
+pub(crate) const WHOLE_NUMBERS: ParserOnlyRule = ParserOnlyRule {
+    name: "counts_written_whole",
+    rule: "A count must be written as a whole number (`64`): `64.0` or `6.4e1` is refused, though JSON Schema counts it an integer.",
+};
+
+/// Where a config has durations: [`parse_duration`]'s bound.
+#[cfg(feature = "schema")]
+pub(crate) const DURATION_AT_MOST_24H: ParserOnlyRule = ParserOnlyRule {
+    name: "duration_at_most_24h",
+    rule: "A duration is at most 24h (`\"25h\"` and `\"23h61m\"` are refused): a pattern can check its form but not its sum.",
+};
+
+/// Where a config names clusters: [`cluster_name`]'s bound is in bytes.
+#[cfg(feature = "schema")]
+pub(crate) const CLUSTER_NAME_BYTES: ParserOnlyRule = ParserOnlyRule {
+    name: "cluster_name_at_most_256_bytes",
+    rule: "A cluster name is at most 256 bytes of UTF-8; the schema's `maxLength` counts characters, so a longer name of non-ASCII characters passes it.",
+};
+
+/// What makes a config schema: JSON Schema 2020-12, the value forms as
+/// named definitions (`$defs`), the rules every DTO shares applied to the
+/// whole (no `null` anywhere, see [`read_dto`]; descriptions written as
+/// paragraphs, a doc comment's line breaks joined; no `format`, where
+/// schemars names Rust's integer widths, which no validator knows), and the
+/// parser's rules the schema cannot state, listed by name.
+#[cfg(feature = "schema")]
+pub(crate) fn json_schema_of<T: JsonSchema>(parser_only: &[ParserOnlyRule]) -> Value {
     let mut settings = schemars::generate::SchemaSettings::draft2020_12();
     settings
         .transforms
         .push(Box::new(schemars::transform::RecursiveTransform(
             no_null_no_format,
         )));
-    let schema = settings.into_generator().into_root_schema_for::<T>();
+    let mut schema = settings.into_generator().into_root_schema_for::<T>();
+    let rules: Vec<Value> = parser_only
+        .iter()
+        .map(|r| serde_json::json!({"name": r.name, "rule": r.rule}))
+        .collect();
+    schema.insert("x-parser-only-rules".into(), Value::Array(rules));
     schema.to_value()
 }
 
@@ -314,7 +360,7 @@ impl JsonSchema for HeaderName {
             "type": "string",
             "pattern": format!("^{}+$", ascii_class(is_tchar)),
             "maxLength": MAX_HEADER_NAME_BYTES,
-            "description": "An HTTP header name: 1 to 256 letters, digits and !#$%&'*+-.^_`|~ (no pseudo-headers such as :status). Matched case-insensitively.",
+            "description": "An HTTP header name (an RFC 9110 token): 1 to 256 letters, digits and the symbols `` !#$%&'*+-.^_`|~ ``, so no pseudo-header such as `:status`. Matched case-insensitively and stored lower case.",
         })
     }
 }
@@ -334,7 +380,7 @@ impl JsonSchema for OptionalHeaderName {
             "type": "string",
             "pattern": format!("^{}*$", ascii_class(is_tchar)),
             "maxLength": MAX_HEADER_NAME_BYTES,
-            "description": "A header name as in header_name, or \"\" to turn the feature off.",
+            "description": "A header name as in header_name, or `\"\"` to turn the feature off.",
         })
     }
 }
@@ -363,14 +409,14 @@ impl JsonSchema for DurationText {
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         json_schema!({
             "type": "string",
-            "pattern": duration_pattern(false),
+            "pattern": duration_pattern(),
             "description": DURATION_FORM,
         })
     }
 }
 
 #[cfg(feature = "schema")]
-const DURATION_FORM: &str = "A duration: numbers with a unit (ms, s, m or h), summed: \"250ms\", \"3s\", \"1m30s\", \"1.5s\". No sign, no spaces, at most 24h.";
+const DURATION_FORM: &str = "A duration: a string of numbers, each with a unit (`ms`, `s`, `m` or `h`), summed: `\"250ms\"`, `\"3s\"`, `\"1m30s\"`, `\"1.5s\"`. No sign, no spaces; a fraction's digits past the microsecond are dropped; at most 24h. `\"0s\"` is allowed where zero makes sense.";
 
 /// A duration that must be above 0s: "0s" would say nothing (a TTL, a
 /// timeout, the longest request).
@@ -399,9 +445,9 @@ impl JsonSchema for PositiveDurationText {
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         json_schema!({
             "type": "string",
-            "pattern": duration_pattern(false),
-            "not": {"pattern": duration_pattern(true)},
-            "description": format!("{DURATION_FORM} Above 0s."),
+            "pattern": duration_pattern(),
+            "not": {"pattern": zero_duration_pattern()},
+            "description": format!("{DURATION_FORM} Here it must be above 0s."),
         })
     }
 }
@@ -491,8 +537,7 @@ impl JsonSchema for UrlPath {
 }
 
 #[cfg(feature = "schema")]
-const URL_PATH_FORM: &str =
-    "A URL path: starts with /, at most 256 printable ASCII characters, no spaces, no ? or #.";
+const URL_PATH_FORM: &str = "A URL path: starts with `/`; at most 256 printable ASCII characters, no spaces, no `?` or `#`.";
 
 /// A path field where `""` turns the feature off, for the schema.
 #[cfg(feature = "schema")]
@@ -511,7 +556,7 @@ impl JsonSchema for OptionalUrlPath {
                 {"const": ""},
                 {"pattern": url_path_pattern(""), "maxLength": MAX_URL_PATH_BYTES},
             ],
-            "description": format!("{URL_PATH_FORM} Or \"\" to turn the feature off."),
+            "description": format!("{URL_PATH_FORM} Or `\"\"` to turn the feature off."),
         })
     }
 }

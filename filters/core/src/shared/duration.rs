@@ -105,17 +105,46 @@ fn scaled(number: &str, unit_us: u128) -> Option<u128> {
 }
 
 /// [`parse_duration`]'s grammar as a JSON Schema pattern: one or more
-/// numbers, each with a unit. `zero`: only numbers that are all zeros (what
-/// a field that must be above 0s refuses). The 24h bound is a value, which
-/// a pattern cannot weigh: the schema leaves it to the parser.
+/// numbers, each with a unit. The 24h bound is a sum, which a pattern cannot
+/// weigh: the schema leaves it to the parser.
 #[cfg(feature = "schema")]
-pub(crate) fn duration_pattern(zero: bool) -> String {
-    let digit = if zero { "0" } else { "[0-9]" };
+pub(crate) fn duration_pattern() -> String {
     let units: Vec<&str> = UNITS.iter().map(|(name, _)| *name).collect();
     format!(
-        "^({digit}{{1,{MAX_DIGITS}}}(\\.{digit}{{1,{MAX_DIGITS}}})?({}))+$",
+        "^([0-9]{{1,{MAX_DIGITS}}}(\\.[0-9]{{1,{MAX_DIGITS}}})?({}))+$",
         units.join("|")
     )
+}
+
+/// The durations [`parse_duration`] reads as zero, as a JSON Schema
+/// pattern: every number zero down to the microsecond, the precision
+/// [`scaled`] keeps (its digits past that are dropped, so "0.0001ms" is 0).
+#[cfg(feature = "schema")]
+pub(crate) fn zero_duration_pattern() -> String {
+    let terms: Vec<String> = UNITS
+        .iter()
+        .map(|(name, unit_us)| {
+            // Fraction digits that still weigh a microsecond or more.
+            let kept = (1..=MAX_DIGITS)
+                .take_while(|i| unit_us / 10u128.pow(*i as u32) >= 1)
+                .count();
+            // Those all zero, the rest anything (no unit weighs 10^12 us).
+            let fraction = format!("0{{1,{kept}}}|0{{{kept}}}[0-9]{{1,{}}}", MAX_DIGITS - kept);
+            format!("0{{1,{MAX_DIGITS}}}(\\.({fraction}))?{name}")
+        })
+        .collect();
+    format!("^({})+$", terms.join("|"))
+}
+
+/// A default duration as the contract writes it: whole seconds (`"60s"`),
+/// else milliseconds (`"500ms"`).
+#[cfg(feature = "schema")]
+pub(crate) fn contract_duration(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
 }
 
 /// Formats a duration the way [`parse_duration`] reads it, in the largest
