@@ -19,17 +19,30 @@ use serde_json::{json, Value};
 
 type Fallible<T> = Result<T, Box<dyn std::error::Error>>;
 
-/// Every filter: its name, its schema, its parser.
-const FILTERS: [(&str, fn() -> Value, fn(&[u8]) -> Result<(), ConfigError>); 3] = [
-    ("graceful_provider", ProviderConfig::json_schema, |b| {
-        ProviderConfig::from_json(b).map(drop)
-    }),
-    ("graceful_drain", DrainConfig::json_schema, |b| {
-        DrainConfig::from_json(b).map(drop)
-    }),
-    ("graceful_consumer", ConsumerConfig::json_schema, |b| {
-        ConsumerConfig::from_json(b).map(drop)
-    }),
+/// A filter, as this tool needs it.
+struct Filter {
+    name: &'static str,
+    schema: fn() -> Value,
+    /// Its parser, the config dropped: whether it accepts, and why not.
+    parse: fn(&[u8]) -> Result<(), ConfigError>,
+}
+
+const FILTERS: [Filter; 3] = [
+    Filter {
+        name: "graceful_provider",
+        schema: ProviderConfig::json_schema,
+        parse: |b| ProviderConfig::from_json(b).map(drop),
+    },
+    Filter {
+        name: "graceful_drain",
+        schema: DrainConfig::json_schema,
+        parse: |b| DrainConfig::from_json(b).map(drop),
+    },
+    Filter {
+        name: "graceful_consumer",
+        schema: ConsumerConfig::json_schema,
+        parse: |b| ConsumerConfig::from_json(b).map(drop),
+    },
 ];
 
 fn main() -> Fallible<()> {
@@ -48,10 +61,10 @@ fn main() -> Fallible<()> {
 
 fn write(dir: &Path) -> Fallible<()> {
     std::fs::create_dir_all(dir)?;
-    for (name, schema, _) in FILTERS {
-        let mut text = serde_json::to_string_pretty(&schema())?;
+    for filter in FILTERS {
+        let mut text = serde_json::to_string_pretty(&(filter.schema)())?;
         text.push('\n');
-        std::fs::write(dir.join(format!("{name}.schema.json")), text)?;
+        std::fs::write(dir.join(format!("{}.schema.json", filter.name)), text)?;
     }
     Ok(())
 }
@@ -62,11 +75,11 @@ fn parse() -> Fallible<()> {
     for line in std::io::stdin().lock().lines() {
         let request: Value = serde_json::from_str(&line?)?;
         let filter = request["filter"].as_str().unwrap_or_default();
-        let Some((_, _, parse)) = FILTERS.iter().find(|(name, _, _)| *name == filter) else {
+        let Some(known) = FILTERS.iter().find(|f| f.name == filter) else {
             return Err(format!("unknown filter {filter:?}").into());
         };
         let text = request["text"].as_str().ok_or("a request needs a text")?;
-        let answer = match parse(text.as_bytes()) {
+        let answer = match (known.parse)(text.as_bytes()) {
             Ok(()) => json!({"accepted": true}),
             Err(e) => json!({"accepted": false, "field": e.field, "reason": e.reason}),
         };

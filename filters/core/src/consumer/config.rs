@@ -7,8 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::shared::config::{
-    cluster_name, duration, header_name, optional_header_name, positive_duration, read_dto,
-    url_path, ConfigError,
+    cluster_name, duration, header_name, optional_header_name, read_dto, url_path, ConfigError,
 };
 #[cfg(feature = "schema")]
 use crate::shared::config::{
@@ -167,6 +166,14 @@ impl ConsumerConfig {
     }
 }
 
+/// A duration that must be above 0s (the schema's `positive_duration`).
+fn positive(field: &str, d: Duration) -> Result<Duration, ConfigError> {
+    if d.is_zero() {
+        return Err(ConfigError::new(field, "must be above 0s"));
+    }
+    Ok(d)
+}
+
 impl ConsumerConfig {
     /// Parses and validates the plugin configuration bytes.
     pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
@@ -218,15 +225,21 @@ impl ConsumerConfig {
                 ));
             }
         }
-        let tombstone_ttl = positive_duration(
+        let tombstone_ttl = positive(
             "tombstone_ttl",
-            dto.tombstone_ttl.as_deref(),
-            DEFAULT_TOMBSTONE_TTL,
+            duration(
+                "tombstone_ttl",
+                dto.tombstone_ttl.as_deref(),
+                DEFAULT_TOMBSTONE_TTL,
+            )?,
         )?;
-        let failure_tombstone_ttl = positive_duration(
+        let failure_tombstone_ttl = positive(
             "failure_tombstone_ttl",
-            dto.failure_tombstone_ttl.as_deref(),
-            DEFAULT_FAILURE_TOMBSTONE_TTL,
+            duration(
+                "failure_tombstone_ttl",
+                dto.failure_tombstone_ttl.as_deref(),
+                DEFAULT_FAILURE_TOMBSTONE_TTL,
+            )?,
         )?;
         let membership_refresh = duration(
             "membership_refresh",

@@ -13,9 +13,7 @@ use serde::Deserialize;
 use crate::drain::record::GateTimings;
 #[cfg(feature = "schema")]
 use crate::drain::report::peers::PEERS_KEPT;
-use crate::shared::config::{
-    cluster_name, duration, positive_duration, read_dto, url_path, ConfigError,
-};
+use crate::shared::config::{cluster_name, duration, read_dto, url_path, ConfigError};
 #[cfg(feature = "schema")]
 use crate::shared::config::{
     json_schema_of, ClusterName, DurationText, ParserOnlyRule, PositiveDurationText, UrlPath,
@@ -249,6 +247,16 @@ struct PathsDto {
     report: Option<String>,
 }
 
+/// A positive duration (`longest_request`: "0s" would say nothing; the
+/// schema's `positive_duration`).
+fn positive_duration(field: &str, text: &str) -> Result<Duration, ConfigError> {
+    let d = duration(field, Some(text), Duration::ZERO)?;
+    if d.is_zero() {
+        return Err(ConfigError::new(field, "must be above 0s"));
+    }
+    Ok(d)
+}
+
 /// With `longest_request` set, the overall `timeout` must leave a request
 /// that long room after the arrivals' budget: unset, it becomes the
 /// least that does (whole seconds, never below the default); set shorter,
@@ -300,7 +308,7 @@ impl DrainConfig {
             timeout: duration("timeout", dto.timeout.as_deref(), DEFAULT_TIMEOUT)?,
             longest_request: match dto.longest_request.as_deref() {
                 None => None,
-                text => Some(positive_duration("longest_request", text, Duration::ZERO)?),
+                Some(text) => Some(positive_duration("longest_request", text)?),
             },
         };
         if gate.timeout < gate.consumer_update_wait {
@@ -389,7 +397,9 @@ impl DrainConfig {
     }
 }
 
-/// `close_connections`'s values as written.
+/// `close_connections`'s values as written, for the schema (the parser's
+/// match below names them too; a test holds the two together).
+#[cfg(feature = "schema")]
 const CLOSE_CONNECTIONS: [(&str, CloseConnections); 3] = [
     ("healthcheck_fail", CloseConnections::HealthcheckFail),
     ("drain_listeners", CloseConnections::DrainListeners),
@@ -405,21 +415,19 @@ fn close_connections(
     let mode = match value {
         None if has_admin => return Ok(CloseConnections::HealthcheckFail),
         None => return Ok(CloseConnections::Off),
-        Some(text) => match CLOSE_CONNECTIONS.iter().find(|(name, _)| *name == text) {
-            Some((_, mode)) => *mode,
-            None => {
-                let names: Vec<String> = CLOSE_CONNECTIONS
-                    .iter()
-                    .map(|(name, _)| format!("{name:?}"))
-                    .collect();
-                return Err(ConfigError::new(
-                    "close_connections",
-                    format!("{text:?} is not one of {}", names.join(", ")),
-                ));
-            }
-        },
+        Some("off") => CloseConnections::Off,
+        Some("healthcheck_fail") => CloseConnections::HealthcheckFail,
+        Some("drain_listeners") => CloseConnections::DrainListeners,
+        Some(other) => {
+            return Err(ConfigError::new(
+                "close_connections",
+                format!(
+                    "{other:?} is not one of \"healthcheck_fail\", \"drain_listeners\", \"off\""
+                ),
+            ))
+        }
     };
-    if mode.admin_path().is_some() && !has_admin {
+    if mode != CloseConnections::Off && !has_admin {
         return Err(ConfigError::new(
             "close_connections",
             "needs admin_cluster: the connections are drained through Envoy's admin",
@@ -542,6 +550,26 @@ fn paths(dto: PathsDto) -> Result<Paths, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The schema's `close_connections` values are the parser's, one for
+    /// each mode.
+    #[cfg(feature = "schema")]
+    #[test]
+    fn the_schemas_close_connections_are_the_parsers() {
+        for (name, mode) in CLOSE_CONNECTIONS {
+            assert_eq!(close_connections(Some(name), true), Ok(mode), "{name}");
+        }
+        for mode in [
+            CloseConnections::Off,
+            CloseConnections::HealthcheckFail,
+            CloseConnections::DrainListeners,
+        ] {
+            assert!(
+                CLOSE_CONNECTIONS.iter().any(|(_, m)| *m == mode),
+                "{mode:?}"
+            );
+        }
+    }
 
     fn drain_err(json: &str) -> ConfigError {
         DrainConfig::from_json(json.as_bytes()).unwrap_err()

@@ -418,21 +418,8 @@ impl JsonSchema for DurationText {
 #[cfg(feature = "schema")]
 const DURATION_FORM: &str = "A duration: a string of numbers, each with a unit (`ms`, `s`, `m` or `h`), summed: `\"250ms\"`, `\"3s\"`, `\"1m30s\"`, `\"1.5s\"`. No sign, no spaces; a fraction's digits past the microsecond are dropped; at most 24h. `\"0s\"` is allowed where zero makes sense.";
 
-/// A duration that must be above 0s: "0s" would say nothing (a TTL, a
-/// timeout, the longest request).
-pub(crate) fn positive_duration(
-    field: &str,
-    text: Option<&str>,
-    default: Duration,
-) -> Result<Duration, ConfigError> {
-    let d = duration(field, text, default)?;
-    if d.is_zero() {
-        return Err(ConfigError::new(field, "must be above 0s"));
-    }
-    Ok(d)
-}
-
-/// [`positive_duration`]'s form, for the schema.
+/// A duration that must be above 0s (a TTL, a timeout, the longest
+/// request: "0s" would say nothing), for the schema.
 #[cfg(feature = "schema")]
 pub(crate) struct PositiveDurationText;
 

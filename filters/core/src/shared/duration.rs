@@ -26,7 +26,10 @@ impl fmt::Display for DurationError {
     }
 }
 
-/// The units a duration is written in, each with its length in microseconds.
+/// The units a duration is written in, each with its length in
+/// microseconds, for the schema's patterns (the parser's match names them
+/// too; a test holds the two together).
+#[cfg(feature = "schema")]
 const UNITS: [(&str, u128); 4] = [
     ("ms", 1_000),
     ("s", 1_000_000),
@@ -64,11 +67,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
             pos += 1;
         }
         let unit_us: u128 = match &text[unit_start..pos] {
+            "ms" => 1_000,
+            "s" => 1_000_000,
+            "m" => 60_000_000,
+            "h" => 3_600_000_000,
             "" => return Err(err("missing unit")),
-            unit => match UNITS.iter().find(|(name, _)| *name == unit) {
-                Some((_, us)) => *us,
-                None => return Err(err("unknown unit")),
-            },
+            _ => return Err(err("unknown unit")),
         };
         total_us = total_us
             .checked_add(scaled(number, unit_us).ok_or_else(|| err("bad number"))?)
@@ -168,6 +172,20 @@ pub fn format_duration(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The schema's units are the parser's: each reads as its length.
+    #[cfg(feature = "schema")]
+    #[test]
+    fn the_schemas_units_are_the_parsers() {
+        for (name, us) in UNITS {
+            let micros = u64::try_from(us).unwrap();
+            assert_eq!(
+                parse_duration(&format!("1{name}")),
+                Ok(Duration::from_micros(micros)),
+                "{name}"
+            );
+        }
+    }
 
     #[test]
     fn parse_accepts_each_unit() {
