@@ -240,25 +240,56 @@ try: build envoy ## start Envoy with the filters, walk through one shutdown, pri
 	$(CARGO) run --quiet --profile test -p graceful-harness --bin walkthrough
 
 .PHONY: test-tools
-test-tools: envoy ## install what the tests use beyond Rust and Python: $(APT_TOOLS) (Debian), kubernetes-validate (PyPI, into .venv)
+test-tools: envoy schema-tools ## install what the tests use beyond Rust and Python: $(APT_TOOLS) (Debian), kubernetes-validate, jsonschema and PyYAML (PyPI, into .venv)
 	$(call apt_install,$(APT_TOOLS))
 	@$(VENV)/bin/kubernetes-validate --version >/dev/null 2>&1 || $(VENV)/bin/pip install --quiet --disable-pip-version-check kubernetes-validate==1.37.0
+
+# The configuration schemas: each filter's JSON Schema, derived from its
+# configuration types by graceful-core's config_schema example (the schema
+# feature, which no filter build turns on), and the reference page made from them.
+CONFIG_SCHEMA := $(CARGO) run --quiet -p graceful-core --features schema --example config_schema --
+SCHEMAS := $(foreach f,$(FILTERS),schema/$(f).schema.json)
+
+.PHONY: schema
+schema: ## regenerate schema/<filter>.schema.json from the configuration types, and docs/configuration.md from the schemas
+	$(CONFIG_SCHEMA) write schema
+	python3 tools/gen_config_reference.py
+
+.PHONY: schema-fresh
+schema-fresh: ## fail if schema/*.schema.json or docs/configuration.md differ from what make schema writes
+	@rm -rf target/schema
+	$(CONFIG_SCHEMA) write target/schema
+	@for f in $(SCHEMAS); do diff -u $$f target/$$f || { echo "$$f is stale: run make schema"; exit 1; }; done
+	python3 tools/gen_config_reference.py --check
+
+.PHONY: schema-tools
+schema-tools: ## install what make schema-check uses: jsonschema and PyYAML (PyPI, into .venv)
+	@[ -x $(VENV)/bin/python ] || python3 -m venv $(VENV)
+	@$(VENV)/bin/python -c 'import jsonschema, yaml' 2>/dev/null || $(VENV)/bin/pip install --quiet --disable-pip-version-check jsonschema==4.26.0 PyYAML==6.0.3
+
+.PHONY: schema-check
+schema-check: render schema-tools ## every plugin config in envoy/ and examples/ passes its schema and the parser; the schema refuses the bad configs the parser refuses (schema/tests/corpus.json)
+	$(VENV)/bin/python tools/check_schema.py --parser "$(CONFIG_SCHEMA)"
 
 .PHONY: bench-tools
 bench-tools: ## install what make bench drives the load with and counts under: wrk, valgrind (Debian)
 	$(call apt_install,$(BENCH_APT_TOOLS))
 
 .PHONY: lint
-lint: wasm-target ## rustfmt check, the core's room layout (docs/architecture.md), and clippy (native and wasm) with warnings as errors
+lint: wasm-target ## rustfmt check, the core's room layout (docs/architecture.md), clippy (native, with the core's schema feature, and wasm) with warnings as errors, and the schemas and configuration reference up to date
 	$(CARGO) fmt --all --check
 	python3 tools/check_core_layout.py --self-test
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy -p graceful-core --all-targets --features schema -- -D warnings
+	$(MAKE) --no-print-directory schema-fresh
 	$(CARGO) clippy --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS))) -p bench-wasm-header -- -D warnings
 
 .PHONY: unit
-unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core, the guest glue, the native glue (over a fake Envoy), the emulator's own store, the harness and tools
+unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core (also with its schema feature), the guest glue, the native glue (over a fake Envoy), the emulator's own store, the harness and tools; the configuration schemas against the parser and the shipped configs
 	$(CARGO) test -p graceful-core --tests
+	$(CARGO) test -p graceful-core --features schema --lib
 	$(CARGO) test -p graceful-guest -p graceful-native -p graceful-emulated-host -p graceful-harness --lib --bins
+	$(MAKE) --no-print-directory schema-check
 
 .PHONY: e2e
 e2e: build native native-panic-probe envoy $(call envoy_at,$(ENVOY_TOO_OLD_FOR_NATIVE)) test-tools ## the suites on the built .wasm: the ABI emulator (emulator/tests) and real Envoy (harness/tests)

@@ -195,3 +195,52 @@ fn null_is_refused_wherever_it_is() {
         assert!(err.reason.contains("JSON object"), "{json}: {err}");
     }
 }
+
+/// Every default the schema states is the parser's: writing it out gives the
+/// same config as leaving the field out (nested sections' fields too).
+#[cfg(feature = "schema")]
+#[test]
+fn the_schemas_defaults_are_the_parsers() {
+    use serde_json::{json, Map, Value};
+
+    fn same_as_absent<C: PartialEq + std::fmt::Debug>(
+        schema: &Value,
+        parse: impl Fn(&[u8]) -> Result<C, ConfigError>,
+    ) -> usize {
+        let mut checked = 0;
+        let properties = schema["properties"].as_object().unwrap();
+        for (name, property) in properties {
+            let mut cases: Vec<(Value, Value)> = Vec::new();
+            if let Some(default) = property.get("default") {
+                cases.push((json!({}), json!({ name: default })));
+            }
+            if let Some(fields) = property["properties"].as_object() {
+                // A section: its required fields given, each default written out.
+                let mut base = Map::new();
+                for required in property["required"].as_array().into_iter().flatten() {
+                    base.insert(required.as_str().unwrap().into(), json!("app"));
+                }
+                for (field, sub) in fields {
+                    if let Some(default) = sub.get("default") {
+                        let mut written = base.clone();
+                        written.insert(field.clone(), default.clone());
+                        cases.push((json!({ name: base }), json!({ name: written })));
+                    }
+                }
+            }
+            for (absent, written) in cases {
+                let absent_config = parse(absent.to_string().as_bytes()).unwrap();
+                let written_config = parse(written.to_string().as_bytes()).unwrap();
+                assert_eq!(absent_config, written_config, "{written}");
+                checked += 1;
+            }
+        }
+        checked
+    }
+
+    let checked = same_as_absent(&ProviderConfig::json_schema(), ProviderConfig::from_json)
+        + same_as_absent(&DrainConfig::json_schema(), DrainConfig::from_json)
+        + same_as_absent(&ConsumerConfig::json_schema(), ConsumerConfig::from_json);
+    // 7 provider fields, 7 drain fields and 9 under its sections, 11 consumer fields.
+    assert_eq!(checked, 34);
+}

@@ -9,6 +9,14 @@ use serde::Deserialize;
 use crate::shared::config::{
     cluster_name, duration, header_name, optional_header_name, read_dto, url_path, ConfigError,
 };
+#[cfg(feature = "schema")]
+use crate::shared::config::{
+    json_schema_of, ClusterName, DurationText, HeaderName, OptionalHeaderName, OptionalUrlPath,
+    ParserOnlyRule, PositiveDurationText, CLUSTER_NAME_BYTES, DUPLICATE_KEYS, DURATION_AT_MOST_24H,
+    WHOLE_NUMBERS,
+};
+#[cfg(feature = "schema")]
+use crate::shared::duration::contract_duration;
 
 pub const DEFAULT_CLOSING_HEADERS: [&str; 2] = ["x-graceful-closing", "closing"];
 pub const DEFAULT_TOMBSTONE_TTL: Duration = Duration::from_secs(30);
@@ -23,6 +31,8 @@ pub const MAX_MAX_TOMBSTONES: u64 = 65_536;
 pub const DEFAULT_PROBE_PATH: &str = "/graceful/ready";
 /// Envoy's `healthy_panic_threshold` default, and ours.
 pub const DEFAULT_PANIC_THRESHOLD: u8 = 50;
+/// `panic_threshold` is a percentage.
+const MAX_PANIC_THRESHOLD: u8 = 100;
 
 /// Validated configuration of `graceful_consumer`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,23 +66,107 @@ pub struct ConsumerConfig {
     pub consumer_header: Option<String>,
 }
 
+/// The configuration as written. Its doc comments and `schemars`
+/// attributes are the JSON Schema's descriptions, defaults and forms
+/// (schema/graceful_consumer.schema.json, docs/configuration.md).
 #[derive(Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "schema",
+    schemars(
+        title = "graceful_consumer",
+        description = "The configuration of graceful_consumer, on the outbound side of a consumer's sidecar: it tombstones upstream hosts that say they are closing (or refuse connections) and steers requests away from them."
+    )
+)]
 struct ConsumerDto {
+    /// A response header or trailer with one of these names and value `true` (case-insensitive)
+    /// marks the upstream host closing (`closing` is what dubbo-go providers send).
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<HeaderName>", extend("default" = DEFAULT_CLOSING_HEADERS)))]
     closing_headers: Option<Vec<String>>,
+    /// A response from a tombstoned address with a different instance id in this header clears the
+    /// tombstone at once; `""` turns that off.
+    #[cfg_attr(feature = "schema", schemars(with = "OptionalHeaderName", extend("default" = DEFAULT_INSTANCE_HEADER)))]
     instance_header: Option<String>,
+    /// How long a closing host stays evicted, whatever the registry (EDS) says meanwhile; a host
+    /// that keeps answering closing (to probes) stays evicted.
+    #[cfg_attr(feature = "schema", schemars(with = "PositiveDurationText", extend("default" = contract_duration(DEFAULT_TOMBSTONE_TTL))))]
     tombstone_ttl: Option<String>,
+    /// A local reply with response flags UF (connect failure) or UC (connection termination) evicts
+    /// that host too.
+    #[cfg_attr(feature = "schema", schemars(extend("default" = true)))]
     evict_on_connect_failure: Option<bool>,
+    /// The tombstone time for connect failures.
+    #[cfg_attr(feature = "schema", schemars(with = "PositiveDurationText", extend("default" = contract_duration(DEFAULT_FAILURE_TOMBSTONE_TTL))))]
     failure_tombstone_ttl: Option<String>,
+    /// The request header through which the filter steers Envoy's
+    /// `envoy.load_balancing_policies.override_host` policy away from tombstoned hosts (the cluster
+    /// must use that policy with this header as its source); any value a client sent in it is
+    /// removed first. Must differ from `closing_headers` and `instance_header`.
+    #[cfg_attr(feature = "schema", schemars(with = "HeaderName", extend("default" = DEFAULT_OVERRIDE_HOST_HEADER)))]
     override_host_header: Option<String>,
+    /// A cluster pointing at Envoy's admin listener; when set, the filter learns the members and
+    /// health of every cluster it routes to from `/clusters`.
+    #[cfg_attr(feature = "schema", schemars(with = "ClusterName"))]
     admin_cluster: Option<String>,
+    /// How often one VM copy refreshes membership and probes tombstoned hosts: 100ms to 1h.
+    #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = contract_duration(DEFAULT_MEMBERSHIP_REFRESH))))]
     membership_refresh: Option<String>,
+    /// Bound on tombstones kept per Envoy, so memory stays bounded under any host churn; past it,
+    /// those expiring first are dropped.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = MAX_MAX_TOMBSTONES), extend("default" = DEFAULT_MAX_TOMBSTONES)))]
     max_tombstones: Option<u64>,
+    /// Asked of each tombstoned host every `membership_refresh`, pinned to its address (and with
+    /// the address as its Host), to learn whether a new instance answers there (graceful_drain's
+    /// readiness endpoint answers with the instance id and the address it was reached at); `""`
+    /// turns probing off.
+    #[cfg_attr(feature = "schema", schemars(with = "OptionalUrlPath", extend("default" = DEFAULT_PROBE_PATH)))]
     probe_path: Option<String>,
+    /// Percent of a cluster's usable members that steering keeps listing (`0` turns the rule off):
+    /// when tombstones leave fewer acceptable hosts, members tombstoned only for a refused
+    /// connection are tried too, up to that share; a host whose last answer said closing is never
+    /// listed while any acceptable host is known.
+    #[cfg_attr(feature = "schema", schemars(range(max = MAX_PANIC_THRESHOLD), extend("default" = DEFAULT_PANIC_THRESHOLD)))]
     panic_threshold: Option<u64>,
+    /// Each request to a cluster graceful_consumer steers carries this Envoy's instance id in this
+    /// header (the id its graceful_provider stamps, when it has one), so the providers' drain
+    /// reports can name their callers: the upstream instance sets it, so it goes only to the
+    /// clusters that run it; the listener instance drops any value a client sent, on every outbound
+    /// request; `""` turns both off. Must differ from `override_host_header`, `closing_headers` and
+    /// `instance_header`.
+    #[cfg_attr(feature = "schema", schemars(with = "OptionalHeaderName", extend("default" = DEFAULT_CONSUMER_HEADER)))]
     consumer_header: Option<String>,
 }
 
+/// [`ConsumerConfig::from_json`]'s rules on values the schema cannot weigh.
+#[cfg(feature = "schema")]
+const MEMBERSHIP_REFRESH_RANGE: ParserOnlyRule = ParserOnlyRule {
+    name: "membership_refresh_range",
+    rule: "`membership_refresh` is between 100ms and 1h.",
+};
+
+#[cfg(feature = "schema")]
+const DISTINCT_HEADERS: ParserOnlyRule = ParserOnlyRule {
+    name: "distinct_headers",
+    rule: "`override_host_header` must differ from `closing_headers` and `instance_header`, and `consumer_header` (unless `\"\"`) from all three, compared case-insensitively.",
+};
+
+impl ConsumerConfig {
+    /// The JSON Schema of graceful_consumer's configuration.
+    #[cfg(feature = "schema")]
+    pub fn json_schema() -> serde_json::Value {
+        json_schema_of::<ConsumerDto>(&[
+            DUPLICATE_KEYS,
+            WHOLE_NUMBERS,
+            DURATION_AT_MOST_24H,
+            CLUSTER_NAME_BYTES,
+            MEMBERSHIP_REFRESH_RANGE,
+            DISTINCT_HEADERS,
+        ])
+    }
+}
+
+/// A duration that must be above 0s (the schema's `positive_duration`).
 fn positive(field: &str, d: Duration) -> Result<Duration, ConfigError> {
     if d.is_zero() {
         return Err(ConfigError::new(field, "must be above 0s"));
@@ -180,12 +274,15 @@ impl ConsumerConfig {
         };
         let panic_threshold = match dto.panic_threshold {
             None => DEFAULT_PANIC_THRESHOLD,
-            Some(n) => u8::try_from(n).ok().filter(|n| *n <= 100).ok_or_else(|| {
-                ConfigError::new(
-                    "panic_threshold",
-                    format!("{n} is out of range 0..=100 (percent)"),
-                )
-            })?,
+            Some(n) => u8::try_from(n)
+                .ok()
+                .filter(|n| *n <= MAX_PANIC_THRESHOLD)
+                .ok_or_else(|| {
+                    ConfigError::new(
+                        "panic_threshold",
+                        format!("{n} is out of range 0..=100 (percent)"),
+                    )
+                })?,
         };
         Ok(ConsumerConfig {
             closing_headers,

@@ -3,10 +3,24 @@
 
 use std::time::Duration;
 
+#[cfg(feature = "schema")]
+use std::borrow::Cow;
+
+#[cfg(feature = "schema")]
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::Deserialize;
 
 use crate::drain::record::GateTimings;
+#[cfg(feature = "schema")]
+use crate::drain::report::peers::PEERS_KEPT;
 use crate::shared::config::{cluster_name, duration, read_dto, url_path, ConfigError};
+#[cfg(feature = "schema")]
+use crate::shared::config::{
+    json_schema_of, ClusterName, DurationText, ParserOnlyRule, PositiveDurationText, UrlPath,
+    CLUSTER_NAME_BYTES, DUPLICATE_KEYS, DURATION_AT_MOST_24H, WHOLE_NUMBERS,
+};
+#[cfg(feature = "schema")]
+use crate::shared::duration::contract_duration;
 use crate::shared::net::Cidr;
 
 pub const DEFAULT_CONSUMER_UPDATE_WAIT: Duration = Duration::from_secs(3);
@@ -121,44 +135,120 @@ pub struct DrainConfig {
     pub max_report_peers: u32,
 }
 
+/// The configuration as written. Its doc comments and `schemars`
+/// attributes are the JSON Schema's descriptions, defaults and forms
+/// (schema/graceful_drain.schema.json, docs/configuration.md).
 #[derive(Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "schema",
+    schemars(
+        title = "graceful_drain",
+        description = "The configuration of graceful_drain, on a listener that kubelet, the release system and the consumers' health checks reach: it answers the closing, readiness, status, drained and report endpoints and decides when the drain gate passes.",
+        transform = close_connections_needs_admin
+    )
+)]
 struct DrainDto {
+    /// The least time spent closing before the gate can pass: consumers need it to learn of the
+    /// closing.
+    #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = contract_duration(DEFAULT_CONSUMER_UPDATE_WAIT))))]
     consumer_update_wait: Option<String>,
+    /// The gate passes only when nothing is in flight and no request started within this window.
+    #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = contract_duration(DEFAULT_QUIET_WINDOW))))]
     quiet_window: Option<String>,
+    /// After `consumer_update_wait`, the most time spent waiting for quiet; then the gate passes,
+    /// forced. With `longest_request` set: the most time spent waiting for new requests to stop
+    /// arriving.
+    #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = contract_duration(DEFAULT_STEP_TIMEOUT))))]
     step_timeout: Option<String>,
+    /// After this much closing time the gate passes whatever happens, forced. Must be at least
+    /// `consumer_update_wait`; with `longest_request` set, at least `consumer_update_wait` +
+    /// `step_timeout` + `quiet_window` + `longest_request`, and when unset it becomes that sum
+    /// rounded up to whole seconds if the sum is longer than 60s.
+    #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = contract_duration(DEFAULT_TIMEOUT))))]
     timeout: Option<String>,
+    /// The app's longest request: with it set, `step_timeout` forces the gate only while requests
+    /// keep arriving, a request in flight once arrivals stopped is waited for until `timeout`, and
+    /// `timeout` defaults to what that needs.
+    #[cfg_attr(feature = "schema", schemars(with = "PositiveDurationText"))]
     longest_request: Option<String>,
+    /// Address ranges allowed to start closing, hold `drained?wait=`, and read `status`, `drained`
+    /// and the report; others get 403 at once and are never held (readiness and gRPC health answer
+    /// everyone). `[]` allows none (only `admin_cluster` can start closing).
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<Cidr>", extend("default" = DEFAULT_ALLOWED_SOURCES)))]
     allowed_sources: Option<Vec<String>>,
+    /// A cluster pointing at Envoy's admin; when set, `POST /healthcheck/fail` on the admin starts
+    /// closing (polled once a second per Envoy).
+    #[cfg_attr(feature = "schema", schemars(with = "ClusterName"))]
     admin_cluster: Option<String>,
+    /// When the gate passes, POST the status JSON once to this cluster: the app's own shutdown hook
+    /// (the mesh form of dubbo-go's custom shutdown callbacks). Failures are logged and counted,
+    /// never block the gate.
     on_drained: Option<OnDrainedDto>,
+    /// Bound on `drained?wait=` requests held at once per Envoy; more get 429.
+    #[cfg_attr(feature = "schema", schemars(range(max = MAX_MAX_WAITERS), extend("default" = DEFAULT_MAX_WAITERS)))]
     max_waiters: Option<u64>,
+    /// The endpoints' paths: each must start with `/`, all distinct.
     paths: Option<PathsDto>,
+    /// How closing reaches clients that never read the mark: `"healthcheck_fail"` (Envoy's `POST
+    /// /healthcheck/fail`: HTTP/1.1 `connection: close` and HTTP/2 GOAWAY on the listeners of drain
+    /// type DEFAULT), `"drain_listeners"` (`POST /drain_listeners?graceful&skip_exit&inboundonly`:
+    /// the INBOUND listeners, whatever their drain type) or `"off"`. The first two need
+    /// `admin_cluster` (refused without it).
+    #[cfg_attr(feature = "schema", schemars(with = "CloseConnections", extend("x-default" = "`\"healthcheck_fail\"` with `admin_cluster`, else `\"off\"`")))]
     close_connections: Option<String>,
+    /// Callers the drain report lists, largest first.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = PEERS_KEPT), extend("default" = DEFAULT_MAX_REPORT_PEERS)))]
     max_report_peers: Option<u64>,
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(inline))]
 struct OnDrainedDto {
+    /// The cluster to POST to (the app's).
+    #[cfg_attr(feature = "schema", schemars(with = "ClusterName"))]
     cluster: String,
+    /// The path to POST to.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = DEFAULT_ON_DRAINED_PATH)))]
     path: Option<String>,
+    /// How long to wait for the answer: above 0s, at most 60s.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(with = "PositiveDurationText", extend("default" = contract_duration(DEFAULT_ON_DRAINED_TIMEOUT))))]
     timeout: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(inline))]
 struct PathsDto {
+    /// `POST`: starts closing.
+    #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().closing)))]
     closing: Option<String>,
+    /// `GET`: the readiness probe (`SERVING`, then `NOT_SERVING` once closing).
+    #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().ready)))]
     ready: Option<String>,
+    /// `GET`: the status JSON.
+    #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().status)))]
     status: Option<String>,
+    /// `GET`: whether the gate has passed; `?wait=` holds the request until it does.
+    #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().drained)))]
     drained: Option<String>,
+    /// gRPC health `Check`: the app's while serving, the filter's once closing.
+    #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().grpc_health)))]
     grpc_health: Option<String>,
+    /// gRPC health `Watch`: the app's while serving, ended once closing.
+    #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().grpc_health_watch)))]
     grpc_health_watch: Option<String>,
+    /// `GET`: the drain report.
+    #[cfg_attr(feature = "schema", schemars(with = "UrlPath", extend("default" = Paths::default().report)))]
     report: Option<String>,
 }
 
-/// A positive duration (`longest_request`: "0s" would say nothing).
+/// A positive duration (`longest_request`: "0s" would say nothing; the
+/// schema's `positive_duration`).
 fn positive_duration(field: &str, text: &str) -> Result<Duration, ConfigError> {
     let d = duration(field, Some(text), Duration::ZERO)?;
     if d.is_zero() {
@@ -307,6 +397,15 @@ impl DrainConfig {
     }
 }
 
+/// `close_connections`'s values as written, for the schema (the parser's
+/// match below names them too; a test holds the two together).
+#[cfg(feature = "schema")]
+const CLOSE_CONNECTIONS: [(&str, CloseConnections); 3] = [
+    ("healthcheck_fail", CloseConnections::HealthcheckFail),
+    ("drain_listeners", CloseConnections::DrainListeners),
+    ("off", CloseConnections::Off),
+];
+
 /// `close_connections`: absent, `healthcheck_fail` where the admin is
 /// reachable and off where it is not; named, it needs `admin_cluster`.
 fn close_connections(
@@ -335,6 +434,86 @@ fn close_connections(
         ));
     }
     Ok(mode)
+}
+
+/// `close_connections`'s form, for the schema: one of its names.
+#[cfg(feature = "schema")]
+impl JsonSchema for CloseConnections {
+    fn schema_name() -> Cow<'static, str> {
+        "close_connections".into()
+    }
+
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        let names: Vec<&str> = CLOSE_CONNECTIONS.iter().map(|(name, _)| *name).collect();
+        json_schema!({"type": "string", "enum": names})
+    }
+}
+
+/// [`close_connections`]'s rule across fields, for the schema: a mode that
+/// goes through the admin needs `admin_cluster`.
+#[cfg(feature = "schema")]
+fn close_connections_needs_admin(schema: &mut Schema) {
+    let through_admin: Vec<&str> = CLOSE_CONNECTIONS
+        .iter()
+        .filter(|(_, mode)| mode.admin_path().is_some())
+        .map(|(name, _)| *name)
+        .collect();
+    schema.insert(
+        "dependentSchemas".into(),
+        serde_json::json!({
+            "close_connections": {
+                "if": {"properties": {"close_connections": {"enum": through_admin}}},
+                "then": {"required": ["admin_cluster"]},
+            }
+        }),
+    );
+}
+
+/// [`DrainConfig::from_json`]'s rules on values the schema cannot weigh:
+/// durations compared across fields, and the paths' distinctness.
+#[cfg(feature = "schema")]
+const TIMEOUT_AT_LEAST_CONSUMER_UPDATE_WAIT: ParserOnlyRule = ParserOnlyRule {
+    name: "timeout_at_least_consumer_update_wait",
+    rule: "`timeout` must be at least `consumer_update_wait`.",
+};
+
+#[cfg(feature = "schema")]
+const TIMEOUT_COVERS_LONGEST_REQUEST: ParserOnlyRule = ParserOnlyRule {
+    name: "timeout_covers_longest_request",
+    rule: "With `longest_request` set, a `timeout` that is set must be at least `consumer_update_wait` + `step_timeout` + `quiet_window` + `longest_request`.",
+};
+
+#[cfg(feature = "schema")]
+const ON_DRAINED_TIMEOUT_AT_MOST_60S: ParserOnlyRule = ParserOnlyRule {
+    name: "on_drained_timeout_at_most_60s",
+    rule: "`on_drained.timeout` is at most 60s.",
+};
+
+#[cfg(feature = "schema")]
+const DISTINCT_PATHS: ParserOnlyRule = ParserOnlyRule {
+    name: "distinct_paths",
+    rule: "The paths under `paths` must all differ, defaults included (setting `paths.status` to `\"/graceful/ready\"` is refused).",
+};
+
+impl DrainConfig {
+    /// The JSON Schema of graceful_drain's configuration.
+    #[cfg(feature = "schema")]
+    pub fn json_schema() -> serde_json::Value {
+        json_schema_of::<DrainDto>(&[
+            DUPLICATE_KEYS,
+            WHOLE_NUMBERS,
+            DURATION_AT_MOST_24H,
+            CLUSTER_NAME_BYTES,
+            TIMEOUT_AT_LEAST_CONSUMER_UPDATE_WAIT,
+            TIMEOUT_COVERS_LONGEST_REQUEST,
+            ON_DRAINED_TIMEOUT_AT_MOST_60S,
+            DISTINCT_PATHS,
+        ])
+    }
 }
 
 fn paths(dto: PathsDto) -> Result<Paths, ConfigError> {
@@ -371,6 +550,26 @@ fn paths(dto: PathsDto) -> Result<Paths, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The schema's `close_connections` values are the parser's, one for
+    /// each mode.
+    #[cfg(feature = "schema")]
+    #[test]
+    fn the_schemas_close_connections_are_the_parsers() {
+        for (name, mode) in CLOSE_CONNECTIONS {
+            assert_eq!(close_connections(Some(name), true), Ok(mode), "{name}");
+        }
+        for mode in [
+            CloseConnections::Off,
+            CloseConnections::HealthcheckFail,
+            CloseConnections::DrainListeners,
+        ] {
+            assert!(
+                CLOSE_CONNECTIONS.iter().any(|(_, m)| *m == mode),
+                "{mode:?}"
+            );
+        }
+    }
 
     fn drain_err(json: &str) -> ConfigError {
         DrainConfig::from_json(json.as_bytes()).unwrap_err()

@@ -1,7 +1,17 @@
 //! `graceful_provider`'s configuration (the provider's inbound sidecar).
 
+#[cfg(feature = "schema")]
+use std::borrow::Cow;
+
+#[cfg(feature = "schema")]
+use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::Deserialize;
 
+#[cfg(feature = "schema")]
+use crate::shared::config::{
+    ascii_class, json_schema_of, url_path_pattern, HeaderName, OptionalHeaderName, ParserOnlyRule,
+    DUPLICATE_KEYS, MAX_URL_PATH_BYTES,
+};
 use crate::shared::config::{header_name, optional_header_name, read_dto, url_path, ConfigError};
 
 /// Defaults fixed by the public contract.
@@ -51,16 +61,56 @@ pub struct ProviderConfig {
     pub consumer_header: Option<String>,
 }
 
+/// The configuration as written. Its doc comments and `schemars`
+/// attributes are the JSON Schema's descriptions, defaults and forms
+/// (schema/graceful_provider.schema.json, docs/configuration.md).
 #[derive(Deserialize, Default)]
 #[serde(default, deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
+#[cfg_attr(
+    feature = "schema",
+    schemars(
+        title = "graceful_provider",
+        description = "The configuration of graceful_provider, on the inbound listener of a provider's sidecar: it counts the requests in flight, marks responses while the instance is closing and refuses new requests once the drain gate has passed. The header values it writes replace any the app sent."
+    )
+)]
 struct ProviderDto {
+    /// While the instance is closing, every response carries this header with value `true`. gRPC
+    /// responses also carry it in their trailers (any response with trailers does), trailers-only
+    /// responses in headers; a response that ends in its body without trailers (not valid gRPC)
+    /// carries it in headers only, as the filter does not enter the VM for body chunks.
+    #[cfg_attr(feature = "schema", schemars(with = "HeaderName", extend("default" = DEFAULT_CLOSING_HEADER)))]
     closing_header: Option<String>,
+    /// Every response carries the instance id in this header; `""` turns it off. Must differ from
+    /// `closing_header`.
+    #[cfg_attr(feature = "schema", schemars(with = "OptionalHeaderName", extend("default" = DEFAULT_INSTANCE_HEADER)))]
     instance_header: Option<String>,
+    /// Lets consumers tell a restarted instance on the same address from the old one. Unset: one
+    /// random 16-hex-digit id per Envoy process, agreed by all VM copies through shared data; set
+    /// it (e.g. to the pod UID) to make it stable and meaningful.
+    #[cfg_attr(feature = "schema", schemars(with = "InstanceIdText", extend("x-default" = "derived at VM start, unique per Envoy process")))]
     instance_id: Option<String>,
+    /// While closing, also add `x-envoy-immediate-health-check-fail: true` (for consumer clusters
+    /// with active health checking).
+    #[cfg_attr(feature = "schema", schemars(extend("default" = false)))]
     immediate_health_check_fail: Option<bool>,
+    /// Once the drain gate has passed, new requests get a local 503 carrying the closing and
+    /// instance headers (`grpc-status: 14` for gRPC requests), so the consumer retries elsewhere.
+    #[cfg_attr(feature = "schema", schemars(extend("default" = true)))]
     reject_when_drained: Option<bool>,
+    /// Requests on these paths are long-lived streams: admitted as any request, then out of the
+    /// in-flight count, and ended once the gate passes. Exact paths, or a prefix written with a
+    /// trailing `*` (`"/events/*"`: so no exact path ends in `*`); each starts with `/`; at most
+    /// 32.
+    #[cfg_attr(feature = "schema", schemars(with = "Vec<LongLivedPath>", length(max = MAX_LONG_LIVED_PATHS), extend("default" = [])))]
     long_lived_paths: Option<Vec<String>>,
+    /// Upgraded requests (WebSocket over HTTP/1.1, and over HTTP/2, which Envoy shows filters as an
+    /// upgrade) are long-lived streams too.
+    #[cfg_attr(feature = "schema", schemars(extend("default" = true)))]
     long_lived_upgrades: Option<bool>,
+    /// The request header naming the caller (graceful_consumer's `consumer_header`), read once
+    /// closing for the drain report; `""`: callers are named by address only.
+    #[cfg_attr(feature = "schema", schemars(with = "OptionalHeaderName", extend("default" = DEFAULT_CONSUMER_HEADER)))]
     consumer_header: Option<String>,
 }
 
@@ -131,13 +181,75 @@ fn instance_id(field: &str, id: &str) -> Result<String, ConfigError> {
     if id.is_empty() {
         return Err(ConfigError::new(field, "instance id is empty"));
     }
-    if id.len() > 128 || !id.bytes().all(|b| (0x21..0x7f).contains(&b)) {
+    if id.len() > MAX_INSTANCE_ID_BYTES || !id.bytes().all(is_instance_id_byte) {
         return Err(ConfigError::new(
             field,
             "instance id must be 1 to 128 printable ASCII characters without spaces",
         ));
     }
     Ok(id.to_string())
+}
+
+const MAX_INSTANCE_ID_BYTES: usize = 128;
+
+/// Printable ASCII but space.
+fn is_instance_id_byte(b: u8) -> bool {
+    (0x21..0x7f).contains(&b)
+}
+
+/// [`instance_id`]'s form, for the schema.
+#[cfg(feature = "schema")]
+struct InstanceIdText;
+
+#[cfg(feature = "schema")]
+impl JsonSchema for InstanceIdText {
+    fn schema_name() -> Cow<'static, str> {
+        "instance_id".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "pattern": format!("^{}+$", ascii_class(is_instance_id_byte)),
+            "maxLength": MAX_INSTANCE_ID_BYTES,
+            "description": "An instance id: 1 to 128 printable ASCII characters, no spaces.",
+        })
+    }
+}
+
+/// A long-lived path as written: a path, or a prefix with a trailing `*`
+/// (validated as a path once the `*` is taken off, so up to one more byte).
+#[cfg(feature = "schema")]
+impl JsonSchema for LongLivedPath {
+    fn schema_name() -> Cow<'static, str> {
+        "long_lived_path".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({
+            "type": "string",
+            "anyOf": [
+                {"pattern": url_path_pattern(""), "maxLength": MAX_URL_PATH_BYTES},
+                {"pattern": url_path_pattern("\\*"), "maxLength": MAX_URL_PATH_BYTES + 1},
+            ],
+            "description": "A URL path as in url_path (that path exactly), or one followed by `*` (every path it prefixes).",
+        })
+    }
+}
+
+/// [`ProviderConfig::from_json`]'s rule across fields.
+#[cfg(feature = "schema")]
+const DISTINCT_HEADERS: ParserOnlyRule = ParserOnlyRule {
+    name: "distinct_headers",
+    rule: "`instance_header` must differ from `closing_header`, compared case-insensitively.",
+};
+
+impl ProviderConfig {
+    /// The JSON Schema of graceful_provider's configuration.
+    #[cfg(feature = "schema")]
+    pub fn json_schema() -> serde_json::Value {
+        json_schema_of::<ProviderDto>(&[DUPLICATE_KEYS, DISTINCT_HEADERS])
+    }
 }
 
 #[cfg(test)]

@@ -26,6 +26,20 @@ impl fmt::Display for DurationError {
     }
 }
 
+/// The units a duration is written in, each with its length in
+/// microseconds, for the schema's patterns (the parser's match names them
+/// too; a test holds the two together).
+#[cfg(feature = "schema")]
+const UNITS: [(&str, u128); 4] = [
+    ("ms", 1_000),
+    ("s", 1_000_000),
+    ("m", 60_000_000),
+    ("h", 3_600_000_000),
+];
+
+/// Most digits on either side of a number's decimal point.
+const MAX_DIGITS: usize = 12;
+
 /// Parses `"250ms"`, `"3s"`, `"1m30s"`, `"0.5s"`, `"0s"`. Units: `ms`, `s`, `m`, `h`.
 pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
     let err = |why: &str| {
@@ -81,7 +95,7 @@ fn scaled(number: &str, unit_us: u128) -> Option<u128> {
     if whole.is_empty() || (number.contains('.') && frac.is_empty()) || frac.contains('.') {
         return None;
     }
-    if whole.len() > 12 || frac.len() > 12 {
+    if whole.len() > MAX_DIGITS || frac.len() > MAX_DIGITS {
         return None;
     }
     let whole: u128 = whole.parse().ok()?;
@@ -92,6 +106,49 @@ fn scaled(number: &str, unit_us: u128) -> Option<u128> {
         value += u128::from(digit - b'0') * scale;
     }
     Some(value)
+}
+
+/// [`parse_duration`]'s grammar as a JSON Schema pattern: one or more
+/// numbers, each with a unit. The 24h bound is a sum, which a pattern cannot
+/// weigh: the schema leaves it to the parser.
+#[cfg(feature = "schema")]
+pub(crate) fn duration_pattern() -> String {
+    let units: Vec<&str> = UNITS.iter().map(|(name, _)| *name).collect();
+    format!(
+        "^([0-9]{{1,{MAX_DIGITS}}}(\\.[0-9]{{1,{MAX_DIGITS}}})?({}))+$",
+        units.join("|")
+    )
+}
+
+/// The durations [`parse_duration`] reads as zero, as a JSON Schema
+/// pattern: every number zero down to the microsecond, the precision
+/// [`scaled`] keeps (its digits past that are dropped, so "0.0001ms" is 0).
+#[cfg(feature = "schema")]
+pub(crate) fn zero_duration_pattern() -> String {
+    let terms: Vec<String> = UNITS
+        .iter()
+        .map(|(name, unit_us)| {
+            // Fraction digits that still weigh a microsecond or more.
+            let kept = (1..=MAX_DIGITS)
+                .take_while(|i| unit_us / 10u128.pow(*i as u32) >= 1)
+                .count();
+            // Those all zero, the rest anything (no unit weighs 10^12 us).
+            let fraction = format!("0{{1,{kept}}}|0{{{kept}}}[0-9]{{1,{}}}", MAX_DIGITS - kept);
+            format!("0{{1,{MAX_DIGITS}}}(\\.({fraction}))?{name}")
+        })
+        .collect();
+    format!("^({})+$", terms.join("|"))
+}
+
+/// A default duration as the contract writes it: whole seconds (`"60s"`),
+/// else milliseconds (`"500ms"`).
+#[cfg(feature = "schema")]
+pub(crate) fn contract_duration(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
 }
 
 /// Formats a duration the way [`parse_duration`] reads it, in the largest
@@ -115,6 +172,20 @@ pub fn format_duration(d: Duration) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The schema's units are the parser's: each reads as its length.
+    #[cfg(feature = "schema")]
+    #[test]
+    fn the_schemas_units_are_the_parsers() {
+        for (name, us) in UNITS {
+            let micros = u64::try_from(us).unwrap();
+            assert_eq!(
+                parse_duration(&format!("1{name}")),
+                Ok(Duration::from_micros(micros)),
+                "{name}"
+            );
+        }
+    }
 
     #[test]
     fn parse_accepts_each_unit() {

@@ -88,6 +88,50 @@ impl FromStr for Cidr {
     }
 }
 
+/// [`Cidr`]'s written form, for the schema: what `from_str` accepts,
+/// spelled as Rust's address parsers read addresses (RFC 3986's IPv6
+/// grammar with an IPv4 tail; IPv4 octets without leading zeros), then an
+/// optional prefix length of 1 to 3 digits no longer than the address.
+#[cfg(feature = "schema")]
+impl schemars::JsonSchema for Cidr {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "cidr".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        let octet = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9][0-9]|[0-9])";
+        let v4 = format!("{octet}(\\.{octet}){{3}}");
+        let h16 = "[0-9A-Fa-f]{1,4}";
+        let ls32 = format!("({h16}:{h16}|{v4})");
+        // The address as eight 16-bit groups, the last two of which may be
+        // an IPv4 address, and `::` standing for one or more zero groups.
+        let mut v6 = vec![format!("({h16}:){{6}}{ls32}")];
+        for after in 0..=7usize {
+            // `after` groups follow `::` (ls32 counting as two), so at most
+            // 7 - after come before it.
+            let tail = match after {
+                0 => String::new(),
+                1 => h16.to_string(),
+                n => format!("({h16}:){{{}}}{ls32}", n - 2),
+            };
+            let head = match 7 - after {
+                0 => String::new(),
+                n => format!("(({h16}:){{0,{}}}{h16})?", n - 1),
+            };
+            v6.push(format!("{head}::{tail}"));
+        }
+        let v6 = v6.join("|");
+        // 1 to 3 digits (leading zeros allowed) worth at most 32, or 128.
+        let v4_prefix = "0?0?[0-9]|0?[12][0-9]|0?3[0-2]";
+        let v6_prefix = "0?0?[0-9]|0?[1-9][0-9]|1[01][0-9]|12[0-8]";
+        schemars::json_schema!({
+            "type": "string",
+            "pattern": format!("^({v4}(/({v4_prefix}))?|({v6})(/({v6_prefix}))?)$"),
+            "description": "An address range: an IPv4 or IPv6 address with an optional prefix length (\"10.0.0.0/8\", \"::1/128\"); a bare address is that one address. Host bits past the prefix are ignored; an IPv4-mapped range (\"::ffff:10.0.0.0/104\") is the IPv4 range it carries.",
+        })
+    }
+}
+
 impl fmt::Display for Cidr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}/{}", self.network, self.prefix)
