@@ -180,9 +180,13 @@ images: build envoy ## build the images locally, no base image pulled: graceful-
 	python3 tools/rootfs.py target/docker/graceful-hook /graceful-hook target/$(HOST_TARGET)/tools/graceful-hook=/graceful-hook
 	docker build -q -t graceful-wasm/graceful-hook:latest target/docker/graceful-hook
 
+# make up waits this long (seconds) for every provider to serve through the consumer.
+UP_DEADLINE ?= 120
+
 .PHONY: up
-up: images ## start the docker harness (needs a Docker engine; pulls nothing); ENVOY_IMAGE picks the consumer's Envoy image
+up: images ## start the docker harness (needs a Docker engine; pulls nothing) and return once every provider serves through the consumer (UP_DEADLINE s, else it names the one that does not), printing where to send requests; ENVOY_IMAGE picks the consumer's Envoy image
 	$(COMPOSE_RUN) up -d
+	@python3 tools/harness_up.py --deadline $(UP_DEADLINE) -- $(COMPOSE_RUN)
 
 .PHONY: down
 down: ## stop the docker harness and remove its containers, network and volumes
