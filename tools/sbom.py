@@ -98,7 +98,9 @@ def component(package, checksums, workspace):
         if package.get("repository"):
             c["externalReferences"] = [{"type": "vcs", "url": package["repository"]}]
     if package.get("license"):
-        c["licenses"] = [{"expression": package["license"]}]
+        # Cargo still reads the old "MIT/Apache-2.0" form as OR; SPDX does not.
+        expression = " OR ".join(part.strip() for part in package["license"].split("/"))
+        c["licenses"] = [{"expression": expression}]
     if package.get("description"):
         c["description"] = package["description"].strip()
     return ref, c

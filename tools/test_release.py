@@ -250,6 +250,7 @@ class Sbom(unittest.TestCase):
 
         packages = [pkg("app", True), pkg("lib", True), pkg("serde"), pkg("proptest"), pkg("cc"),
                     pkg("unrelated")]
+        packages[2]["license"] = "MIT/Apache-2.0"
         ids = {p["name"]: p["id"] for p in packages}
 
         def dep(name, kind):
@@ -279,6 +280,7 @@ class Sbom(unittest.TestCase):
         self.assertEqual(deps["graceful-wasm:lib@1.0.0"], ["pkg:cargo/serde@1.0.0"])
         serde = next(c for c in doc["components"] if c["name"] == "serde")
         self.assertEqual(serde["hashes"], [{"alg": "SHA-256", "content": "ab" * 32}])
+        self.assertEqual(serde["licenses"], [{"expression": "MIT OR Apache-2.0"}])
         self.assertEqual(doc["metadata"]["timestamp"], "1970-01-01T00:00:00Z")
 
 
