@@ -88,7 +88,7 @@ fn the_readme_quotes_the_minimal_config_verbatim() {
         .map(|(_, body)| body)
         .collect();
     assert!(
-        yaml.iter().any(|b| *b == file),
+        yaml.contains(&file),
         "{README} must quote {MINIMAL_CONFIG} verbatim in a ```yaml block; closest differs at {}",
         yaml.iter()
             .map(|b| first_difference(b, &file))
