@@ -318,7 +318,7 @@ $(MDBOOK):
 	$(CARGO) install --locked mdbook@$(MDBOOK_VERSION) --no-default-features --features search --root $(VENV)/mdbook-$(MDBOOK_VERSION)
 
 .PHONY: book
-book: ## check every relative link and anchor of README.md and docs/ (tools/check_links.py), then build the book docs/ into target/book (mdBook, installed into .venv/)
+book: ## check every relative link and anchor of the Markdown files (tools/check_links.py), then build the book docs/ into target/book (mdBook, installed into .venv/)
 	@# The links first: a broken one fails before mdBook is compiled.
 	python3 tools/check_links.py --self-test
 	$(MAKE) --no-print-directory $(MDBOOK)

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Checks every relative link in README.md, BENCHMARKS.md and docs/**/*.md:
+"""Checks every relative link in the repository's Markdown files (README.md,
+the book under docs/, the examples' READMEs; not target/, .venv/ or .git/):
 the file or folder it names exists, and a `#anchor` into a Markdown file (or
 into the same one) names one of its headings or HTML ids. Anchors are slugged
 as GitHub and mdBook both slug a heading: its text without markup, lower
@@ -7,9 +8,9 @@ case, every letter, digit, `_` and `-` kept, whitespace turned into `-`,
 anything else dropped; a repeated slug gets `-1`, `-2`, ... Links in code
 (fenced blocks and `inline spans`) and absolute URLs are not links.
 A link's text may span lines. Prints file:line for each broken link and
-exits 1; so does a run that finds no relative link to check. `--self-test` runs it on
-a small tree with known faults first. Standard library only:
-`python3 tools/check_links.py`.
+exits 1; so does a run that finds no relative link to check. `--self-test`
+runs it on a small tree with known faults first. Standard library only, so
+it runs without mdBook: `python3 tools/check_links.py`.
 """
 
 import os
@@ -18,8 +19,8 @@ import sys
 import tempfile
 
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-TOP_LEVEL = ("README.md", "BENCHMARKS.md")
-DOCS = "docs"
+# Folders that hold no Markdown of ours: build outputs, installed tools.
+SKIPPED = {".git", "target", ".venv", "node_modules"}
 
 FENCE = re.compile(r"^\s{0,3}(```+|~~~+)")
 # A code span: within one paragraph (it may cross a line break, never a blank line).
@@ -137,9 +138,10 @@ def check_file(root, rel):
 
 
 def markdown_files(root):
-    files = [f for f in TOP_LEVEL if os.path.isfile(os.path.join(root, f))]
-    for base, dirs, names in os.walk(os.path.join(root, DOCS)):
-        dirs.sort()
+    """Every Markdown file under root, README.md first, in a stable order."""
+    files = []
+    for base, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in SKIPPED)
         for name in sorted(names):
             if name.endswith(".md"):
                 files.append(os.path.relpath(os.path.join(base, name), root))
@@ -214,7 +216,7 @@ def main():
     for p in problems:
         print(p)
     if problems:
-        print(f"{len(problems)} problem(s) with the links of README.md, BENCHMARKS.md and docs/")
+        print(f"{len(problems)} problem(s) with the links of {len(files)} Markdown files")
         sys.exit(1)
     print(f"links: all {checked} relative links and anchors in {len(files)} Markdown files resolve")
 
