@@ -6,7 +6,8 @@
 //!   graceful_drain and graceful_provider on the inbound one, then the app),
 //!   and one shutdown goes through it (closing mark, tombstone, drained, the
 //!   marked 503);
-//! - the output it prints for `make try` is what `make try` prints.
+//! - the output it prints for `make try` is what `make try` prints;
+//! - it stays at most 300 lines.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -77,6 +78,19 @@ fn first_difference(a: &str, b: &str) -> String {
         }
     }
     unreachable!()
+}
+
+/// The README is the front door: what it is, the commands, the minimal
+/// config, where to go next. Everything else is in the book (docs/).
+const README_MOST_LINES: usize = 300;
+
+#[test]
+fn the_readme_stays_short() {
+    let lines = read(README).lines().count();
+    assert!(
+        (1..=README_MOST_LINES).contains(&lines),
+        "{README} has {lines} lines, at most {README_MOST_LINES}: move the detail into the book (docs/) and link it"
+    );
 }
 
 #[test]
