@@ -356,8 +356,25 @@ test-one: build envoy $(call envoy_at,$(ENVOY_TOO_OLD_FOR_NATIVE)) ## make test-
 check: lint unit ## before a commit: rustfmt, clippy (native and wasm), unit tests
 	@:
 
+# The book (docs/, mdBook). mdBook comes from crates.io, pinned, into a folder
+# named by its version (a new pin installs anew); only its `search` feature:
+# `serve` and `watch` add a web server and a file watcher the build never uses.
+MDBOOK_VERSION := 0.5.4
+MDBOOK := $(VENV)/mdbook-$(MDBOOK_VERSION)/bin/mdbook
+
+$(MDBOOK):
+	$(CARGO) install --locked mdbook@$(MDBOOK_VERSION) --no-default-features --features search --root $(VENV)/mdbook-$(MDBOOK_VERSION)
+
+.PHONY: book
+book: ## check every relative link and anchor of the Markdown files (tools/check_links.py), then build the book docs/ into target/book (mdBook, installed into .venv/)
+	@# The links first: a broken one fails before mdBook is compiled.
+	python3 tools/check_links.py --self-test
+	$(MAKE) --no-print-directory $(MDBOOK)
+	$(MDBOOK) build docs
+
 .PHONY: test
-test: build envoy test-tools ## the tests CI runs (CI also runs make lint): unit, config validation, e2e
+test: build envoy test-tools ## the tests CI runs (CI also runs make lint): unit, config validation, e2e, the book
+	$(MAKE) --no-print-directory book
 	$(MAKE) --no-print-directory unit
 	$(MAKE) --no-print-directory validate-envoy
 	$(MAKE) --no-print-directory e2e

@@ -1,0 +1,262 @@
+//! What README.md shows a new reader, run:
+//!
+//! - its minimal Envoy config is `examples/minimal/envoy.yaml`, quoted
+//!   verbatim, and that file runs on real Envoy: one request crosses all
+//!   three filters (graceful_consumer on the outbound listener, then
+//!   graceful_drain and graceful_provider on the inbound one, then the app),
+//!   and one shutdown goes through it (closing mark, tombstone, drained, the
+//!   marked 503);
+//! - the output it prints for `make try` is what `make try` prints;
+//! - it stays at most 300 lines.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::Command;
+use std::time::Duration;
+
+use graceful_harness::support::client::{self, Response};
+use graceful_harness::support::envoy::{
+    eventually, free_port, repo_root, scratch_path, Envoy, EnvoySpec,
+};
+use graceful_harness::support::mesh::status_of;
+use graceful_harness::support::native::Delivery;
+use graceful_harness::support::upstream::Upstream;
+
+const README: &str = "README.md";
+const MINIMAL_CONFIG: &str = "examples/minimal/envoy.yaml";
+/// Documents that print `make try`'s output literally.
+const TRY_OUTPUT_DOCS: &[&str] = &["README.md", "examples/provider-sidecar/README.md"];
+
+/// What the test replaces in the minimal config to run it beside other
+/// tests: each literal, how many times the file has it, and the placeholder
+/// it becomes. The README tells a reader what these are (the ports, and the
+/// `.wasm` paths relative to the repository root).
+const SUBSTITUTIONS: &[(&str, usize, &str)] = &[
+    ("port_value: 9901}", 2, "port_value: ${ADMIN_PORT}}"),
+    ("port_value: 15006}", 2, "port_value: ${INBOUND_PORT}}"),
+    ("port_value: 15001}", 1, "port_value: ${OUTBOUND_PORT}}"),
+    ("port_value: 8080}", 1, "port_value: ${APP_PORT}}"),
+    ("filename: dist/", 4, "filename: ${WASM_DIR}/"),
+];
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repo_root().join(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
+}
+
+/// Every fenced code block of a Markdown text: its info string and body.
+fn fenced_blocks(markdown: &str) -> Vec<(String, String)> {
+    let mut blocks = Vec::new();
+    let mut open: Option<(String, String)> = None;
+    for line in markdown.lines() {
+        match open.as_mut() {
+            None => {
+                if let Some(info) = line.strip_prefix("```") {
+                    open = Some((info.trim().to_string(), String::new()));
+                }
+            }
+            Some((_, body)) => {
+                if line.trim_end() == "```" {
+                    blocks.extend(open.take());
+                } else {
+                    body.push_str(line);
+                    body.push('\n');
+                }
+            }
+        }
+    }
+    blocks
+}
+
+/// The first line where two texts differ, for a readable failure.
+fn first_difference(a: &str, b: &str) -> String {
+    let (mut la, mut lb) = (a.lines(), b.lines());
+    for n in 1.. {
+        match (la.next(), lb.next()) {
+            (None, None) => return "none (trailing newline?)".into(),
+            (x, y) if x != y => return format!("line {n}: {x:?} against {y:?}"),
+            _ => {}
+        }
+    }
+    unreachable!()
+}
+
+/// The README is the front door: what it is, the commands, the minimal
+/// config, where to go next. Everything else is in the book (docs/).
+const README_MOST_LINES: usize = 300;
+
+#[test]
+fn the_readme_stays_short() {
+    let lines = read(README).lines().count();
+    assert!(
+        (1..=README_MOST_LINES).contains(&lines),
+        "{README} has {lines} lines, at most {README_MOST_LINES}: move the detail into the book (docs/) and link it"
+    );
+}
+
+#[test]
+fn the_readme_quotes_the_minimal_config_verbatim() {
+    let file = read(MINIMAL_CONFIG);
+    let yaml: Vec<String> = fenced_blocks(&read(README))
+        .into_iter()
+        .filter(|(info, _)| info == "yaml")
+        .map(|(_, body)| body)
+        .collect();
+    assert!(
+        yaml.contains(&file),
+        "{README} must quote {MINIMAL_CONFIG} verbatim in a ```yaml block; closest differs at {}",
+        yaml.iter()
+            .map(|b| first_difference(b, &file))
+            .next()
+            .unwrap_or_else(|| "(no ```yaml block)".into())
+    );
+}
+
+/// The minimal config with the test's ports and `.wasm` folder, written
+/// where Envoy can read it.
+fn minimal_config_template() -> String {
+    let mut text = read(MINIMAL_CONFIG);
+    for (literal, times, placeholder) in SUBSTITUTIONS {
+        assert_eq!(
+            text.matches(literal).count(),
+            *times,
+            "{MINIMAL_CONFIG}: expected {literal:?} {times} times (the README says what to replace)"
+        );
+        text = text.replace(literal, placeholder);
+    }
+    let path = scratch_path("readme-minimal", "yaml");
+    std::fs::write(&path, text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    path.display().to_string()
+}
+
+async fn get(at: SocketAddr, path: &str) -> Response {
+    client::get(at, path)
+        .await
+        .unwrap_or_else(|e| panic!("GET {path} on {at}: {e}"))
+}
+
+/// A filter's metric summed over the stats scopes Envoy puts it in (a
+/// cluster's upstream filter writes under `cluster.<name>.` before 1.39).
+async fn metric(envoy: &Envoy, name: &str) -> u64 {
+    envoy.custom_stat_scopes(name).await.iter().sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_minimal_config_runs_all_three_filters_through_one_shutdown() {
+    let app = Upstream::start().await;
+    let (inbound_port, outbound_port) = (free_port(), free_port());
+    let mut spec = EnvoySpec::new("readme_minimal", &minimal_config_template())
+        .set("INBOUND_PORT", inbound_port)
+        .set("OUTBOUND_PORT", outbound_port)
+        .set("APP_PORT", app.addr.port());
+    // The README's config is the wasm one, whatever GRACEFUL_DELIVERY says.
+    spec.delivery = Delivery::Wasm;
+    let envoy = spec.start().await;
+    let inbound = SocketAddr::from(([127, 0, 0, 1], inbound_port));
+    let outbound = SocketAddr::from(([127, 0, 0, 1], outbound_port));
+
+    // Serving: a request through the outbound listener reaches the app through
+    // the inbound one; graceful_provider stamps its instance id, no mark.
+    let r = get(outbound, "/").await;
+    assert_eq!(r.status, 200, "GET / through the consumer: {r:?}");
+    assert!(
+        r.header("x-graceful-instance")
+            .is_some_and(|id| id.len() == 16),
+        "graceful_provider's instance id on the answer: {r:?}"
+    );
+    assert_eq!(r.header("x-graceful-closing"), None, "{r:?}");
+    assert_eq!(app.requests(), 1, "the app served the request");
+    let ready = get(inbound, "/graceful/ready").await;
+    assert_eq!(
+        (ready.status, ready.text().trim()),
+        (200, "SERVING"),
+        "graceful_drain's readiness"
+    );
+    let counted: HashMap<&str, u64> = HashMap::from([
+        (
+            "graceful_consumer_started",
+            metric(&envoy, "graceful_consumer_started").await,
+        ),
+        (
+            "graceful_provider_started",
+            metric(&envoy, "graceful_provider_started").await,
+        ),
+    ]);
+    assert!(
+        counted.values().all(|n| *n >= 1),
+        "each filter counted the request: {counted:?}"
+    );
+
+    // Closing (what a preStop hook sends): the next answer through the
+    // consumer carries the mark, and graceful_consumer tombstones the host.
+    let r = client::post(inbound, "/graceful/closing").await.unwrap();
+    assert_eq!(r.status, 202, "POST /graceful/closing: {r:?}");
+    let r = get(outbound, "/").await;
+    assert_eq!(
+        (r.status, r.header("x-graceful-closing").as_deref()),
+        (200, Some("true")),
+        "a closing provider's answer through the consumer: {r:?}"
+    );
+    eventually(
+        "graceful_consumer to tombstone the closing provider",
+        Duration::from_secs(5),
+        || async { (metric(&envoy, "graceful_consumer_evictions").await >= 1).then_some(()) },
+    )
+    .await;
+
+    // The preStop's long-poll: the gate passes quiet after the default
+    // consumer_update_wait (3 s); then graceful_provider answers new
+    // requests with the marked 503 and the app sees none of them.
+    let r = get(inbound, "/graceful/drained?wait=10s").await;
+    let st = status_of(&r);
+    assert_eq!(
+        (r.status, st.phase.as_str(), st.forced),
+        (200, "drained", false),
+        "the drain gate: {st:?}"
+    );
+    let served = app.requests();
+    let r = get(outbound, "/").await;
+    assert_eq!(
+        (r.status, r.header("x-graceful-closing").as_deref()),
+        (503, Some("true")),
+        "after the gate, through the consumer: {r:?}"
+    );
+    assert_eq!(
+        app.requests(),
+        served,
+        "no request reached the app after the gate"
+    );
+    assert!(
+        metric(&envoy, "graceful_provider_rejected").await >= 1,
+        "graceful_provider counted its rejection"
+    );
+}
+
+#[test]
+fn make_try_prints_what_the_docs_show() {
+    let out = Command::new(env!("CARGO_BIN_EXE_walkthrough"))
+        .output()
+        .unwrap_or_else(|e| panic!("walkthrough: {e}"));
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "make try's walkthrough failed:\n{printed}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for doc in TRY_OUTPUT_DOCS {
+        let shown: Vec<String> = fenced_blocks(&read(doc))
+            .into_iter()
+            .map(|(_, body)| body)
+            .filter(|body| body.contains("1. GET /"))
+            .collect();
+        assert_eq!(
+            shown.len(),
+            1,
+            "{doc}: expected one block of make try's output"
+        );
+        assert!(
+            shown[0] == printed,
+            "{doc} shows make try's output otherwise; first difference at {}\nprinted:\n{printed}",
+            first_difference(&shown[0], &printed)
+        );
+    }
+}
