@@ -42,7 +42,9 @@ the schema cannot check.
 
 
 def anchor(name):
-    return name.replace("_", "-")
+    """A form's heading (`### positive_duration`) as GitHub and mdBook slug it:
+    lower case, `_` kept (tools/check_links.py checks the result)."""
+    return name.lower()
 
 
 def cell(text):

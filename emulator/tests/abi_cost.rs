@@ -1,10 +1,10 @@
 //! What one ordinary request costs each filter in VM entries and hostcalls,
 //! counted on the real `.wasm` from the test host's trace. Envoy charges
 //! a few microseconds per VM entry and about one per hostcall (see
-//! BENCHMARKS.md), so these counts are the filters' per-request cost model.
+//! docs/benchmarks/where-it-goes.md), so these counts are the filters' per-request cost model.
 //! They are pinned exactly, both ways: a change that adds to the hot path
 //! fails here, and so does one that saves a call (then pin the new count,
-//! and update BENCHMARKS.md's table). A trace this test cannot read fails
+//! and update docs/benchmarks/where-it-goes.md's table). A trace this test cannot read fails
 //! too, instead of counting nothing and passing.
 
 use std::time::Duration;

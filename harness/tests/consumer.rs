@@ -1110,8 +1110,8 @@ fn largest_share(windows: &[Vec<u64>]) -> u64 {
 // closes too, the last resort (every tombstone but the newest) readmits
 // the restarted instances its first requests reach. What `finish` asserts
 // holds (nothing failed, no old instance answered a request sent after its
-// mark); the shares are measured and printed (README, "When tombstones
-// leave few hosts").
+// mark); the shares are measured and printed (docs/filters/consumer.md,
+// "When tombstones leave few hosts").
 async fn it_loses_nothing_through_a_full_restart_without_probes(membership: Membership) {
     let restart = FullRestart::run(
         "restart-unprobed",

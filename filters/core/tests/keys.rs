@@ -1,5 +1,5 @@
 //! Pins the exact set of shared-data keys: their names and encodings are
-//! documented in the README and read by other copies of the filters, so a
+//! documented in docs/design/shared-data.md and read by other copies of the filters, so a
 //! change here is a deliberate one (adding a key: its registry entry in
 //! `keys.rs` and a row here).
 
@@ -104,7 +104,7 @@ fn initial_values_are_the_documented_bytes() {
     let zero = Some(vec![0u8; 8]);
     for (name, value) in initial {
         let want = match name {
-            // phase serving, times and count zero: 40 bytes (README).
+            // phase serving, times and count zero: 40 bytes (docs/design/shared-data.md).
             "graceful.v1.instance" => Some(graceful_core::drain::record::initial().1),
             "graceful.v1.instance_id" | "graceful.v1.identity" => None,
             "graceful.v1.consumer.admin_source" | "graceful.v1.drain.passed_by" => Some(vec![0]),

@@ -50,7 +50,7 @@ const CLOCK_MONOTONIC: u32 = 1;
 
 /// The host's monotonic clock in ns; None if it refused. cpp-host serves
 /// it from `getMonotonicTimeNanoseconds`, in Envoy `steady_clock`: one
-/// clock for the whole process (README: Shared data).
+/// clock for the whole process (docs/design/shared-data.md).
 pub fn monotonic_ns() -> Option<u64> {
     let mut ns: u64 = 0;
     // SAFETY: the out-pointer points at a live local for the call.

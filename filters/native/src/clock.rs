@@ -1,6 +1,6 @@
 //! The module's clocks. Every duration is measured on `CLOCK_MONOTONIC`,
 //! the clock Envoy's `steady_clock` reads and so the one the wasm build
-//! gets from WASI `clock_time_get` (README: Shared data): one clock for
+//! gets from WASI `clock_time_get` (docs/design/shared-data.md): one clock for
 //! the whole process and every worker thread, which a step of the wall
 //! clock does not move. std's `Instant` reads it too, but its value is
 //! opaque; the module keeps times as numbers in its store.

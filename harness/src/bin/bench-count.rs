@@ -1,7 +1,7 @@
 //! `make bench-count`: Envoy's instructions per request for each set of
 //! `make bench`, counted under callgrind (see
 //! `graceful_harness::products::bench_count`). Writes
-//! `bench/results/count.json` and prints the table BENCHMARKS.md quotes.
+//! `bench/results/count.json` and prints the table docs/benchmarks/count.md quotes.
 //!
 //! Flags: `--sets a,b` (default: none, consumer, consumer_100_tombstones
 //! and their native sets), `--window S` per counted window (10), `--mesh`:

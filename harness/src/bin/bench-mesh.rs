@@ -1,7 +1,7 @@
 //! `make bench-mesh`: graceful_consumer in a sidecar with 1,000 clusters of
 //! 10 endpoints, on each Envoy named in `BENCH_MESH_ENVOYS`
 //! (`version=path,...`), beside plain Envoy in the same run. Writes
-//! `bench/results/mesh.json` and prints the table BENCHMARKS.md quotes.
+//! `bench/results/mesh.json` and prints the table docs/benchmarks/mesh.md quotes.
 //!
 //! Flags: `--rounds N` (3), `--duration S` per wrk run (5); `--paired N`
 //! (0) rounds of the per-request cost with the sets' proxies side by side

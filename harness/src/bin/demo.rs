@@ -1,7 +1,7 @@
 //! `make demo`: the matrix of scenarios × approaches
 //! (`graceful_harness::products::demo::matrix`), each cell a rolling restart of
 //! providers (or a scale-down) under load on real Envoy. Prints a line per cell and at the
-//! end the matrix as a Markdown table (the README's), writes
+//! end the matrix as a Markdown table (docs/benchmarks/demo.md's), writes
 //! `target/demo/report.json` (scenario `today`'s graceful and `sleep_3s`
 //! runs as `graceful` and `baseline`, every cell in `matrix`),
 //! `target/demo/chart.svg` (the matrix) and `target/demo/providers.svg`

@@ -109,7 +109,8 @@ fn compose_file() -> String {
 # each a container running its Envoy sidecar and the demo app under
 # graceful-entrypoint, which turns `docker stop` (SIGTERM) into the graceful
 # shutdown. `make up` builds the filters and the image ({IMAGE}: no base
-# image, nothing pulled) and starts it; `make down` removes it all. A user
+# image, nothing pulled), starts it, and returns once requests through the
+# consumer reach every provider; `make down` removes it all. A user
 # with a registry may run the consumer on another Envoy image: ENVOY_IMAGE.
 #
 #   curl -si localhost:15001/                              # through the consumer

@@ -537,7 +537,7 @@ mod tests {
         }
     }
 
-    /// The README's table, checked at every 100 ms over a minute for in
+    /// The table of docs/concepts/gate.md ("Which budget ends the wait"), checked at every 100 ms over a minute for in
     /// flight or not and the last start at several distances.
     fn which_budget_ends_the_wait(g: &GateTimings) {
         let g = *g;

@@ -33,7 +33,7 @@ pub trait Host {
     /// wall clock (NTP, an operator) changes none. One clock for the whole
     /// process, every VM copy and thread (times in shared data are compared
     /// across them); shared data never leaves the process, so neither do
-    /// these values (README: Shared data).
+    /// these values (docs/design/shared-data.md).
     fn now_us(&self) -> u64;
     /// The wall clock, µs since the Unix epoch (0 if unavailable): only for
     /// what must differ between processes (the instance id's seed), never

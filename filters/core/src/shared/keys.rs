@@ -8,7 +8,7 @@
 //! (never read-modify-written) have no initial value and are left absent
 //! until written.
 //!
-//! The names and encodings are documented in the README and must not
+//! The names and encodings are documented in docs/design/shared-data.md and must not
 //! change. Adding a key is one entry here (and in [`ALL`]) plus the test
 //! that pins the exact set.
 

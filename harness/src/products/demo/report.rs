@@ -1,5 +1,5 @@
 //! The demo's matrix as it reports it: a [`Cell`] per scenario and
-//! approach, the README's table ([`matrix_table`]), the report file
+//! approach, the table of docs/benchmarks/demo.md ([`matrix_table`]), the report file
 //! ([`Report`], `target/demo/report.json`) and the matrix chart
 //! ([`matrix_chart`], `target/demo/chart.svg`). One run's numbers and its
 //! per-provider chart are [`crate::support::run_report`]'s.
@@ -20,7 +20,7 @@ pub struct Cell {
     pub run: RunReport,
 }
 
-/// The matrix as the README's table (Markdown), a row per cell.
+/// The matrix as docs/benchmarks/demo.md's table (Markdown), a row per cell.
 pub fn matrix_table(cells: &[Cell]) -> String {
     let mut table = String::from(
         "| scenario | approach | protocol | requests | failed | after closing | drain (closing to gone), mean | retries | p50 ms | p99 ms | max ms | max share |\n|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",

@@ -1,7 +1,7 @@
 //! The report's `recommended` settings, derived from what one shutdown
 //! measured, each with a sentence naming the measurement: every setting
-//! that decided the pass or would have (the README's graceful_drain
-//! section says which budget ends the wait in which case).
+//! that decided the pass or would have (docs/concepts/gate.md, "Which
+//! budget ends the wait", says which budget ends the wait in which case).
 //!
 //! | setting | from | rule |
 //! |---|---|---|
