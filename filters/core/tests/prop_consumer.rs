@@ -234,11 +234,17 @@ proptest! {
             p.attempt(copy, host, kind, now);
             member[host] |= kind == Kind::Answered;
             let live = tomb[host].filter(|&(_, expires)| expires > now);
+            // A repeat extends a live tombstone only by a second or more
+            // (tombstone.rs: EXTEND_GRANULARITY_US), else it is not written.
+            let extended = |e: u64, ttl: u64| if now + ttl > e + S { now + ttl } else { e };
             tomb[host] = match (kind, live) {
-                (Kind::Closing, Some((_, e))) => Some((true, e.max(now + 30 * S))),
+                // A mark on a refusal's tombstone is written whatever its
+                // expiry (the cause changes).
+                (Kind::Closing, Some((false, e))) => Some((true, e.max(now + 30 * S))),
+                (Kind::Closing, Some((true, e))) => Some((true, extended(e, 30 * S))),
                 (Kind::Closing, None) => Some((true, now + 30 * S)),
                 // A refusal extends; a closing host stays closing.
-                (Kind::Refused, Some((c, e))) => Some((c, e.max(now + 5 * S))),
+                (Kind::Refused, Some((c, e))) => Some((c, extended(e, 5 * S))),
                 (Kind::Refused, None) => Some((false, now + 5 * S)),
                 // The same instance ("one") answering readmits only a host
                 // whose instance was unknown (one that only refused).
