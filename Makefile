@@ -217,14 +217,17 @@ bench-mesh: build envoy bench-tools $(foreach v,$(BENCH_MESH_MINORS),$(call envo
 	envoys=""; for v in $(BENCH_MESH_MINORS); do envoys="$$envoys$${envoys:+,}$$v=$(CURDIR)/$(VENV)/envoys/$$v/envoy"; done; \
 	  BENCH_MESH_ENVOYS="$$envoys" $(E2E_ENV) target/tools/bench-mesh $(BENCH_MESH_FLAGS)
 
-# The floors every bench set is read against: a Rust wasm filter that only
-# adds a response header, exporting only what it uses (target/bench/).
+# The floors every bench set is read against (target/bench/): a Rust wasm
+# filter that only adds a response header, exporting only what it uses, and
+# the native module built with a filter that does nothing (bench-floor).
 .PHONY: bench-floors
 bench-floors: wasm-target
 	$(CARGO) build --release --target $(WASM_TARGET) -p bench-wasm-header
 	@mkdir -p target/bench
 	cp target/$(WASM_TARGET)/release/bench_wasm_header.wasm target/bench/
 	python3 tools/strip_exports.py bench/wasm-header/Cargo.toml target/bench/bench_wasm_header.wasm
+	$(CARGO) build --profile native -p graceful-native --features bench-floor --target-dir target/bench-floor
+	cp target/bench-floor/native/libgraceful.so target/bench/libgraceful_floor.so
 
 # make bench-count BENCH_COUNT_FLAGS="--sets none,consumer --window 10"; with
 # --mesh, in make bench-mesh's mesh of 1,000 clusters (bench/results/count-mesh.json).

@@ -49,6 +49,8 @@ const PANIC_PROBE_ALIVE: &str = "x-graceful-panic-probe-alive";
 enum FilterConfig {
     #[cfg(feature = "panic-probe")]
     PanicProbe,
+    #[cfg(feature = "bench-floor")]
+    BenchFloor,
     Provider(provider::Config),
     Drain(drain::Config),
     Consumer(consumer::Config),
@@ -252,6 +254,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
             "graceful_drain" => drain::Config::new(envoy, &json).map(FilterConfig::Drain),
             #[cfg(feature = "panic-probe")]
             "graceful_panic_probe" => Ok(FilterConfig::PanicProbe),
+            #[cfg(feature = "bench-floor")]
+            "graceful_bench_floor" => Ok(FilterConfig::BenchFloor),
             "graceful_consumer" => {
                 consumer::Config::new(envoy, &json, false).map(FilterConfig::Consumer)
             }
@@ -307,6 +311,9 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
             Some(FilterConfig::Consumer(_)) => FilterStream::Consumer(Default::default()),
             #[cfg(feature = "panic-probe")]
             Some(FilterConfig::PanicProbe) => FilterStream::Provider(Default::default()),
+            // No stream of any filter's matches it: every hook does nothing.
+            #[cfg(feature = "bench-floor")]
+            Some(FilterConfig::BenchFloor) => FilterStream::Provider(Default::default()),
             None => return std::ptr::null(),
         };
         Box::into_raw(Box::new(Filter {
@@ -507,6 +514,8 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
             FilterConfig::Provider(pc) => pc.tick(envoy),
             #[cfg(feature = "panic-probe")]
             FilterConfig::PanicProbe => {}
+            #[cfg(feature = "bench-floor")]
+            FilterConfig::BenchFloor => {}
         })
     }
 }

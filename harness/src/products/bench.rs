@@ -81,7 +81,18 @@ fn wasm_header(copy: usize) -> Value {
 /// A graceful filter as the native module (`dist/libgraceful.so`), with the
 /// same JSON config as its wasm set.
 fn native(name: &str, config: &str) -> Value {
-    let module = wasm_dir().join("libgraceful.so");
+    native_module(&wasm_dir().join("libgraceful.so"), name, config)
+}
+
+/// The native floor: the module built with a filter that does nothing in
+/// any hook (`make bench-floors`), what Envoy charges any filter of this
+/// module per stream.
+fn native_floor() -> Value {
+    let module = crate::support::envoy::repo_root().join("target/bench/libgraceful_floor.so");
+    native_module(&module, "graceful_bench_floor", "")
+}
+
+fn native_module(module: &std::path::Path, name: &str, config: &str) -> Value {
     json!({
         "name": name,
         "typed_config": {
@@ -211,6 +222,7 @@ pub fn filter_sets() -> Vec<FilterSet> {
         ]
     };
     sets.extend([
+        set("native_floor", vec![native_floor(), router()]),
         set(
             "provider_drain_native",
             vec![native_drain(), native_provider(), router()],
