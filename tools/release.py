@@ -23,7 +23,6 @@ Python 3.11 standard library only.
 """
 import argparse
 import glob
-import hashlib
 import json
 import os
 import re
@@ -106,14 +105,6 @@ def check(version, tag=None):
     return head
 
 
-def sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def oci_archive(layout, out):
     """The OCI image layout folder as one tar: sorted entries, owner 0:0,
     mtime 0, no user names, so the same layout always gives the same bytes."""
@@ -189,7 +180,7 @@ def assemble(version, dist, out, filters, schema_dir="schema", lock="Cargo.lock"
     for name in sorted(os.listdir(out)):
         path = os.path.join(out, name)
         if name != SUMS and os.path.isfile(path):
-            listed.append((name, sha256(path), os.path.getsize(path)))
+            listed.append((name, sbom.sha256(path), os.path.getsize(path)))
     with open(os.path.join(out, SUMS), "w") as fh:
         # sha256sum's format: hash, two spaces (text mode), name.
         fh.writelines(f"{digest}  {name}\n" for name, digest, _ in listed)
