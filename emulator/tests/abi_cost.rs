@@ -168,7 +168,7 @@ fn an_ordinary_request_costs_each_filter_exactly_its_pinned_count() {
             &[
                 "proxy_on_context_create",
                 "proxy_on_request_headers",
-                "proxy_on_log",
+                // a long-poll's slot is freed here (no on_log)
                 "proxy_on_delete",
             ],
             &["proxy_get_header_map_value"],
@@ -234,7 +234,7 @@ fn an_ordinary_request_costs_each_filter_exactly_its_pinned_count() {
                 "proxy_on_context_create",
                 "proxy_on_request_headers",
                 "proxy_on_response_headers",
-                "proxy_on_done",
+                // the stream's end (no on_done)
                 "proxy_on_delete",
             ],
             &[
@@ -255,7 +255,7 @@ fn an_ordinary_request_costs_each_filter_exactly_its_pinned_count() {
                 "proxy_get_header_map_pairs",
                 "proxy_get_property",
                 "clock_time_get",
-                // done: in flight -1
+                // delete: in flight -1
                 "proxy_increment_metric",
             ],
         ),
@@ -457,7 +457,7 @@ fn a_steered_request_costs_the_consumer_exactly_its_pinned_count() {
                 // (answers do not shape the plan): an ordinary answer, no
                 // address, no clock
                 "proxy_get_header_map_pairs",
-                // done: in flight -1
+                // delete: in flight -1
                 "proxy_increment_metric",
             ],
         ),
@@ -487,7 +487,7 @@ fn a_steered_request_costs_the_consumer_exactly_its_pinned_count() {
                 "proxy_get_header_map_pairs",
                 "clock_time_get",
                 "proxy_get_property",
-                // done: in flight -1
+                // delete: in flight -1
                 "proxy_increment_metric",
             ],
         ),
@@ -517,7 +517,7 @@ fn a_steered_request_costs_the_consumer_exactly_its_pinned_count() {
                 "proxy_get_header_map_pairs",
                 "clock_time_get",
                 "proxy_get_property",
-                // done: in flight -1
+                // delete: in flight -1
                 "proxy_increment_metric",
             ],
         ),
@@ -549,7 +549,7 @@ fn a_steered_request_costs_the_consumer_exactly_its_pinned_count() {
                 "proxy_on_context_create",
                 "proxy_on_request_headers",
                 "proxy_on_response_headers",
-                "proxy_on_done",
+                // the stream's end (no on_done)
                 "proxy_on_delete",
             ],
             "{what}: VM entries changed:\n{}",

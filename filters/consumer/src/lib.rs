@@ -122,19 +122,7 @@ struct WasmStream {
     stream: ConsumerStream,
 }
 
-impl Context for WasmStream {
-    /// Envoy calls `on_done` once when it destroys the filter of every
-    /// stream, listener and upstream (`on_log` never reaches an upstream
-    /// filter, and is one more VM entry per stream: the module does not
-    /// export it).
-    fn on_done(&mut self) -> bool {
-        if let Some(s) = &self.shared {
-            s.filter.stream_end(&self.stream, &s.host);
-            s.filter.attempt_done(&s.copy, &self.stream, &s.host);
-        }
-        true
-    }
-}
+impl Context for WasmStream {}
 
 impl HttpContext for WasmStream {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
@@ -153,5 +141,19 @@ impl HttpContext for WasmStream {
         self.shared.as_ref().map_or(Action::Continue, |s| {
             action(s.filter.response_trailers(&s.copy, &self.stream, &s.host))
         })
+    }
+}
+
+/// The stream is over. Envoy deletes the context of every stream that
+/// reached the filter, listener and upstream ones (`on_log` never reaches
+/// an upstream filter), so the SDK drops it in `proxy_on_delete`, a VM
+/// entry every stream pays anyway: ending the stream here instead of in
+/// `on_done` saves one.
+impl Drop for WasmStream {
+    fn drop(&mut self) {
+        if let Some(s) = &self.shared {
+            s.filter.stream_end(&self.stream, &s.host);
+            s.filter.attempt_done(&s.copy, &self.stream, &s.host);
+        }
     }
 }

@@ -23,7 +23,7 @@
 //! | provider, request | 1 | `inflight += 1` | |
 //! | provider, request | 2 | read `gate` (only with `reject_when_drained`) | `> 0`: `inflight -= 1`, reject (503 + closing mark) |
 //! | provider, request | 3 | `started += 1` | admitted |
-//! | provider, stream end (`on_log`) | 4 | `inflight -= 1` | exactly once per admitted stream |
+//! | provider, stream end (`on_delete`) | 4 | `inflight -= 1` | exactly once per admitted stream |
 //! | drain, tick | a | quiet by this copy's view: `inflight` 0 (and outbound 0), `started` unchanged for `quiet_window` | else no attempt |
 //! | drain, tick | b | `gate += 1` | |
 //! | drain, tick | c | read `inflight`, outbound in flight, `started` | all still as in (a): passed, `gate` keeps the 1 for good |

@@ -88,11 +88,11 @@
 //!   see without an admin: a host the balancer has not picked yet (one
 //!   added to the cluster while steering pins requests elsewhere).
 //! - **The upstream instance** reads `upstream.address` only when an
-//!   attempt answered closing, or in `on_done` when it got no response
+//!   attempt answered closing, or at its end (`on_delete`) when it got no response
 //!   headers and Envoy recorded a transport failure.
 //!
 //! The outbound in-flight count is Envoy stats, not shared data: the gauge
-//! `graceful_consumer_inflight` (+1 in request headers, −1 in `on_done`,
+//! `graceful_consumer_inflight` (+1 in request headers, −1 at the stream's end,
 //! exactly once per counted stream) and the counter
 //! `graceful_consumer_started`, both process-wide atomics that graceful_drain
 //! on the same Envoy reads with `get_metric` for its gate (in flight) and
