@@ -8,6 +8,7 @@ use std::cell::RefCell;
 use std::rc::Rc;
 
 use graceful_core::drain::filter::{Drain, DrainCopy, TICK};
+use graceful_core::shared::host::StateCell;
 use graceful_core::shared::keys::Owner;
 use graceful_guest::{action, CallAnswer, Guest};
 use proxy_wasm::hostcalls;
@@ -115,9 +116,8 @@ impl HttpContext for DrainStream {
 impl Drop for DrainStream {
     fn drop(&mut self) {
         if let Some(s) = &self.shared {
-            if let Ok(mut copy) = s.copy.try_borrow_mut() {
-                s.drain.release(&mut copy, &s.host, self.context_id);
-            }
+            let id = self.context_id;
+            s.copy.with(|c| s.drain.release(c, &s.host, id));
         }
     }
 }
