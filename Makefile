@@ -238,6 +238,25 @@ bench-count: build native envoy bench-tools bench-floors ## Envoy's instructions
 	$(CARGO) build --profile tools -p graceful-harness --bin bench-count
 	$(E2E_ENV) target/tools/bench-count $(BENCH_COUNT_FLAGS)
 
+# The floor built once per kind of call it prices (bench/wasm-header's
+# FLOOR_PRICE), then each counted against it: what Envoy charges per VM entry,
+# per hostcall and per guest operation (about 2 min a build).
+PRICES = metric_add metric_get clock header_remove header_absent header_replace header_present header_map property guest_ops guest_alloc
+
+.PHONY: bench-prices
+bench-prices: envoy bench-tools bench-floors ## what Envoy charges for each kind of call a wasm filter makes, counted under callgrind: bench/results/prices.json
+	@mkdir -p target/bench/prices
+	cp target/bench/bench_wasm_header.wasm target/bench/prices/floor.wasm
+	cp target/$(WASM_TARGET)/release/bench_wasm_header.wasm target/bench/prices/entry.wasm
+	python3 tools/strip_exports.py bench/wasm-header/Cargo.toml target/bench/prices/entry.wasm proxy_on_request_headers
+	for p in $(PRICES); do \
+	  FLOOR_PRICE=$$p $(CARGO) build --release --target $(WASM_TARGET) -p bench-wasm-header --target-dir target/bench/price-build && \
+	  cp target/bench/price-build/$(WASM_TARGET)/release/bench_wasm_header.wasm target/bench/prices/$$p.wasm && \
+	  python3 tools/strip_exports.py bench/wasm-header/Cargo.toml target/bench/prices/$$p.wasm || exit 1; \
+	done
+	$(CARGO) build --profile tools -p graceful-harness --bin bench-count
+	$(E2E_ENV) target/tools/bench-count --prices
+
 .PHONY: bench
 bench: build native envoy bench-tools bench-floors ## what the filters cost against plain Envoy (wrk), memory, and shutdown quality: bench/results/
 	$(CARGO) build --profile tools -p demo-app

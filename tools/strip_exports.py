@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Keeps only the callbacks a module declares: strip_exports.py MANIFEST MODULE
+"""Keeps only the callbacks a module declares: strip_exports.py MANIFEST MODULE [CALLBACK...]
 
 The proxy-wasm Rust SDK exports every proxy_on_* callback, and Envoy enters
 the VM for each exported callback on every stream (a few microseconds each).
@@ -11,7 +11,8 @@ skips the call. So each filter declares, beside its code in its Cargo.toml
     callbacks = ["proxy_on_request_headers", "proxy_on_log"]
 
 and this removes from MODULE (in place) every other proxy_on_* export except
-LIFECYCLE, which every module needs. Exports that are not callbacks (memory,
+LIFECYCLE, which every module needs, and any CALLBACK named after MODULE
+(`make bench-prices` keeps one more in the floor to price a VM entry). Exports that are not callbacks (memory,
 _initialize, proxy_abi_version_*) stay. Only the export entry goes; the code
 stays (unreferenced). Fails if a declared or lifecycle callback is not
 exported, so a rename or a typo cannot go unnoticed.
@@ -108,10 +109,10 @@ def declared(manifest):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    if len(sys.argv) < 3:
         raise SystemExit(__doc__)
-    manifest, path = sys.argv[1:]
-    keep = LIFECYCLE | declared(manifest)
+    manifest, path, *extra = sys.argv[1:]
+    keep = LIFECYCLE | declared(manifest) | set(extra)
     with open(path, "rb") as f:
         stripped = keep_only(f.read(), keep)
     # Written only once stripping succeeded: a refusal leaves the module as it was.

@@ -3,22 +3,26 @@
 //! `graceful_harness::products::bench_count`). Writes
 //! `bench/results/count.json` and prints the table docs/benchmarks/count.md quotes.
 //!
-//! Flags: `--sets a,b` (default: none, consumer, consumer_100_tombstones
-//! and their native sets), `--window S` per counted window (10), `--mesh`:
+//! Flags: `--sets a,b` (default: the floors none, wasm_header, lua_header
+//! and native_floor, then provider_drain, consumer, all_closing and
+//! consumer_100_tombstones and their native sets: what issue 40 reads), `--window S` per counted window (10), `--mesh`:
 //! each set in `make bench-mesh`'s mesh of 1,000 clusters of 10 endpoints
 //! (default sets: none, consumer, consumer_100_tombstones), written to
-//! `bench/results/count-mesh.json`.
+//! `bench/results/count-mesh.json`. `--prices`: what Envoy charges per call
+//! of each kind, from the floor's priced builds in target/bench/prices/
+//! (`make bench-prices`), written to `bench/results/prices.json`.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use graceful_harness::products::bench::{filter_sets, start_upstream};
+use graceful_harness::products::bench::{filter_sets, price_set, start_upstream};
 use graceful_harness::products::bench_count::{count_mesh_set, count_set, Counted};
 use graceful_harness::products::bench_mesh::write_cds;
 use graceful_harness::support::envoy::repo_root;
 
-const DEFAULT_SETS: &str =
-    "none,consumer,consumer_100_tombstones,consumer_native,consumer_100_tombstones_native";
+const DEFAULT_SETS: &str = "none,wasm_header,lua_header,native_floor,\
+provider_drain,consumer,all_closing,consumer_100_tombstones,\
+provider_drain_native,consumer_native,all_closing_native,consumer_100_tombstones_native";
 const DEFAULT_MESH_SETS: &str = "none,consumer,consumer_100_tombstones";
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -26,10 +30,15 @@ async fn main() -> ExitCode {
     let mut wanted: Option<String> = None;
     let mut window = Duration::from_secs(10);
     let mut mesh = false;
+    let mut prices = false;
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         if flag == "--mesh" {
             mesh = true;
+            continue;
+        }
+        if flag == "--prices" {
+            prices = true;
             continue;
         }
         match (flag.as_str(), args.next()) {
@@ -38,10 +47,13 @@ async fn main() -> ExitCode {
                 window = Duration::from_secs(v.parse().unwrap_or(10));
             }
             _ => {
-                eprintln!("usage: bench-count [--sets a,b] [--window S] [--mesh]");
+                eprintln!("usage: bench-count [--sets a,b] [--window S] [--mesh] [--prices]");
                 return ExitCode::from(2);
             }
         }
+    }
+    if prices {
+        return count_prices(window).await;
     }
     let wanted = wanted.unwrap_or_else(|| {
         if mesh {
@@ -120,6 +132,107 @@ async fn main() -> ExitCode {
         }
     };
     if let Err(e) = std::fs::write(&path, text + "\n") {
+        eprintln!("bench-count: {}: {e}", path.display());
+        return ExitCode::FAILURE;
+    }
+    println!("\nresults: {}", path.display());
+    ExitCode::SUCCESS
+}
+
+/// The calls `make bench-prices` prices, in the order of its table: each
+/// is target/bench/prices/<name>.wasm, the floor making [`PRICED_CALLS`]
+/// more of it per response (`entry`: one more exported callback).
+const PRICES: [(&str, &str); 12] = [
+    (
+        "entry",
+        "a VM entry: one more exported callback (proxy_on_request_headers), doing nothing",
+    ),
+    ("metric_add", "proxy_increment_metric"),
+    ("metric_get", "proxy_get_metric"),
+    ("clock", "proxy_get_current_time_nanoseconds"),
+    (
+        "header_remove",
+        "proxy_remove_header_map_value, a header that is not there",
+    ),
+    (
+        "header_absent",
+        "proxy_get_header_map_value, a header that is not there",
+    ),
+    ("header_replace", "proxy_replace_header_map_value"),
+    (
+        "header_present",
+        "proxy_get_header_map_value, a header that is there (returns data)",
+    ),
+    (
+        "header_map",
+        "proxy_get_header_map_pairs, the response's headers (returns data)",
+    ),
+    (
+        "property",
+        "proxy_get_property upstream.address (returns data)",
+    ),
+    (
+        "guest_ops",
+        "100 iterations of a multiply-add in the guest (about 800 wasm operators)",
+    ),
+    (
+        "guest_alloc",
+        "a 64-byte allocation and its free, in the guest",
+    ),
+];
+/// How many more of its call each priced build makes per response (the
+/// floor's `CALLS`); one for `entry`.
+const PRICED_CALLS: u64 = 10;
+
+async fn count_prices(window: Duration) -> ExitCode {
+    let code = repo_root().join("target/bench/prices");
+    let dir = repo_root().join("target/bench/count");
+    if let Err(e) = std::fs::create_dir_all(&dir) {
+        eprintln!("bench-count: {}: {e}", dir.display());
+        return ExitCode::FAILURE;
+    }
+    let (_upstream, upstream) = start_upstream().await;
+    let count = |name: &str| {
+        let set = price_set(&code.join(format!("{name}.wasm")));
+        let upstream = upstream.clone();
+        let dir = dir.clone();
+        async move { count_set(&set, &upstream, &dir, window).await }
+    };
+    let floor = match count("floor").await {
+        Ok(c) => c.worker_per_request,
+        Err(e) => {
+            eprintln!("bench-count: the floor: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    println!("floor: {floor} instructions per request\n");
+    println!("| call | instructions per call | what it is |\n|---|---:|---|");
+    let mut rows = Vec::new();
+    for (name, what) in PRICES {
+        let counted = match count(name).await {
+            Ok(c) => c.worker_per_request,
+            Err(e) => {
+                eprintln!("bench-count: {name}: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        let calls = if name == "entry" { 1 } else { PRICED_CALLS };
+        let each = (counted as i64 - floor as i64) / calls as i64;
+        println!("| `{name}` | {each} | {what} |");
+        rows.push(serde_json::json!({"call": name, "what": what, "per_request": counted, "calls": calls, "per_call": each}));
+    }
+    let json = serde_json::json!({
+        "envoy": graceful_harness::support::envoy::envoy_binary().display().to_string(),
+        "window_s": window.as_secs(),
+        "load": "wrk -t1 -c16, HTTP/1.1 keep-alive, Envoy --concurrency 1 under callgrind",
+        "floor_per_request": floor,
+        "prices": rows,
+    });
+    let path = repo_root().join("bench/results/prices.json");
+    let written = serde_json::to_string_pretty(&json)
+        .map_err(|e| e.to_string())
+        .and_then(|text| std::fs::write(&path, text + "\n").map_err(|e| e.to_string()));
+    if let Err(e) = written {
         eprintln!("bench-count: {}: {e}", path.display());
         return ExitCode::FAILURE;
     }

@@ -78,6 +78,21 @@ fn wasm_header(copy: usize) -> Value {
     wasm_module(&code, &name, &name, "")
 }
 
+/// `make bench-prices`: the floor built to make one kind of call ten times
+/// more per response (`code`, one of target/bench/prices/), alone before
+/// the router as `wasm_header` is.
+pub fn price_set(code: &std::path::Path) -> FilterSet {
+    FilterSet {
+        name: "wasm_header",
+        filters: vec![
+            wasm_module(code, "wasm_header_1", "wasm_header_1", ""),
+            router(),
+        ],
+        closing: false,
+        tombstones: 0,
+    }
+}
+
 /// A graceful filter as the native module (`dist/libgraceful.so`), with the
 /// same JSON config as its wasm set.
 fn native(name: &str, config: &str) -> Value {
