@@ -144,11 +144,7 @@ impl HttpContext for WasmStream {
     }
 }
 
-/// The stream is over. Envoy deletes the context of every stream that
-/// reached the filter, listener and upstream ones (`on_log` never reaches
-/// an upstream filter), so the SDK drops it in `proxy_on_delete`, a VM
-/// entry every stream pays anyway: ending the stream here instead of in
-/// `on_done` saves one.
+/// The stream is over (why here: the `graceful_guest` crate doc).
 impl Drop for WasmStream {
     fn drop(&mut self) {
         if let Some(s) = &self.shared {

@@ -108,11 +108,9 @@ impl HttpContext for DrainStream {
     }
 }
 
-/// The stream is over. A long-poll whose client went away before it was
-/// answered frees its slot (answered ones were released by the tick).
-/// Envoy deletes the context of every stream that reached the filter, so
-/// the SDK drops it in `proxy_on_delete`, a VM entry every stream pays
-/// anyway: releasing here instead of in `on_log` saves one.
+/// The stream is over (why here: the `graceful_guest` crate doc). A
+/// long-poll whose client went away before it was answered frees its slot
+/// (answered ones were released by the tick).
 impl Drop for DrainStream {
     fn drop(&mut self) {
         if let Some(s) = &self.shared {

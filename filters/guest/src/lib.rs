@@ -3,6 +3,13 @@
 //! the three filters. Every call here either cannot fail in the phases the
 //! filters use it, or maps the failure to a value: a panic in a filter traps
 //! the VM copy and fails every later request on that worker (Envoy 1.40).
+//!
+//! Each filter ends its streams in its stream context's `Drop`: Envoy
+//! deletes the context of every stream that reached the filter (client
+//! resets, local replies and upstream filters included; `on_log` never
+//! reaches an upstream filter), and the SDK drops it in `proxy_on_delete`,
+//! a VM entry every stream pays anyway, so ending there costs none more
+//! than `on_log` or `on_done` would.
 
 mod abi;
 mod host;

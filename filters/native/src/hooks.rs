@@ -332,7 +332,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     envoy: FilterEnvoyPtr,
     module: FilterModulePtr,
-    _end_of_stream: bool,
+    end_of_stream: bool,
 ) -> u32 {
     // SAFETY: a live filter.
     unsafe {
@@ -353,7 +353,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
                 }
                 match (stream, c) {
                     (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
-                        pc.request_headers(p, s)
+                        pc.request_headers(p, s, end_of_stream)
                     }
                     (FilterStream::Drain(d), FilterConfig::Drain(dc)) => d.request_headers(dc, s),
                     (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {

@@ -103,7 +103,12 @@ impl Config {
         }
     }
 
-    pub fn request_headers(&self, st: &NativeProviderStream, s: Stream<'_>) -> u32 {
+    pub fn request_headers(
+        &self,
+        st: &NativeProviderStream,
+        s: Stream<'_>,
+        ends_in_headers: bool,
+    ) -> u32 {
         let keep = || {
             let id = NEXT_KEPT.fetch_add(1, SeqCst);
             st.kept.set(Some(id));
@@ -113,6 +118,7 @@ impl Config {
             &st.core,
             &Native::stream(s, &self.ids),
             self.copy(st.worker(s)),
+            ends_in_headers,
             keep,
         ))
     }

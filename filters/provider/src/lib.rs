@@ -6,7 +6,8 @@
 //! headers, response headers, delete: one more than a filter that only adds
 //! a response header) and makes only the cheapest hostcalls: gauge +1, one
 //! gauge read (the gate), counter +1, one header read (`upgrade`: is it a
-//! long-lived stream?), one gauge read (the phase: does the request go in
+//! long-lived stream? only for a request its headers do not end), one
+//! gauge read (the phase: does the request go in
 //! the drain report?); on the response the instance header and one gauge
 //! read (the phase); gauge −1 at the end. No shared data; one clock read at
 //! the start, for the drain report's exact longest request, and one at the
@@ -101,13 +102,16 @@ struct WasmStream {
 impl Context for WasmStream {}
 
 impl HttpContext for WasmStream {
-    fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
+    fn on_http_request_headers(&mut self, _headers: usize, end_of_stream: bool) -> Action {
         let id = self.context_id;
         self.shared.as_ref().map_or(Action::Continue, |s| {
-            action(
-                s.provider
-                    .request_headers(&self.stream, &s.host, &s.copy, || (id, ())),
-            )
+            action(s.provider.request_headers(
+                &self.stream,
+                &s.host,
+                &s.copy,
+                end_of_stream,
+                || (id, ()),
+            ))
         })
     }
 
@@ -124,11 +128,8 @@ impl HttpContext for WasmStream {
     }
 }
 
-/// The stream is over: it leaves the in-flight count. Envoy deletes the
-/// context of every stream that reached the filter (client resets and
-/// local replies included), so the SDK drops it in `proxy_on_delete`, a VM
-/// entry every stream pays anyway: counting out here instead of in `on_log`
-/// saves one.
+/// The stream is over (why here: the `graceful_guest` crate doc): it
+/// leaves the in-flight count.
 impl Drop for WasmStream {
     fn drop(&mut self) {
         if let Some(s) = &self.shared {

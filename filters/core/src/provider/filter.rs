@@ -7,7 +7,7 @@
 //!
 //! | callback | reads | writes |
 //! |---|---|---|
-//! | request headers | gate gauge; `upgrade` (with `long_lived_upgrades`), `:path` (with `long_lived_paths`); the phase gauge until this copy knows of the closing; from then on `source.address` and the consumer header; the clock (a request's start, for the drain report's durations) | in flight +1, started +1; or rejected +1 and the marked 503; a long-lived stream leaves the in-flight count at once and is kept by this copy (at most [`MAX_LONG_LIVED`]) |
+//! | request headers | gate gauge; `upgrade` (with `long_lived_upgrades`, on a request its headers do not end), `:path` (with `long_lived_paths`); the phase gauge until this copy knows of the closing; from then on `source.address` and the consumer header; the clock (a request's start, for the drain report's durations) | in flight +1, started +1; or rejected +1 and the marked 503; a long-lived stream leaves the in-flight count at once and is kept by this copy (at most [`MAX_LONG_LIVED`]) |
 //! | response headers | phase gauge | instance header; the closing mark while closing (closing_marked +1 once); this copy now knows of the closing |
 //! | response trailers | phase gauge | the closing mark while closing |
 //! | tick (every [`TICK`]) | the clock; gate gauge (with kept streams) | refreshes this copy's coarse clock; merges this copy's report records into shared data (the drain report, through [`crate::drain::PendingReport`]) and learns the longest request from it; once the gate passed, wakes every kept long-lived stream |
@@ -199,10 +199,15 @@ impl Provider {
     }
 
     /// Whether the request is a long-lived stream (the reads the config
-    /// asks for, no more).
-    fn is_long_lived(&self, s: &impl Stream) -> bool {
+    /// asks for, no more). A request whose headers end it is not upgrading:
+    /// Envoy's codecs pass an upgrade on with its stream open (HTTP/1.1's
+    /// server codec raises an upgrade's headers with `end_stream` false,
+    /// `handling_upgrade_` in `http1/codec_impl.cc`; an HTTP/2 extended
+    /// CONNECT is a tunnel), so most requests skip the `upgrade` read.
+    fn is_long_lived(&self, s: &impl Stream, ends_in_headers: bool) -> bool {
         let cfg = &self.config;
         if cfg.long_lived_upgrades
+            && !ends_in_headers
             && s.header(Map::RequestHeaders, UPGRADE)
                 .is_some_and(|u| !u.is_empty())
         {
@@ -217,20 +222,23 @@ impl Provider {
         })
     }
 
-    /// A request's headers. `waiter` gives the stream's id and its wake
+    /// A request's headers; `ends_in_headers`: they end the request (the
+    /// host's `end_of_stream`). `waiter` gives the stream's id and its wake
     /// handle, asked only when it is kept as a long-lived stream.
     pub fn request_headers<W>(
         &self,
         st: &ProviderStream,
         s: &impl Stream,
         copy: &impl StateCell<ProviderCopy<W>>,
+        ends_in_headers: bool,
         waiter: impl FnOnce() -> (u32, W),
     ) -> Action {
         match gate::admit(&HostMetrics(s), self.config.reject_when_drained) {
             Admission::Admitted => {
                 // Admitted as any request (counted before the gate is
                 // read), then a long-lived one leaves the count at once.
-                let long_lived = self.is_long_lived(s) && copy.with(|c| c.len()) < MAX_LONG_LIVED;
+                let long_lived = self.is_long_lived(s, ends_in_headers)
+                    && copy.with(|c| c.len()) < MAX_LONG_LIVED;
                 if long_lived {
                     let (id, wake) = waiter();
                     copy.with(|c| c.kept.hold(id, wake, u64::MAX));
@@ -501,7 +509,7 @@ mod tests {
         let p = provider(&h, "");
         let st = ProviderStream::default();
         assert_eq!(
-            p.request_headers(&st, &h, &copy(), || (1, ())),
+            p.request_headers(&st, &h, &copy(), true, || (1, ())),
             Action::Continue
         );
         assert_eq!(h.metric(Metric::ProviderInflight), 1);
@@ -522,7 +530,7 @@ mod tests {
         h.metric_set(Metric::DrainGate, 1);
         let st = ProviderStream::default();
         assert_eq!(
-            p.request_headers(&st, &h, &copy(), || (1, ())),
+            p.request_headers(&st, &h, &copy(), true, || (1, ())),
             Action::Stop
         );
         let replies = h.replies();
@@ -551,7 +559,7 @@ mod tests {
         h.metric_set(Metric::DrainGate, 1);
         h.refuse_replies();
         assert_eq!(
-            p.request_headers(&ProviderStream::default(), &h, &copy(), || (1, ())),
+            p.request_headers(&ProviderStream::default(), &h, &copy(), true, || (1, ())),
             Action::Continue
         );
     }
@@ -561,7 +569,7 @@ mod tests {
         let h = MockHost::new();
         let p = provider(&h, r#"{"immediate_health_check_fail": true}"#);
         let st = ProviderStream::default();
-        p.request_headers(&st, &h, &copy(), || (1, ()));
+        p.request_headers(&st, &h, &copy(), true, || (1, ()));
         p.response_headers(&st, &h);
         let id = p.instance_id().to_string();
         assert_eq!(
@@ -643,7 +651,7 @@ mod tests {
         h.set_map(Map::RequestHeaders, &headers);
         let st = ProviderStream::default();
         assert_eq!(
-            p.request_headers(&st, h, copy, || (id, ())),
+            p.request_headers(&st, h, copy, upgrade.is_none(), || (id, ())),
             Action::Continue
         );
         st
@@ -681,6 +689,32 @@ mod tests {
         }
         assert_eq!(h.metric(Metric::ProviderInflight), 0);
         assert!(copy.borrow().is_empty());
+    }
+
+    #[test]
+    fn an_upgrade_header_on_a_request_its_headers_end_is_an_ordinary_request() {
+        // Envoy raises an upgrade with its stream open: one whose headers
+        // end it upgrades nothing, and is counted as any request.
+        let h = MockHost::new();
+        let p = provider(&h, "");
+        let copy = copy();
+        h.set_map(
+            Map::RequestHeaders,
+            &[
+                (":method", "GET"),
+                (":path", "/chat"),
+                ("upgrade", "websocket"),
+            ],
+        );
+        let st = ProviderStream::default();
+        assert_eq!(
+            p.request_headers(&st, &h, &copy, true, || (1, ())),
+            Action::Continue
+        );
+        assert_eq!(h.metric(Metric::ProviderInflight), 1);
+        assert!(copy.borrow().is_empty(), "not kept");
+        p.stream_end(&st, &h, &copy);
+        assert_eq!(h.metric(Metric::ProviderInflight), 0);
     }
 
     #[test]
@@ -820,7 +854,7 @@ mod tests {
         );
         for _ in 0..3 {
             let st = ProviderStream::default();
-            p.request_headers(&st, &h, &copy, || (1, ()));
+            p.request_headers(&st, &h, &copy, true, || (1, ()));
             h.advance(Duration::from_millis(5));
             p.response_headers(&st, &h);
             p.stream_end(&st, &h, &copy);
@@ -830,7 +864,10 @@ mod tests {
         h.set_attribute(Attribute::SourceAddress, "[fd00::1]:41000");
         h.set_map(Map::RequestHeaders, &[(":path", "/x")]);
         let st = ProviderStream::default();
-        assert_eq!(p.request_headers(&st, &h, &copy, || (1, ())), Action::Stop);
+        assert_eq!(
+            p.request_headers(&st, &h, &copy, true, || (1, ())),
+            Action::Stop
+        );
         p.stream_end(&st, &h, &copy);
         p.tick(&copy, &h, |_, _| {});
         let table = crate::drain::Inputs::read(h.store()).unwrap().peers;
@@ -869,7 +906,7 @@ mod tests {
             &[(":path", "/x"), ("x-graceful-consumer", "c-7")],
         );
         let st = ProviderStream::default();
-        p.request_headers(&st, &h, &copy, || (1, ()));
+        p.request_headers(&st, &h, &copy, true, || (1, ()));
         p.stream_end(&st, &h, &copy);
         p.tick(&copy, &h, |_, _| {});
         let table = crate::drain::Inputs::read(h.store()).unwrap().peers;
