@@ -173,7 +173,7 @@ const PRICES: [(&str, &str); 12] = [
     ),
     (
         "guest_ops",
-        "100 iterations of a multiply-add in the guest (about 800 wasm operators)",
+        "100 iterations of a multiply-add loop in the guest",
     ),
     (
         "guest_alloc",
