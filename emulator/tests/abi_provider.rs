@@ -151,12 +151,27 @@ fn it_counts_inflight_exactly_across_two_workers_with_resets_and_local_replies()
 
 #[test]
 fn an_ordinary_request_touches_no_shared_data_and_reads_one_header_at_most() {
-    // (config, the header reads: `upgrade` only where upgrades are
-    // long-lived streams)
-    for (config, reads) in [("", 1), (r#"{"long_lived_upgrades": false}"#, 0)] {
+    // (config, whether the request's headers end its stream, the header
+    // reads): `upgrade` is read only where it can matter, on a stream its
+    // headers leave open (Envoy raises an upgrade that way) and where
+    // upgrades are long-lived streams.
+    for (config, ends_in_headers, reads) in [
+        ("", true, 0),
+        ("", false, 1),
+        (r#"{"long_lived_upgrades": false}"#, true, 0),
+        (r#"{"long_lived_upgrades": false}"#, false, 0),
+    ] {
         let (mut host, w0, _w1) = process(config);
         let before = host.trace().len();
-        let s = get(&mut host, w0, "/");
+        let s = host.stream(w0);
+        host.request_headers(
+            s,
+            &[(":method", "POST"), (":path", "/"), (":authority", "app")],
+            ends_in_headers,
+        );
+        if !ends_in_headers {
+            host.request_body(s, b"hi", true);
+        }
         ok(&mut host, s);
         host.log(s);
         let trace = host.trace()[before..].to_string();
@@ -167,12 +182,18 @@ fn an_ordinary_request_touches_no_shared_data_and_reads_one_header_at_most() {
             .lines()
             .filter(|l| l.contains("proxy_get_header_map_value"))
             .collect();
-        assert_eq!(header_reads.len(), reads, "{config}: {trace}");
+        assert_eq!(
+            header_reads.len(),
+            reads,
+            "{config}, ends in headers {ends_in_headers}: {trace}"
+        );
         assert!(
             header_reads.iter().all(|l| l.contains("\"upgrade\"")),
             "{trace}"
         );
         assert!(trace.contains("proxy_get_metric"), "{trace}");
+        assert_eq!(host.metric("graceful_provider_started"), 1, "{trace}");
+        assert_inflight(&host, 0);
     }
 }
 
