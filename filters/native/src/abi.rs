@@ -202,6 +202,10 @@ impl Fallback for *mut c_void {
 
 /// `envoy_dynamic_module_type_http_header_type`.
 pub type HeaderType = u32;
+/// Headers listed on the stack by [`Stream::with_headers`]; a larger map
+/// is listed on the heap.
+const HEADERS_ON_STACK: usize = 32;
+
 pub const REQUEST_HEADERS: HeaderType = 0;
 pub const RESPONSE_HEADERS: HeaderType = 2;
 pub const RESPONSE_TRAILERS: HeaderType = 3;
@@ -529,15 +533,22 @@ impl<'cb> Stream<'cb> {
         };
         // SAFETY: valid filter pointer; the array is sized as Envoy says.
         let n = unsafe { envoy_dynamic_module_callback_http_get_headers_size(self.ptr, map) };
-        let mut raw = vec![EMPTY; n];
+        // A map of ordinary size is listed on the stack: no allocation on
+        // every response.
+        let mut on_stack = [EMPTY; HEADERS_ON_STACK];
+        let mut on_heap = Vec::new();
+        let raw: &mut [EnvoyHeader] = if n <= HEADERS_ON_STACK {
+            &mut on_stack[..n]
+        } else {
+            on_heap.resize(n, EMPTY);
+            &mut on_heap
+        };
         // SAFETY: as above; Envoy fills at most n entries.
         let ok = n > 0
             && unsafe {
                 envoy_dynamic_module_callback_http_get_headers(self.ptr, map, raw.as_mut_ptr())
             };
-        if !ok {
-            raw.clear();
-        }
+        let raw: &[EnvoyHeader] = if ok { raw } else { &[] };
         // SAFETY: Envoy's buffers, valid until this hook returns unless the
         // map changes: the core's scans only read (`Stream::scan_headers`).
         let mut pairs = raw.iter().map(|h| unsafe { header_pair(&self.hook, h) });

@@ -32,7 +32,9 @@
 //! tokens: one's end says nothing about the other's attempts. An attempt
 //! without a token (no listener instance on its request) counts as alive
 //! (the wasm-equivalent answer for a refusal; a cancel then tombstones,
-//! readmitted by the next probe).
+//! readmitted by the next probe). The listener instance writes tokens only
+//! once an upstream instance is configured in the process (before that no
+//! attempt can ask: a request without one costs no filter-state write).
 //!
 //! Steering writes the same `override_host_header` as the wasm build, for
 //! Envoy's `override_host` load-balancing policy. ABI v0.2.0 also has
@@ -44,7 +46,8 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
 
 use graceful_core::consumer::filter::{ConsumerCopy, ConsumerFilter, ConsumerStream as Core};
@@ -62,10 +65,44 @@ pub const STREAM_TOKEN: &str = "graceful.consumer.stream";
 /// The next stream token: unique in the process (2^64 streams).
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
 
+/// An upstream instance has been configured in this process: from then on
+/// the listener instance's streams carry tokens (never cleared: a config
+/// replaced keeps its attempts until they end). A worker that reads it
+/// late writes no token for a stream or two: their attempts count as alive.
+static UPSTREAM_CONFIGURED: AtomicBool = AtomicBool::new(false);
+
+/// Hashes a stream token with one multiplication: tokens are our own
+/// sequential numbers, not input anyone else chooses, so SipHash's
+/// flood resistance buys nothing here.
+#[derive(Default)]
+struct TokenHasher(u64);
+
+impl Hasher for TokenHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(FIBONACCI);
+        }
+    }
+
+    fn write_u64(&mut self, token: u64) {
+        // The high bits pick the bucket group and the control byte.
+        self.0 = token.wrapping_mul(FIBONACCI);
+    }
+}
+
+/// 2^64 / φ, odd: spreads sequential tokens over the high bits.
+const FIBONACCI: u64 = 0x9E37_79B9_7F4A_7C15;
+
+type Tokens = HashSet<u64, BuildHasherDefault<TokenHasher>>;
+
 thread_local! {
     /// The tokens of this worker's listener-instance streams that are under
     /// way (see the module doc). Bounded by the streams in flight.
-    static LIVE: RefCell<HashSet<u64>> = RefCell::new(HashSet::new());
+    static LIVE: RefCell<Tokens> = RefCell::new(Tokens::default());
 }
 
 pub struct Config {
@@ -91,6 +128,7 @@ impl Config {
             .map(|_| Mutex::new(filter.new_copy()))
             .collect();
         let timer = if upstream {
+            UPSTREAM_CONFIGURED.store(true, Relaxed);
             None
         } else {
             let period = filter.config().membership_refresh;
@@ -164,7 +202,7 @@ impl ConsumerStream {
             if c.filter.is_upstream() {
                 let token = s.filter_state(STREAM_TOKEN).and_then(|b| token_of(&b));
                 self.attempt_started(&h, self.worker(s), token);
-            } else if self.live.get().is_none() {
+            } else if self.live.get().is_none() && UPSTREAM_CONFIGURED.load(Relaxed) {
                 let token = NEXT_TOKEN.fetch_add(1, Relaxed);
                 if s.set_filter_state(STREAM_TOKEN, &token.to_le_bytes()) {
                     LIVE.with(|l| l.borrow_mut().insert(token));
@@ -239,6 +277,13 @@ impl ConsumerStream {
             LIVE.with(|l| l.borrow_mut().remove(&token));
         }
     }
+}
+
+/// Forgets that an upstream instance was configured (glue tests only: they
+/// take turns, `fake_envoy::world`).
+#[cfg(test)]
+pub fn forget_upstream_instances() {
+    UPSTREAM_CONFIGURED.store(false, Relaxed);
 }
 
 /// A stream token as [`ConsumerStream::request_headers`] wrote it.

@@ -332,6 +332,33 @@ fn request_and_attempt(host: &str) -> (FakeStream, FakeStream) {
 }
 
 #[test]
+fn a_listener_stream_carries_a_token_only_once_an_upstream_instance_is_configured() {
+    let _world = fake_envoy::world();
+    crate::consumer::forget_upstream_instances();
+    let listener = Loaded::new("graceful_consumer", "{}").expect("configured");
+    let token_written = |l: &FakeStream| {
+        l.filter_state
+            .borrow()
+            .contains_key(crate::consumer::STREAM_TOKEN.as_bytes())
+    };
+
+    let l = get("/orders");
+    let lf = listener.filter();
+    lf.request_headers(&l);
+    assert!(!token_written(&l), "a token with no attempt to read it");
+    lf.stream_complete(&l);
+    lf.destroy();
+
+    let _upstream = Loaded::new("graceful_consumer:upstream", "{}").expect("configured");
+    let l = get("/orders");
+    let lf = listener.filter();
+    lf.request_headers(&l);
+    assert!(token_written(&l), "no token for the upstream instance");
+    lf.stream_complete(&l);
+    lf.destroy();
+}
+
+#[test]
 fn an_attempt_torn_down_unanswered_tombstones_its_host_only_while_its_request_lives() {
     let _world = fake_envoy::world();
     let listener = Loaded::new("graceful_consumer", "{}").expect("configured");
@@ -367,6 +394,34 @@ fn an_attempt_torn_down_unanswered_tombstones_its_host_only_while_its_request_li
         before,
         "a cancelled attempt tombstoned its host"
     );
+}
+
+#[test]
+fn a_closing_mark_is_seen_in_a_response_of_any_size() {
+    let _world = fake_envoy::world();
+    let listener = Loaded::new("graceful_consumer", "{}").expect("configured");
+    // Listed on the stack, and past it (on the heap), the mark last.
+    for (filler, host) in [(3, "10.9.8.3:8080"), (40, "10.9.8.2:8080")] {
+        let before = value(Metric::ConsumerEvictions);
+        let l = get("/orders");
+        l.set_cluster("orders");
+        l.set_attribute(abi::ATTR_UPSTREAM_ADDRESS, host);
+        let lf = listener.filter();
+        lf.request_headers(&l);
+        l.add_header(abi::RESPONSE_HEADERS, ":status", "200");
+        for i in 0..filler {
+            l.add_header(abi::RESPONSE_HEADERS, &format!("x-filler-{i}"), "v");
+        }
+        l.add_header(abi::RESPONSE_HEADERS, "x-graceful-closing", "true");
+        lf.response_headers(&l);
+        assert_eq!(
+            value(Metric::ConsumerEvictions),
+            before + 1,
+            "{filler} headers before the mark: not seen"
+        );
+        lf.stream_complete(&l);
+        lf.destroy();
+    }
 }
 
 #[test]
