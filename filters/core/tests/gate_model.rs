@@ -9,25 +9,33 @@
 //! - every admitted request has ended before a passing attempt's last read
 //!   of the in-flight count: none is in flight at the pass, and none is
 //!   admitted after it;
-//! - no request is admitted after reading the gate once it was up;
+//! - no request is admitted after reading the gate once it was up, nor
+//!   after reading the phase as serving once a gate was up (a serving
+//!   request reads the phase, not the gate: every attempt raises the phase
+//!   first);
 //! - the in-flight count ends exact (0), and the gate ends up by exactly
 //!   the passes that held.
 //!
-//! A deliberately broken protocol (reading the gate before counting the
-//! request in) is checked too, and must be caught.
+//! Deliberately broken protocols (reading the gate before counting the
+//! request in; raising the phase after the gate) are checked too, and must
+//! be caught.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+use std::sync::atomic::AtomicBool;
 use std::sync::{Condvar, Mutex};
 
+use graceful_core::drain::gate_copy::raise_phase;
+use graceful_core::drain::record::Phase;
 use graceful_core::shared::gate::{self, Admission, GateHold, Traffic};
-use graceful_core::shared::metrics::{Metric, Metrics};
+use graceful_core::shared::metrics::{Metric, Metrics, PhaseGauge};
 
 /// One metric operation as the scheduler ran it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Op {
     Add(Metric, i64),
     Get(Metric, u64),
+    Set(Metric, u64),
 }
 
 #[derive(Default)]
@@ -84,8 +92,21 @@ impl Metrics for ActorMetrics<'_> {
         }
         match self.step(|st| Op::Get(metric, u64::try_from(st.values[metric.index()]).unwrap())) {
             Op::Get(_, v) => Some(v),
-            Op::Add(..) => unreachable!(),
+            Op::Add(..) | Op::Set(..) => unreachable!(),
         }
+    }
+}
+
+impl PhaseGauge for ActorMetrics<'_> {
+    fn get(&self) -> Option<u64> {
+        Metrics::get(self, Metric::DrainPhase)
+    }
+
+    fn set(&self, value: u64) {
+        self.step(|st| {
+            st.values[Metric::DrainPhase.index()] = i64::try_from(value).unwrap();
+            Op::Set(Metric::DrainPhase, value)
+        });
     }
 }
 
@@ -94,10 +115,20 @@ impl Metrics for ActorMetrics<'_> {
 enum Actor {
     /// A request: admitted or rejected, and if admitted, ended.
     Request,
+    /// A request on a copy that has read the phase past serving: it reads
+    /// only the gate.
+    RequestKnowingClosing,
     /// A request under a broken protocol: gate read before the count.
     BrokenRequest,
-    /// A drain copy: looks, then tries to pass.
+    /// A drain copy: raises the phase to closing, looks, then tries to
+    /// pass.
     Attempt,
+    /// A drain copy under a broken protocol: the phase raised after its
+    /// attempt.
+    BrokenAttempt,
+    /// A drain copy that raised the phase on an earlier tick (a world with
+    /// one starts closing): looks, then tries to pass.
+    AttemptWhileClosing,
 }
 
 /// What each actor did.
@@ -111,15 +142,19 @@ enum Outcome {
 
 fn act(actor: Actor, metrics: &ActorMetrics) -> Outcome {
     match actor {
-        Actor::Request => match gate::admit(metrics, true) {
-            Admission::Admitted => {
-                gate::finish(metrics);
-                Outcome::Admitted
+        // A copy of its own: it has not read the phase past serving.
+        Actor::Request | Actor::RequestKnowingClosing => {
+            let knows_closing = AtomicBool::new(matches!(actor, Actor::RequestKnowingClosing));
+            match gate::admit(metrics, true, &knows_closing) {
+                Admission::Admitted => {
+                    gate::finish(metrics);
+                    Outcome::Admitted
+                }
+                Admission::Rejected => Outcome::Rejected,
             }
-            Admission::Rejected => Outcome::Rejected,
-        },
+        }
         Actor::BrokenRequest => {
-            if metrics.get(Metric::DrainGate).is_some_and(|g| g > 0) {
+            if Metrics::get(metrics, Metric::DrainGate).is_some_and(|g| g > 0) {
                 return Outcome::Rejected;
             }
             metrics.add(Metric::ProviderInflight, 1);
@@ -128,13 +163,24 @@ fn act(actor: Actor, metrics: &ActorMetrics) -> Outcome {
             Outcome::Admitted
         }
         Actor::Attempt => {
-            let before = Traffic::read(metrics);
-            if GateHold::default().try_pass(metrics, &before) {
-                Outcome::Passed
-            } else {
-                Outcome::BackedOff
-            }
+            raise_phase(metrics, Phase::Closing);
+            attempt(metrics)
         }
+        Actor::BrokenAttempt => {
+            let outcome = attempt(metrics);
+            raise_phase(metrics, Phase::Closing);
+            outcome
+        }
+        Actor::AttemptWhileClosing => attempt(metrics),
+    }
+}
+
+fn attempt(metrics: &ActorMetrics) -> Outcome {
+    let before = Traffic::read(metrics);
+    if GateHold::default().try_pass(metrics, &before) {
+        Outcome::Passed
+    } else {
+        Outcome::BackedOff
     }
 }
 
@@ -156,8 +202,16 @@ struct Run {
 
 fn run(actors: &[Actor], mut pick: Pick) -> Run {
     let n = actors.len();
+    let mut values = [0; Metric::ALL.len()];
+    if actors
+        .iter()
+        .any(|a| matches!(a, Actor::AttemptWhileClosing))
+    {
+        values[Metric::DrainPhase.index()] = 1;
+    }
     let sched = Sched {
         state: Mutex::new(State {
+            values,
             parked: vec![false; n],
             finished: vec![false; n],
             ..State::default()
@@ -230,11 +284,12 @@ fn check(actors: &[Actor], r: &Run) -> Result<(), String> {
             .collect()
     };
     let mut passes = 0;
-    for (d, _) in actors
-        .iter()
-        .enumerate()
-        .filter(|(_, a)| matches!(a, Actor::Attempt))
-    {
+    for (d, _) in actors.iter().enumerate().filter(|(_, a)| {
+        matches!(
+            a,
+            Actor::Attempt | Actor::BrokenAttempt | Actor::AttemptWhileClosing
+        )
+    }) {
         if r.outcomes[d] != Outcome::Passed {
             continue;
         }
@@ -243,11 +298,12 @@ fn check(actors: &[Actor], r: &Run) -> Result<(), String> {
         let check_read = *pos(d, &|op| matches!(op, Op::Get(Metric::ProviderInflight, _)))
             .last()
             .unwrap();
-        for (q, _) in actors
-            .iter()
-            .enumerate()
-            .filter(|(_, a)| matches!(a, Actor::Request | Actor::BrokenRequest))
-        {
+        for (q, _) in actors.iter().enumerate().filter(|(_, a)| {
+            matches!(
+                a,
+                Actor::Request | Actor::RequestKnowingClosing | Actor::BrokenRequest
+            )
+        }) {
             if r.outcomes[q] != Outcome::Admitted {
                 continue;
             }
@@ -261,10 +317,16 @@ fn check(actors: &[Actor], r: &Run) -> Result<(), String> {
                     r.log
                 ));
             }
-            let gate_read = pos(q, &|op| matches!(op, Op::Get(Metric::DrainGate, _)))[0];
-            if gate_read > gate_up {
+            // What admitted it: the gate read, or a phase read as serving
+            // (then no gate read).
+            let deciding = pos(q, &|op| matches!(op, Op::Get(Metric::DrainGate, _)))
+                .first()
+                .or(pos(q, &|op| *op == Op::Get(Metric::DrainPhase, 0)).first())
+                .copied()
+                .ok_or(format!("request {q} admitted with no read: {:?}", r.log))?;
+            if deciding > gate_up {
                 return Err(format!(
-                    "request {q} admitted although it read the gate after attempt {d} put it up: {:?}",
+                    "request {q} admitted although it read after attempt {d} put the gate up: {:?}",
                     r.log
                 ));
             }
@@ -322,7 +384,16 @@ fn one_request_and_one_attempt_every_interleaving() {
 
 #[test]
 fn two_requests_and_one_attempt_every_interleaving() {
-    let runs = every_interleaving(&[Actor::Request, Actor::Request, Actor::Attempt]).unwrap();
+    // Closing already, and known to the requests' copies: every
+    // interleaving of the gate itself. The phase read and its raising
+    // under way are the one-request world's and the random ones'; all of
+    // it here would be some 365,000 runs (minutes).
+    let runs = every_interleaving(&[
+        Actor::RequestKnowingClosing,
+        Actor::RequestKnowingClosing,
+        Actor::AttemptWhileClosing,
+    ])
+    .unwrap();
     println!("{runs} interleavings");
     assert!(runs > 1_000, "{runs} interleavings");
 }
@@ -349,4 +420,11 @@ fn the_checker_catches_a_protocol_that_reads_the_gate_before_counting() {
         err.contains("request 0 in flight after attempt 1 passed"),
         "{err}"
     );
+}
+
+#[test]
+fn the_checker_catches_a_drain_that_raises_the_phase_after_the_gate() {
+    let err = every_interleaving(&[Actor::Request, Actor::BrokenAttempt])
+        .expect_err("a serving phase read under a gate already up must lose");
+    assert!(err.contains("request 0"), "{err}");
 }

@@ -227,7 +227,7 @@ mod tests {
         let cfg = config();
         record::start_closing(&store, 100 * S).unwrap();
         assert_eq!(
-            crate::shared::gate::admit(&metrics, true),
+            crate::shared::gate::admit(&metrics, true, &Default::default()),
             crate::shared::gate::Admission::Admitted
         );
         let mut copy = GateCopy::default();
@@ -256,7 +256,7 @@ mod tests {
         .unwrap();
         record::start_closing(&store, 100 * S).unwrap();
         assert_eq!(
-            crate::shared::gate::admit(&metrics, true),
+            crate::shared::gate::admit(&metrics, true, &Default::default()),
             crate::shared::gate::Admission::Admitted
         );
         let mut copy = GateCopy::default();
@@ -272,7 +272,7 @@ mod tests {
         assert_eq!(passed, None, "arrivals stopped: wait for it");
         // A new request arrives: step_timeout forces the gate at once.
         assert_eq!(
-            crate::shared::gate::admit(&metrics, true),
+            crate::shared::gate::admit(&metrics, true, &Default::default()),
             crate::shared::gate::Admission::Admitted
         );
         let (_, passed) = copy
@@ -286,7 +286,7 @@ mod tests {
         assert!(passed.forced() && passed.line().contains("step_timeout: 2 inbound"));
         // Drained now: a new request is rejected.
         assert_eq!(
-            crate::shared::gate::admit(&metrics, true),
+            crate::shared::gate::admit(&metrics, true, &Default::default()),
             crate::shared::gate::Admission::Rejected
         );
     }

@@ -7,7 +7,7 @@
 //!
 //! | callback | reads | writes |
 //! |---|---|---|
-//! | request headers | gate gauge; `upgrade` (with `long_lived_upgrades`, on a request its headers do not end), `:path` (with `long_lived_paths`); the phase gauge until this copy knows of the closing; from then on `source.address` and the consumer header; the clock (a request's start, for the drain report's durations) | in flight +1, started +1; or rejected +1 and the marked 503; a long-lived stream leaves the in-flight count at once and is kept by this copy (at most [`MAX_LONG_LIVED`]) |
+//! | request headers | the phase gauge until this copy knows of the closing, from then on the gate gauge (with `reject_when_drained`: no gate is up while serving, [`crate::shared::gate`]); `upgrade` (with `long_lived_upgrades`, on a request its headers do not end), `:path` (with `long_lived_paths`); once closing, `source.address` and the consumer header; the clock (a request's start, for the drain report's durations) | in flight +1, started +1; or rejected +1 and the marked 503; a long-lived stream leaves the in-flight count at once and is kept by this copy (at most [`MAX_LONG_LIVED`]) |
 //! | response headers | phase gauge | instance header; the closing mark while closing (closing_marked +1 once); this copy now knows of the closing |
 //! | response trailers | phase gauge | the closing mark while closing |
 //! | tick (every [`TICK`]) | the clock; gate gauge (with kept streams) | refreshes this copy's coarse clock; merges this copy's report records into shared data (the drain report, through [`crate::drain::PendingReport`]) and learns the longest request from it; once the gate passed, wakes every kept long-lived stream |
@@ -19,9 +19,9 @@
 //! process exit; kept out of the count, it is ended when the gate passes,
 //! with a status its client retries.
 //!
-//! The report costs an ordinary request one gauge read while serving (the
-//! phase: did this request start after closing?) and one clock read (its
-//! start). The report's longest request is exact (every request counts)
+//! The report costs an ordinary request one clock read (its start); the
+//! phase read that tells it whether the request started after closing is
+//! admission's. The report's longest request is exact (every request counts)
 //! without a second read per request: each copy keeps a coarse clock, the
 //! latest time it read (at each request start and each tick, so at most
 //! [`TICK`] old while ticks run on time), and a request whose coarse
@@ -233,7 +233,11 @@ impl Provider {
         ends_in_headers: bool,
         waiter: impl FnOnce() -> (u32, W),
     ) -> Action {
-        match gate::admit(&HostMetrics(s), self.config.reject_when_drained) {
+        match gate::admit(
+            &HostMetrics(s),
+            self.config.reject_when_drained,
+            &self.knows_closing,
+        ) {
             Admission::Admitted => {
                 // Admitted as any request (counted before the gate is
                 // read), then a long-lived one leaves the count at once.
@@ -271,16 +275,10 @@ impl Provider {
     /// its caller; its duration if `timed` (sampled for the percentiles:
     /// every one from closing on, one in [`SAMPLE_EVERY`] while serving).
     fn begin_recording(&self, st: &ProviderStream, s: &impl Stream, timed: bool) {
-        // One gauge read per request until this copy knows: a request that
+        // Admission read the phase until this copy knew: a request that
         // starts after closing is recorded, even the first (a consumer
         // told by its answer sends no second one).
-        let after_closing = self.knows_closing.load(Relaxed) || {
-            let closing = Self::is_closing(s);
-            if closing {
-                self.knows_closing.store(true, Relaxed);
-            }
-            closing
-        };
+        let after_closing = self.knows_closing.load(Relaxed);
         let sampled = after_closing || {
             let n = self.admitted.fetch_add(1, Relaxed).wrapping_add(1);
             timed && n.is_multiple_of(SAMPLE_EVERY)
@@ -527,6 +525,8 @@ mod tests {
             &h,
             r#"{"instance_id": "pod-a", "immediate_health_check_fail": true}"#,
         );
+        // Drained, as graceful_drain leaves it: the phase, then the gate.
+        h.metric_set(Metric::DrainPhase, 2);
         h.metric_set(Metric::DrainGate, 1);
         let st = ProviderStream::default();
         assert_eq!(
@@ -556,6 +556,8 @@ mod tests {
     fn a_refused_reply_lets_the_request_through() {
         let h = MockHost::new();
         let p = provider(&h, "");
+        // Drained, as graceful_drain leaves it: the phase, then the gate.
+        h.metric_set(Metric::DrainPhase, 2);
         h.metric_set(Metric::DrainGate, 1);
         h.refuse_replies();
         assert_eq!(
@@ -673,6 +675,8 @@ mod tests {
         // One ends by itself; nothing is due before the gate passes.
         p.stream_end(&stream, &h, &copy);
         assert!(p.tick(&copy, &h, |_, _| {}).is_empty());
+        // Drained, as graceful_drain leaves it: the phase, then the gate.
+        h.metric_set(Metric::DrainPhase, 2);
         h.metric_set(Metric::DrainGate, 1);
         let mut woken = Vec::new();
         let due = p.tick(&copy, &h, |id, _| woken.push(id));
@@ -860,6 +864,8 @@ mod tests {
             p.stream_end(&st, &h, &copy);
         }
         // Drained: the rejected request is recorded too, marked.
+        // Drained, as graceful_drain leaves it: the phase, then the gate.
+        h.metric_set(Metric::DrainPhase, 2);
         h.metric_set(Metric::DrainGate, 1);
         h.set_attribute(Attribute::SourceAddress, "[fd00::1]:41000");
         h.set_map(Map::RequestHeaders, &[(":path", "/x")]);

@@ -13,7 +13,8 @@
 //! Stats: `inflight` (gauge `graceful_provider_inflight`), `started`
 //! (counter `graceful_provider_started`), `gate` (gauge
 //! `graceful_drain_gate`: > 0 once the gate has passed or while a copy is
-//! trying to pass it). Every operation is one sequentially consistent atomic
+//! trying to pass it), `phase` (gauge `graceful_drain_phase`: 0 serving, 1
+//! closing, 2 drained). Every operation is one sequentially consistent atomic
 //! in Envoy (`std::atomic<uint64_t>` `+=` and loads in
 //! `source/common/stats/allocator_impl.*`), so all of them fall in one total
 //! order that every worker agrees on.
@@ -21,9 +22,11 @@
 //! | side | step | operation | then |
 //! |------|------|-----------|------|
 //! | provider, request | 1 | `inflight += 1` | |
-//! | provider, request | 2 | read `gate` (only with `reject_when_drained`) | `> 0`: `inflight -= 1`, reject (503 + closing mark) |
+//! | provider, request | 2 | read `phase`, until this copy has read it past 0 | 0: admitted without step 2′ (no gate is up yet) |
+//! | provider, request | 2′ | read `gate` (only with `reject_when_drained`) | `> 0`: `inflight -= 1`, reject (503 + closing mark) |
 //! | provider, request | 3 | `started += 1` | admitted |
 //! | provider, stream end (`on_delete`) | 4 | `inflight -= 1` | exactly once per admitted stream |
+//! | drain, tick | 0 | `phase` raised to the record's (`gate_copy::raise_phase`), before anything below | |
 //! | drain, tick | a | quiet by this copy's view: `inflight` 0 (and outbound 0), `started` unchanged for `quiet_window` | else no attempt |
 //! | drain, tick | b | `gate += 1` | |
 //! | drain, tick | c | read `inflight`, outbound in flight, `started` | all still as in (a): passed, `gate` keeps the 1 for good |
@@ -31,8 +34,12 @@
 //! | drain, forced pass | b′ | `gate += 1` | passed, whatever is in flight |
 //!
 //! **No request is admitted after an unforced pass.** Suppose a request's
-//! read (2) sees `gate` 0 and the attempt's reads (c) see `inflight` 0 and
-//! `started` unchanged. Then (2) comes before (b) in the total order, so (1)
+//! read (2′) sees `gate` 0, or its read (2) sees `phase` 0 and it skips
+//! (2′), and the attempt's reads (c) see `inflight` 0 and `started`
+//! unchanged. A `phase` of 0 comes before every copy's step 0 raised it,
+//! so before every (b): whichever read the request made, it comes before
+//! (b) in the total order (the phase read saves a serving request the gate
+//! read, and is the read the drain report needs anyway). So (1)
 //! comes before (c) and (c) sees the request in `inflight`, unless the
 //! request already ended (4); then its step (3) also came before (c), and
 //! (c) sees `started` moved. Either way the attempt backs off. So once an
@@ -53,6 +60,10 @@
 //! decides which copy writes "drained", logs the pass and calls
 //! `on_drained` (exactly one).
 //!
+//! `phase` never returns to 0 while `gate` is up: `raise_phase` only
+//! raises, and the two stats are defined by the same filters, so they are
+//! made again together (below), when step 0 comes first again.
+//!
 //! Where a host could differ: the stats must be real. Envoy's
 //! `stats_matcher` turns a rejected name into a null stat that reads 0
 //! (Istio's bootstrap keeps the `wasm` prefix, so `wasmcustom.*` stays), so
@@ -62,6 +73,8 @@
 //! Stats live as long as a scope holds them: a listener removed and added
 //! again starts from 0 with nothing in flight; the drain filter puts its 1
 //! back into `gate` on its next tick when the record says drained.
+
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use crate::shared::metrics::{Metric, Metrics};
 
@@ -74,11 +87,30 @@ pub enum Admission {
     Rejected,
 }
 
-/// Steps 1–3 of the table. A `gate` that cannot be read admits (fail open:
-/// a shutdown helper never denies traffic over its own trouble).
-pub fn admit(metrics: &dyn Metrics, reject_when_drained: bool) -> Admission {
+/// Steps 1–3 of the table. `knows_closing` is this copy's: set once it
+/// reads `phase` past 0 (the phase only moves forward), after which `phase`
+/// is not read again. An unreadable `phase` is followed by the gate read; a
+/// `gate` that cannot be read admits (fail open: a shutdown helper never
+/// denies traffic over its own trouble).
+pub fn admit(
+    metrics: &dyn Metrics,
+    reject_when_drained: bool,
+    knows_closing: &AtomicBool,
+) -> Admission {
     metrics.add(Metric::ProviderInflight, 1);
-    if reject_when_drained && metrics.get(Metric::DrainGate).is_some_and(|g| g > 0) {
+    let gate_may_be_up = knows_closing.load(Relaxed)
+        || match metrics.get(Metric::DrainPhase) {
+            Some(0) => false,
+            Some(_) => {
+                knows_closing.store(true, Relaxed);
+                true
+            }
+            None => true,
+        };
+    if reject_when_drained
+        && gate_may_be_up
+        && metrics.get(Metric::DrainGate).is_some_and(|g| g > 0)
+    {
         metrics.add(Metric::ProviderInflight, -1);
         return Admission::Rejected;
     }
@@ -262,10 +294,15 @@ mod tests {
         }
     }
 
+    /// A copy that has not read the phase past serving yet.
+    fn serving() -> AtomicBool {
+        AtomicBool::new(false)
+    }
+
     #[test]
     fn admission_counts_and_rejects_only_once_the_gate_is_up() {
         let f = Fake::default();
-        assert_eq!(admit(&f, true), Admission::Admitted);
+        assert_eq!(admit(&f, true, &serving()), Admission::Admitted);
         assert_eq!(
             (
                 f.value(Metric::ProviderInflight),
@@ -275,8 +312,12 @@ mod tests {
         );
         finish(&f);
         assert_eq!(f.value(Metric::ProviderInflight), 0);
+        // As the drain does: the phase first (step 0), then the gate.
+        f.add(Metric::DrainPhase, 1);
         f.add(Metric::DrainGate, 1);
-        assert_eq!(admit(&f, true), Admission::Rejected);
+        let knows = serving();
+        assert_eq!(admit(&f, true, &knows), Admission::Rejected);
+        assert!(knows.load(Relaxed), "the closing read is kept");
         assert_eq!(
             (
                 f.value(Metric::ProviderInflight),
@@ -286,7 +327,7 @@ mod tests {
             "a rejected request leaves no count behind"
         );
         assert_eq!(
-            admit(&f, false),
+            admit(&f, false, &serving()),
             Admission::Admitted,
             "reject_when_drained: false"
         );
@@ -301,22 +342,40 @@ mod tests {
                 None
             }
         }
-        assert_eq!(admit(&Blind, true), Admission::Admitted);
+        assert_eq!(admit(&Blind, true, &serving()), Admission::Admitted);
         let t = Traffic::read(&Blind);
         assert!(!t.idle(), "unreadable counts are not quiet");
         assert!(!GateHold::default().try_pass(&Blind, &t));
     }
 
     #[test]
+    fn a_serving_request_reads_the_phase_and_not_the_gate_and_a_closing_copy_reads_only_the_gate() {
+        let f = Fake::default();
+        // A gate up under a phase of 0 cannot happen (step 0 comes first):
+        // it shows which stat each admission read.
+        f.add(Metric::DrainGate, 1);
+        assert_eq!(admit(&f, true, &serving()), Admission::Admitted);
+        finish(&f);
+        let knows = AtomicBool::new(true);
+        assert_eq!(admit(&f, true, &knows), Admission::Rejected);
+        f.add(Metric::DrainPhase, 1);
+        f.add(Metric::DrainGate, -1);
+        let knows = serving();
+        assert_eq!(admit(&f, true, &knows), Admission::Admitted);
+        assert!(knows.load(Relaxed), "closing read from the phase");
+    }
+
+    #[test]
     fn an_attempt_backs_off_when_a_request_slips_in_and_keeps_its_one_when_not() {
         let f = Fake::default();
+        f.add(Metric::DrainPhase, 1);
         let before = Traffic::read(&f);
         // A request arrives right after the attempt's gate += 1: it is
         // rejected, and the attempt (which sees nothing) passes.
         *f.after_add.borrow_mut() = Some(Box::new(|s, f: &Fake| {
             if s == Metric::DrainGate && f.value(Metric::DrainGate) == 1 {
                 *f.after_add.borrow_mut() = None;
-                assert_eq!(admit(f, true), Admission::Rejected);
+                assert_eq!(admit(f, true, &serving()), Admission::Rejected);
             }
         }));
         let mut hold = GateHold::default();
@@ -331,7 +390,7 @@ mod tests {
     fn an_attempt_backs_off_when_a_request_started_and_ended_since_its_look() {
         let f = Fake::default();
         let before = Traffic::read(&f);
-        assert_eq!(admit(&f, true), Admission::Admitted);
+        assert_eq!(admit(&f, true, &serving()), Admission::Admitted);
         finish(&f);
         let mut hold = GateHold::default();
         assert!(!hold.try_pass(&f, &before), "started moved");
