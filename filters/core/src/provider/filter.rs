@@ -8,8 +8,8 @@
 //! | callback | reads | writes |
 //! |---|---|---|
 //! | request headers | the phase gauge until this copy knows of the closing, from then on the gate gauge (with `reject_when_drained`: no gate is up while serving, [`crate::shared::gate`]); `upgrade` (with `long_lived_upgrades`, on a request its headers do not end), `:path` (with `long_lived_paths`); once closing, `source.address` and the consumer header; the clock (a request's start, for the drain report's durations) | in flight +1, started +1; or rejected +1 and the marked 503; a long-lived stream leaves the in-flight count at once and is kept by this copy (at most [`MAX_LONG_LIVED`]) |
-//! | response headers | phase gauge | instance header; the closing mark while closing (closing_marked +1 once); this copy now knows of the closing |
-//! | response trailers | phase gauge | the closing mark while closing |
+//! | response headers | the phase gauge until this copy knows of the closing | instance header; the closing mark while closing (closing_marked +1 once); this copy now knows of the closing |
+//! | response trailers | the phase gauge until this copy knows of the closing | the closing mark while closing |
 //! | tick (every [`TICK`]) | the clock; gate gauge (with kept streams) | refreshes this copy's coarse clock; merges this copy's report records into shared data (the drain report, through [`crate::drain::PendingReport`]) and learns the longest request from it; once the gate passed, wakes every kept long-lived stream |
 //! | woken long-lived stream | nothing | the marked 503 (gRPC UNAVAILABLE); Envoy resets a stream whose headers went out |
 //! | stream end | the clock, for a sampled stream, one after closing, or one whose coarse duration could be the longest | in flight −1 if counted; a kept stream is forgotten; a recorded stream's peer and duration go to the copy's pending report |
@@ -100,8 +100,9 @@ pub struct Provider {
     config: ProviderConfig,
     instance_id: String,
     /// This copy has seen the closing (the phase gauge, read at each
-    /// request until then, and at each response): from then on every
-    /// request is recorded for the report without reading it again.
+    /// request and response until then; the phase never returns to
+    /// serving): from then on every request is recorded for the report and
+    /// every response marked without reading it again.
     knows_closing: AtomicBool,
     /// Requests admitted by this copy, for sampling durations while
     /// serving. Atomics, not the copy's cell: natively every worker
@@ -408,6 +409,19 @@ impl Provider {
         })
     }
 
+    /// Whether the instance is closing now: the phase gauge, read until this
+    /// copy has seen it past serving (it never returns to serving).
+    fn closing_now(&self, s: &impl Host) -> bool {
+        if self.knows_closing.load(Relaxed) {
+            return true;
+        }
+        let closing = Self::is_closing(s);
+        if closing {
+            self.knows_closing.store(true, Relaxed);
+        }
+        closing
+    }
+
     fn note_marked(st: &ProviderStream, s: &impl Host) {
         if !st.marked.replace(true) {
             s.metric_add(Metric::ProviderClosingMarked, 1);
@@ -419,8 +433,7 @@ impl Provider {
         if let Some(h) = &cfg.instance_header {
             s.set_header(Map::ResponseHeaders, h, &self.instance_id);
         }
-        if Self::is_closing(s) {
-            self.knows_closing.store(true, Relaxed);
+        if self.closing_now(s) {
             let mut ok = s.set_header(Map::ResponseHeaders, &cfg.closing_header, "true");
             if cfg.immediate_health_check_fail {
                 ok &= s.set_header(Map::ResponseHeaders, IMMEDIATE_HC_FAIL, "true");
@@ -440,7 +453,7 @@ impl Provider {
     /// in its headers only: creating trailers there would need the body
     /// callback, entered for every chunk of every response.
     pub fn response_trailers(&self, st: &ProviderStream, s: &impl Stream) -> Action {
-        if Self::is_closing(s)
+        if self.closing_now(s)
             && s.set_header(Map::ResponseTrailers, &self.config.closing_header, "true")
         {
             Self::note_marked(st, s);
