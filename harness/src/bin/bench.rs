@@ -16,6 +16,7 @@ use graceful_harness::products::bench::{
     chart, dead_hosts, filter_sets, round_order, start_proxy, start_upstream, unqueued, wrk,
     wrk_with_cpu, Paired, SetResult, WrkResult,
 };
+use graceful_harness::products::bench_count::committed_counts;
 use graceful_harness::products::demo::{run, DemoConfig, Mode};
 use graceful_harness::support::envoy::free_port;
 use graceful_harness::support::procfs::rss_kb;
@@ -36,6 +37,10 @@ struct Churn {
 
 #[derive(Serialize)]
 struct Results {
+    /// Per set: Envoy's worker instructions per request, from the committed
+    /// `bench/results/count.json` (`make bench-count`): the figure that
+    /// holds on a shared host, quoted before the µs measured here.
+    instructions_per_request: std::collections::BTreeMap<String, u64>,
     envoy: &'static str,
     load: String,
     rounds: usize,
@@ -258,9 +263,30 @@ async fn main() -> ExitCode {
     let added = summary(|r| r.p99_added_us, 0);
     let unqueued_p50_added = summary(|r| r.unqueued_p50_added_us, 0);
     let unqueued_p99_added = summary(|r| r.unqueued_p99_added_us, 0);
+    // Counts first: they hold on a shared host, where the µs below move.
+    let count_json = graceful_harness::support::envoy::repo_root().join("bench/results/count.json");
+    let counts = committed_counts(&count_json).unwrap_or_else(|e| {
+        eprintln!("bench: no counts to quote ({e}): run make bench-count");
+        Default::default()
+    });
+    let count_of = |name: &str| counts.get(name).copied();
+    let count_none = count_of("none");
+    let count_text = |name: &str| -> (String, String) {
+        match (count_of(name), count_none) {
+            (Some(n), Some(base)) => (n.to_string(), format!("{:+}", n as i64 - base as i64)),
+            (Some(n), None) => (n.to_string(), String::new()),
+            _ => ("-".into(), "-".into()),
+        }
+    };
     println!(
-        "\n{:<26} {:>8} {:>7} {:>8} {:>9} {:>9} {:>9} {:>14} {:>14} {:>9}",
+        "\ninstructions per request: {} (make bench-count)",
+        count_json.display()
+    );
+    println!(
+        "\n{:<26} {:>10} {:>10} {:>8} {:>7} {:>8} {:>9} {:>9} {:>9} {:>14} {:>14} {:>9}",
         "set",
+        "instr/req",
+        "instr +",
         "req/s",
         "ratio",
         "CPU us",
@@ -272,9 +298,12 @@ async fn main() -> ExitCode {
         "RSS KiB"
     );
     for (name, r) in &results {
+        let (count, count_added) = count_text(name);
         println!(
-            "{:<26} {:>8.0} {:>7.3} {:>8.1} {:>9.1} {:>9.0} {:>9.0} {:>14.0} {:>14.0} {:>9}",
+            "{:<26} {:>10} {:>10} {:>8.0} {:>7.3} {:>8.1} {:>9.1} {:>9.0} {:>9.0} {:>14.0} {:>14.0} {:>9}",
             name,
+            count,
+            count_added,
             r.rps,
             r.throughput_ratio,
             r.cpu_us_per_request,
@@ -343,7 +372,12 @@ async fn main() -> ExitCode {
     let chart_rows: Vec<(&str, &SetResult)> =
         results.iter().map(|(n, r)| (n.as_str(), r)).collect();
     let svg = chart(&chart_rows);
+    let instructions_per_request = results
+        .iter()
+        .filter_map(|(name, _)| Some((name.clone(), count_of(name)?)))
+        .collect();
     let out = Results {
+        instructions_per_request,
         envoy: "1.40.0",
         load: format!("wrk -t1 -c{CONNECTIONS}, HTTP/1.1 keep-alive, Envoy --concurrency 1, direct_response upstream"),
         rounds,

@@ -56,6 +56,33 @@ pub struct Counted {
     pub main_loaded_per_s: u64,
 }
 
+/// The committed counts `make bench` quotes beside its µs: per set, the
+/// worker's instructions per request in `count_json` (what `make
+/// bench-count` wrote). Err if the file cannot be read or names no set.
+pub fn committed_counts(
+    count_json: &Path,
+) -> Result<std::collections::BTreeMap<String, u64>, String> {
+    let text =
+        fs::read_to_string(count_json).map_err(|e| format!("{}: {e}", count_json.display()))?;
+    let json: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| format!("{}: {e}", count_json.display()))?;
+    let counts: std::collections::BTreeMap<String, u64> = json["sets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|set| {
+            Some((
+                set["set"].as_str()?.to_string(),
+                set["worker_per_request"].as_u64()?,
+            ))
+        })
+        .collect();
+    if counts.is_empty() {
+        return Err(format!("{}: no counted set", count_json.display()));
+    }
+    Ok(counts)
+}
+
 /// A script that runs the Envoy under callgrind, writing its counts under
 /// `out` (valgrind replaces the shell: the pid is callgrind's).
 pub fn callgrind_wrapper(dir: &Path, out: &Path) -> Result<PathBuf, String> {
@@ -285,6 +312,33 @@ fn warm(envoy: &Envoy, addr: SocketAddr) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_committed_counts_read_every_set_and_a_file_without_one_is_refused() {
+        let root = crate::support::envoy::repo_root();
+        let counts = committed_counts(&root.join("bench/results/count.json")).unwrap();
+        for set in [
+            "none",
+            "wasm_header",
+            "native_floor",
+            "provider_drain",
+            "consumer",
+        ] {
+            assert!(
+                counts.get(set).is_some_and(|n| *n > 10_000),
+                "{set}: {counts:?}"
+            );
+        }
+        let dir = std::env::temp_dir().join(format!("committed-counts-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let empty = dir.join("count.json");
+        fs::write(&empty, r#"{"sets": []}"#).unwrap();
+        assert!(committed_counts(&empty)
+            .unwrap_err()
+            .contains("no counted set"));
+        assert!(committed_counts(&dir.join("absent.json")).is_err());
+        let _ = fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn reads_the_summary_and_refuses_a_file_without_one() {
