@@ -876,8 +876,8 @@ mod tests {
             p.response_headers(&st, &h);
             p.stream_end(&st, &h, &copy);
         }
-        // Drained: the rejected request is recorded too, marked.
-        // Drained, as graceful_drain leaves it: the phase, then the gate.
+        // Drained (the phase, then the gate, as graceful_drain leaves it):
+        // the rejected request is recorded too, marked.
         h.metric_set(Metric::DrainPhase, 2);
         h.metric_set(Metric::DrainGate, 1);
         h.set_attribute(Attribute::SourceAddress, "[fd00::1]:41000");
