@@ -1142,3 +1142,75 @@ async fn it_loses_nothing_through_a_full_restart_without_probes(membership: Memb
     );
 }
 with_and_without_admin!(it_loses_nothing_through_a_full_restart_without_probes);
+
+/// A listener whose accept queue is full and never drained: the kernel
+/// drops further SYNs, so a connection to it times out (what a host cut
+/// off the network does) instead of being refused.
+async fn silent_host() -> (
+    tokio::net::TcpListener,
+    Vec<std::net::TcpStream>,
+    SocketAddr,
+) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(SocketAddr::from(([127, 0, 0, 1], 0))).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut held = Vec::new();
+    // Fill the queue until a connection attempt no longer completes.
+    for _ in 0..8 {
+        let attempt = tokio::time::timeout(
+            Duration::from_millis(300),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await;
+        match attempt {
+            Ok(Ok(s)) => held.push(s.into_std().unwrap()),
+            Ok(Err(e)) => panic!("connect to the silent host: {e}"),
+            Err(_) => return (listener, held, addr),
+        }
+    }
+    panic!("the accept queue never filled: connections to {addr} still complete");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn it_evicts_a_host_whose_connections_time_out_even_when_retries_hide_it() {
+    // A host cut off the network refuses nothing: its connections time out
+    // (Envoy's connect_timeout, 1 s here), each attempt is retried
+    // elsewhere, and no response says anything. The upstream instance of
+    // the filter still sees the attempt end with no connection.
+    let cfg = r#"{"admin_cluster":"envoy_admin","failure_tombstone_ttl":"3s","membership_refresh":"200ms"}"#;
+    let mut ups = Vec::new();
+    for id in ["b1", "c1"] {
+        let u = Upstream::start().await;
+        u.set_instance(id);
+        ups.push(u);
+    }
+    let (_listener, _held, silent) = silent_host().await;
+    let endpoints = [silent, ups[0].addr, ups[1].addr];
+    let m = ConsumerSidecar::with_endpoints("timed-out-retried", cfg, 2, ups, &endpoints).await;
+    let (ok, failed) = load_until(m.outbound, 4, Duration::from_secs(4), || false).await;
+    let timeouts = m
+        .envoy
+        .stat("cluster.providers.upstream_cx_connect_timeout")
+        .await
+        .unwrap_or(0);
+    let evictions = m.stat("graceful_consumer_evictions").await;
+    eprintln!("{ok} ok, {failed} failed, {timeouts} connect timeouts, {evictions} evictions");
+    assert!(timeouts >= 1, "a connection to the silent host timed out");
+    assert_eq!(failed, 0, "retries carried every request");
+    assert_eq!(evictions, 1, "evicted on its first timed-out connection");
+    // Only the requests in flight when the silent host was first picked
+    // waited for it (and were retried); then none was sent its way (the
+    // later timeouts are the consumer's probes), and the load went on at
+    // full speed.
+    let retried = m
+        .envoy
+        .stat("cluster.providers.upstream_rq_retry")
+        .await
+        .unwrap_or(0);
+    assert!(
+        retried <= 4,
+        "{retried} requests retried off the silent host, of {ok}"
+    );
+    assert!(ok > 1000, "load ran: {ok}");
+}

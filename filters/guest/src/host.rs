@@ -156,6 +156,8 @@ impl Stream for Guest {
             // The route's, readable in both phases.
             Attribute::ClusterName => &["xds", "cluster_name"],
             Attribute::UpstreamTransportFailureReason => &["upstream", "transport_failure_reason"],
+            Attribute::UpstreamLocalAddress => &["upstream", "local_address"],
+            Attribute::UpstreamPoolAnswered => &["upstream", "cx_pool_ready_duration"],
         };
         hostcalls::get_property(path.to_vec()).ok().flatten()
     }

@@ -321,7 +321,9 @@ impl Stream for Native<'_> {
                 .or_else(|| s.attribute_string(abi::ATTR_XDS_CLUSTER_NAME)),
             // Not in ABI v0.2.0: the native consumer finds failed attempts
             // at their destruction instead (see consumer.rs).
-            Attribute::UpstreamTransportFailureReason => None,
+            Attribute::UpstreamTransportFailureReason
+            | Attribute::UpstreamLocalAddress
+            | Attribute::UpstreamPoolAnswered => None,
         }
     }
 

@@ -146,6 +146,20 @@ impl Exchange for Fixed {
 }
 
 /// Carries out the core's effects, in order.
+/// Whether an attempt that got no response headers failed to connect: a
+/// refused connection leaves a transport failure reason; a timed-out one
+/// (a host cut off the network) leaves none, but the pool answered it with
+/// no connection. An attempt cancelled while it waited (its client left)
+/// has no answer from the pool and says nothing about the host.
+fn failed_to_connect(s: &impl Stream) -> bool {
+    let refused = s
+        .attribute(Attribute::UpstreamTransportFailureReason)
+        .is_some_and(|r| !r.is_empty());
+    refused
+        || (s.attribute(Attribute::UpstreamPoolAnswered).is_some()
+            && s.attribute(Attribute::UpstreamLocalAddress).is_none())
+}
+
 fn carry_out(h: &(impl Host + ?Sized), effects: Vec<Effect>) {
     for effect in effects {
         match effect {
@@ -321,8 +335,8 @@ impl ConsumerFilter {
     }
 
     /// As an upstream filter, an attempt ended: one that got no response
-    /// headers and has a transport failure reason could not connect, even
-    /// if a retry then succeeded; only then is `upstream.address` read.
+    /// headers and could not connect tombstones its host, even if a retry
+    /// then succeeded; only then is `upstream.address` read.
     pub fn attempt_done(
         &self,
         copy: &impl StateCell<ConsumerCopy>,
@@ -332,10 +346,7 @@ impl ConsumerFilter {
         if !copy.with(|c| c.core.attempt_may_have_failed(st.answered.get())) {
             return;
         }
-        let failed_to_connect = s
-            .attribute(Attribute::UpstreamTransportFailureReason)
-            .is_some_and(|r| !r.is_empty());
-        if !failed_to_connect {
+        if !failed_to_connect(s) {
             return;
         }
         let mut view = st.view(s);

@@ -223,6 +223,32 @@ fn the_upstream_instance_counts_nothing_and_tombstones_an_attempt_that_could_not
 }
 
 #[test]
+fn the_upstream_instance_tombstones_an_attempt_whose_connection_timed_out_and_nothing_else() {
+    // A connect timeout leaves no transport failure reason: the pool
+    // answered the attempt with no connection (Envoy 1.36 to 1.40, seen in
+    // the consumer suite's silent host).
+    let attempt = |answered: bool, connected: bool| {
+        let h = MockHost::new();
+        let f = filter(&h, "", true);
+        let copy = RefCell::new(f.new_copy());
+        let st = ConsumerStream::default();
+        h.set_attribute(Attribute::ClusterName, CLUSTER);
+        h.set_attribute(Attribute::UpstreamAddress, "10.0.0.1:8080");
+        if answered {
+            h.set_attribute(Attribute::UpstreamPoolAnswered, "\0\0\0\x3b\0\0\0\0");
+        }
+        if connected {
+            h.set_attribute(Attribute::UpstreamLocalAddress, "10.0.0.9:40000");
+        }
+        f.attempt_done(&copy, &st, &h);
+        live_tombstones(&h)
+    };
+    assert_eq!(attempt(true, false), 1, "timed out: tombstoned");
+    assert_eq!(attempt(true, true), 0, "connected, reset before headers");
+    assert_eq!(attempt(false, false), 0, "cancelled while it waited");
+}
+
+#[test]
 fn the_upstream_instance_signals_its_write_in_a_response_header_the_listener_removes() {
     // Envoy 1.36 to 1.38: the upstream instance's bump of the change signal
     // lands in the cluster's stats scope, which the listener never reads.

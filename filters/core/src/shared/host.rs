@@ -88,8 +88,15 @@ pub enum Attribute {
     UpstreamAddress,
     /// The route's cluster (`xds.cluster_name`).
     ClusterName,
-    /// `upstream.transport_failure_reason` (empty: none).
+    /// `upstream.transport_failure_reason` (empty: none). Envoy sets it for
+    /// a refused connection, not for one that timed out.
     UpstreamTransportFailureReason,
+    /// `upstream.local_address`: present once the attempt has a connection.
+    UpstreamLocalAddress,
+    /// `upstream.cx_pool_ready_duration`: present once the connection pool
+    /// answered the attempt, with a connection or a failure; absent for one
+    /// cancelled while it waited (its request was reset).
+    UpstreamPoolAnswered,
 }
 
 /// A local reply.
