@@ -40,7 +40,7 @@ use std::time::Duration;
 
 use crate::drain::{without_query, PeerId, PendingReport, Waiters, SAMPLE_EVERY};
 use crate::provider::config::ProviderConfig;
-use crate::shared::gate::{self, Admission};
+use crate::shared::gate::{self, Admission, PhaseSeen};
 use crate::shared::headers::{IMMEDIATE_HC_FAIL, PATH, UPGRADE};
 use crate::shared::host::{
     Action, Attribute, Host, HostMetrics, Level, LocalReply, Map, StateCell, Stream,
@@ -191,12 +191,6 @@ impl Provider {
 
     pub fn instance_id(&self) -> &str {
         &self.instance_id
-    }
-
-    /// Unreadable reads as serving: an unmarked response is harmless, a
-    /// false mark would evict a healthy instance.
-    fn is_closing(h: &(impl Host + ?Sized)) -> bool {
-        h.metric_get(Metric::DrainPhase).is_some_and(|p| p > 0)
     }
 
     /// Whether the request is a long-lived stream (the reads the config
@@ -409,17 +403,11 @@ impl Provider {
         })
     }
 
-    /// Whether the instance is closing now: the phase gauge, read until this
-    /// copy has seen it past serving (it never returns to serving).
+    /// Whether the instance is closing now. Unreadable reads as serving: an
+    /// unmarked response is harmless, a false mark would evict a healthy
+    /// instance.
     fn closing_now(&self, s: &impl Host) -> bool {
-        if self.knows_closing.load(Relaxed) {
-            return true;
-        }
-        let closing = Self::is_closing(s);
-        if closing {
-            self.knows_closing.store(true, Relaxed);
-        }
-        closing
+        gate::phase_seen(&HostMetrics(s), &self.knows_closing) == PhaseSeen::Closing
     }
 
     fn note_marked(st: &ProviderStream, s: &impl Host) {

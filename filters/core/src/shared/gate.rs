@@ -87,26 +87,44 @@ pub enum Admission {
     Rejected,
 }
 
-/// Steps 1–3 of the table. `knows_closing` is this copy's: set once it
-/// reads `phase` past 0 (the phase only moves forward), after which `phase`
-/// is not read again. An unreadable `phase` is followed by the gate read; a
-/// `gate` that cannot be read admits (fail open: a shutdown helper never
-/// denies traffic over its own trouble).
+/// What a copy knows of the phase gauge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PhaseSeen {
+    /// Past serving, read now or before (the phase only moves forward).
+    Closing,
+    /// Read as serving.
+    Serving,
+    /// Could not be read.
+    Unreadable,
+}
+
+/// Reads `phase` until this copy has seen it past 0; `knows_closing` is
+/// the copy's memory of that, after which `phase` is not read again.
+pub fn phase_seen(metrics: &dyn Metrics, knows_closing: &AtomicBool) -> PhaseSeen {
+    if knows_closing.load(Relaxed) {
+        return PhaseSeen::Closing;
+    }
+    match metrics.get(Metric::DrainPhase) {
+        Some(0) => PhaseSeen::Serving,
+        Some(_) => {
+            knows_closing.store(true, Relaxed);
+            PhaseSeen::Closing
+        }
+        None => PhaseSeen::Unreadable,
+    }
+}
+
+/// Steps 1–3 of the table, the phase read through [`phase_seen`]. An
+/// unreadable `phase` is followed by the gate read; a `gate` that cannot
+/// be read admits (fail open: a shutdown helper never denies traffic over
+/// its own trouble).
 pub fn admit(
     metrics: &dyn Metrics,
     reject_when_drained: bool,
     knows_closing: &AtomicBool,
 ) -> Admission {
     metrics.add(Metric::ProviderInflight, 1);
-    let gate_may_be_up = knows_closing.load(Relaxed)
-        || match metrics.get(Metric::DrainPhase) {
-            Some(0) => false,
-            Some(_) => {
-                knows_closing.store(true, Relaxed);
-                true
-            }
-            None => true,
-        };
+    let gate_may_be_up = phase_seen(metrics, knows_closing) != PhaseSeen::Serving;
     if reject_when_drained
         && gate_may_be_up
         && metrics.get(Metric::DrainGate).is_some_and(|g| g > 0)
