@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use graceful_harness::support::client::{self, load, Conn, Response};
-use graceful_harness::support::envoy::{envoy_minor, eventually, free_port, wait_for, write_eds};
+use graceful_harness::support::envoy::{
+    envoy_minor, eventually, free_port, wait_for, write_eds, write_eds_health,
+};
 use graceful_harness::support::mesh::{ConsumerSidecar, CLOSING};
 use graceful_harness::support::upstream::{Counters, Upstream};
 
@@ -1214,3 +1216,59 @@ async fn it_evicts_a_host_whose_connections_time_out_even_when_retries_hide_it()
     );
     assert!(ok > 1000, "load ran: {ok}");
 }
+
+// A control plane that keeps a terminating endpoint as `DRAINING` (Envoy
+// Gateway; Istio for persistent sessions): Envoy's balancer leaves it out,
+// but `override_host` ignores health, so steering must leave it out too,
+// next to a host that said it is closing. The admin's membership carries
+// EDS health; membership learnt from answers cannot, and steers to the
+// DRAINING host as to any other (docs/filters/consumer.md, "How it
+// steers"): its share is asserted here so that a change shows.
+async fn it_steers_nothing_to_a_host_the_control_plane_sends_draining(membership: Membership) {
+    let m = share_mesh("draining", membership, &[], 4).await;
+    let endpoints: Vec<(SocketAddr, &str)> = m
+        .ups
+        .iter()
+        .enumerate()
+        .map(|(h, u)| (u.addr, if h == 1 { "DRAINING" } else { "HEALTHY" }))
+        .collect();
+    write_eds_health(&m.eds, "providers", &endpoints);
+    eventually(
+        "Envoy applied the DRAINING endpoint",
+        Duration::from_secs(10),
+        || async {
+            (m.envoy.stat("cluster.providers.membership_healthy").await == Some(3)).then_some(())
+        },
+    )
+    .await;
+    // Envoy's own balancer, before any tombstone: nothing to host 1.
+    let unsteered = measure_split(&m).await;
+    assert_eq!(
+        unsteered[1], 0,
+        "Envoy balanced onto DRAINING: {unsteered:?}"
+    );
+    if let Membership::Admin = membership {
+        m.until_membership_refreshed().await;
+    }
+    let draining_before = m.ups[1].app_requests();
+    let (split, since_mark) = close_and_split(&m, &[0]).await;
+    let to_draining = m.ups[1].app_requests() - draining_before;
+    eprintln!(
+        "draining ({membership:?}): host 1 DRAINING, unsteered split {unsteered:?}; host 0 \
+         closing, 90 requests split {split:?}, {to_draining} to the DRAINING host in all"
+    );
+    match membership {
+        Membership::Admin => {
+            assert_eq!(to_draining, 0, "the DRAINING host got requests: {split:?}");
+            assert_left_to_the_others(&split, &[0, 1], &[since_mark[0], to_draining]);
+        }
+        Membership::Observed => {
+            assert_left_to_the_others(&split, &[0], &since_mark);
+            assert!(
+                split[1] > 0,
+                "learnt from answers, yet the DRAINING host was left out: {split:?}"
+            );
+        }
+    }
+}
+with_and_without_admin!(it_steers_nothing_to_a_host_the_control_plane_sends_draining);

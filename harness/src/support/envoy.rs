@@ -484,6 +484,24 @@ pub fn write_eds(path: &Path, cluster: &str, endpoints: &[SocketAddr]) {
 /// way a control plane doing locality failover assigns them (an empty zone
 /// writes no locality).
 pub fn write_eds_localities(path: &Path, cluster: &str, localities: &[(u32, &str, &[SocketAddr])]) {
+    let localities: Vec<Locality> = localities
+        .iter()
+        .map(|(p, z, es)| (*p, *z, es.iter().map(|e| (*e, "")).collect()))
+        .collect();
+    write_eds_document(path, cluster, &localities);
+}
+
+/// [`write_eds`] with each endpoint's EDS `health_status` (`HEALTHY`,
+/// `DRAINING`, ...; empty: none, Envoy's `UNKNOWN`), as a control plane
+/// sends a terminating endpoint.
+pub fn write_eds_health(path: &Path, cluster: &str, endpoints: &[(SocketAddr, &str)]) {
+    write_eds_document(path, cluster, &[(0, "", endpoints.to_vec())]);
+}
+
+/// `(priority, zone, [(endpoint, EDS health status or "")])`.
+type Locality<'a> = (u32, &'a str, Vec<(SocketAddr, &'a str)>);
+
+fn write_eds_document(path: &Path, cluster: &str, localities: &[Locality]) {
     let mut yaml = format!(
         "version_info: \"{}\"\nresources:\n- \"@type\": type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment\n  cluster_name: {cluster}\n  endpoints:\n",
         std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
@@ -497,12 +515,15 @@ pub fn write_eds_localities(path: &Path, cluster: &str, localities: &[(u32, &str
         if endpoints.is_empty() {
             yaml.push_str("      []\n");
         }
-        for e in *endpoints {
+        for (e, status) in endpoints {
             yaml.push_str(&format!(
                 "    - endpoint: {{address: {{socket_address: {{address: \"{}\", port_value: {}}}}}}}\n",
                 e.ip(),
                 e.port()
             ));
+            if !status.is_empty() {
+                yaml.push_str(&format!("      health_status: {status}\n"));
+            }
         }
     }
     let tmp = path.with_extension("tmp");
