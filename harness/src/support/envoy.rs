@@ -181,6 +181,9 @@ pub struct EnvoySpec {
     /// How long [`EnvoySpec::start`] waits for ready (an Envoy under
     /// valgrind takes longer than [`START_DEADLINE`]).
     pub start_deadline: Duration,
+    /// The config to run instead of the rendered template: a test's
+    /// rewrite of [`EnvoySpec::rendered`] (the delivery already applied).
+    pub config: Option<String>,
 }
 
 impl EnvoySpec {
@@ -197,6 +200,7 @@ impl EnvoySpec {
             args: Vec::new(),
             env: Vec::new(),
             start_deadline: START_DEADLINE,
+            config: None,
         };
         spec.values
             .insert("ADMIN_PORT".into(), free_port().to_string());
@@ -264,14 +268,14 @@ impl EnvoySpec {
         }
     }
 
-    /// Starts Envoy without waiting (for configs that must fail).
-    pub fn spawn(self) -> Envoy {
+    /// The template rendered with its values, for the spec's delivery.
+    pub fn rendered(&self) -> String {
         let template_path = repo_root().join("envoy").join(&self.template);
         let template = fs::read_to_string(&template_path)
             .unwrap_or_else(|e| panic!("{}: {e}", template_path.display()));
         let config =
             render(&template, &self.values).unwrap_or_else(|e| panic!("{}: {e}", self.template));
-        let config = match self.delivery {
+        match self.delivery {
             Delivery::Wasm => config,
             Delivery::Native => {
                 let module = self.module.clone().unwrap_or_else(native_module);
@@ -279,6 +283,20 @@ impl EnvoySpec {
                     .unwrap_or_else(|e| panic!("{}: {e}", self.template))
                     .0
             }
+        }
+    }
+
+    /// Runs `config` (see [`EnvoySpec::config`]).
+    pub fn with_config(mut self, config: String) -> EnvoySpec {
+        self.config = Some(config);
+        self
+    }
+
+    /// Starts Envoy without waiting (for configs that must fail).
+    pub fn spawn(mut self) -> Envoy {
+        let config = match self.config.take() {
+            Some(config) => config,
+            None => self.rendered(),
         };
         let seq = RUN_SEQ.fetch_add(1, Ordering::SeqCst);
         let dir = repo_root().join("target/e2e").join(format!(

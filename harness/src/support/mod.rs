@@ -5,8 +5,8 @@
 //! clients ([`client`]), a consumer sidecar in front of test upstreams
 //! ([`mesh`]), the open-loop load generator ([`load`]), what a rolling run
 //! reports ([`run_report`]), what `/proc` says of a process
-//! ([`procfs`]) and a wall clock stepped in one Envoy alone
-//! ([`wall_step`]).
+//! ([`procfs`]), a wall clock stepped in one Envoy alone
+//! ([`wall_step`]) and config over a real xDS stream ([`xds`]).
 
 pub mod client;
 pub mod envoy;
@@ -19,3 +19,4 @@ pub mod render;
 pub mod run_report;
 pub mod upstream;
 pub mod wall_step;
+pub mod xds;

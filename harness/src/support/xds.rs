@@ -1,0 +1,257 @@
+//! Config over a real xDS stream: `tools/xds_server.py`, a stand-in for a
+//! mesh's control plane (istiod, Envoy Gateway) that speaks its protocol
+//! (ADS over gRPC, state of the world) from a snapshot file; each
+//! [`XdsServer::push`] is a new version on every open stream. Not istiod:
+//! the resources are Envoy's own, written by the test.
+//!
+//! [`AdsConfig`] turns a rendered sidecar config into what such a control
+//! plane sends: the bootstrap keeps the static clusters and gets its
+//! listeners over LDS, and the HTTP filters it names get their config over
+//! ECDS (Istio's way with wasm filters).
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::process::{Child, Command};
+
+use crate::support::envoy::{repo_root, scratch_path};
+
+pub const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+pub const EXTENSION_CONFIG: &str = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
+
+/// The Python with grpcio and xds-protos (`make xds-tools`), or
+/// `GRACEFUL_XDS_PYTHON`.
+pub fn python() -> PathBuf {
+    std::env::var_os("GRACEFUL_XDS_PYTHON")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join(".venv/xds/bin/python"))
+}
+
+/// A running `tools/xds_server.py`. Killed on drop.
+pub struct XdsServer {
+    child: Child,
+    pub port: u16,
+    snapshot: PathBuf,
+    log: PathBuf,
+    version: u64,
+}
+
+impl XdsServer {
+    /// Starts the server (serving nothing until the first push).
+    pub async fn start(name: &str) -> XdsServer {
+        let snapshot = scratch_path(&format!("{name}-xds-snapshot"), "json");
+        let port_file = scratch_path(&format!("{name}-xds-port"), "txt");
+        let log = scratch_path(&format!("{name}-xds"), "log");
+        let out = fs::File::create(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+        let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
+        let mut child = Command::new(python())
+            .arg(repo_root().join("tools/xds_server.py"))
+            .arg("--snapshot")
+            .arg(&snapshot)
+            .arg("--port-file")
+            .arg(&port_file)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run {} ({e}): run `make xds-tools` first",
+                    python().display()
+                )
+            });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let port = loop {
+            if let Some(port) = fs::read_to_string(&port_file)
+                .ok()
+                .and_then(|p| p.trim().parse().ok())
+            {
+                break port;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "xds_server.py exited ({status}):\n{}",
+                    fs::read_to_string(&log).unwrap_or_default()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "xds_server.py not serving in 30 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        XdsServer {
+            child,
+            port,
+            snapshot,
+            log,
+            version: 0,
+        }
+    }
+
+    /// Serves `resources` (type URL → resources) as the next version;
+    /// returns it.
+    pub fn push(&mut self, resources: &Value) -> u64 {
+        self.version += 1;
+        let doc = json!({"version": self.version.to_string(), "resources": resources});
+        let tmp = self.snapshot.with_extension("tmp");
+        fs::write(&tmp, doc.to_string()).unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
+        fs::rename(&tmp, &self.snapshot)
+            .unwrap_or_else(|e| panic!("{}: {e}", self.snapshot.display()));
+        self.version
+    }
+
+    /// What the server logged: one line per response sent and per NACK.
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+}
+
+/// A sidecar config split the way a control plane sends it.
+pub struct AdsConfig {
+    /// The bootstrap: admin, static clusters, the `xds` cluster and ADS.
+    pub bootstrap: Value,
+    /// The listeners, each with `@type`, served over LDS.
+    pub listeners: Vec<Value>,
+    /// The named HTTP filters' configs (`TypedExtensionConfig`), over ECDS.
+    pub extensions: Vec<Value>,
+    /// For the native delivery: the directory Envoy must search for the
+    /// module (`ENVOY_DYNAMIC_MODULES_SEARCH_PATH`), see [`by_module_name`].
+    pub module_search_path: Option<PathBuf>,
+}
+
+/// The protos the stand-in serves with (xds-protos 1.85.0, the newest on
+/// PyPI) predate `dynamic_module_config.module` and `metrics_namespace`:
+/// a native filter names its module the older way (`name`, looked up as
+/// `lib<name>.so` in `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`) and its stats keep
+/// Envoy's default namespace. Returns the module's directory.
+fn by_module_name(typed_config: &mut Value) -> Option<PathBuf> {
+    let module = typed_config.get_mut("dynamic_module_config")?;
+    let file = PathBuf::from(
+        module
+            .get("module")?
+            .get("local")?
+            .get("filename")?
+            .as_str()?,
+    );
+    let name = file.file_stem()?.to_str()?.strip_prefix("lib")?.to_string();
+    let map = module.as_object_mut()?;
+    map.remove("module");
+    map.remove("metrics_namespace");
+    map.insert("name".into(), json!(name));
+    file.parent().map(PathBuf::from)
+}
+
+impl AdsConfig {
+    /// Splits `rendered` (a sidecar config, YAML): its listeners over LDS
+    /// from an ADS server on 127.0.0.1:`port`, and the HTTP filters named
+    /// in `over_ecds` over ECDS (each keeps its place and its `disabled`).
+    pub fn split(rendered: &str, node: &str, port: u16, over_ecds: &[&str]) -> AdsConfig {
+        let mut bootstrap: Value =
+            serde_yaml::from_str(rendered).unwrap_or_else(|e| panic!("rendered config: {e}"));
+        let statics = &mut bootstrap["static_resources"];
+        let mut listeners = match statics["listeners"].take() {
+            Value::Array(l) => l,
+            other => panic!("no static listeners: {other}"),
+        };
+        if let Some(map) = statics.as_object_mut() {
+            map.remove("listeners");
+        }
+        let mut extensions = Vec::new();
+        let mut module_search_path = None;
+        for listener in &mut listeners {
+            listener["@type"] = json!(LISTENER);
+            for chain in listener["filter_chains"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+            {
+                for filter in chain["filters"].as_array_mut().into_iter().flatten() {
+                    let http_filters = filter["typed_config"]["http_filters"].as_array_mut();
+                    for http_filter in http_filters.into_iter().flatten() {
+                        let name = http_filter["name"].as_str().unwrap_or_default().to_string();
+                        if !over_ecds.contains(&name.as_str()) {
+                            continue;
+                        }
+                        let mut typed_config = http_filter["typed_config"].take();
+                        if let Some(dir) = by_module_name(&mut typed_config) {
+                            module_search_path = Some(dir);
+                        }
+                        let type_url = typed_config["@type"].clone();
+                        extensions.push(json!({
+                            "@type": EXTENSION_CONFIG,
+                            "name": name,
+                            "typed_config": typed_config,
+                        }));
+                        if let Some(map) = http_filter.as_object_mut() {
+                            map.remove("typed_config");
+                        }
+                        http_filter["config_discovery"] = json!({
+                            "config_source": {"ads": {}, "resource_api_version": "V3"},
+                            "type_urls": [type_url],
+                        });
+                    }
+                }
+            }
+        }
+        bootstrap["node"] = json!({"id": node, "cluster": node});
+        bootstrap["static_resources"]["clusters"]
+            .as_array_mut()
+            .unwrap_or_else(|| panic!("no static clusters"))
+            .push(json!({
+                "name": "xds",
+                "type": "STATIC",
+                "connect_timeout": "1s",
+                "typed_extension_protocol_options": {
+                    "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                        "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                        "explicit_http_config": {"http2_protocol_options": {}},
+                    }
+                },
+                "load_assignment": {"cluster_name": "xds", "endpoints": [{"lb_endpoints": [
+                    {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}
+                ]}]},
+            }));
+        bootstrap["dynamic_resources"] = json!({
+            "ads_config": {
+                "api_type": "GRPC",
+                "transport_api_version": "V3",
+                "grpc_services": [{"envoy_grpc": {"cluster_name": "xds"}}],
+                "set_node_on_first_message_only": true,
+            },
+            "lds_config": {"ads": {}, "resource_api_version": "V3"},
+        });
+        assert_eq!(
+            extensions.len(),
+            over_ecds.len(),
+            "filters {over_ecds:?} not all found"
+        );
+        AdsConfig {
+            bootstrap,
+            listeners,
+            extensions,
+            module_search_path,
+        }
+    }
+
+    /// The resources to push: listeners and extension configs.
+    pub fn resources(&self) -> Value {
+        json!({LISTENER: self.listeners, EXTENSION_CONFIG: self.extensions})
+    }
+
+    /// The extension config of filter `name`.
+    pub fn extension_mut(&mut self, name: &str) -> &mut Value {
+        self.extensions
+            .iter_mut()
+            .find(|e| e["name"] == name)
+            .unwrap_or_else(|| panic!("no extension config {name}"))
+    }
+}
