@@ -19,6 +19,7 @@ writes it to --port-file once serving).
 
 import argparse
 import importlib
+import importlib.util
 import json
 import os
 import queue
@@ -28,31 +29,32 @@ import time
 from concurrent import futures
 
 import grpc
-from google.protobuf import any_pb2, json_format
+from google.protobuf import any_pb2, descriptor_pool, json_format
 
 from envoy.service.discovery.v3 import ads_pb2_grpc, discovery_pb2
 
-# Every message a snapshot may hold inside an Any: importing a module registers its types.
-_MODULES = [
-    "envoy.config.listener.v3.listener_pb2",
-    "envoy.config.cluster.v3.cluster_pb2",
-    "envoy.config.endpoint.v3.endpoint_pb2",
-    "envoy.config.route.v3.route_pb2",
-    "envoy.config.core.v3.extension_pb2",
-    "envoy.extensions.filters.network.http_connection_manager.v3.http_connection_manager_pb2",
-    "envoy.extensions.filters.http.wasm.v3.wasm_pb2",
-    "envoy.extensions.filters.http.router.v3.router_pb2",
-    "envoy.extensions.filters.http.dynamic_modules.v3.dynamic_modules_pb2",
-    "envoy.extensions.access_loggers.file.v3.file_pb2",
-    "envoy.extensions.upstreams.http.v3.http_protocol_options_pb2",
-    "envoy.extensions.load_balancing_policies.override_host.v3.override_host_pb2",
-    "envoy.extensions.load_balancing_policies.round_robin.v3.round_robin_pb2",
-    "envoy.extensions.retry.host.previous_hosts.v3.previous_hosts_pb2",
-    "envoy.extensions.filters.http.upstream_codec.v3.upstream_codec_pb2",
-    "google.protobuf.wrappers_pb2",
-]
-for _m in _MODULES:
-    importlib.import_module(_m)
+def ensure_types(value):
+    """Imports the generated modules of every `@type` in `value` (a resource as JSON), so that
+    parsing finds their descriptors: a type's package is a folder of `*_pb2` modules."""
+    if isinstance(value, dict):
+        t = value.get("@type")
+        if isinstance(t, str):
+            name = t.rsplit("/", 1)[-1]
+            try:
+                descriptor_pool.Default().FindMessageTypeByName(name)
+            except KeyError:
+                package = name.rsplit(".", 1)[0]
+                spec = importlib.util.find_spec(package)
+                for folder in (spec.submodule_search_locations or []) if spec else []:
+                    for f in sorted(os.listdir(folder)):
+                        if f.endswith("_pb2.py"):
+                            importlib.import_module(f"{package}.{f[:-3]}")
+        for v in value.values():
+            ensure_types(v)
+    elif isinstance(value, list):
+        for v in value:
+            ensure_types(v)
+
 
 # The field that names a resource of each type.
 _NAME_FIELD = {
@@ -95,6 +97,7 @@ class Snapshot:
         for type_url, items in doc.get("resources", {}).items():
             packed = []
             for item in items:
+                ensure_types(item)
                 a = any_pb2.Any()
                 json_format.ParseDict(item, a)
                 packed.append((item.get(_NAME_FIELD.get(type_url, "name"), ""), a))

@@ -195,18 +195,16 @@ async fn provider_over_ads(name: &str) -> OverAds {
         xds.port,
         &["graceful_drain", "graceful_provider"],
     );
+    assert_eq!(ads.extensions.len(), 2, "both filters over ECDS");
     xds.push(&ads.resources());
-    let bootstrap = serde_json::to_string_pretty(&ads.bootstrap).unwrap();
-    let mut spec = spec.with_config(bootstrap);
-    spec.delivery = Delivery::Wasm; // the rendered config carries the delivery
     if let Some(dist) = ads.module_search_path.take() {
         // A directory of the test's own, where new builds are copied.
         let dir = scratch_path(&format!("{name}-modules"), "d");
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::copy(dist.join("libgraceful.so"), dir.join("libgraceful.so")).unwrap();
-        spec = spec.env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", dir.display());
         ads.module_search_path = Some(dir);
     }
+    let spec = ads.spec(spec);
     let envoy = spec.start().await;
     eventually(
         "the pushed listener serves",

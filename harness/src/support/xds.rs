@@ -10,6 +10,7 @@
 //! ECDS (Istio's way with wasm filters).
 
 use std::fs;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -17,10 +18,28 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 
-use crate::support::envoy::{repo_root, scratch_path};
+use crate::support::envoy::{repo_root, scratch_path, EnvoySpec};
+use crate::support::native::Delivery;
 
 pub const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 pub const EXTENSION_CONFIG: &str = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
+pub const ENDPOINTS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+
+/// A cluster's endpoints as EDS sends them (one locality, priority 0).
+pub fn cluster_load_assignment(cluster: &str, endpoints: &[SocketAddr]) -> Value {
+    let lb_endpoints: Vec<Value> = endpoints
+        .iter()
+        .map(|e| {
+            json!({"endpoint": {"address": {"socket_address": {
+                "address": e.ip().to_string(), "port_value": e.port()}}}})
+        })
+        .collect();
+    json!({
+        "@type": ENDPOINTS,
+        "cluster_name": cluster,
+        "endpoints": [{"lb_endpoints": lb_endpoints}],
+    })
+}
 
 /// The Python with grpcio and xds-protos (`make xds-tools`), or
 /// `GRACEFUL_XDS_PYTHON`.
@@ -152,8 +171,10 @@ fn by_module_name(typed_config: &mut Value) -> Option<PathBuf> {
 
 impl AdsConfig {
     /// Splits `rendered` (a sidecar config, YAML): its listeners over LDS
-    /// from an ADS server on 127.0.0.1:`port`, and the HTTP filters named
-    /// in `over_ecds` over ECDS (each keeps its place and its `disabled`).
+    /// from an ADS server on 127.0.0.1:`port`, its EDS clusters' endpoints
+    /// over EDS (a file source becomes ADS), and the HTTP filters named in
+    /// `over_ecds` that it has over ECDS (each keeps its place and its
+    /// `disabled`).
     pub fn split(rendered: &str, node: &str, port: u16, over_ecds: &[&str]) -> AdsConfig {
         let mut bootstrap: Value =
             serde_yaml::from_str(rendered).unwrap_or_else(|e| panic!("rendered config: {e}"));
@@ -175,7 +196,10 @@ impl AdsConfig {
                 .flatten()
             {
                 for filter in chain["filters"].as_array_mut().into_iter().flatten() {
-                    let http_filters = filter["typed_config"]["http_filters"].as_array_mut();
+                    let http_filters = filter
+                        .get_mut("typed_config")
+                        .and_then(|t| t.get_mut("http_filters"))
+                        .and_then(Value::as_array_mut);
                     for http_filter in http_filters.into_iter().flatten() {
                         let name = http_filter["name"].as_str().unwrap_or_default().to_string();
                         if !over_ecds.contains(&name.as_str()) {
@@ -229,11 +253,18 @@ impl AdsConfig {
             },
             "lds_config": {"ads": {}, "resource_api_version": "V3"},
         });
-        assert_eq!(
-            extensions.len(),
-            over_ecds.len(),
-            "filters {over_ecds:?} not all found"
-        );
+        for cluster in bootstrap["static_resources"]["clusters"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            if let Some(eds) = cluster
+                .get_mut("eds_cluster_config")
+                .and_then(|e| e.get_mut("eds_config"))
+            {
+                *eds = json!({"ads": {}, "resource_api_version": "V3"});
+            }
+        }
         AdsConfig {
             bootstrap,
             listeners,
@@ -245,6 +276,18 @@ impl AdsConfig {
     /// The resources to push: listeners and extension configs.
     pub fn resources(&self) -> Value {
         json!({LISTENER: self.listeners, EXTENSION_CONFIG: self.extensions})
+    }
+
+    /// `spec` running this config's bootstrap (the delivery is in it
+    /// already; a native module is found by name, see [`by_module_name`]).
+    pub fn spec(&self, spec: EnvoySpec) -> EnvoySpec {
+        let bootstrap = serde_json::to_string_pretty(&self.bootstrap).unwrap_or_default();
+        let mut spec = spec.with_config(bootstrap);
+        spec.delivery = Delivery::Wasm;
+        match &self.module_search_path {
+            Some(dir) => spec.env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", dir.display()),
+            None => spec,
+        }
     }
 
     /// The extension config of filter `name`.

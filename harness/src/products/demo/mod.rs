@@ -4,10 +4,11 @@
 //! Topology, all on this machine: the load generator → a consumer sidecar
 //! (127.0.0.1) → `providers` provider sidecars (127.0.0.11, .12, ...) → as
 //! many demo apps (`examples/demo-app`, one per provider address). The
-//! consumer learns the providers from file-based EDS, written by a stand-in
-//! registry that applies every change `registry_lag` after the readiness
-//! probe saw it (the registry is always behind, as Kubernetes endpoints and
-//! EDS are).
+//! consumer gets its config over a real xDS stream (`tools/xds_server.py`,
+//! a stand-in for istiod: listener, graceful_consumer's config over ECDS)
+//! and the providers as EDS pushes from a stand-in registry that applies
+//! every change `registry_lag` after the readiness probe saw it (the
+//! registry is always behind, as Kubernetes endpoints and EDS are).
 //!
 //! One provider at a time goes down the way Kubernetes takes a pod down, and
 //! comes back with a new instance id on the same address; or, in a
@@ -35,11 +36,13 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures_util::future::join_all;
 
 use crate::support::client::{self, GrpcEvent, GrpcStream, H2Conn};
-use crate::support::envoy::{free_port, repo_root, terminate, write_eds, Envoy, EnvoySpec};
+use crate::support::envoy::{free_port, repo_root, terminate, Envoy, EnvoySpec};
 use crate::support::load::{Load, Protocol, Sample, Shape};
 use crate::support::procfs::rss_kb;
 use crate::support::run_report::{ProviderEvents, RunReport};
 use crate::support::upstream::demo_app_binary;
+use crate::support::xds::{self, AdsConfig, XdsServer};
+use serde_json::{json, Value};
 
 /// `HealthCheckResponse { status: SERVING }`, as the demo app's `Watch`
 /// sends it.
@@ -214,22 +217,40 @@ fn unix_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(0))
 }
 
-/// The registry stand-in: writes the EDS file the consumer watches, each
-/// change `lag` after it was asked for.
+/// The registry stand-in: the endpoints the consumer gets over its xDS
+/// stream ([`XdsServer`], pushed as EDS), each change `lag` after it was
+/// asked for.
 #[derive(Clone)]
 struct Registry {
-    eds: PathBuf,
+    xds: Arc<Mutex<XdsServer>>,
+    /// What the stream carries besides the endpoints (the consumer's
+    /// listener and filter config).
+    resources: Value,
     members: Arc<Mutex<Vec<SocketAddr>>>,
     lag: Duration,
 }
 
 impl Registry {
-    fn new(eds: PathBuf, members: Vec<SocketAddr>, lag: Duration) -> Registry {
-        write_eds(&eds, "providers", &members);
-        Registry {
-            eds,
-            members: Arc::new(Mutex::new(members)),
+    fn new(xds: XdsServer, resources: Value, members: Vec<SocketAddr>, lag: Duration) -> Registry {
+        let registry = Registry {
+            xds: Arc::new(Mutex::new(xds)),
+            resources,
+            members: Arc::new(Mutex::new(Vec::new())),
             lag,
+        };
+        registry.push(&members);
+        if let Ok(mut m) = registry.members.lock() {
+            *m = members;
+        }
+        registry
+    }
+
+    /// One push: the endpoints `members`, with the rest of the config.
+    fn push(&self, members: &[SocketAddr]) {
+        let mut resources = self.resources.clone();
+        resources[xds::ENDPOINTS] = json!([xds::cluster_load_assignment("providers", members)]);
+        if let Ok(mut xds) = self.xds.lock() {
+            xds.push(&resources);
         }
     }
 
@@ -237,16 +258,15 @@ impl Registry {
         let me = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(me.lag).await;
-            // Written under the lock: changes that fall due together (a
-            // scale-down) share the file's temporary name, and the last
-            // write must hold them all.
+            // Pushed under the lock: changes that fall due together (a
+            // scale-down) are pushed in order, the last holding them all.
             let Ok(mut m) = me.members.lock() else { return };
             m.retain(|a| *a != addr);
             if present {
                 m.push(addr);
                 m.sort();
             }
-            write_eds(&me.eds, "providers", &m);
+            me.push(&m);
         });
     }
 }
@@ -616,11 +636,6 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
         let envoy = r.start_provider_envoy(p).await;
         p.envoy = Some(envoy);
     }
-    let registry = Registry::new(
-        dir.join("providers-eds.yaml"),
-        providers.iter().map(|p| p.inbound).collect(),
-        config.registry_lag,
-    );
     let outbound_port = free_port();
     let consumer_access_log = dir.join("access-consumer.log");
     let consumer_template = if config.balancer {
@@ -632,13 +647,28 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
     };
     let mut consumer = EnvoySpec::new(&format!("{name}-consumer"), consumer_template)
         .set("OUTBOUND_PORT", outbound_port)
-        .set("EDS_PATH", registry.eds.display())
         .set("CONSUMER_CONFIG", &config.consumer_config)
         .set("ACCESS_LOG", consumer_access_log.display());
     for (placeholder, value) in config.retry.values() {
         consumer = consumer.set(placeholder, value);
     }
-    let consumer = consumer.start().await;
+    // The consumer's config comes over a real xDS stream, as from istiod:
+    // listener (LDS), graceful_consumer's config (ECDS), the providers
+    // (EDS, from the registry).
+    let xds = XdsServer::start(&format!("{name}-{}", std::process::id())).await;
+    let ads = AdsConfig::split(
+        &consumer.rendered(),
+        "consumer",
+        xds.port,
+        &["graceful_consumer"],
+    );
+    let registry = Registry::new(
+        xds,
+        ads.resources(),
+        providers.iter().map(|p| p.inbound).collect(),
+        config.registry_lag,
+    );
+    let consumer = ads.spec(consumer).start().await;
     crate::support::envoy::eventually(
         &format!("consumer sees {} providers", config.providers),
         Duration::from_secs(20),
