@@ -258,13 +258,13 @@ bench-prices: envoy bench-tools bench-floors ## what Envoy charges for each kind
 	$(E2E_ENV) target/tools/bench-count --prices
 
 .PHONY: bench
-bench: build native envoy bench-tools bench-floors ## what the filters cost against plain Envoy (wrk), memory, and shutdown quality: bench/results/
+bench: build native envoy bench-tools bench-floors xds-tools ## what the filters cost against plain Envoy (wrk), memory, and shutdown quality: bench/results/
 	$(CARGO) build --profile tools -p demo-app
 	$(CARGO) build --profile tools -p graceful-harness --bin bench
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/bench $(BENCH_FLAGS)
 
 .PHONY: demo
-demo: build native envoy ## the main job: scenarios x approaches, each a rolling restart under load (about 10 min): target/demo/ (GRACEFUL_DELIVERY=native: the filters as the native module)
+demo: build native envoy xds-tools ## the main job: scenarios x approaches, each a rolling restart under load (about 10 min): target/demo/ (GRACEFUL_DELIVERY=native: the filters as the native module)
 	$(CARGO) build --profile tools -p demo-app
 	$(CARGO) build --profile tools -p graceful-harness --bin demo
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/demo $(if $(SCENARIOS),--scenarios $(SCENARIOS)) $(if $(APPROACHES),--approaches $(APPROACHES)) --protocols $(PROTOCOL) --rate $(RATE) --restarts $(RESTARTS) --duration $(DURATION) $(DEMO_FLAGS)

@@ -151,7 +151,8 @@ pub struct AdsConfig {
 /// PyPI) predate `dynamic_module_config.module` and `metrics_namespace`:
 /// a native filter names its module the older way (`name`, looked up as
 /// `lib<name>.so` in `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`) and its stats keep
-/// Envoy's default namespace. Returns the module's directory.
+/// Envoy's default namespace (`dynamicmodulescustom`). Returns the module's
+/// directory.
 fn by_module_name(typed_config: &mut Value) -> Option<PathBuf> {
     let module = typed_config.get_mut("dynamic_module_config")?;
     let file = PathBuf::from(

@@ -748,7 +748,16 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
     let deadline = Instant::now() + Duration::from_secs(3);
     let inflight_end = if mode.graceful() && !config.balancer {
         loop {
-            let n = consumer.stat("wasmcustom.graceful_consumer_inflight").await;
+            // The native module over the stand-in's stream keeps Envoy's
+            // default stats namespace (crate::support::xds::by_module_name).
+            let n = match consumer.stat("wasmcustom.graceful_consumer_inflight").await {
+                Some(n) => Some(n),
+                None => {
+                    consumer
+                        .stat("dynamicmodulescustom.graceful_consumer_inflight")
+                        .await
+                }
+            };
             if n == Some(0) || Instant::now() >= deadline {
                 break n;
             }
