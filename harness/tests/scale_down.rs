@@ -85,6 +85,18 @@ fn assert_shared(what: &str, split: &[u64], among: &[usize]) {
 async fn scale_down_to_one(providers: usize, approach: Approach) {
     let (config, mode) = scale_down_cell(providers, approach);
     let label = format!("{providers} -> 1, {}", approach.name());
+    scale_down_run(providers, &label, config, mode).await;
+}
+
+/// Runs a scale-down cell and asserts what every one must show (module
+/// doc); its report.
+async fn scale_down_run(
+    providers: usize,
+    label: &str,
+    config: DemoConfig,
+    mode: Mode,
+) -> graceful_harness::support::run_report::RunReport {
+    let label = label.to_string();
     let (report, samples) = run(&config, mode).await;
     eprintln!("{}", report.line(&label));
     for ev in &report.events {
@@ -173,6 +185,7 @@ async fn scale_down_to_one(providers: usize, approach: Approach) {
         &served(&after, providers),
         &remaining,
     );
+    report
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,4 +206,48 @@ async fn it_scales_four_providers_down_to_one_without_a_failed_request_with_admi
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn it_scales_four_providers_down_to_one_without_a_failed_request_without_admin() {
     scale_down_to_one(4, Approach::GracefulNoAdmin).await;
+}
+
+/// What istiod writes on the consumer's outbound cluster for a
+/// DestinationRule `outlierDetection: {consecutive5xxErrors: 1, interval:
+/// 1s, baseEjectionTime: 30s, maxEjectionPercent: 100}`
+/// (`applyOutlierDetection`, `pilot/pkg/networking/core/cluster_traffic_policy.go`):
+/// the most eager ejection a user can ask for, success-rate ejection off,
+/// and the panic threshold at `minHealthPercent` (0 unless set): Envoy
+/// never balances onto ejected hosts, it answers 503 when all are.
+fn istio_eager_outlier_detection() -> serde_json::Value {
+    serde_json::json!({
+        "outlier_detection": {
+            "consecutive_5xx": 1,
+            "enforcing_consecutive_5xx": 100,
+            "consecutive_gateway_failure": 0,
+            "enforcing_consecutive_gateway_failure": 0,
+            "enforcing_success_rate": 0,
+            "interval": "1s",
+            "base_ejection_time": "30s",
+            "max_ejection_percent": 100,
+        },
+        "common_lb_config": {"healthy_panic_threshold": {"value": 0}},
+    })
+}
+
+// Outlier detection on the same hosts as steering, with the panic threshold
+// at 0: an ejection of the one host left would fail every request. The
+// leaving hosts may be ejected (the consumer's probes meet their drained
+// 503s, then refused connections: each a 5xx to Envoy), which changes
+// nothing, steering already sends them none; the host left never is: no
+// request failed and it served everything after the last mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn it_scales_four_providers_down_to_one_beside_istio_outlier_detection() {
+    let (mut config, mode) = scale_down_cell(4, Approach::Graceful);
+    config.providers_cluster = istio_eager_outlier_detection();
+    config.work_dir = repo_root().join("target/e2e/scale-down-4-to-1-outlier-detection");
+    let report = scale_down_run(4, "4 -> 1, graceful, outlier detection", config, mode).await;
+    let ejections = report
+        .outlier_ejections
+        .unwrap_or_else(|| panic!("no outlier detection stats: was it configured?"));
+    assert!(
+        ejections <= 3,
+        "{ejections} ejections: more than the leaving hosts"
+    );
 }

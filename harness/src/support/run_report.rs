@@ -91,6 +91,10 @@ pub struct RunReport {
     /// The consumer's outbound in-flight gauge after the load (must be 0);
     /// null where the consumer runs no graceful_consumer.
     pub consumer_inflight_end: Option<u64>,
+    /// Hosts Envoy's outlier detection ejected on the consumer's
+    /// `providers` cluster; null where it is not configured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub outlier_ejections: Option<u64>,
 }
 
 /// The `p` quantile (0..=1) of sorted values, nearest rank; 0 if empty.
@@ -180,6 +184,7 @@ impl RunReport {
             events,
             consumer_rss_kb: [0, 0],
             consumer_inflight_end: None,
+            outlier_ejections: None,
         }
     }
 
@@ -193,8 +198,11 @@ impl RunReport {
             let told: Vec<String> = self.watch_told_ms.iter().map(u64::to_string).collect();
             format!(", health Watch told after [{}] ms", told.join(", "))
         };
+        let ejected = self
+            .outlier_ejections
+            .map_or(String::new(), |n| format!(", {n} outlier ejections"));
         format!(
-            "{name:<8} {} requests, {} failed, {} after closing, drain_ms [{}], gone_ms [{}], {} retries, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, max share {}{watch}",
+            "{name:<8} {} requests, {} failed, {} after closing, drain_ms [{}], gone_ms [{}], {} retries, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms, max share {}{watch}{ejected}",
             self.requests,
             self.failed,
             self.after_closing,

@@ -172,6 +172,10 @@ pub struct DemoConfig {
     /// The load reaches the providers through an L4 balancer
     /// (`envoy/l4-balancer.yaml`) instead of a consumer sidecar.
     pub balancer: bool,
+    /// Fields merged into the consumer's `providers` cluster, as a control
+    /// plane translates a DestinationRule (`outlier_detection`,
+    /// `common_lb_config`); null: none.
+    pub providers_cluster: Value,
 }
 
 impl Default for DemoConfig {
@@ -196,6 +200,7 @@ impl Default for DemoConfig {
             shape: Shape::default(),
             work_dir: repo_root().join("target/demo"),
             balancer: false,
+            providers_cluster: Value::Null,
         }
     }
 }
@@ -656,12 +661,23 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
     // listener (LDS), graceful_consumer's config (ECDS), the providers
     // (EDS, from the registry).
     let xds = XdsServer::start(&format!("{name}-{}", std::process::id())).await;
-    let ads = AdsConfig::split(
+    let mut ads = AdsConfig::split(
         &consumer.rendered(),
         "consumer",
         xds.port,
         &["graceful_consumer"],
     );
+    if let Some(fields) = config.providers_cluster.as_object() {
+        let clusters = ads.bootstrap["static_resources"]["clusters"].as_array_mut();
+        let providers_cluster = clusters
+            .into_iter()
+            .flatten()
+            .find(|c| c["name"] == "providers")
+            .unwrap_or_else(|| panic!("{consumer_template}: no providers cluster"));
+        for (field, value) in fields {
+            providers_cluster[field] = value.clone();
+        }
+    }
     let registry = Registry::new(
         xds,
         ads.resources(),
@@ -770,6 +786,9 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
         .stat("cluster.providers.upstream_rq_retry")
         .await
         .unwrap_or(0);
+    let outlier_ejections = consumer
+        .stat("cluster.providers.outlier_detection.ejections_enforced_total")
+        .await;
     let consumer_log = consumer.log();
     // Numbered requests: when the consumer started each one.
     let started = if config.shape.numbered {
@@ -811,6 +830,7 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
     );
     report.consumer_rss_kb = [rss_start, rss_end];
     report.consumer_inflight_end = inflight_end;
+    report.outlier_ejections = outlier_ejections;
     (report, samples)
 }
 
