@@ -4,11 +4,12 @@
 //! Topology, all on this machine: the load generator → a consumer sidecar
 //! (127.0.0.1) → `providers` provider sidecars (127.0.0.11, .12, ...) → as
 //! many demo apps (`examples/demo-app`, one per provider address). The
-//! consumer gets its config over a real xDS stream (`tools/xds_server.py`,
-//! a stand-in for istiod: listener, graceful_consumer's config over ECDS)
-//! and the providers as EDS pushes from a stand-in registry that applies
-//! every change `registry_lag` after the readiness probe saw it (the
-//! registry is always behind, as Kubernetes endpoints and EDS are).
+//! sidecars get their config over real xDS streams (`tools/xds_server.py`,
+//! a stand-in for istiod: listeners over LDS, the filters' config over
+//! ECDS), and the consumer the providers as EDS pushes from a stand-in
+//! registry that applies every change `registry_lag` after the readiness
+//! probe saw it (the registry is always behind, as Kubernetes endpoints and
+//! EDS are).
 //!
 //! One provider at a time goes down the way Kubernetes takes a pod down, and
 //! comes back with a new instance id on the same address; or, in a
@@ -167,7 +168,7 @@ pub struct DemoConfig {
     pub retry: Retry,
     /// What the load asks.
     pub shape: Shape,
-    /// Where logs, EDS and access logs go.
+    /// Where logs, the xDS snapshot and access logs go.
     pub work_dir: PathBuf,
     /// The load reaches the providers through an L4 balancer
     /// (`envoy/l4-balancer.yaml`) instead of a consumer sidecar.
@@ -281,6 +282,8 @@ struct Provider {
     inbound: SocketAddr,
     app_addr: SocketAddr,
     envoy: Option<Envoy>,
+    /// The control plane stand-in of its current generation's Envoy.
+    xds: Option<XdsServer>,
     app: Option<Child>,
     generation: u32,
     /// Access log of each generation (instance) of this provider.
@@ -353,7 +356,25 @@ impl Run<'_> {
         .set("PROVIDER_CONFIG", "{}")
         .set("ACCESS_LOG", access_log.display());
         spec.concurrency = 1;
-        spec.start().await
+        // Its listener and filters over a real xDS stream, as from istiod
+        // (a control plane of its own: each sidecar's config is its own).
+        let mut xds = XdsServer::start(&format!(
+            "{}-p{}-{}-{}",
+            self.name(),
+            p.index,
+            p.generation,
+            std::process::id()
+        ))
+        .await;
+        let ads = AdsConfig::split(
+            &spec.rendered(),
+            &format!("p{}", p.index),
+            xds.port,
+            &["graceful_drain", "graceful_provider"],
+        );
+        xds.push(&ads.resources());
+        p.xds = Some(xds);
+        ads.spec(spec).start().await
     }
 
     fn name(&self) -> &'static str {
@@ -631,6 +652,7 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
             inbound: SocketAddr::from((*ip, inbound_port)),
             app_addr: SocketAddr::from((*ip, app_port)),
             envoy: None,
+            xds: None,
             app: None,
             generation: 0,
             access_logs: Vec::new(),
