@@ -79,7 +79,6 @@ class Snapshot:
         self.stamp = None
         self.version = ""
         self.resources = {}
-        self.changed = threading.Condition(self.lock)
 
     def poll(self):
         try:
@@ -105,7 +104,6 @@ class Snapshot:
         with self.lock:
             self.version = str(doc["version"])
             self.resources = resources
-            self.changed.notify_all()
         log(f"snapshot version {self.version}: " + ", ".join(
             f"{t.rsplit('.', 1)[-1]} x{len(r)}" for t, r in resources.items()))
 

@@ -51,7 +51,8 @@ pub fn python() -> PathBuf {
 
 /// A running `tools/xds_server.py`. Killed on drop.
 pub struct XdsServer {
-    child: Child,
+    /// Held for its `kill_on_drop`.
+    _child: Child,
     pub port: u16,
     snapshot: PathBuf,
     log: PathBuf,
@@ -104,7 +105,7 @@ impl XdsServer {
             tokio::time::sleep(Duration::from_millis(50)).await;
         };
         XdsServer {
-            child,
+            _child: child,
             port,
             snapshot,
             log,
@@ -127,10 +128,6 @@ impl XdsServer {
     /// What the server logged: one line per response sent and per NACK.
     pub fn log(&self) -> String {
         fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    pub fn pid(&self) -> Option<u32> {
-        self.child.id()
     }
 }
 
