@@ -1200,18 +1200,28 @@ async fn it_evicts_a_host_whose_connections_time_out_even_when_retries_hide_it()
     eprintln!("{ok} ok, {failed} failed, {timeouts} connect timeouts, {evictions} evictions");
     assert!(timeouts >= 1, "a connection to the silent host timed out");
     assert_eq!(failed, 0, "retries carried every request");
-    assert_eq!(evictions, 1, "evicted on its first timed-out connection");
-    // Only the requests in flight when the silent host was first picked
-    // waited for it (and were retried); then none was sent its way (the
-    // later timeouts are the consumer's probes), and the load went on at
-    // full speed.
+    // Evicted on its first timed-out connection. The consumer's probes to
+    // it end at their own timeout, before the connect timeout: cancelled
+    // attempts, which renew nothing, so the tombstone lapses after
+    // `failure_tombstone_ttl` (3 s here) and the host is tried, and
+    // evicted, again (seen near the end of the 4 s load on 1.36).
+    assert!(
+        (1..=2).contains(&evictions),
+        "{evictions} evictions of the silent host"
+    );
+    // Only requests sent before the tombstone reached their worker waited
+    // for the silent host (and were retried): each worker's pool times out
+    // on its own, and the other worker's listener sees the tombstone at
+    // its next answer or tick, so a connection may meet it twice (seen: 5
+    // of 4 connections on 1.36). Then none was sent its way (the later
+    // timeouts are the consumer's probes), and the load went on at speed.
     let retried = m
         .envoy
         .stat("cluster.providers.upstream_rq_retry")
         .await
         .unwrap_or(0);
     assert!(
-        retried <= 4,
+        retried <= 8,
         "{retried} requests retried off the silent host, of {ok}"
     );
     assert!(ok > 1000, "load ran: {ok}");
