@@ -217,18 +217,24 @@ async fn it_keeps_a_tombstoned_host_out_while_the_registry_flaps() {
     assert!(m.counts()[0] > at_mark, "traffic returns after the TTL");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn it_evicts_a_host_that_refuses_connections_for_the_failure_ttl() {
-    // No retries, so a connect failure reaches the filter as a local reply
-    // (with retries Envoy carries the request elsewhere and the filter sees
-    // only the final answer).
-    let cfg = r#"{"admin_cluster":"envoy_admin","failure_tombstone_ttl":"2s","membership_refresh":"200ms"}"#;
+/// Two live test upstreams (instances b1 and c1) beside a failing host.
+async fn live_upstreams() -> Vec<Upstream> {
     let mut ups = Vec::new();
     for id in ["b1", "c1"] {
         let u = Upstream::start().await;
         u.set_instance(id);
         ups.push(u);
     }
+    ups
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn it_evicts_a_host_that_refuses_connections_for_the_failure_ttl() {
+    // No retries, so a connect failure reaches the filter as a local reply
+    // (with retries Envoy carries the request elsewhere and the filter sees
+    // only the final answer).
+    let cfg = r#"{"admin_cluster":"envoy_admin","failure_tombstone_ttl":"2s","membership_refresh":"200ms"}"#;
+    let ups = live_upstreams().await;
     let dead = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let endpoints = [dead, ups[0].addr, ups[1].addr];
     let m = ConsumerSidecar::with_endpoints("refused", cfg, 0, ups, &endpoints).await;
@@ -328,12 +334,7 @@ async fn it_evicts_a_refusing_host_even_when_retries_hide_the_failure() {
     // With retries, the client never sees the refused connection; the
     // upstream instance of the filter (one per attempt) still does.
     let cfg = r#"{"admin_cluster":"envoy_admin","failure_tombstone_ttl":"3s","membership_refresh":"200ms"}"#;
-    let mut ups = Vec::new();
-    for id in ["b1", "c1"] {
-        let u = Upstream::start().await;
-        u.set_instance(id);
-        ups.push(u);
-    }
+    let ups = live_upstreams().await;
     let dead = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let endpoints = [dead, ups[0].addr, ups[1].addr];
     let m = ConsumerSidecar::with_endpoints("refused-retried", cfg, 2, ups, &endpoints).await;
@@ -1181,12 +1182,7 @@ async fn it_evicts_a_host_whose_connections_time_out_even_when_retries_hide_it()
     // elsewhere, and no response says anything. The upstream instance of
     // the filter still sees the attempt end with no connection.
     let cfg = r#"{"admin_cluster":"envoy_admin","failure_tombstone_ttl":"3s","membership_refresh":"200ms"}"#;
-    let mut ups = Vec::new();
-    for id in ["b1", "c1"] {
-        let u = Upstream::start().await;
-        u.set_instance(id);
-        ups.push(u);
-    }
+    let ups = live_upstreams().await;
     let (_listener, _held, silent) = silent_host().await;
     let endpoints = [silent, ups[0].addr, ups[1].addr];
     let m = ConsumerSidecar::with_endpoints("timed-out-retried", cfg, 2, ups, &endpoints).await;

@@ -34,18 +34,26 @@ async fn stat_sum(envoy: &Envoy, suffix: &str) -> u64 {
         .sum()
 }
 
-/// Waits until Envoy took version `version` of both the listener and the
-/// two extension configs (LDS and ECDS update counters), none rejected.
-async fn until_applied(envoy: &Envoy, xds: &XdsServer, lds_before: u64, ecds_before: u64) {
+/// Envoy's listener updates and extension config reloads so far.
+async fn applied_counts(envoy: &Envoy) -> (u64, u64) {
+    let lds = envoy
+        .stat("listener_manager.lds.update_success")
+        .await
+        .unwrap_or(0);
+    (lds, stat_sum(envoy, ".config_reload").await)
+}
+
+/// Pushes `ads` as the next version and waits until Envoy took both the
+/// listener and the two extension configs (counted from before the push),
+/// none rejected.
+async fn push_applied(envoy: &Envoy, xds: &mut XdsServer, ads: &AdsConfig) {
+    let (lds_before, ecds_before) = applied_counts(envoy).await;
+    xds.push(&ads.resources());
     eventually(
         "Envoy applied the push (LDS and both ECDS configs)",
         Duration::from_secs(15),
         || async {
-            let lds = envoy
-                .stat("listener_manager.lds.update_success")
-                .await
-                .unwrap_or(0);
-            let ecds = stat_sum(envoy, ".config_reload").await;
+            let (lds, ecds) = applied_counts(envoy).await;
             (lds > lds_before && ecds >= ecds_before + 2).then_some(())
         },
     )
@@ -252,11 +260,6 @@ async fn pushes_while_closing_and_after_drained_lose_no_state_and_fail_no_reques
     mesh::start_closing(inbound).await;
 
     // While closing: a listener push and an ECDS push.
-    let lds = envoy
-        .stat("listener_manager.lds.update_success")
-        .await
-        .unwrap_or(0);
-    let ecds = stat_sum(&envoy, ".config_reload").await;
     changed_listener(&mut ads, 2);
     changed_extensions(&mut ads, 2);
     // A new build too, on wasm (natively it loses the state: see
@@ -264,8 +267,7 @@ async fn pushes_while_closing_and_after_drained_lose_no_state_and_fail_no_reques
     if Delivery::from_env() == Delivery::Wasm {
         new_build(&mut ads, 2);
     }
-    xds.push(&ads.resources());
-    until_applied(&envoy, &xds, lds, ecds).await;
+    push_applied(&envoy, &mut xds, &ads).await;
     let during = mesh::status(inbound).await;
     assert_eq!(during.phase, "closing", "{during:?}");
     assert!(
@@ -310,15 +312,9 @@ async fn pushes_while_closing_and_after_drained_lose_no_state_and_fail_no_reques
     assert_eq!(report.status, 200, "{}", report.text());
 
     // After drained: pushes again; the phase, the gate and the report stay.
-    let lds = envoy
-        .stat("listener_manager.lds.update_success")
-        .await
-        .unwrap_or(0);
-    let ecds = stat_sum(&envoy, ".config_reload").await;
     changed_listener(&mut ads, 3);
     changed_extensions(&mut ads, 3);
-    xds.push(&ads.resources());
-    until_applied(&envoy, &xds, lds, ecds).await;
+    push_applied(&envoy, &mut xds, &ads).await;
     let after = mesh::status(inbound).await;
     assert_eq!(after.phase, "drained", "{after:?}");
     assert!(after.drained && !after.forced, "{after:?}");
@@ -372,15 +368,9 @@ async fn a_new_native_build_pushed_while_closing_starts_with_no_drain_state() {
     } = provider_over_ads("xds-native-build").await;
     mesh::start_closing(inbound).await;
     assert_eq!(mesh::status(inbound).await.phase, "closing");
-    let lds = envoy
-        .stat("listener_manager.lds.update_success")
-        .await
-        .unwrap_or(0);
-    let ecds = stat_sum(&envoy, ".config_reload").await;
     changed_listener(&mut ads, 2);
     new_build(&mut ads, 2);
-    xds.push(&ads.resources());
-    until_applied(&envoy, &xds, lds, ecds).await;
+    push_applied(&envoy, &mut xds, &ads).await;
     let after = mesh::status(inbound).await;
     assert_eq!(
         after.phase, "serving",
