@@ -376,6 +376,11 @@ test-envoy: build native $(call envoy_at,$(ENVOY_AT)) test-tools ## make test-en
 	$(if $(call runs_native,$(ENVOY_AT)),GRACEFUL_DELIVERY=native $(call e2e_env_at,$(ENVOY_AT)) \
 	  $(CARGO) test --no-fail-fast -p graceful-harness $(addprefix --test ,$(NATIVE_SUITES)) -- --test-threads 2,@echo "the native module does not run on Envoy $(ENVOY_AT): skipped")
 
+.PHONY: slow-start-chart
+slow-start-chart: build envoy ## docs/slow-start.svg: a readmitted instance's share over time with readmit_slow_start on and off, measured on real Envoy (the consumer suite's slow-start test)
+	$(CARGO) build --profile test -p demo-app
+	GRACEFUL_CHART_DIR=$(CURDIR)/docs $(E2E_ENV) DEMO_APP=$(CURDIR)/target/debug/demo-app $(CARGO) test -p graceful-harness --test consumer -- --exact a_readmitted_instance_ramps_up_over_the_slow_start_window_and_at_once_without
+
 .PHONY: test-one
 test-one: build envoy $(call envoy_at,$(ENVOY_TOO_OLD_FOR_NATIVE)) ## make test-one T=name: every test whose name contains `name`, in every crate (e2e ones too)
 	$(CARGO) build --profile test -p demo-app -p graceful-hook

@@ -386,6 +386,7 @@ fn evicted_by_another_worker(address: &'static str, now_us: u64) -> impl FnMut(&
         let ttls = Ttls {
             closing: Duration::from_secs(30),
             failure: Duration::from_secs(5),
+            warming: None,
         };
         let obs = Observation::ConnectFailure {
             cluster: "providers",

@@ -1,7 +1,8 @@
 //! The tombstone list under arbitrary observations with arbitrary strings
 //! and TTLs: never a panic, never more than `max` entries after a change,
-//! one entry per address, "unchanged" means unchanged, and the list always
-//! round-trips through its encoding.
+//! one entry per address, "unchanged" means unchanged, never a host both
+//! tombstoned and warming, and the list always round-trips through its
+//! encoding.
 #![no_main]
 
 use std::time::Duration;
@@ -31,6 +32,8 @@ enum Obs {
 struct Input {
     closing_ttl_ms: u32,
     failure_ttl_ms: u32,
+    /// `readmit_slow_start`'s window, when set.
+    warming_ms: Option<u32>,
     max: u8,
     steps: Vec<(u32, Obs)>,
 }
@@ -39,6 +42,9 @@ fuzz_target!(|input: Input| {
     let ttls = Ttls {
         closing: Duration::from_millis(u64::from(input.closing_ttl_ms)),
         failure: Duration::from_millis(u64::from(input.failure_ttl_ms)),
+        warming: input
+            .warming_ms
+            .map(|ms| Duration::from_millis(u64::from(ms))),
     };
     let max = usize::from(input.max).max(1);
     let mut list = Tombstones::default();
@@ -72,6 +78,14 @@ fuzz_target!(|input: Input| {
             assert!(t.address.len() <= 64 && t.instance.len() <= 128 && t.cluster.len() <= 255);
             assert!(!list.entries()[..i].iter().any(|u| u.address == t.address));
         }
+        for w in list.warming(now) {
+            assert!(
+                list.get_live(&w.address, now).is_none(),
+                "{} both tombstoned and warming",
+                w.address
+            );
+        }
+        assert!(list.warming(0).count() <= max || change == Change::Unchanged);
         assert_eq!(Tombstones::decode(&list.encode()), Some(list.clone()));
     }
 });

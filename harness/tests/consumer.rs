@@ -176,6 +176,136 @@ async fn it_readmits_a_new_instance_at_the_same_address_at_once() {
     .await;
 }
 
+/// The slow-start window the readmission suite configures.
+const RAMP: Duration = Duration::from_secs(6);
+/// How long load runs after a readmission: the window and some after.
+const RAMP_RUN: Duration = Duration::from_secs(9);
+/// Share samples: one per this much load.
+const RAMP_BUCKET: Duration = Duration::from_millis(500);
+
+/// Host 0 closes, then a new instance answers at its address; once it is
+/// readmitted, load runs for [`RAMP_RUN`]: its share of the requests per
+/// [`RAMP_BUCKET`] (at the bucket's middle, seconds since readmission).
+async fn readmitted_share(name: &str, extra: &str) -> Vec<(f64, f64)> {
+    let cfg = format!(
+        r#"{{"admin_cluster":"envoy_admin","tombstone_ttl":"60s","membership_refresh":"200ms"{extra}}}"#
+    );
+    let m = ConsumerSidecar::start(name, &cfg, 2).await;
+    load(m.outbound, 4, 10, "/").await;
+    m.until_membership_refreshed().await;
+    m.ups[0].set_closing(true);
+    m.until_marked().await;
+    m.ups[0].set_closing(false);
+    m.ups[0].set_instance("a2");
+    // A probe readmits it (no request reaches it before: none is sent).
+    eventually("readmitted", Duration::from_secs(10), || async {
+        (m.stat("graceful_consumer_readmitted").await == 1).then_some(())
+    })
+    .await;
+    let start = Instant::now();
+    let traffic = tokio::spawn(load_until(m.outbound, 4, RAMP_RUN, || false));
+    let mut shares = Vec::new();
+    let mut last = m.counts();
+    let mut at = start;
+    while start.elapsed() < RAMP_RUN {
+        // A fixed sampling period: this measures, it waits for nothing.
+        at += RAMP_BUCKET;
+        tokio::time::sleep_until(at.into()).await;
+        let now = m.counts();
+        let served: Vec<u64> = now.iter().zip(&last).map(|(n, l)| n - l).collect();
+        let total: u64 = served.iter().sum();
+        assert!(total > 20, "load ran: {served:?}");
+        let mid = (at - start).as_secs_f64() - RAMP_BUCKET.as_secs_f64() / 2.0;
+        shares.push((mid, served[0] as f64 / total as f64));
+        last = now;
+    }
+    let (ok, failed) = traffic.await.unwrap();
+    assert_eq!(failed, 0);
+    assert!(ok > 1000, "{ok} requests");
+    shares
+}
+
+/// The mean share over samples between `from` and `to` seconds.
+fn mean_share(shares: &[(f64, f64)], from: f64, to: f64) -> f64 {
+    let inside: Vec<f64> = shares
+        .iter()
+        .filter(|(t, _)| (from..to).contains(t))
+        .map(|(_, s)| *s)
+        .collect();
+    assert!(!inside.is_empty(), "no sample in {from}..{to}: {shares:?}");
+    inside.iter().sum::<f64>() / inside.len() as f64
+}
+
+/// With `readmit_slow_start` a readmitted instance's share follows Envoy's
+/// ramp (three hosts, window 6 s, 10% floor: 5% at first, 20% half way,
+/// a third once the window ends); without it, a third at once. Writes
+/// `slow-start.svg` into `GRACEFUL_CHART_DIR` when that is set
+/// (`make slow-start-chart`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_readmitted_instance_ramps_up_over_the_slow_start_window_and_at_once_without() {
+    let off = readmitted_share("ramp-off", "").await;
+    let on = readmitted_share("ramp-on", r#","readmit_slow_start":{"window":"6s"}"#).await;
+    eprintln!("on: {on:.3?}\noff: {off:.3?}");
+    let first_on = mean_share(&on, 0.0, 1.0);
+    let half_way = mean_share(&on, 2.5, 3.5);
+    let after_on = mean_share(&on, 7.0, 9.0);
+    assert!(
+        first_on < 0.12,
+        "first second with slow start: {first_on:.3}"
+    );
+    assert!(
+        (0.12..0.3).contains(&half_way),
+        "half way through the window: {half_way:.3} (Envoy's ramp: 0.2)"
+    );
+    assert!(after_on > 0.25, "after the window: {after_on:.3}");
+    let first_off = mean_share(&off, 0.0, 1.0);
+    assert!(first_off > 0.25, "first second without: {first_off:.3}");
+    if let Some(dir) = std::env::var_os("GRACEFUL_CHART_DIR") {
+        let ss = graceful_core::consumer::config::SlowStart {
+            window: RAMP,
+            aggression: 1.0,
+            min_weight_percent: 10,
+        };
+        let expected: Vec<(f64, f64)> = (0..=90)
+            .map(|i| {
+                let t = f64::from(i) / 10.0;
+                let w = ss.weight(Duration::from_secs_f64(t));
+                (t, w / (w + 2.0))
+            })
+            .collect();
+        use graceful_harness::support::share_chart::{share_chart, ShareSeries};
+        let (major, minor) = envoy_minor();
+        let delivery = match graceful_harness::support::native::Delivery::from_env() {
+            graceful_harness::support::native::Delivery::Wasm => "wasm",
+            graceful_harness::support::native::Delivery::Native => "native",
+        };
+        let title = format!(
+            "A readmitted instance's share of requests (one of three hosts): Envoy {major}.{minor}, {delivery}"
+        );
+        let svg = share_chart(
+            &title,
+            &[
+                ShareSeries {
+                    label: "readmit_slow_start window 6s",
+                    color: "#1f77b4",
+                    points: &on,
+                },
+                ShareSeries {
+                    label: "without (the default)",
+                    color: "#d62728",
+                    points: &off,
+                },
+            ],
+            ("Envoy's slow_start_config ramp, expected", &expected),
+            RAMP_RUN.as_secs_f64(),
+            ("window ends", RAMP.as_secs_f64()),
+        );
+        let path = std::path::Path::new(&dir).join("slow-start.svg");
+        std::fs::write(&path, svg).unwrap();
+        eprintln!("wrote {}", path.display());
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn it_keeps_a_tombstoned_host_out_while_the_registry_flaps() {
     let cfg =

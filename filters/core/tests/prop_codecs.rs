@@ -86,9 +86,11 @@ fn observation() -> impl Strategy<Value = (u8, String, String, Option<String>)> 
     )
 }
 
+/// With `readmit_slow_start`'s window: readmissions leave warming entries.
 const TTLS: Ttls = Ttls {
     closing: Duration::from_secs(30),
     failure: Duration::from_secs(5),
+    warming: Some(Duration::from_secs(10)),
 };
 
 fn observe_all(list: &[(u8, String, String, Option<String>)], max: usize) -> Tombstones {

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use graceful_core::consumer::config::{ConsumerConfig, MAX_MAX_TOMBSTONES};
+use graceful_core::consumer::config::{ConsumerConfig, SlowStart, MAX_MAX_TOMBSTONES};
 use graceful_core::drain::config::{
     CloseConnections, DrainConfig, OnDrained, Paths, MAX_MAX_WAITERS, MAX_ON_DRAINED_TIMEOUT,
 };
@@ -264,7 +264,7 @@ fn drain_json(c: &DrainConfig) -> Value {
 }
 
 fn consumer() -> impl Strategy<Value = ConsumerConfig> {
-    (
+    let configs = (
         prop::collection::vec(header(), 0..4).prop_map(|mut v| {
             let mut seen = Vec::new();
             v.retain(|h| {
@@ -323,8 +323,22 @@ fn consumer() -> impl Strategy<Value = ConsumerConfig> {
                 probe_path,
                 panic_threshold,
                 consumer_header,
+                readmit_slow_start: None,
             },
-        )
+        );
+    (configs, prop::option::of(slow_start())).prop_map(|(c, readmit_slow_start)| ConsumerConfig {
+        readmit_slow_start,
+        ..c
+    })
+}
+
+fn slow_start() -> impl Strategy<Value = SlowStart> {
+    // Hundredths: each prints and reads back as the same f64.
+    (ms(1..=MAX_MS), 1u32..=1000, 0u8..=100).prop_map(|(window, a, min)| SlowStart {
+        window,
+        aggression: f64::from(a) / 100.0,
+        min_weight_percent: min,
+    })
 }
 
 fn consumer_json(c: &ConsumerConfig, mask: u64) -> Value {
@@ -343,6 +357,13 @@ fn consumer_json(c: &ConsumerConfig, mask: u64) -> Value {
     });
     if let Some(a) = &c.admin_cluster {
         v["admin_cluster"] = json!(a);
+    }
+    if let Some(ss) = &c.readmit_slow_start {
+        v["readmit_slow_start"] = json!({
+            "window": format_duration(ss.window),
+            "aggression": ss.aggression,
+            "min_weight_percent": ss.min_weight_percent,
+        });
     }
     v
 }
@@ -364,6 +385,7 @@ enum Kind {
     Path,
     CloseConnections,
     LongLivedPaths,
+    SlowStart,
 }
 
 const PROVIDER_FIELDS: &[(&str, Kind)] = &[
@@ -404,6 +426,7 @@ const CONSUMER_FIELDS: &[(&str, Kind)] = &[
     ("probe_path", Kind::Path),
     ("panic_threshold", Kind::Count),
     ("consumer_header", Kind::Header),
+    ("readmit_slow_start", Kind::SlowStart),
 ];
 
 /// Any JSON value, weighted towards strings that mean something here.
@@ -493,6 +516,23 @@ fn field_value(kind: Kind) -> BoxedStrategy<Value> {
                 }
                 if let Some(t) = timeout {
                     m.insert("timeout".into(), json!(t));
+                }
+                Value::Object(m)
+            })
+            .boxed(),
+        Kind::SlowStart => (
+            duration_text(),
+            prop::option::of(prop_oneof![-2.0f64..4.0, any::<f64>()]),
+            prop::option::of(prop_oneof![0u64..=120, any::<u64>()]),
+        )
+            .prop_map(|(window, aggression, min)| {
+                let mut m = Map::new();
+                m.insert("window".into(), json!(window));
+                if let Some(a) = aggression {
+                    m.insert("aggression".into(), json!(a));
+                }
+                if let Some(p) = min {
+                    m.insert("min_weight_percent".into(), json!(p));
                 }
                 Value::Object(m)
             })

@@ -85,6 +85,7 @@ fn ttls() -> impl Strategy<Value = Ttls> {
     (1..60 * S, 1..60 * S).prop_map(|(c, f)| Ttls {
         closing: Duration::from_micros(c),
         failure: Duration::from_micros(f),
+        warming: None,
     })
 }
 
@@ -209,7 +210,7 @@ proptest! {
             } else {
                 Observation::ConnectFailure { cluster: "svc", address: ADDRESSES[*a] }
             };
-            list.observe(&o, &Ttls { closing: Duration::from_secs(30), failure: Duration::from_secs(5) }, 0, 64);
+            list.observe(&o, &Ttls { closing: Duration::from_secs(30), failure: Duration::from_secs(5), warming: None }, 0, 64);
         }
         let cluster = if ask_other_cluster { "other" } else { "svc" };
         let live: Vec<&str> = list.live(now).map(|t| t.address.as_str()).collect();
@@ -223,7 +224,7 @@ proptest! {
         }
         // The panic floor off: this oracle is the plain rule (the floor's is
         // prop_consumer.rs).
-        let rules = Rules { ttls: Ttls { closing: Duration::from_secs(30), failure: Duration::from_secs(5) }, panic_threshold: 0 };
+        let rules = Rules { ttls: Ttls { closing: Duration::from_secs(30), failure: Duration::from_secs(5), warming: None }, panic_threshold: 0, slow_start: None };
         match plan(&members, &list, cluster, now, &rules).0.steering(rotation) {
             Steering::LeaveAlone => prop_assert!(!concerned),
             Steering::NoneLeft => prop_assert!(concerned && acceptable.is_empty()),
@@ -283,7 +284,7 @@ proptest! {
             let cluster = ["svc", "", "other"][*c as usize];
             list.observe(
                 &Observation::Closing { cluster, address: ADDRESSES[*a], instance: Some("i") },
-                &Ttls { closing: Duration::from_secs(30), failure: Duration::from_secs(5) },
+                &Ttls { closing: Duration::from_secs(30), failure: Duration::from_secs(5), warming: None },
                 0,
                 64,
             );

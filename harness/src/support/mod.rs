@@ -17,6 +17,7 @@ pub mod native;
 pub mod procfs;
 pub mod render;
 pub mod run_report;
+pub mod share_chart;
 pub mod upstream;
 pub mod wall_step;
 pub mod xds;

@@ -33,6 +33,55 @@ pub const DEFAULT_PROBE_PATH: &str = "/graceful/ready";
 pub const DEFAULT_PANIC_THRESHOLD: u8 = 50;
 /// `panic_threshold` is a percentage.
 const MAX_PANIC_THRESHOLD: u8 = 100;
+/// Envoy's `slow_start_config` defaults (`aggression` 1.0: a linear ramp;
+/// `min_weight_percent` 10).
+pub const DEFAULT_SLOW_START_AGGRESSION: f64 = 1.0;
+pub const DEFAULT_SLOW_START_MIN_WEIGHT_PERCENT: u8 = 10;
+
+/// `readmit_slow_start`: how a readmitted host's share ramps up, as
+/// Envoy's `slow_start_config` ramps a new host's weight: the weight is the
+/// host's full one times `max((elapsed / window) ^ (1 / aggression),
+/// min_weight_percent / 100)` until the window ends
+/// (`EdfLoadBalancerBase::applySlowStartFactor`).
+#[derive(Debug, Clone, Copy)]
+pub struct SlowStart {
+    pub window: Duration,
+    /// Above 0 and finite.
+    pub aggression: f64,
+    /// 0 to 100.
+    pub min_weight_percent: u8,
+}
+
+impl PartialEq for SlowStart {
+    fn eq(&self, other: &Self) -> bool {
+        self.window == other.window
+            && self.aggression.to_bits() == other.aggression.to_bits()
+            && self.min_weight_percent == other.min_weight_percent
+    }
+}
+
+// `aggression` is finite (validated), so bitwise equality is an equivalence.
+impl Eq for SlowStart {}
+
+impl SlowStart {
+    /// The share of its full weight a host readmitted `elapsed` ago gets
+    /// (0 to 1; 1 once the window has passed).
+    pub fn weight(&self, elapsed: Duration) -> f64 {
+        if elapsed >= self.window {
+            return 1.0;
+        }
+        // Envoy counts at least 1 ms in.
+        let elapsed = elapsed.max(Duration::from_millis(1));
+        let time_factor = elapsed.as_secs_f64() / self.window.as_secs_f64();
+        let ramp = if self.aggression == 1.0 {
+            time_factor
+        } else {
+            time_factor.powf(1.0 / self.aggression)
+        };
+        ramp.max(f64::from(self.min_weight_percent) / 100.0)
+            .min(1.0)
+    }
+}
 
 /// Validated configuration of `graceful_consumer`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -64,6 +113,9 @@ pub struct ConsumerConfig {
     /// Lower-case request header set to this Envoy's instance id on every
     /// outbound request, replacing a client's; None turns it off.
     pub consumer_header: Option<String>,
+    /// How a readmitted host's share ramps up; None (the default): it takes
+    /// its full share at once.
+    pub readmit_slow_start: Option<SlowStart>,
 }
 
 /// The configuration as written. Its doc comments and `schemars`
@@ -136,6 +188,30 @@ struct ConsumerDto {
     /// `instance_header`.
     #[cfg_attr(feature = "schema", schemars(with = "OptionalHeaderName", extend("default" = DEFAULT_CONSUMER_HEADER)))]
     consumer_header: Option<String>,
+    /// (added) A host readmitted (a new instance answering at a tombstoned address) gets a share
+    /// that ramps up over `window`, as Envoy's `slow_start_config` ramps a new host: a restarted
+    /// instance on the same address is the same Envoy host, which Envoy does not ramp again. Left
+    /// out (the default), it takes its full share at once. While a host ramps, every request to its
+    /// cluster is steered.
+    readmit_slow_start: Option<SlowStartDto>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(inline))]
+struct SlowStartDto {
+    /// How long the ramp lasts (Envoy's `slow_start_window`).
+    #[cfg_attr(feature = "schema", schemars(with = "PositiveDurationText"))]
+    window: String,
+    /// The ramp's shape: the weight grows as `(elapsed / window) ^ (1 / aggression)`; 1 is linear,
+    /// above 1 faster at first. Above 0.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(extend("default" = DEFAULT_SLOW_START_AGGRESSION, "exclusiveMinimum" = 0)))]
+    aggression: Option<f64>,
+    /// The least share of its weight the host gets during the ramp, in percent.
+    #[serde(default)]
+    #[cfg_attr(feature = "schema", schemars(range(max = 100), extend("default" = DEFAULT_SLOW_START_MIN_WEIGHT_PERCENT)))]
+    min_weight_percent: Option<u64>,
 }
 
 /// [`ConsumerConfig::from_json`]'s rules on values the schema cannot weigh.
@@ -177,7 +253,7 @@ fn positive(field: &str, d: Duration) -> Result<Duration, ConfigError> {
 impl ConsumerConfig {
     /// Parses and validates the plugin configuration bytes.
     pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
-        let dto: ConsumerDto = read_dto(bytes, &[])?;
+        let dto: ConsumerDto = read_dto(bytes, &["readmit_slow_start"])?;
         let mut closing_headers: Vec<String> = Vec::new();
         match dto.closing_headers {
             None => closing_headers.extend(DEFAULT_CLOSING_HEADERS.iter().map(|s| s.to_string())),
@@ -284,6 +360,10 @@ impl ConsumerConfig {
                     )
                 })?,
         };
+        let readmit_slow_start = match dto.readmit_slow_start {
+            None => None,
+            Some(ss) => Some(slow_start(&ss)?),
+        };
         Ok(ConsumerConfig {
             closing_headers,
             instance_header,
@@ -297,8 +377,41 @@ impl ConsumerConfig {
             probe_path,
             panic_threshold,
             consumer_header,
+            readmit_slow_start,
         })
     }
+}
+
+fn slow_start(dto: &SlowStartDto) -> Result<SlowStart, ConfigError> {
+    let window = positive(
+        "readmit_slow_start.window",
+        duration(
+            "readmit_slow_start.window",
+            Some(&dto.window),
+            Duration::ZERO,
+        )?,
+    )?;
+    let aggression = dto.aggression.unwrap_or(DEFAULT_SLOW_START_AGGRESSION);
+    if !(aggression.is_finite() && aggression > 0.0) {
+        return Err(ConfigError::new(
+            "readmit_slow_start.aggression",
+            format!("{aggression} must be above 0"),
+        ));
+    }
+    let min_weight_percent = match dto.min_weight_percent {
+        None => DEFAULT_SLOW_START_MIN_WEIGHT_PERCENT,
+        Some(n) => u8::try_from(n).ok().filter(|n| *n <= 100).ok_or_else(|| {
+            ConfigError::new(
+                "readmit_slow_start.min_weight_percent",
+                format!("{n} is out of range 0..=100 (percent)"),
+            )
+        })?,
+    };
+    Ok(SlowStart {
+        window,
+        aggression,
+        min_weight_percent,
+    })
 }
 
 #[cfg(test)]
@@ -320,6 +433,46 @@ mod tests {
         assert_eq!(cfg.probe_path.as_deref(), Some("/graceful/ready"));
         assert_eq!(cfg.panic_threshold, 50);
         assert_eq!(cfg.consumer_header.as_deref(), Some("x-graceful-consumer"));
+        assert_eq!(cfg.readmit_slow_start, None, "off unless asked, as Envoy's");
+    }
+
+    #[test]
+    fn slow_start_reads_envoys_fields_and_defaults() {
+        let cfg = ConsumerConfig::from_json(br#"{"readmit_slow_start":{"window":"20s"}}"#).unwrap();
+        let ss = cfg.readmit_slow_start.unwrap();
+        assert_eq!(ss.window, Duration::from_secs(20));
+        assert_eq!((ss.aggression, ss.min_weight_percent), (1.0, 10));
+        let cfg = ConsumerConfig::from_json(
+            br#"{"readmit_slow_start":{"window":"10s","aggression":2.0,"min_weight_percent":0}}"#,
+        )
+        .unwrap();
+        let ss = cfg.readmit_slow_start.unwrap();
+        assert_eq!((ss.aggression, ss.min_weight_percent), (2.0, 0));
+    }
+
+    #[test]
+    fn slow_start_weight_follows_envoys_formula() {
+        let linear = SlowStart {
+            window: Duration::from_secs(10),
+            aggression: 1.0,
+            min_weight_percent: 10,
+        };
+        let w = |ss: &SlowStart, ms: u64| ss.weight(Duration::from_millis(ms));
+        assert_eq!(w(&linear, 0), 0.1, "the floor");
+        assert_eq!(w(&linear, 500), 0.1);
+        assert!((w(&linear, 5_000) - 0.5).abs() < 1e-9);
+        assert_eq!(w(&linear, 10_000), 1.0, "over once the window passed");
+        let eager = SlowStart {
+            aggression: 2.0,
+            min_weight_percent: 0,
+            ..linear
+        };
+        // (0.25)^(1/2) = 0.5: faster at first.
+        assert!((w(&eager, 2_500) - 0.5).abs() < 1e-9);
+        assert!(
+            w(&eager, 0) > 0.0 && w(&eager, 0) < 0.02,
+            "1 ms in at least"
+        );
     }
 
     #[test]
@@ -425,6 +578,41 @@ mod tests {
                 "invalid type",
             ),
             (r#"{"panic_threshold":-1}"#, "panic_threshold", "invalid"),
+            (
+                r#"{"readmit_slow_start":"30s"}"#,
+                "readmit_slow_start",
+                "JSON object",
+            ),
+            (
+                r#"{"readmit_slow_start":{}}"#,
+                "readmit_slow_start",
+                "missing field `window`",
+            ),
+            (
+                r#"{"readmit_slow_start":{"window":"0s"}}"#,
+                "readmit_slow_start.window",
+                "above 0s",
+            ),
+            (
+                r#"{"readmit_slow_start":{"window":"5s","aggression":0}}"#,
+                "readmit_slow_start.aggression",
+                "above 0",
+            ),
+            (
+                r#"{"readmit_slow_start":{"window":"5s","aggression":-1.5}}"#,
+                "readmit_slow_start.aggression",
+                "above 0",
+            ),
+            (
+                r#"{"readmit_slow_start":{"window":"5s","min_weight_percent":101}}"#,
+                "readmit_slow_start.min_weight_percent",
+                "out of range",
+            ),
+            (
+                r#"{"readmit_slow_start":{"window":"5s","ramp":"fast"}}"#,
+                "readmit_slow_start.ramp",
+                "unknown field",
+            ),
             (
                 r#"{"tombstone_tll":"5s"}"#,
                 "tombstone_tll",

@@ -27,6 +27,19 @@
 //!
 //! After every change, expired entries are dropped, and if more than
 //! `max_tombstones` remain, those expiring first are dropped.
+//!
+//! # Warming (with `readmit_slow_start`)
+//!
+//! A readmission then leaves a [`Warming`] entry beside the tombstones: the
+//! host is no longer tombstoned, and steering ramps its share over the
+//! window ([`crate::consumer::steering::plan()`]).
+//!
+//! | warming entry for the address | observation | result |
+//! |---|---|---|
+//! | none | a tombstone removed by a new instance's answer | new: since now, until now + window |
+//! | live | closing or connect failure (a new tombstone) | removed: the tombstone stands |
+//! | live | answered | kept |
+//! | past its end | any | dropped at the next change |
 
 use std::time::Duration;
 
@@ -105,11 +118,26 @@ pub enum Change {
     Readmitted,
 }
 
-/// TTLs that apply to new tombstones.
+/// How long new entries live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ttls {
     pub closing: Duration,
     pub failure: Duration,
+    /// A readmitted host's slow-start window; None: readmission leaves no
+    /// warming entry.
+    pub warming: Option<Duration>,
+}
+
+/// A readmitted host whose share is still ramping up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Warming {
+    pub address: String,
+    /// The cluster its tombstone was written for.
+    pub cluster: String,
+    /// When it was readmitted (µs on the host's monotonic clock).
+    pub since_us: u64,
+    /// When its window ends.
+    pub until_us: u64,
 }
 
 /// Truncates to `max` bytes on a char boundary (inputs come from the
@@ -126,11 +154,27 @@ fn bounded(s: &str, max: usize) -> String {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Tombstones {
     entries: Vec<Tombstone>,
+    /// Readmitted hosts still ramping up (none without
+    /// `readmit_slow_start`); never an address with a live tombstone.
+    warming: Vec<Warming>,
 }
 
 impl Tombstones {
     pub fn entries(&self) -> &[Tombstone] {
         &self.entries
+    }
+
+    /// Warming entries whose window has not ended at `now_us`.
+    pub fn warming(&self, now_us: u64) -> impl Iterator<Item = &Warming> {
+        self.warming.iter().filter(move |w| w.until_us > now_us)
+    }
+
+    /// The latest end of any entry, tombstone or warming (0 with none):
+    /// until then steering may have something to do.
+    pub fn latest_end(&self) -> u64 {
+        let tombstones = self.entries.iter().map(|t| t.expires_us);
+        let warming = self.warming.iter().map(|w| w.until_us);
+        tombstones.chain(warming).max().unwrap_or(0)
     }
 
     /// Live tombstones at `now_us`.
@@ -195,6 +239,7 @@ impl Tombstones {
                 },
             ) => {
                 self.entries.retain(|t| t.address != address);
+                self.warming.retain(|w| w.address != address);
                 self.entries.push(Tombstone {
                     address: bounded(address, MAX_ADDRESS),
                     cluster: bounded(cluster, MAX_CLUSTER),
@@ -206,6 +251,7 @@ impl Tombstones {
             }
             (None, Observation::ConnectFailure { cluster, .. }) => {
                 self.entries.retain(|t| t.address != address);
+                self.warming.retain(|w| w.address != address);
                 self.entries.push(Tombstone {
                     address: bounded(address, MAX_ADDRESS),
                     cluster: bounded(cluster, MAX_CLUSTER),
@@ -252,7 +298,16 @@ impl Tombstones {
                             None => false,
                         };
                         if new_instance {
-                            self.entries.remove(i);
+                            let t = self.entries.remove(i);
+                            if let Some(window) = ttls.warming {
+                                self.warming.retain(|w| w.address != t.address);
+                                self.warming.push(Warming {
+                                    since_us: now_us,
+                                    until_us: now_us.saturating_add(micros(window)),
+                                    address: t.address,
+                                    cluster: t.cluster,
+                                });
+                            }
                             Change::Readmitted
                         } else {
                             Change::Unchanged
@@ -267,7 +322,8 @@ impl Tombstones {
         change
     }
 
-    /// Drops expired entries, then the earliest-expiring ones beyond `max`.
+    /// Drops expired entries, then the earliest-expiring ones beyond `max`
+    /// (tombstones and warming entries bounded apart: `max` each).
     pub fn compact(&mut self, now_us: u64, max: usize) {
         self.entries.retain(|t| t.expires_us > now_us);
         if self.entries.len() > max {
@@ -275,11 +331,20 @@ impl Tombstones {
                 .sort_by_key(|t| std::cmp::Reverse(t.expires_us));
             self.entries.truncate(max);
         }
+        self.warming.retain(|w| w.until_us > now_us);
+        if self.warming.len() > max {
+            self.warming.sort_by_key(|w| std::cmp::Reverse(w.until_us));
+            self.warming.truncate(max);
+        }
     }
 
     /// Layout: version u8, count u32 LE, then per entry: expires_us u64 LE,
     /// cause u8, then address, instance (u8 length + bytes each) and
-    /// cluster (u8 length + bytes).
+    /// cluster (u8 length + bytes). Then, only if there are warming entries:
+    /// their count u32 LE, and per entry since_us and until_us (u64 LE),
+    /// address and cluster (u8 length + bytes). A build from before
+    /// `readmit_slow_start` reads a list with warming entries as unreadable
+    /// (and keeps its cached one): only where the field is set.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(5 + self.entries.len() * 48);
         out.push(VERSION);
@@ -294,6 +359,18 @@ impl Tombstones {
                 // Lengths are bounded at insertion, well under 256.
                 out.push(s.len() as u8);
                 out.extend_from_slice(s.as_bytes());
+            }
+        }
+        if !self.warming.is_empty() {
+            out.extend_from_slice(&(self.warming.len() as u32).to_le_bytes());
+            for w in &self.warming {
+                out.extend_from_slice(&w.since_us.to_le_bytes());
+                out.extend_from_slice(&w.until_us.to_le_bytes());
+                for s in [&w.address, &w.cluster] {
+                    // Taken from a tombstone's, bounded there.
+                    out.push(s.len() as u8);
+                    out.extend_from_slice(s.as_bytes());
+                }
             }
         }
         out
@@ -325,7 +402,28 @@ impl Tombstones {
                 cause,
             });
         }
-        r.0.is_empty().then_some(Tombstones { entries })
+        let mut warming = Vec::new();
+        if !r.0.is_empty() {
+            let count = u32::from_le_bytes(r.take(4)?.try_into().ok()?) as usize;
+            // Written only when there is one.
+            if count == 0 {
+                return None;
+            }
+            warming.reserve(count.min(r.0.len() / 18));
+            for _ in 0..count {
+                let since_us = u64::from_le_bytes(r.take(8)?.try_into().ok()?);
+                let until_us = u64::from_le_bytes(r.take(8)?.try_into().ok()?);
+                let address = r.string()?;
+                let cluster = r.string()?;
+                warming.push(Warming {
+                    address,
+                    cluster,
+                    since_us,
+                    until_us,
+                });
+            }
+        }
+        r.0.is_empty().then_some(Tombstones { entries, warming })
     }
 }
 
@@ -368,6 +466,7 @@ mod tests {
     const TTLS: Ttls = Ttls {
         closing: Duration::from_secs(30),
         failure: Duration::from_secs(5),
+        warming: None,
     };
 
     fn closing<'a>(address: &'a str, instance: Option<&'a str>) -> Observation<'a> {
@@ -454,6 +553,7 @@ mod tests {
         let ttls = Ttls {
             closing: Duration::from_secs(5),
             failure: Duration::from_secs(30),
+            warming: None,
         };
         let mut t = Tombstones::default();
         t.observe(&failure("h:1"), &ttls, 0, 8);
@@ -571,6 +671,67 @@ mod tests {
         t.observe(&closing("h:1", Some(&multibyte)), &TTLS, 0, 8);
         assert_eq!(t.entries()[0].instance.len(), 128);
         assert_eq!(Tombstones::decode(&t.encode()), Some(t));
+    }
+
+    const WARMING: Ttls = Ttls {
+        warming: Some(Duration::from_secs(10)),
+        ..TTLS
+    };
+
+    #[test]
+    fn with_slow_start_a_readmission_leaves_a_warming_entry_until_the_window_ends() {
+        let mut t = Tombstones::default();
+        t.observe(&closing("h:1", Some("old")), &WARMING, 0, 8);
+        assert_eq!(
+            t.observe(&answered("h:1", Some("new")), &WARMING, 2 * S, 8),
+            Change::Readmitted
+        );
+        assert!(t.get_live("h:1", 2 * S).is_none(), "no longer tombstoned");
+        assert_eq!(t.live_count(2 * S), 0);
+        let w: Vec<&Warming> = t.warming(2 * S).collect();
+        assert_eq!(
+            w,
+            [&Warming {
+                address: "h:1".into(),
+                cluster: "svc".into(),
+                since_us: 2 * S,
+                until_us: 12 * S,
+            }]
+        );
+        assert_eq!(t.latest_end(), 12 * S, "steering lasts the window");
+        assert_eq!(t.warming(12 * S).count(), 0, "over at its end");
+        assert_eq!(Tombstones::decode(&t.encode()), Some(t.clone()));
+        // Answers while warming change nothing.
+        assert_eq!(
+            t.observe(&answered("h:1", Some("new")), &WARMING, 3 * S, 8),
+            Change::Unchanged
+        );
+        // Closing again: a tombstone, and the warming entry goes.
+        assert_eq!(
+            t.observe(&closing("h:1", Some("new")), &WARMING, 4 * S, 8),
+            Change::Evicted
+        );
+        assert_eq!(t.warming(4 * S).count(), 0);
+        assert!(t.get_live("h:1", 4 * S).is_some());
+        // Without slow start a readmission leaves nothing.
+        let mut t = Tombstones::default();
+        t.observe(&closing("h:1", Some("old")), &TTLS, 0, 8);
+        t.observe(&answered("h:1", Some("new")), &TTLS, S, 8);
+        assert_eq!((t.warming(S).count(), t.latest_end()), (0, 0));
+    }
+
+    #[test]
+    fn warming_entries_are_bounded_and_dropped_when_over() {
+        let mut t = Tombstones::default();
+        for i in 0..5u64 {
+            let a = format!("h:{i}");
+            t.observe(&closing(&a, Some("old")), &WARMING, 0, 3);
+            t.observe(&answered(&a, Some("new")), &WARMING, i * S, 3);
+        }
+        let left: Vec<&str> = t.warming(4 * S).map(|w| w.address.as_str()).collect();
+        assert_eq!(left, ["h:4", "h:3", "h:2"], "the last 3 to end kept");
+        t.compact(14 * S, 3);
+        assert_eq!(t.warming(0).count(), 0, "ended entries dropped");
     }
 
     #[test]

@@ -352,6 +352,7 @@ impl Consumer {
             ttls: Ttls {
                 closing: config.tombstone_ttl,
                 failure: config.failure_tombstone_ttl,
+                warming: config.readmit_slow_start.map(|s| s.window),
             },
             config,
             upstream,

@@ -194,14 +194,9 @@ impl Consumer {
             Tombstones::decode,
         );
         if changed {
-            self.live_until = self
-                .tombstones
-                .value
-                .entries()
-                .iter()
-                .map(|t| t.expires_us)
-                .max()
-                .unwrap_or(0);
+            // Warming entries too: while a readmitted host ramps up, its
+            // cluster is steered.
+            self.live_until = self.tombstones.value.latest_end();
         }
     }
 

@@ -107,6 +107,7 @@ impl Consumer {
             let rules = Rules {
                 ttls: self.ttls,
                 panic_threshold: self.config.panic_threshold,
+                slow_start: self.config.readmit_slow_start,
             };
             let (plan, until_us) = plan(&members, &self.tombstones.value, cluster, now, &rules);
             self.plans_made += 1;

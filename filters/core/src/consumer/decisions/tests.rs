@@ -229,6 +229,37 @@ fn a_new_instance_answering_readmits() {
 }
 
 #[test]
+fn with_slow_start_every_copy_ramps_a_readmitted_host_then_leaves_the_balancer_alone() {
+    let (store, mut c) = copies(r#"{"readmit_slow_start":{"window":"10s"}}"#, 2);
+    for a in ["a:1", "c:1"] {
+        observe(&mut c[0], &store, ok("x"), a, Part::Headers, S);
+    }
+    observe(&mut c[0], &store, closing("old"), "b:1", Part::Headers, S);
+    let fx = observe(&mut c[0], &store, ok("new"), "b:1", Part::Headers, 2 * S);
+    assert!(
+        fx.contains(&Effect::Add(Metric::ConsumerReadmitted, 1)),
+        "{fx:?}"
+    );
+    assert!(
+        fx.contains(&Effect::Set(Metric::ConsumerTombstones, 0)),
+        "warming is not a tombstone: {fx:?}"
+    );
+    carry(&fx);
+    // The other copy, 1 s into the window (weight 0.1: 2 slots of 42).
+    let firsts: Vec<String> = (0..420)
+        .map(|_| steer(&mut c[1], &store, "svc", 3 * S).expect("steered while warming"))
+        .map(|list| list.split(',').next().unwrap_or_default().to_string())
+        .collect();
+    let b = firsts.iter().filter(|f| *f == "b:1").count();
+    assert_eq!(b, 20, "b:1 first for 2 of every 42");
+    assert_eq!(
+        steer(&mut c[1], &store, "svc", 12 * S),
+        None,
+        "the window over"
+    );
+}
+
+#[test]
 fn connect_failures_evict_downstream_as_local_503s_and_upstream_as_failed_attempts() {
     let (store, mut c) = copies("", 1);
     let mut reply = Stream::to("svc").with(":status", "503");

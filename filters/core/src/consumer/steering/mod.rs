@@ -51,12 +51,14 @@ pub(crate) mod testing {
     pub const TTLS: Ttls = Ttls {
         closing: Duration::from_secs(30),
         failure: Duration::from_secs(5),
+        warming: None,
     };
 
     /// The consumer's defaults.
     pub const RULES: Rules = Rules {
         ttls: TTLS,
         panic_threshold: 50,
+        slow_start: None,
     };
 
     pub fn members(addrs: &[&str]) -> Vec<Member> {

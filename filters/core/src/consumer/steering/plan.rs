@@ -4,11 +4,17 @@
 use std::collections::{HashMap, HashSet};
 
 use super::Member;
+use crate::consumer::config::SlowStart;
 use crate::consumer::tombstone::{Cause, Tombstone, Tombstones, Ttls};
+use crate::shared::duration::micros;
 
 /// Most hosts named in one override header: enough for the first attempt
 /// and retries; past the list Envoy uses the fallback policy.
 pub const MAX_OVERRIDE_HOSTS: usize = 8;
+
+/// A host's full weight in rotation slots: a warming host's share moves in
+/// steps of 1/`FULL_WEIGHT` of a full one (5%).
+pub const FULL_WEIGHT: u8 = 20;
 
 /// What to do with one request's host selection.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,6 +44,10 @@ pub enum Plan {
         /// first. Each is tried first in a list of its own, the acceptable
         /// hosts after it, so a refusal is retried on an acceptable host.
         trial: Vec<String>,
+        /// Each host's weight in slots of [`FULL_WEIGHT`], in `hosts`'
+        /// order, while one of them is warming up (`readmit_slow_start`);
+        /// empty: all full.
+        weights: Vec<u8>,
     },
 }
 
@@ -47,6 +57,7 @@ impl Plan {
         Plan::Hosts {
             hosts: hosts.into_iter().map(Into::into).collect(),
             trial: Vec::new(),
+            weights: Vec::new(),
         }
     }
 
@@ -84,13 +95,22 @@ pub struct Rotations {
     per_list: usize,
     /// One list per trial host.
     trial: Vec<String>,
+    /// With weights: which list each rotation takes (an acceptable host's
+    /// index, or `hosts` + a trial host's), each host as often as its
+    /// weight, spread evenly; empty: every list in turn.
+    order: Vec<u32>,
 }
 
 impl Rotations {
     /// The rotations of `plan` (none for `LeaveAlone` or no acceptable
     /// host).
     pub fn of(plan: &Plan) -> Rotations {
-        let Plan::Hosts { hosts, trial } = plan else {
+        let Plan::Hosts {
+            hosts,
+            trial,
+            weights,
+        } = plan
+        else {
             return Rotations::default();
         };
         let per_list = hosts.len().min(MAX_OVERRIDE_HOSTS);
@@ -113,6 +133,7 @@ impl Rotations {
             hosts: hosts.len(),
             per_list,
             trial: Vec::new(),
+            order: Vec::new(),
         };
         // Without an acceptable host there is nothing to retry on: no trial.
         if rotations.hosts > 0 {
@@ -127,6 +148,16 @@ impl Rotations {
                 })
                 .collect();
         }
+        if !weights.is_empty() && rotations.hosts > 0 {
+            let full = std::iter::repeat_n(FULL_WEIGHT, rotations.trial.len());
+            let all: Vec<u8> = hosts
+                .iter()
+                .enumerate()
+                .map(|(i, _)| weights.get(i).copied().unwrap_or(FULL_WEIGHT))
+                .chain(full)
+                .collect();
+            rotations.order = spread(&all);
+        }
         rotations
     }
 
@@ -137,7 +168,12 @@ impl Rotations {
         if self.hosts == 0 {
             return None;
         }
-        let slot = rotation % (self.hosts + self.trial.len());
+        let slot = if self.order.is_empty() {
+            rotation % (self.hosts + self.trial.len())
+        } else {
+            let at = self.order.get(rotation % self.order.len())?;
+            usize::try_from(*at).ok()?
+        };
         match slot.checked_sub(self.hosts) {
             Some(t) => self.trial.get(t).map(String::as_str),
             None => self.acceptable_list(slot, self.per_list),
@@ -156,6 +192,25 @@ impl Rotations {
     }
 }
 
+/// Rotation slots for weights (each at most [`FULL_WEIGHT`]): index `i`
+/// appears `weights[i]` times, spread over [`FULL_WEIGHT`] rounds
+/// (Bresenham: in round `r`, each index whose weight's share reaches a new
+/// whole slot), so a host of weight 2 is first once in every 10 rounds,
+/// not twice in a row.
+fn spread(weights: &[u8]) -> Vec<u32> {
+    let full = u32::from(FULL_WEIGHT);
+    let mut order = Vec::with_capacity(weights.iter().map(|w| usize::from(*w)).sum());
+    for round in 0..full {
+        for (i, w) in weights.iter().enumerate() {
+            let w = u32::from(*w).min(full);
+            if (round + 1) * w / full > round * w / full {
+                order.push(u32::try_from(i).unwrap_or(u32::MAX));
+            }
+        }
+    }
+    order
+}
+
 /// What shapes a plan beside membership and tombstones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rules {
@@ -166,6 +221,9 @@ pub struct Rules {
     /// that only refused connections (the consumer's `panic_threshold`;
     /// 0: no floor).
     pub panic_threshold: u8,
+    /// How a readmitted host ramps up (`readmit_slow_start`); None:
+    /// warming entries are ignored.
+    pub slow_start: Option<SlowStart>,
 }
 
 impl Rules {
@@ -238,6 +296,28 @@ pub fn plan(
     concerned |= members
         .iter()
         .any(|m| dead.contains_key(m.address.as_str()));
+    // Readmitted hosts ramping up keep their cluster steered until their
+    // window ends; the plan is made again at each step of their weight.
+    let mut warming: HashMap<&str, u8> = HashMap::new();
+    if let Some(ss) = &rules.slow_start {
+        let step = micros(ss.window / u32::from(FULL_WEIGHT)).max(50_000);
+        for w in tombstones.warming(now_us) {
+            if dead.contains_key(w.address.as_str()) {
+                continue;
+            }
+            let elapsed = std::time::Duration::from_micros(now_us.saturating_sub(w.since_us));
+            let slots = (ss.weight(elapsed) * f64::from(FULL_WEIGHT)).round();
+            // At least one slot: a share below 5% is 5%.
+            let slots = (slots as u8).clamp(1, FULL_WEIGHT);
+            if warming.insert(w.address.as_str(), slots).is_none() {
+                until = until.min(w.until_us).min(now_us.saturating_add(step));
+                concerned |= w.cluster == cluster;
+            }
+        }
+        concerned |= members
+            .iter()
+            .any(|m| warming.contains_key(m.address.as_str()));
+    }
     if !concerned {
         return (Plan::LeaveAlone, until);
     }
@@ -287,10 +367,20 @@ pub fn plan(
                 .map(|(_, a)| a.to_string()),
         );
     }
+    let weights: Vec<u8> = acceptable
+        .iter()
+        .map(|a| warming.get(a).copied().unwrap_or(FULL_WEIGHT))
+        .collect();
+    let weights = if weights.iter().all(|w| *w == FULL_WEIGHT) {
+        Vec::new()
+    } else {
+        weights
+    };
     (
         Plan::Hosts {
             hosts: acceptable.into_iter().map(str::to_string).collect(),
             trial,
+            weights,
         },
         until,
     )
@@ -299,6 +389,7 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::consumer::config::SlowStart;
     use crate::consumer::steering::testing::{members, tombstoned, RULES, TTLS};
     use crate::consumer::tombstone::Observation;
 
@@ -394,6 +485,7 @@ mod tests {
             Plan::Hosts {
                 hosts: vec!["c:1".into()],
                 trial: vec!["a:1".into()],
+                weights: Vec::new(),
             },
             "the other zone is neither tried nor listed"
         );
@@ -515,6 +607,7 @@ mod tests {
         Plan::Hosts {
             hosts: acceptable.iter().map(|a| a.to_string()).collect(),
             trial: trial.iter().map(|a| a.to_string()).collect(),
+            weights: Vec::new(),
         }
     }
 
@@ -707,6 +800,7 @@ mod tests {
         let r = Rotations::of(&Plan::Hosts {
             hosts: acceptable.clone(),
             trial: trial.clone(),
+            weights: Vec::new(),
         });
         let mut first = std::collections::HashMap::new();
         for rotation in 0..13 * 4 {
@@ -728,5 +822,95 @@ mod tests {
         assert_eq!(lists, ["a:1", "t:1,a:1", "u:1,a:1"]);
         // No acceptable host: nothing to retry on, no list.
         assert_eq!(Rotations::of(&tried(&[], &["t:1"])).list(0), None);
+    }
+
+    /// How often each host is first over `n` rotations of `plan`.
+    fn first_shares(plan: &Plan, n: usize) -> std::collections::HashMap<String, f64> {
+        let r = Rotations::of(plan);
+        let mut firsts = std::collections::HashMap::new();
+        for rotation in 0..n {
+            let first = r.list(rotation).unwrap_or_default().split(',').next();
+            *firsts
+                .entry(first.unwrap_or_default().to_string())
+                .or_insert(0.0) += 1.0 / n as f64;
+        }
+        firsts
+    }
+
+    #[test]
+    fn a_readmitted_host_ramps_up_over_the_slow_start_window() {
+        let m = members(&["a:1", "b:1", "c:1"]);
+        let ss = SlowStart {
+            window: std::time::Duration::from_secs(10),
+            aggression: 1.0,
+            min_weight_percent: 10,
+        };
+        let rules = Rules {
+            slow_start: Some(ss),
+            ..RULES
+        };
+        let ttls = Ttls {
+            warming: Some(ss.window),
+            ..TTLS
+        };
+        let mut t = tombstoned(&["a:1"]);
+        t.observe(
+            &Observation::Answered {
+                address: "a:1",
+                instance: Some("new"),
+            },
+            &ttls,
+            0,
+            64,
+        );
+        // (seconds in, a:1's weight in slots of 20 beside two full hosts)
+        for (s, slots) in [(0u64, 2.0), (2, 4.0), (5, 10.0), (9, 18.0)] {
+            let now = s * 1_000_000;
+            let (p, until) = plan(&m, &t, "svc", now, &rules);
+            let share = first_shares(&p, 4_200)["a:1"];
+            let want = slots / (slots + 40.0);
+            assert!(
+                (share - want).abs() < 0.01,
+                "{s}s in: a:1 first for {share:.3}, want {want:.3}"
+            );
+            assert!(until <= now + 500_000, "made again at the next step");
+        }
+        assert_eq!(
+            plan(&m, &t, "svc", 10_000_000, &rules).0,
+            Plan::LeaveAlone,
+            "the window over: the balancer decides"
+        );
+        // Without slow start the same list leaves the balancer alone.
+        assert_eq!(plan(&m, &t, "svc", 0, &RULES).0, Plan::LeaveAlone);
+        // A host of weight 2 in 42 slots is never first twice in a row.
+        let r = Rotations::of(&plan(&m, &t, "svc", 0, &rules).0);
+        let firsts: Vec<&str> = (0..42)
+            .filter_map(|i| r.list(i)?.split(',').next())
+            .collect();
+        assert!(
+            firsts.windows(2).all(|w| !(w[0] == "a:1" && w[1] == "a:1")),
+            "{firsts:?}"
+        );
+    }
+
+    #[test]
+    fn a_warming_host_keeps_the_trial_hosts_share_equal_to_a_full_one() {
+        let r = Rotations::of(&Plan::Hosts {
+            hosts: vec!["a:1".into(), "b:1".into()],
+            trial: vec!["t:1".into()],
+            weights: vec![FULL_WEIGHT, 5],
+        });
+        let shares = first_shares(
+            &Plan::Hosts {
+                hosts: vec!["a:1".into(), "b:1".into()],
+                trial: vec!["t:1".into()],
+                weights: vec![FULL_WEIGHT, 5],
+            },
+            450,
+        );
+        assert!((shares["a:1"] - 20.0 / 45.0).abs() < 1e-9, "{shares:?}");
+        assert!((shares["t:1"] - 20.0 / 45.0).abs() < 1e-9, "{shares:?}");
+        assert!((shares["b:1"] - 5.0 / 45.0).abs() < 1e-9, "{shares:?}");
+        assert_eq!(r.list(0).map(|l| l.split(',').count()), Some(2));
     }
 }
