@@ -221,7 +221,11 @@ fn the_schemas_defaults_are_the_parsers() {
                     let required = required.as_str().unwrap();
                     let form = fields[required]["$ref"].as_str().unwrap_or_default();
                     // A cluster's name, or a duration's.
-                    let value = if form.ends_with("duration") { "1s" } else { "app" };
+                    let value = if form.ends_with("duration") {
+                        "1s"
+                    } else {
+                        "app"
+                    };
                     base.insert(required.into(), json!(value));
                 }
                 for (field, sub) in fields {
