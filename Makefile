@@ -49,7 +49,7 @@ E2E_ENV = GRACEFUL_ENVOY=$(CURDIR)/$(ENVOY) GRACEFUL_DIST=$(CURDIR)/dist \
   GRACEFUL_ENVOY_TOO_OLD_FOR_NATIVE=$(CURDIR)/$(call envoy_at,$(ENVOY_TOO_OLD_FOR_NATIVE))
 # Debian packages the tests use beyond Rust and Python (CI runs as root), and
 # the ones make bench adds.
-APT_TOOLS := skopeo docker-registry curl iptables iproute2
+APT_TOOLS := skopeo docker-registry curl iptables iproute2 prometheus
 BENCH_APT_TOOLS := wrk valgrind
 # make oci TAG=...; make push REGISTRY=host[:port]/path TAG=... PUSH_FLAGS=...
 # TAG defaults to the workspace version in Cargo.toml.
@@ -312,6 +312,17 @@ schema-tools: ## install what make schema-check uses: jsonschema and PyYAML (PyP
 schema-check: render schema-tools ## every plugin config in envoy/ and examples/ passes its schema and the parser; the schema refuses the bad configs the parser refuses (schema/tests/corpus.json)
 	$(VENV)/bin/python tools/check_schema.py --parser "$(CONFIG_SCHEMA)"
 
+.PHONY: rules
+rules: schema-tools ## examples/prometheus/prometheusrule.yaml (the prometheus-operator's form) from examples/prometheus/rules.yaml
+	$(VENV)/bin/python tools/gen_prometheusrule.py write
+
+.PHONY: rules-check
+rules-check: schema-tools ## the Prometheus rules: promtool check rules and promtool test rules (Debian's prometheus), and prometheusrule.yaml up to date
+	$(call apt_install,prometheus)
+	promtool check rules examples/prometheus/rules.yaml
+	cd examples/prometheus && promtool test rules rules_test.yaml
+	$(VENV)/bin/python tools/gen_prometheusrule.py check
+
 .PHONY: bench-tools
 bench-tools: ## install what make bench drives the load with and counts under: wrk, valgrind (Debian)
 	$(call apt_install,$(BENCH_APT_TOOLS))
@@ -332,6 +343,7 @@ unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core (
 	$(CARGO) test -p graceful-guest -p graceful-native -p graceful-emulated-host -p graceful-harness --lib --bins
 	python3 -m unittest discover -s tools -p 'test_*.py'
 	$(MAKE) --no-print-directory schema-check
+	$(MAKE) --no-print-directory rules-check
 
 .PHONY: e2e
 e2e: build native native-panic-probe envoy $(call envoy_at,$(ENVOY_TOO_OLD_FOR_NATIVE)) test-tools ## the suites on the built .wasm: the ABI emulator (emulator/tests) and real Envoy (harness/tests)
@@ -342,7 +354,7 @@ e2e: build native native-panic-probe envoy $(call envoy_at,$(ENVOY_TOO_OLD_FOR_N
 
 # The suites that exercise the filters' behaviour, again on the native
 # module (Istio, Envoy Gateway and the docker harness deliver wasm only).
-NATIVE_SUITES := provider_drain consumer faults hostile demo drain_report scale_down xds
+NATIVE_SUITES := provider_drain consumer faults hostile demo drain_report scale_down xds prometheus
 
 .PHONY: e2e-native
 e2e-native: native envoy xds-tools ## the behaviour suites again on the native module (GRACEFUL_DELIVERY=native); its own suite (ABI version, configs, a caught panic) is harness/tests/native.rs in make e2e

@@ -80,6 +80,7 @@ const CUSTOM_GROUP_SUFFIXES: &[&str] = &[
     ".envoyproxy.io",            // Envoy Gateway's EnvoyExtensionPolicy, ...
     "gateway.networking.k8s.io", // Gateway API (a CRD, despite the k8s.io)
     ".x-k8s.io",
+    "monitoring.coreos.com", // the prometheus-operator's PrometheusRule
 ];
 
 /// One YAML document of a file under examples/.
@@ -119,9 +120,16 @@ impl Doc {
 /// YAML under examples/ that is an Envoy config, not a Kubernetes
 /// manifest: harness/tests/readme.rs runs it on real Envoy instead.
 const ENVOY_CONFIGS: &[&str] = &["examples/minimal/envoy.yaml"];
+/// YAML under examples/ that is a Prometheus rule file or its unit tests,
+/// not a Kubernetes manifest: `make rules-check` runs promtool on them.
+const PROMETHEUS_FILES: &[&str] = &[
+    "examples/prometheus/rules.yaml",
+    "examples/prometheus/rules_test.yaml",
+];
 
-/// Every Kubernetes manifest under examples/ (the Envoy configs there
-/// excepted, each of which must exist, so the exception cannot go stale).
+/// Every Kubernetes manifest under examples/ (the Envoy configs and
+/// Prometheus files there excepted, each of which must exist, so the
+/// exception cannot go stale).
 fn example_yaml_files() -> Vec<String> {
     fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
         let entries = std::fs::read_dir(dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
@@ -150,13 +158,15 @@ fn example_yaml_files() -> Vec<String> {
                 .into_owned()
         })
         .collect();
-    for config in ENVOY_CONFIGS {
+    for config in ENVOY_CONFIGS.iter().chain(PROMETHEUS_FILES) {
         assert!(
             files.iter().any(|f| f == config),
-            "{config}: listed as an Envoy config under examples/, not found"
+            "{config}: listed as not a Kubernetes manifest under examples/, not found"
         );
     }
-    files.retain(|f| !ENVOY_CONFIGS.contains(&f.as_str()));
+    files.retain(|f| {
+        !ENVOY_CONFIGS.contains(&f.as_str()) && !PROMETHEUS_FILES.contains(&f.as_str())
+    });
     files.sort();
     files
 }

@@ -15,6 +15,7 @@ pub mod logged;
 pub mod mesh;
 pub mod native;
 pub mod procfs;
+pub mod prometheus;
 pub mod render;
 pub mod run_report;
 pub mod share_chart;

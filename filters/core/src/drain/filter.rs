@@ -170,7 +170,12 @@ impl Drain {
                 h.log(Level::Info, &p.line());
             }
             match self.report(h, now) {
-                Ok(report) => h.log(Level::Info, &format!("drain report: {}", report.to_json())),
+                Ok(report) => {
+                    if let Some(ms) = report.drained_after_ms {
+                        h.metric_set(Metric::DrainDrainedAfterMs, ms);
+                    }
+                    h.log(Level::Info, &format!("drain report: {}", report.to_json()))
+                }
                 Err(e) => h.log(Level::Warn, &format!("drain report not read: {e}")),
             }
             if self.config.on_drained.is_some() {

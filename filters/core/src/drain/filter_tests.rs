@@ -267,6 +267,11 @@ fn a_forced_pass_is_counted_and_warned() {
     assert_eq!(forced[0].0, Level::Warn);
     assert_eq!(h.metric(Metric::DrainPassedTimeout), 1);
     assert_eq!(h.metric(Metric::DrainPassedQuiet), 0);
+    assert_eq!(
+        h.metric(Metric::DrainDrainedAfterMs),
+        2000,
+        "the report's drained_after_ms"
+    );
     // The report names the timeout, in the log line and at its endpoint.
     let line = h.logs_containing("drain report: {");
     assert_eq!(line.len(), 1, "{:?}", h.logs());

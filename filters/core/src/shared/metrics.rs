@@ -48,6 +48,9 @@ pub enum Metric {
     /// Callers still sending after `consumer_update_wait` (the report's
     /// peers whose last request came later).
     DrainLatePeers,
+    /// The last shutdown's closing-to-pass time in ms (the report's
+    /// `drained_after_ms`), set at the pass.
+    DrainDrainedAfterMs,
     /// Outbound requests in flight (read by the drain gate).
     ConsumerInflight,
     /// Outbound requests started (the drain's quiet window).
@@ -69,7 +72,7 @@ use Kind::{Counter, Gauge};
 use Owner::{Consumer, Drain, Provider};
 
 impl Metric {
-    pub const ALL: [Metric; 20] = [
+    pub const ALL: [Metric; 21] = [
         Metric::ProviderInflight,
         Metric::ProviderStarted,
         Metric::ProviderClosingMarked,
@@ -82,6 +85,7 @@ impl Metric {
         Metric::DrainPassedStepTimeout,
         Metric::DrainPassedTimeout,
         Metric::DrainLatePeers,
+        Metric::DrainDrainedAfterMs,
         Metric::ConsumerInflight,
         Metric::ConsumerStarted,
         Metric::ConsumerTombstones,
@@ -116,6 +120,7 @@ impl Metric {
             }
             Metric::DrainPassedTimeout => ("graceful_drain_passed_timeout", Counter, Drain, &[]),
             Metric::DrainLatePeers => ("graceful_drain_late_peers", Gauge, Drain, &[]),
+            Metric::DrainDrainedAfterMs => ("graceful_drain_drained_after_ms", Gauge, Drain, &[]),
             Metric::ConsumerInflight => ("graceful_consumer_inflight", Gauge, Consumer, &[Drain]),
             Metric::ConsumerStarted => ("graceful_consumer_started", Counter, Consumer, &[Drain]),
             Metric::ConsumerTombstones => ("graceful_consumer_tombstones", Gauge, Consumer, &[]),

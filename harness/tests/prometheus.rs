@@ -1,0 +1,183 @@
+//! The Prometheus rules (`examples/prometheus/rules.yaml`) beside real
+//! shutdowns: a real Prometheus scrapes two provider sidecars' Envoys every
+//! second; one drains quiet, the other is forced by `step_timeout` with a
+//! request still in flight. The forced-drain alert fires for the second and
+//! never for the first. And every metric the rules and their unit tests
+//! name is one a real Envoy's `/stats/prometheus` lists.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use graceful_harness::support::client::{self, Conn};
+use graceful_harness::support::envoy::{eventually, repo_root};
+use graceful_harness::support::mesh::{self, ConsumerSidecar, ProviderSidecar};
+use graceful_harness::support::prometheus::{metric_names, Prometheus, Target};
+
+const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// The filters' metric names the rules files mention (not the recording
+/// rules' own names, which hold a `:`).
+fn names_in_rules() -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for file in ["rules.yaml", "rules_test.yaml"] {
+        let path = repo_root().join("examples/prometheus").join(file);
+        let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{file}: {e}"));
+        for (at, _) in text.match_indices("graceful_") {
+            if text[..at].ends_with(|c: char| c == ':' || c.is_ascii_alphanumeric()) {
+                continue;
+            }
+            let name: String = text[at..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            // Config fields and the product's name, not metrics.
+            if name.starts_with("graceful_drain_")
+                || name.starts_with("graceful_provider_")
+                || name.starts_with("graceful_consumer_")
+            {
+                names.insert(name);
+            }
+        }
+    }
+    names
+}
+
+/// The names a scrape stores: Envoy's, after the relabelling rules.yaml
+/// asks for (a native module's stats keep Envoy's `envoy_wasmcustom_`).
+async fn scraped(admin: std::net::SocketAddr) -> BTreeSet<String> {
+    let r = client::get(admin, "/stats/prometheus").await.unwrap();
+    assert_eq!(r.status, 200);
+    metric_names(&r.text())
+        .into_iter()
+        .map(|n| match n.strip_prefix("envoy_wasmcustom_") {
+            Some(plain) if plain.starts_with("graceful_") => plain.to_string(),
+            _ => n,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_forced_drain_alert_fires_for_a_forced_pass_and_not_for_a_quiet_one() {
+    let drain = r#"{"consumer_update_wait":"1s","quiet_window":"300ms","step_timeout":"1s","timeout":"30s"}"#;
+    let quiet = ProviderSidecar::start("prom-quiet", LOOPBACK, drain, "{}").await;
+    let forced = ProviderSidecar::start("prom-forced", LOOPBACK, drain, "{}").await;
+    let consumer = ConsumerSidecar::start("prom-consumer", "{}", 2).await;
+
+    // Every name the rules use is one Envoy exposes, from one filter or another.
+    let mut exposed = scraped(quiet.envoy.admin).await;
+    exposed.extend(scraped(consumer.envoy.admin).await);
+    let used = names_in_rules();
+    assert!(used.len() >= 8, "read the rules' metrics: {used:?}");
+    let missing: Vec<&String> = used.difference(&exposed).collect();
+    assert!(
+        missing.is_empty(),
+        "named in the rules, not in /stats/prometheus: {missing:?}"
+    );
+
+    let prom = Prometheus::start(
+        "rules",
+        &[
+            Target {
+                admin: quiet.envoy.admin,
+                labels: &[
+                    ("namespace", "shop"),
+                    ("app", "cart"),
+                    ("pod", "cart-quiet"),
+                ],
+            },
+            Target {
+                admin: forced.envoy.admin,
+                labels: &[
+                    ("namespace", "shop"),
+                    ("app", "cart"),
+                    ("pod", "cart-forced"),
+                ],
+            },
+        ],
+    )
+    .await;
+    // Both scraped while serving (a counter's increase needs its 0).
+    eventually("both targets scraped", Duration::from_secs(30), || async {
+        let up = prom.query("graceful_drain_passed_quiet == 0").await;
+        (up.len() == 2).then_some(())
+    })
+    .await;
+
+    // Quiet: nothing in flight.
+    mesh::start_closing(quiet.inbound).await;
+    // Forced: a request outlasting consumer_update_wait + step_timeout.
+    let inbound = forced.inbound;
+    let slow = tokio::spawn(async move {
+        let mut c = Conn::http1(inbound).await.unwrap();
+        c.get("/delay/4000").await.unwrap()
+    });
+    eventually(
+        "the slow request in flight",
+        Duration::from_secs(10),
+        || async { (mesh::status(forced.inbound).await.inflight_inbound == 1).then_some(()) },
+    )
+    .await;
+    mesh::start_closing(forced.inbound).await;
+    let q = mesh::until_drained(quiet.inbound, Duration::from_secs(20)).await;
+    assert!(!q.forced, "{q:?}");
+    let f = mesh::until_drained(forced.inbound, Duration::from_secs(20)).await;
+    assert!(f.forced, "{f:?}");
+
+    let firing = eventually(
+        "GracefulDrainForcedByStepTimeout firing",
+        Duration::from_secs(30),
+        || async {
+            let alerts = prom.alerts().await;
+            alerts
+                .iter()
+                .any(|(labels, state)| {
+                    labels["alertname"] == "GracefulDrainForcedByStepTimeout" && state == "firing"
+                })
+                .then_some(alerts)
+        },
+    )
+    .await;
+    eprintln!("alerts: {firing:?}");
+    let forced_alerts: Vec<&serde_json::Value> = firing
+        .iter()
+        .filter(|(l, _)| {
+            l["alertname"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("GracefulDrainForced"))
+        })
+        .map(|(l, _)| l)
+        .collect();
+    assert!(
+        forced_alerts.iter().all(|l| l["pod"] == "cart-forced"),
+        "a forced-drain alert for the quiet pass: {forced_alerts:?}"
+    );
+    // Prometheus saw the quiet pass too, so its silence means something.
+    let passed = prom
+        .query(r#"graceful_drain_passed_quiet{pod="cart-quiet"}"#)
+        .await;
+    assert_eq!(passed.len(), 1, "{passed:?}");
+    assert_eq!(passed[0].1, 1.0, "the quiet pass scraped");
+    // The recording rule reads each pass's drain time: the longest of the
+    // workload's, the forced one (2 s after closing), once scraped.
+    let drained = eventually(
+        "the forced pass's drain time recorded",
+        Duration::from_secs(30),
+        || async {
+            let d = prom
+                .query("namespace_app:graceful_drain_drained_after_seconds:max")
+                .await;
+            (d.len() == 1 && d[0].1 >= 2.0).then_some(d)
+        },
+    )
+    .await;
+    assert!(drained[0].1 < 4.0, "{drained:?}");
+    // A forced pass cuts nothing itself: the request ends when it is done.
+    let answer = slow.await.unwrap();
+    assert_eq!(answer.status, 200, "{answer:?}");
+    assert!(
+        !prom.log_text().contains("level=error"),
+        "{}",
+        prom.log_text()
+    );
+}
