@@ -304,9 +304,9 @@ xds-tools: ## install what tools/xds_server.py needs: grpcio and xds-protos (PyP
 	@$(XDS_VENV)/bin/python -c 'import grpc, envoy.service.discovery.v3.ads_pb2_grpc' 2>/dev/null || { python3 -m venv $(XDS_VENV) && $(XDS_VENV)/bin/pip install --quiet --disable-pip-version-check grpcio==1.85.0 xds-protos==1.85.0; }
 
 .PHONY: schema-tools
-schema-tools: ## install what make schema-check uses: jsonschema and PyYAML (PyPI, into .venv)
+schema-tools: ## install what make schema-check and make rules-check use: jsonschema, PyYAML and Grafana's foundation SDK (PyPI, into .venv)
 	@[ -x $(VENV)/bin/python ] || python3 -m venv $(VENV)
-	@$(VENV)/bin/python -c 'import jsonschema, yaml' 2>/dev/null || $(VENV)/bin/pip install --quiet --disable-pip-version-check jsonschema==4.26.0 PyYAML==6.0.3
+	@$(VENV)/bin/python -c 'import jsonschema, yaml, grafana_foundation_sdk' 2>/dev/null || $(VENV)/bin/pip install --quiet --disable-pip-version-check jsonschema==4.26.0 PyYAML==6.0.3 'grafana-foundation-sdk==1769699379!11.6.0'
 
 .PHONY: schema-check
 schema-check: render schema-tools ## every plugin config in envoy/ and examples/ passes its schema and the parser; the schema refuses the bad configs the parser refuses (schema/tests/corpus.json)
@@ -316,12 +316,17 @@ schema-check: render schema-tools ## every plugin config in envoy/ and examples/
 rules: schema-tools ## examples/prometheus/prometheusrule.yaml (the prometheus-operator's form) from examples/prometheus/rules.yaml
 	$(VENV)/bin/python tools/gen_prometheusrule.py write
 
+.PHONY: dashboard
+dashboard: schema-tools ## examples/grafana/graceful-wasm.json from tools/gen_dashboard.py (Grafana's foundation SDK)
+	$(VENV)/bin/python tools/gen_dashboard.py write
+
 .PHONY: rules-check
-rules-check: schema-tools ## the Prometheus rules: promtool check rules and promtool test rules (Debian's prometheus), and prometheusrule.yaml up to date
+rules-check: schema-tools ## the Prometheus rules: promtool check rules and promtool test rules (Debian's prometheus); prometheusrule.yaml and the Grafana dashboard up to date
 	$(call apt_install,prometheus)
 	promtool check rules examples/prometheus/rules.yaml
 	cd examples/prometheus && promtool test rules rules_test.yaml
 	$(VENV)/bin/python tools/gen_prometheusrule.py check
+	$(VENV)/bin/python tools/gen_dashboard.py check
 
 .PHONY: bench-tools
 bench-tools: ## install what make bench drives the load with and counts under: wrk, valgrind (Debian)

@@ -2,8 +2,10 @@
 //! shutdowns: a real Prometheus scrapes two provider sidecars' Envoys every
 //! second; one drains quiet, the other is forced by `step_timeout` with a
 //! request still in flight. The forced-drain alert fires for the second and
-//! never for the first. And every metric the rules and their unit tests
-//! name is one a real Envoy's `/stats/prometheus` lists.
+//! never for the first. Every metric the rules and their unit tests name is
+//! one a real Envoy's `/stats/prometheus` lists, and every query of the
+//! Grafana dashboard (`examples/grafana/graceful-wasm.json`) returns series
+//! from the run.
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, Ipv4Addr};
@@ -94,6 +96,10 @@ async fn the_forced_drain_alert_fires_for_a_forced_pass_and_not_for_a_quiet_one(
                     ("pod", "cart-forced"),
                 ],
             },
+            Target {
+                admin: consumer.envoy.admin,
+                labels: &[("namespace", "shop"), ("app", "web"), ("pod", "web-a")],
+            },
         ],
     )
     .await;
@@ -175,6 +181,31 @@ async fn the_forced_drain_alert_fires_for_a_forced_pass_and_not_for_a_quiet_one(
     // A forced pass cuts nothing itself: the request ends when it is done.
     let answer = slow.await.unwrap();
     assert_eq!(answer.status, 200, "{answer:?}");
+    // The dashboard's queries, its variables at "All".
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("examples/grafana/graceful-wasm.json")).unwrap(),
+    )
+    .unwrap();
+    let exprs: Vec<String> = dashboard["panels"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| {
+            t["expr"]
+                .as_str()
+                .map(|e| e.replace("$namespace", ".*").replace("$app", ".*"))
+        })
+        .collect();
+    assert!(exprs.len() >= 6, "read the dashboard's queries: {exprs:?}");
+    for expr in &exprs {
+        let got = eventually(expr, Duration::from_secs(30), || async {
+            let got = prom.query(expr).await;
+            (!got.is_empty()).then_some(got)
+        })
+        .await;
+        eprintln!("{expr}: {got:?}");
+    }
     assert!(
         !prom.log_text().contains("level=error"),
         "{}",
