@@ -81,6 +81,7 @@ const CUSTOM_GROUP_SUFFIXES: &[&str] = &[
     "gateway.networking.k8s.io", // Gateway API (a CRD, despite the k8s.io)
     ".x-k8s.io",
     "monitoring.coreos.com", // the prometheus-operator's PrometheusRule
+    "argoproj.io",           // Argo Rollouts' AnalysisTemplate: checked below
 ];
 
 /// One YAML document of a file under examples/.
@@ -856,4 +857,123 @@ fn it_relates_the_grace_period_the_hook_waits_and_the_drain_timeout() {
     eprintln!(
         "drain timeout {timeout:?} <= longest preStop wait {wait:?} ({name}); grace period {grace:?} > {wait:?} + {SIGTERM_MARGIN:?}"
     );
+}
+
+/// The fields of Argo Rollouts' `AnalysisTemplate` (argoproj.io/v1alpha1)
+/// that the example uses, as its CRD defines them
+/// (`manifests/crds/analysis-template-crd.yaml`, Argo Rollouts v1.10, read
+/// there; the CRD is not copied here): a field the CRD does not define, or
+/// one of the wrong type, fails to read.
+mod argo {
+    use serde::Deserialize;
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct AnalysisTemplate {
+        pub api_version: String,
+        pub kind: String,
+        pub metadata: Metadata,
+        pub spec: Spec,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Metadata {
+        pub name: String,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Spec {
+        pub args: Vec<Arg>,
+        pub metrics: Vec<Metric>,
+    }
+
+    /// `name` required; `value` a string.
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Arg {
+        pub name: String,
+        pub value: Option<String>,
+    }
+
+    /// `name` and `provider` required; `interval` a duration string;
+    /// `failureLimit` an integer or a string.
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields, rename_all = "camelCase")]
+    pub struct Metric {
+        pub name: String,
+        pub interval: Option<String>,
+        pub success_condition: Option<String>,
+        pub failure_condition: Option<String>,
+        pub failure_limit: Option<serde_yaml::Value>,
+        pub provider: Provider,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Provider {
+        pub prometheus: Prometheus,
+    }
+
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Prometheus {
+        pub address: String,
+        pub query: String,
+    }
+}
+
+#[test]
+fn the_analysis_template_reads_as_argo_rollouts_defines_it_and_every_arg_it_uses_is_declared() {
+    let path = "examples/argo-rollouts/analysis-template.yaml";
+    let docs = documents(path);
+    assert_eq!(docs.len(), 1, "{path}");
+    let t: argo::AnalysisTemplate = serde_yaml::from_value(docs[0].value.clone())
+        .unwrap_or_else(|e| panic!("{path}: not an AnalysisTemplate as its CRD defines it: {e}"));
+    assert_eq!(
+        (t.api_version.as_str(), t.kind.as_str()),
+        ("argoproj.io/v1alpha1", "AnalysisTemplate")
+    );
+    assert!(!t.metadata.name.is_empty());
+    let declared: Vec<&str> = t.spec.args.iter().map(|a| a.name.as_str()).collect();
+    for a in &t.spec.args {
+        assert!(
+            a.value.as_deref() != Some(""),
+            "args.{}: an empty default",
+            a.name
+        );
+    }
+    assert!(t.spec.metrics.len() >= 2, "{path}: its metrics");
+    for m in &t.spec.metrics {
+        assert!(
+            m.success_condition.is_some() || m.failure_condition.is_some(),
+            "{}",
+            m.name
+        );
+        if let Some(limit) = &m.failure_limit {
+            assert!(
+                limit.is_u64() || limit.is_string(),
+                "{}: failureLimit {limit:?}",
+                m.name
+            );
+        }
+        for text in [&m.provider.prometheus.address, &m.provider.prometheus.query] {
+            for (at, _) in text.match_indices("{{args.") {
+                let name = text[at + 7..].split("}}").next().unwrap_or_default();
+                assert!(
+                    declared.contains(&name),
+                    "{}: args.{name} is not declared",
+                    m.name
+                );
+            }
+        }
+        assert!(
+            m.interval
+                .as_deref()
+                .is_some_and(|i| parse_duration(i).is_ok()),
+            "{}",
+            m.name
+        );
+    }
 }
