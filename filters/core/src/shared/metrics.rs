@@ -280,6 +280,7 @@ mod tests {
                 "graceful_drain_passed_step_timeout",
                 "graceful_drain_passed_timeout",
                 "graceful_drain_late_peers",
+                "graceful_drain_drained_after_ms",
                 "graceful_consumer_inflight",
                 "graceful_consumer_started",
             ]
@@ -297,6 +298,7 @@ mod tests {
                 "graceful_drain_passed_step_timeout",
                 "graceful_drain_passed_timeout",
                 "graceful_drain_late_peers",
+                "graceful_drain_drained_after_ms",
             ]
         );
     }
