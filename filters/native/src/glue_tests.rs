@@ -432,10 +432,27 @@ fn a_client_cannot_forge_the_consumer_identity_the_attempt_carries_its_own() {
     let upstream = Loaded::new("graceful_consumer:upstream", json).expect("configured");
     let (l, a) = request_and_attempt("10.9.8.5:8080");
     l.add_header(abi::REQUEST_HEADERS, "x-graceful-consumer", "forged");
+    l.add_header(
+        abi::REQUEST_HEADERS,
+        "X-Graceful-Override-Host",
+        "10.9.9.9:80",
+    );
+    l.add_header(abi::REQUEST_HEADERS, "x-app", "kept");
+    l.add_header(abi::REQUEST_HEADERS, "x-graceful-consumer", "forged-again");
     a.add_header(abi::REQUEST_HEADERS, "x-graceful-consumer", "forged");
     let (lf, af) = (listener.filter(), upstream.filter());
     lf.request_headers(&l);
+    // Every value of both, whatever their case, and nothing else (the
+    // listing finds which are there, the removal takes them).
     assert_eq!(l.header(abi::REQUEST_HEADERS, "x-graceful-consumer"), None);
+    assert_eq!(
+        l.header(abi::REQUEST_HEADERS, "x-graceful-override-host"),
+        None
+    );
+    assert_eq!(
+        l.header(abi::REQUEST_HEADERS, "x-app").as_deref(),
+        Some("kept")
+    );
     af.request_headers(&a);
     let identity = a.header(abi::REQUEST_HEADERS, "x-graceful-consumer");
     assert!(

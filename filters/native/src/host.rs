@@ -282,6 +282,28 @@ impl Stream for Native<'_> {
             .is_some_and(|s| s.remove_header(header_type(map), name))
     }
 
+    /// One listing (Envoy's pointers into the map, no copy) instead of a
+    /// removal per name: clients seldom send the headers removed here.
+    fn remove_headers(&self, map: Map, names: &[&str]) {
+        let Some(s) = self.abi_stream() else {
+            return;
+        };
+        // Which names are there; the map is not changed while listed.
+        let mut present = [false; 4];
+        s.with_headers(header_type(map), |pairs| {
+            for (name, _) in pairs {
+                for (i, wanted) in names.iter().take(present.len()).enumerate() {
+                    present[i] |= name.eq_ignore_ascii_case(wanted.as_bytes());
+                }
+            }
+        });
+        for (i, name) in names.iter().enumerate() {
+            if present.get(i).is_none_or(|p| *p) {
+                s.remove_header(header_type(map), name);
+            }
+        }
+    }
+
     /// The native local reply derives no grpc-status from the HTTP status
     /// (a gRPC caller reads 0, OK): a reply to a gRPC request carries its
     /// own, as proxy-wasm's `grpc_status` does (Envoy uses that one only

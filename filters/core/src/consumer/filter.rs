@@ -232,18 +232,21 @@ impl ConsumerFilter {
         // No client may steer hosts: whatever it sent in the override header
         // is dropped before anything else. (As an upstream filter the header
         // has done its work: dropping it keeps it from the provider.)
-        s.remove_header(Map::RequestHeaders, &self.config.override_host_header);
         // Who is calling, for the providers' drain reports. Only the
         // upstream instance names this Envoy: it runs on the clusters
         // graceful_consumer steers (configured on them, beside
         // override_host), so the identity never goes to a destination
         // outside them. The listener instance drops a client's value, so
         // no forged identity travels either.
-        if let Some(h) = &self.config.consumer_header {
-            if self.upstream {
+        let override_header = self.config.override_host_header.as_str();
+        match (&self.config.consumer_header, self.upstream) {
+            (Some(h), true) => {
+                s.remove_header(Map::RequestHeaders, override_header);
                 s.set_header(Map::RequestHeaders, h, &self.identity);
-            } else {
-                s.remove_header(Map::RequestHeaders, h);
+            }
+            (Some(h), false) => s.remove_headers(Map::RequestHeaders, &[override_header, h]),
+            (None, _) => {
+                s.remove_header(Map::RequestHeaders, override_header);
             }
         }
         if self.upstream {

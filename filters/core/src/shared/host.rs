@@ -121,6 +121,16 @@ pub trait Stream: Host {
     /// Sets a header, replacing any value; false if the host refused.
     fn set_header(&self, map: Map, name: &str, value: &str) -> bool;
     fn remove_header(&self, map: Map, name: &str) -> bool;
+    /// Removes every value of each of `names` from `map`, as
+    /// [`Stream::remove_header`] of each does. A host where one listing of
+    /// the map costs less than a removal of a header that is not there
+    /// (natively: a removal builds a lower-cased copy of the name and
+    /// searches the map) lists it and removes only the names present.
+    fn remove_headers(&self, map: Map, names: &[&str]) {
+        for name in names {
+            self.remove_header(map, name);
+        }
+    }
     /// Sends a local reply; false if the host refused (the stream was
     /// answered already). Natively the host adds `grpc-status` and
     /// `grpc-message` (the body) for a gRPC reply: Envoy derives none there.

@@ -188,7 +188,20 @@ impl Response {
         // Closing headers already seen (the first 64 configured; any later
         // one counts at every occurrence).
         let mut closing_seen: u64 = 0;
+        // The lengths of the names looked for, one bit each (63: 63 bytes
+        // or more): most of a response's headers are passed over on their
+        // length alone, without a comparison.
+        let length_bit = |n: usize| 1u64 << n.min(63);
+        let mut lengths = length_bit(crate::shared::headers::STATUS.len())
+            | length_bit(crate::shared::headers::SIGNAL.len())
+            | instance_header.map_or(0, |h| length_bit(h.len()));
+        for h in &config.closing_headers {
+            lengths |= length_bit(h.len());
+        }
         for (name, value) in pairs {
+            if lengths & length_bit(name.len()) == 0 {
+                continue;
+            }
             if !status_seen && name == crate::shared::headers::STATUS.as_bytes() {
                 status_seen = true;
                 seen.status_503 = value == b"503";
@@ -198,7 +211,7 @@ impl Response {
             }
             if !instance_seen && instance_header.is_some_and(|h| name.eq_ignore_ascii_case(h)) {
                 instance_seen = true;
-                seen.instance = instance_id(Some(value.to_vec()));
+                seen.instance = instance_of(value);
             }
             let closing = config
                 .closing_headers
@@ -343,7 +356,18 @@ pub fn is_true(value: &[u8]) -> bool {
 /// An instance id as a header carried it, if it is a valid one.
 pub fn instance_id(raw: Option<Vec<u8>>) -> Option<String> {
     let id = raw?;
-    instance::is_valid(&id).then(|| String::from_utf8_lossy(&id).into_owned())
+    // Valid means visible ASCII: UTF-8 already, kept without a copy.
+    instance::is_valid(&id)
+        .then(|| String::from_utf8(id).ok())
+        .flatten()
+}
+
+/// [`instance_id`] of borrowed bytes: checked before the one copy made.
+fn instance_of(value: &[u8]) -> Option<String> {
+    if !instance::is_valid(value) {
+        return None;
+    }
+    std::str::from_utf8(value).ok().map(str::to_owned)
 }
 
 impl Consumer {

@@ -792,6 +792,35 @@ fn the_scan_finds_marks_status_and_instance_in_one_pass() {
 }
 
 #[test]
+fn the_scan_passes_over_names_by_length_and_still_finds_long_ones() {
+    let long = "x-".repeat(40);
+    let cfg = config(&format!(
+        r#"{{"closing_headers":["{long}","Shutting-Down"]}}"#
+    ));
+    let other = "y".repeat(long.len());
+    let pairs: Vec<(&[u8], &[u8])> = vec![
+        (b"content-type", b"text/plain"),
+        (other.as_bytes(), b"true"),
+        (b"SHUTTING-DOWN", b"TRUE"),
+    ];
+    assert!(
+        Response::scan(&cfg, pairs.iter().copied()).closing,
+        "a configured name, cased otherwise"
+    );
+    let upper = long.to_uppercase();
+    let pairs: Vec<(&[u8], &[u8])> = vec![(other.as_bytes(), b"true"), (upper.as_bytes(), b"true")];
+    assert!(
+        Response::scan(&cfg, pairs.iter().copied()).closing,
+        "a name of 64 bytes and more"
+    );
+    let pairs: Vec<(&[u8], &[u8])> = vec![(other.as_bytes(), b"true"), (b"closing", b"true")];
+    assert!(
+        !Response::scan(&cfg, pairs.iter().copied()).closing,
+        "the same lengths, other names"
+    );
+}
+
+#[test]
 fn refused_stats_name_themselves_and_the_matcher() {
     assert_eq!(stats_refused(&[]), None);
     let line = stats_refused(&["graceful_consumer_inflight"]).unwrap_or_default();
