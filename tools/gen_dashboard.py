@@ -15,13 +15,12 @@ panel's query against a real Prometheus beside real shutdowns.
 
 import json
 import sys
-from pathlib import Path
 
 from grafana_foundation_sdk.builders import dashboard, prometheus, timeseries
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models.dashboard import DataSourceRef, VariableRefresh
+from generated import ROOT, write_or_check
 
-ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "examples" / "grafana" / "graceful-wasm.json"
 DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 # A workload's series, as the variables pick them.
@@ -130,19 +129,10 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip(), file=sys.stderr)
         return 2
     text = render()
-    if argv[1] == "write":
-        OUT.parent.mkdir(parents=True, exist_ok=True)
-        OUT.write_text(text)
-        print(f"wrote {OUT.relative_to(ROOT)}")
-        return 0
     if argv[1] == "exprs":
         print("\n".join(exprs(json.loads(text))))
         return 0
-    if not OUT.exists() or OUT.read_text() != text:
-        print(f"{OUT.relative_to(ROOT)} is not what tools/gen_dashboard.py makes: run make dashboard", file=sys.stderr)
-        return 1
-    print(f"{OUT.relative_to(ROOT)} matches tools/gen_dashboard.py")
-    return 0
+    return write_or_check(argv[1], OUT, text, "tools/gen_dashboard.py", "make dashboard")
 
 
 if __name__ == "__main__":

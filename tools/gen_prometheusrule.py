@@ -10,11 +10,10 @@ stated once.
 """
 
 import sys
-from pathlib import Path
 
 import yaml
+from generated import ROOT, write_or_check
 
-ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "examples" / "prometheus" / "rules.yaml"
 OUT = ROOT / "examples" / "prometheus" / "prometheusrule.yaml"
 
@@ -44,15 +43,7 @@ def main(argv: list[str]) -> int:
         print(__doc__.strip(), file=sys.stderr)
         return 2
     text = render(RULES.read_text())
-    if argv[1] == "write":
-        OUT.write_text(text)
-        print(f"wrote {OUT.relative_to(ROOT)}")
-        return 0
-    if not OUT.exists() or OUT.read_text() != text:
-        print(f"{OUT.relative_to(ROOT)} is not what rules.yaml makes: run make rules", file=sys.stderr)
-        return 1
-    print(f"{OUT.relative_to(ROOT)} matches rules.yaml")
-    return 0
+    return write_or_check(argv[1], OUT, text, "rules.yaml", "make rules")
 
 
 if __name__ == "__main__":

@@ -5,15 +5,14 @@
 
 use std::fs;
 use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::Stdio;
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::process::{Child, Command};
 
 use crate::support::client;
 use crate::support::envoy::{eventually, free_port, repo_root, scratch_path};
+use crate::support::logged::LoggedProcess;
 
 /// The scrape's relabelling the rules file asks of a native module's
 /// Envoy (its stats keep Envoy's prefix there: see rules.yaml's header).
@@ -27,10 +26,9 @@ pub struct Target<'a> {
 }
 
 pub struct Prometheus {
-    /// Held for its `kill_on_drop`.
-    _child: Child,
+    /// Killed on drop; its log printed if the test fails.
+    process: LoggedProcess,
     pub addr: SocketAddr,
-    pub log: PathBuf,
 }
 
 impl Prometheus {
@@ -60,25 +58,17 @@ impl Prometheus {
         fs::write(&config_path, config).unwrap_or_else(|e| panic!("{e}"));
         let port = free_port();
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        let log = dir.join("prometheus.log");
-        let out = fs::File::create(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
-        let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", config_path.display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-            .arg(format!("--web.listen-address={addr}"))
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .kill_on_drop(true)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("cannot run prometheus ({e}): `make test-tools` installs it (Debian's prometheus)")
-            });
+        // `make test-tools` installs it (Debian's prometheus).
+        let mut cmd = Command::new("prometheus");
+        cmd.arg(format!("--config.file={}", config_path.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"));
         let p = Prometheus {
-            _child: child,
+            process: LoggedProcess::spawn("prometheus", cmd, &dir, |_| {}),
             addr,
-            log,
         };
         eventually("Prometheus ready", Duration::from_secs(30), || async {
             client::get(p.addr, "/-/ready")
@@ -137,7 +127,7 @@ impl Prometheus {
     }
 
     pub fn log_text(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
+        self.process.log()
     }
 }
 
