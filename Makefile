@@ -320,6 +320,11 @@ rules: schema-tools ## examples/prometheus/prometheusrule.yaml (the prometheus-o
 dashboard: schema-tools ## examples/grafana/graceful-wasm.json from tools/gen_dashboard.py (Grafana's foundation SDK)
 	$(VENV)/bin/python tools/gen_dashboard.py write
 
+.PHONY: dashboard-chart
+dashboard-chart: build envoy ## docs/operations/dashboard.svg: the dashboard's panels drawn from a real Prometheus beside real shutdowns (the Prometheus suite)
+	$(CARGO) build --profile test -p demo-app
+	GRACEFUL_CHART_DIR=$(CURDIR)/docs/operations $(E2E_ENV) DEMO_APP=$(CURDIR)/target/debug/demo-app $(CARGO) test -p graceful-harness --test prometheus
+
 .PHONY: rules-check
 rules-check: schema-tools ## the Prometheus rules: promtool check rules and promtool test rules (Debian's prometheus); prometheusrule.yaml and the Grafana dashboard up to date
 	$(call apt_install,prometheus)

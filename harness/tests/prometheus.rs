@@ -103,6 +103,7 @@ async fn the_forced_drain_alert_fires_for_a_forced_pass_and_not_for_a_quiet_one(
         ],
     )
     .await;
+    let run_start = unix_now();
     // Both scraped while serving (a counter's increase needs its 0).
     eventually("both targets scraped", Duration::from_secs(30), || async {
         let up = prom.query("graceful_drain_passed_quiet == 0").await;
@@ -236,6 +237,7 @@ async fn the_forced_drain_alert_fires_for_a_forced_pass_and_not_for_a_quiet_one(
         })
         .collect();
     assert!(exprs.len() >= 6, "read the dashboard's queries: {exprs:?}");
+    let dir = std::env::var_os("GRACEFUL_CHART_DIR");
     for expr in &exprs {
         let got = eventually(expr, Duration::from_secs(30), || async {
             let got = prom.query(expr).await;
@@ -244,9 +246,62 @@ async fn the_forced_drain_alert_fires_for_a_forced_pass_and_not_for_a_quiet_one(
         .await;
         eprintln!("{expr}: {got:?}");
     }
+    if let Some(dir) = dir {
+        draw_dashboard(&prom, &dashboard, run_start, &std::path::PathBuf::from(dir)).await;
+    }
     assert!(
         !prom.log_text().contains("level=error"),
         "{}",
         prom.log_text()
     );
+}
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// `dashboard.svg` in `dir`: each panel of the dashboard, its queries run
+/// over the test's run (`make dashboard-chart`).
+async fn draw_dashboard(
+    prom: &Prometheus,
+    dashboard: &serde_json::Value,
+    start: f64,
+    dir: &std::path::Path,
+) {
+    use graceful_harness::support::panels_chart::{panels_chart, PanelData};
+    let end = unix_now();
+    let mut panels = Vec::new();
+    for panel in dashboard["panels"].as_array().into_iter().flatten() {
+        let mut series = Vec::new();
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap_or_default();
+            let expr = expr.replace("$namespace", ".*").replace("$app", ".*");
+            let legend = target["legendFormat"].as_str().unwrap_or_default();
+            for (labels, points) in prom.query_range(&expr, start, end, 1.0).await {
+                let mut name = legend.to_string();
+                if let Some(map) = labels.as_object() {
+                    for (k, v) in map {
+                        name =
+                            name.replace(&format!("{{{{{k}}}}}"), v.as_str().unwrap_or_default());
+                    }
+                }
+                let points = points.into_iter().map(|(t, v)| (t - start, v)).collect();
+                series.push((name, points));
+            }
+        }
+        panels.push(PanelData {
+            title: panel["title"].as_str().unwrap_or_default().to_string(),
+            series,
+        });
+    }
+    let svg = panels_chart(
+        "The dashboard's panels over a real run: one shutdown quiet (cart), one forced by step_timeout (checkout)",
+        &panels,
+        end - start,
+    );
+    let path = dir.join("dashboard.svg");
+    std::fs::write(&path, svg).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    eprintln!("wrote {}", path.display());
 }

@@ -14,6 +14,7 @@ pub mod load;
 pub mod logged;
 pub mod mesh;
 pub mod native;
+pub mod panels_chart;
 pub mod procfs;
 pub mod prometheus;
 pub mod render;

@@ -110,6 +110,41 @@ impl Prometheus {
             .collect()
     }
 
+    /// A range query from `start` to `end` (Unix seconds) every `step_s`:
+    /// per series, its labels and (time, value) points.
+    pub async fn query_range(
+        &self,
+        expr: &str,
+        start: f64,
+        end: f64,
+        step_s: f64,
+    ) -> Vec<(Value, Vec<(f64, f64)>)> {
+        let data = self
+            .api(&format!(
+                "/api/v1/query_range?query={}&start={start:.3}&end={end:.3}&step={step_s}",
+                percent_encode(expr)
+            ))
+            .await;
+        data["result"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| {
+                let points = s["values"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| {
+                        let t = p[0].as_f64()?;
+                        let v = p[1].as_str()?.parse().ok()?;
+                        Some((t, v))
+                    })
+                    .collect();
+                (s["metric"].clone(), points)
+            })
+            .collect()
+    }
+
     /// Every alert pending or firing: (its labels, its state).
     pub async fn alerts(&self) -> Vec<(Value, String)> {
         let data = self.api("/api/v1/alerts").await;
