@@ -385,7 +385,7 @@ impl Consumer {
             tombstones: Cached::new(),
             live_until: 0,
             members: Cached::new(),
-            shared_observed: Cached::new(),
+            shared_observed: Cached::keeping_bytes(),
             observed: Observed::default(),
             responses: 0,
             recorded: HashMap::new(),

@@ -324,15 +324,25 @@ impl Consumer {
         {
             return Vec::new();
         }
-        let changed = update(store, keys::OBSERVED.name, |bytes| {
-            let mut m = bytes.and_then(Membership::decode).unwrap_or_default();
-            let changed = m.saw(cluster, address, now);
-            (changed.then(|| m.encode()), changed)
+        let cached = &self.shared_observed;
+        let written = update(store, keys::OBSERVED.name, |bytes| {
+            // The stored bytes are most often those this copy last read or
+            // wrote: then its cached value is theirs, not decoded again.
+            let mut m = match bytes {
+                Some(b) if cached.bytes() == Some(b) => cached.value.clone(),
+                other => other.and_then(Membership::decode).unwrap_or_default(),
+            };
+            if !m.saw(cluster, address, now) {
+                return (None, None);
+            }
+            let encoded = m.encode();
+            (Some(encoded.clone()), Some((m, encoded)))
         });
-        if changed == Ok(true) {
-            // Read again when steering next needs it (this copy's own write
-            // does not make its signal move).
-            self.shared_observed.stale();
+        if let Ok(Some((m, encoded))) = written {
+            // Checked again when steering next needs it (this copy's own
+            // write does not make its signal move); what it finds then is
+            // this write, unless another copy wrote since.
+            self.shared_observed.wrote(m, encoded);
             return self.bump(store, keys::OBSERVED_GEN.name);
         }
         Vec::new()

@@ -23,6 +23,10 @@ pub(super) struct Cached<T> {
     /// The generation key was read since the change signal last moved.
     checked: bool,
     pub(super) value: T,
+    /// With [`Cached::keeping_bytes`]: the bytes `value` was read from (or
+    /// written as), so that reading the same bytes again decodes nothing.
+    bytes: Option<Vec<u8>>,
+    keep_bytes: bool,
 }
 
 impl<T: Default> Cached<T> {
@@ -31,7 +35,35 @@ impl<T: Default> Cached<T> {
             gen: None,
             checked: false,
             value: T::default(),
+            bytes: None,
+            keep_bytes: false,
         }
+    }
+
+    /// A cache that also keeps its value's bytes: for a value this copy
+    /// writes itself (its next read is then its own write, not decoded
+    /// again), bounded as the value is.
+    pub(super) fn keeping_bytes() -> Self {
+        Cached {
+            keep_bytes: true,
+            ..Cached::new()
+        }
+    }
+
+    /// The bytes the value was read from, when kept.
+    pub(super) fn bytes(&self) -> Option<&[u8]> {
+        self.bytes.as_deref()
+    }
+
+    /// This copy wrote `value` as `bytes`: the cache holds them, and the
+    /// next refresh reads the generation key (it moved) and finds these
+    /// bytes unless another copy wrote since.
+    pub(super) fn wrote(&mut self, value: T, bytes: Vec<u8>) {
+        self.value = value;
+        if self.keep_bytes {
+            self.bytes = Some(bytes);
+        }
+        self.checked = false;
     }
 
     /// Makes the next [`Cached::refresh`] read the generation key.
@@ -62,13 +94,15 @@ impl<T: Default> Cached<T> {
         if self.gen == Some(gen) {
             return false;
         }
-        self.value = store
-            .get(key)
-            .ok()
-            .flatten()
-            .and_then(|(b, _)| decode(&b))
-            .unwrap_or_default();
+        let read = store.get(key).ok().flatten().map(|(b, _)| b);
         self.gen = Some(gen);
+        if self.keep_bytes && read.is_some() && read == self.bytes {
+            return true;
+        }
+        self.value = read.as_deref().and_then(decode).unwrap_or_default();
+        if self.keep_bytes {
+            self.bytes = read;
+        }
         true
     }
 }

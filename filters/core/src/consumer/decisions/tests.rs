@@ -1312,3 +1312,41 @@ fn without_an_admin_an_observed_membership_write_makes_a_copy_plan_again() {
     );
     assert_eq!(c[1].plans_made, 2);
 }
+
+thread_local! {
+    static DECODES: Cell<usize> = const { Cell::new(0) };
+}
+
+fn counted_decode(bytes: &[u8]) -> Option<Membership> {
+    DECODES.with(|d| d.set(d.get() + 1));
+    Membership::decode(bytes)
+}
+
+#[test]
+fn a_cache_that_keeps_bytes_decodes_only_what_another_copy_wrote() {
+    let store = MemStore::new();
+    let gen_key = keys::OBSERVED_GEN.name;
+    let key = keys::OBSERVED.name;
+    let mut ours: signal::Cached<Membership> = signal::Cached::keeping_bytes();
+    // This copy writes, bumps, and reads back its own write: no decode.
+    let mut m = Membership::default();
+    m.saw("svc", "a:1", S);
+    let bytes = m.encode();
+    store.set(key, &bytes, 0).unwrap();
+    add_bounded(&store, gen_key, 1, u64::MAX).unwrap();
+    ours.wrote(m.clone(), bytes);
+    assert!(
+        ours.refresh(&store, gen_key, key, counted_decode),
+        "the generation moved"
+    );
+    assert_eq!(DECODES.with(Cell::get), 0, "its own bytes");
+    assert_eq!(ours.value, m);
+    // Another copy writes: decoded.
+    let mut theirs = m.clone();
+    theirs.saw("svc", "b:1", S);
+    store.set(key, &theirs.encode(), 0).unwrap();
+    add_bounded(&store, gen_key, 1, u64::MAX).unwrap();
+    ours.stale();
+    assert!(ours.refresh(&store, gen_key, key, counted_decode));
+    assert_eq!((DECODES.with(Cell::get), &ours.value), (1, &theirs));
+}
