@@ -3,6 +3,8 @@
 //! Grafana dashboard's queries over a real run (`docs/operations/dashboard.svg`):
 //! the panels' data, not Grafana's rendering of them.
 
+use crate::support::run_report::escape;
+
 /// One panel: its title and its series, each a legend and (seconds since
 /// the run's start, value) points.
 pub struct PanelData {
@@ -78,12 +80,6 @@ pub fn panels_chart(title: &str, panels: &[PanelData], span_s: f64) -> String {
     }
     svg.push_str("</svg>\n");
     svg
-}
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }
 
 #[cfg(test)]

@@ -91,21 +91,30 @@ impl Prometheus {
         v["data"].clone()
     }
 
-    /// An instant query's samples: (labels, value).
-    pub async fn query(&self, expr: &str) -> Vec<(Value, f64)> {
-        let data = self
-            .api(&format!("/api/v1/query?query={}", percent_encode(expr)))
-            .await;
+    /// A query's series (`data.result`): each one's labels, and the series
+    /// itself for its value or values.
+    async fn series(&self, path: &str) -> Vec<(Value, Value)> {
+        let data = self.api(path).await;
         data["result"]
             .as_array()
             .into_iter()
             .flatten()
-            .map(|s| {
+            .map(|s| (s["metric"].clone(), s.clone()))
+            .collect()
+    }
+
+    /// An instant query's samples: (labels, value).
+    pub async fn query(&self, expr: &str) -> Vec<(Value, f64)> {
+        let path = format!("/api/v1/query?query={}", percent_encode(expr));
+        self.series(&path)
+            .await
+            .into_iter()
+            .map(|(labels, s)| {
                 let value = s["value"][1]
                     .as_str()
                     .and_then(|v| v.parse().ok())
                     .unwrap_or(f64::NAN);
-                (s["metric"].clone(), value)
+                (labels, value)
             })
             .collect()
     }
@@ -119,17 +128,14 @@ impl Prometheus {
         end: f64,
         step_s: f64,
     ) -> Vec<(Value, Vec<(f64, f64)>)> {
-        let data = self
-            .api(&format!(
-                "/api/v1/query_range?query={}&start={start:.3}&end={end:.3}&step={step_s}",
-                percent_encode(expr)
-            ))
-            .await;
-        data["result"]
-            .as_array()
+        let path = format!(
+            "/api/v1/query_range?query={}&start={start:.3}&end={end:.3}&step={step_s}",
+            percent_encode(expr)
+        );
+        self.series(&path)
+            .await
             .into_iter()
-            .flatten()
-            .map(|s| {
+            .map(|(labels, s)| {
                 let points = s["values"]
                     .as_array()
                     .into_iter()
@@ -140,7 +146,7 @@ impl Prometheus {
                         Some((t, v))
                     })
                     .collect();
-                (s["metric"].clone(), points)
+                (labels, points)
             })
             .collect()
     }

@@ -2,6 +2,8 @@
 //! beside the share a formula expects (dashed): what the slow-start suite
 //! measures of a readmitted instance (`docs/slow-start.svg`).
 
+use crate::support::run_report::escape;
+
 /// One measured run: its label, colour and (seconds, share 0..1) points.
 pub struct ShareSeries<'a> {
     pub label: &'a str,
@@ -103,12 +105,6 @@ pub fn share_chart(
     }
     svg.push_str("</svg>\n");
     svg
-}
-
-fn escape(s: &str) -> String {
-    s.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }
 
 #[cfg(test)]

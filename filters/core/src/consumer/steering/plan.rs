@@ -150,10 +150,8 @@ impl Rotations {
         }
         if !weights.is_empty() && rotations.hosts > 0 {
             let full = std::iter::repeat_n(FULL_WEIGHT, rotations.trial.len());
-            let all: Vec<u8> = hosts
-                .iter()
-                .enumerate()
-                .map(|(i, _)| weights.get(i).copied().unwrap_or(FULL_WEIGHT))
+            let all: Vec<u8> = (0..hosts.len())
+                .map(|i| weights.get(i).copied().unwrap_or(FULL_WEIGHT))
                 .chain(full)
                 .collect();
             rotations.order = spread(&all);
