@@ -34,6 +34,7 @@ use graceful_harness::support::envoy::{
     envoy_binary, eventually, free_port, repo_root, scratch_path, write_eds, Envoy, EnvoySpec,
 };
 use graceful_harness::support::upstream::Upstream;
+use graceful_harness::support::xds::{self, XdsServer};
 use serde_json::{json, Value};
 
 const GATEWAY_API: &str = "gateway.networking.k8s.io";
@@ -357,8 +358,12 @@ fn envoy_rejects_the_patch_on_a_cluster_with_common_lb_config_locality() {
 
 /// A gateway-shaped Envoy in front of two test upstreams (instances a1
 /// and b1), its cluster built by `cluster`.
+/// A gateway's Envoy configured as Envoy Gateway configures it, over a
+/// delta ADS stream from the stand-in (`envoy_gateway::over_xds`).
 struct Gateway {
     envoy: Envoy,
+    /// Held: the gateway's control plane.
+    _xds: XdsServer,
     listener: SocketAddr,
     cluster: String,
     ups: Vec<Upstream>,
@@ -375,8 +380,8 @@ impl Gateway {
         }
         let cluster_name = envoy_gateway::rule_cluster(ex.namespace(), ex.route(), 0);
         let addrs: Vec<SocketAddr> = ups.iter().map(|u| u.addr).collect();
-        let eds = scratch_eds(name, &cluster_name, &addrs);
-        // The config is written where the spec will read its "template"
+        let mut xds = XdsServer::start(name).await;
+        // The bootstrap is written where the spec will read its "template"
         // (an absolute path replaces envoy/); it has no placeholders.
         let config_path = scratch_path(name, "yaml");
         let spec = EnvoySpec::new(name, &config_path.display().to_string());
@@ -385,16 +390,24 @@ impl Gateway {
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("no admin port"));
         let listen = free_port();
+        // The cluster's EDS source is the file path's place; over_xds
+        // makes it Envoy Gateway's ADS.
+        let eds = scratch_path(&format!("{name}-eds"), "yaml");
         let config =
             envoy_gateway::gateway_config(&ex, cluster(&ex, &cluster_name, &eds), admin, listen);
+        let ads = envoy_gateway::over_xds(&config, xds.address());
+        let mut resources = ads.resources();
+        resources[xds::ENDPOINTS] = json!([xds::cluster_load_assignment(&cluster_name, &addrs)]);
+        xds.push(&resources);
         fs::write(
             &config_path,
-            serde_json::to_string_pretty(&config).unwrap_or_default(),
+            serde_json::to_string_pretty(&ads.bootstrap).unwrap_or_default(),
         )
         .unwrap_or_else(|e| panic!("{}: {e}", config_path.display()));
         let envoy = spec.start().await;
         let gw = Gateway {
             envoy,
+            _xds: xds,
             listener: SocketAddr::from(([127, 0, 0, 1], listen)),
             cluster: cluster_name,
             ups,

@@ -8,8 +8,13 @@
 //! them. A provider is shut down through the example's own preStop hooks
 //! and readiness probe, read from `examples/istio/provider.yaml` and run
 //! inside its pod, while a consumer pod calls the provider Service.
+//!
+//! The pods of a [`Mesh`] get their config as istiod sends it: over a delta
+//! ADS stream from a stand-in on the node ([`ControlPlane`]), listeners,
+//! service clusters, endpoints and the WasmPlugins (ECDS); the registry's
+//! changes are EDS pushes. The pods started alone read files.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -19,12 +24,13 @@ use graceful_harness::platform::istio;
 use graceful_harness::platform::netns::{self, Node, Pod};
 use graceful_harness::support::client;
 use graceful_harness::support::envoy::{
-    envoy_binary, eventually, repo_root, wasm_dir, write_eds, write_eds_localities,
+    envoy_binary, eventually, in_localities, load_assignment, repo_root, wasm_dir, write_eds,
 };
 use graceful_harness::support::load::{Load, Protocol, Sample};
 use graceful_harness::support::logged::LoggedProcess;
 use graceful_harness::support::upstream::{demo_app_binary, hook_binary};
-use serde_json::Value;
+use graceful_harness::support::xds::{self, XdsServer};
+use serde_json::{json, Value};
 
 const SERVICE: &str = "provider.default.svc.cluster.local";
 const VIP: Ipv4Addr = Ipv4Addr::new(10, 96, 0, 10);
@@ -243,9 +249,65 @@ struct Provider {
     app: Proc,
 }
 
-fn start_provider(pod: Pod, n: usize, dir: &Path) -> Provider {
+/// The pods' control plane: `tools/xds_server.py` on the node, a stand-in
+/// for istiod that speaks its protocol (delta ADS), serving each sidecar
+/// what [`istio::over_xds`] makes of its config and every sidecar the
+/// provider Service's endpoints. Not istiod: the resources are Envoy's own,
+/// built by `platform::istio`.
+struct ControlPlane {
+    xds: XdsServer,
+    /// Node id → what that sidecar is served.
+    sidecars: serde_json::Map<String, Value>,
+    /// The `ClusterLoadAssignment`s every sidecar is served.
+    endpoints: Vec<Value>,
+}
+
+impl ControlPlane {
+    fn start(node: &Node) -> ControlPlane {
+        let xds = runtime().block_on(XdsServer::start_in(
+            &format!("istio-{}", node.netns),
+            &node.netns,
+            IpAddr::V4(node.ip()),
+        ));
+        ControlPlane {
+            xds,
+            sidecars: serde_json::Map::new(),
+            endpoints: Vec::new(),
+        }
+    }
+
+    /// Serves `config` to the sidecar of its node id (a restarted pod's
+    /// replaces the one before); returns the bootstrap to start it with.
+    fn serve_sidecar(&mut self, dir: &Path, name: &str, config: &Value) -> PathBuf {
+        let ads = istio::over_xds(config, self.xds.address());
+        let node = config["node"]["id"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        self.sidecars.insert(node, ads.resources());
+        self.push();
+        write_config(dir, name, &ads.bootstrap)
+    }
+
+    /// Sends `assignment` (a `ClusterLoadAssignment`) as its cluster's
+    /// endpoints: istiod's push after the registry changed.
+    fn set_endpoints(&mut self, assignment: Value) {
+        self.endpoints
+            .retain(|a| a["cluster_name"] != assignment["cluster_name"]);
+        self.endpoints.push(assignment);
+        self.push();
+    }
+
+    fn push(&mut self) {
+        let shared = json!({ xds::ENDPOINTS: self.endpoints });
+        self.xds
+            .push_with_nodes(&shared, &Value::Object(self.sidecars.clone()));
+    }
+}
+
+fn start_provider(pod: Pod, n: usize, dir: &Path, control: &mut ControlPlane) -> Provider {
     let config = istio::provider_sidecar(&pod.ip.to_string(), APP_PORT, &wasm_dir(), "/dev/stdout");
-    let path = write_config(dir, &format!("{}-{n}", pod.name), &config);
+    let path = control.serve_sidecar(dir, &format!("{}-{n}", pod.name), &config);
     let app = app(&pod, &pod.name, dir);
     let envoy = sidecar(&pod, &path, dir);
     Provider { pod, envoy, app }
@@ -256,12 +318,13 @@ fn samples_of(samples: &[Sample], served_by: u8) -> usize {
 }
 
 /// Three provider pods and a consumer pod on one node, their sidecars
-/// configured like Istio's, the providers in the consumer's (file) EDS.
+/// configured like Istio's over their [`ControlPlane`], the providers in
+/// the consumer's EDS.
 struct Mesh {
     node: Node,
     consumer_pod: Pod,
     providers: Vec<Provider>,
-    eds: PathBuf,
+    control: ControlPlane,
     cluster: String,
     endpoints: Vec<SocketAddr>,
     consumer_envoy: Proc,
@@ -287,29 +350,31 @@ impl Mesh {
     /// outbound cluster's name given) before it starts.
     fn start_with(dir: &Path, shape: impl FnOnce(&mut Value, &str)) -> Mesh {
         let mut node = Node::new();
+        let mut control = ControlPlane::start(&node);
         let consumer_pod = node.pod("c", 2);
         // Pod names double as the apps' names: p1..p3 (x-served-by).
         let providers: Vec<Provider> = (1..=3u8)
             .map(|i| {
                 let pod = node.pod(&format!("p{i}"), 10 + i);
                 pod.capture_like_istio();
-                start_provider(pod, 0, dir)
+                start_provider(pod, 0, dir, &mut control)
             })
             .collect();
         consumer_pod.capture_like_istio();
-        let eds = dir.join("eds.yaml");
         let cluster = format!("outbound|80||{SERVICE}");
         let endpoints: Vec<SocketAddr> = providers
             .iter()
             .map(|p| SocketAddr::from((p.pod.ip, APP_PORT)))
             .collect();
-        write_eds(&eds, &cluster, &endpoints);
+        control.set_endpoints(xds::cluster_load_assignment(&cluster, &endpoints));
+        // The cluster's EDS source is the file path's place; over_xds makes
+        // it istiod's ADS.
         let mut consumer_config = istio::consumer_sidecar(
             &consumer_pod.ip.to_string(),
             SERVICE,
             &VIP.to_string(),
             80,
-            &eds.display().to_string(),
+            &dir.join("eds.yaml").display().to_string(),
             &wasm_dir(),
             "/dev/stdout",
         );
@@ -317,13 +382,13 @@ impl Mesh {
         let consumer_filtered = consumer_config
             .to_string()
             .contains("\"root_id\":\"graceful_consumer\"");
-        let consumer_path = write_config(dir, "consumer", &consumer_config);
+        let consumer_path = control.serve_sidecar(dir, "consumer", &consumer_config);
         let consumer_envoy = sidecar(&consumer_pod, &consumer_path, dir);
         let mesh = Mesh {
             node,
             consumer_pod,
             providers,
-            eds,
+            control,
             cluster,
             endpoints,
             consumer_envoy,
@@ -377,7 +442,7 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
         node,
         consumer_pod,
         mut providers,
-        eds,
+        mut control,
         cluster,
         endpoints,
         consumer_envoy,
@@ -519,7 +584,7 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
     // closing, so the consumer meets it closing first); istiod's push
     // reaches the consumer a moment later.
     std::thread::sleep(Duration::from_millis(1500));
-    write_eds(&eds, &cluster, &endpoints[1..]);
+    control.set_endpoints(xds::cluster_load_assignment(&cluster, &endpoints[1..]));
     let app_out = app_child
         .wait_with_output()
         .unwrap_or_else(|e| panic!("{e}"));
@@ -537,7 +602,7 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
     let p1 = providers.remove(0);
     let pod = p1.pod;
     drop((p1.envoy, p1.app));
-    let restarted = start_provider(pod, 1, &dir);
+    let restarted = start_provider(pod, 1, &dir, &mut control);
     rt.block_on(async {
         eventually(
             "the restarted provider's filters",
@@ -546,7 +611,7 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
         )
         .await;
     });
-    write_eds(&eds, &cluster, &endpoints);
+    control.set_endpoints(xds::cluster_load_assignment(&cluster, &endpoints));
     let back = Instant::now();
     let readmitted = rt.block_on(async {
         eventually(
@@ -1243,17 +1308,16 @@ fn it_keeps_steering_in_the_consumers_zone_under_istios_locality_failover() {
         return;
     }
     let dir = run_dir("istio-zones");
-    let mesh = Mesh::start_with(&dir, |config, cluster| {
+    let mut mesh = Mesh::start_with(&dir, |config, cluster| {
         istio::apply_locality_failover(config, cluster);
     });
-    write_eds_localities(
-        &mesh.eds,
+    mesh.control.set_endpoints(load_assignment(
         &mesh.cluster,
-        &[
+        &in_localities(&[
             (0, "z1", &mesh.endpoints[..2]),
             (1, "z2", &mesh.endpoints[2..]),
-        ],
-    );
+        ]),
+    ));
     let consumer_ip = mesh.consumer_pod.ip;
     let p1_pod = mesh.providers[0].pod.netns.clone();
     let node = mesh.node.netns.clone();
@@ -1383,7 +1447,7 @@ fn it_drains_with_the_filter_names_of_istio_1_30() {
 /// by `lag` (istiod batches pushes up to `PILOT_DEBOUNCE_MAX`, 10 s by
 /// default): (requests, failed, marked) from the hooks' start on.
 fn plain_consumer_run(dir: &Path, lag: Duration, retry_503: bool) -> (usize, usize, usize) {
-    let mesh = Mesh::start_with(dir, |config, _| {
+    let mut mesh = Mesh::start_with(dir, |config, _| {
         assert_eq!(
             istio::without_consumer_filter(config),
             1,
@@ -1401,7 +1465,10 @@ fn plain_consumer_run(dir: &Path, lag: Duration, retry_503: bool) -> (usize, usi
     let app_hook = hooks.start(&mesh.providers[0].pod, "app");
     let proxy_hook = hooks.start(&mesh.providers[0].pod, "istio-proxy");
     std::thread::sleep(lag);
-    write_eds(&mesh.eds, &mesh.cluster, &mesh.endpoints[1..]);
+    mesh.control.set_endpoints(xds::cluster_load_assignment(
+        &mesh.cluster,
+        &mesh.endpoints[1..],
+    ));
     let (app_ok, app_said) = finished(app_hook);
     let (proxy_ok, _) = finished(proxy_hook);
     assert!(app_ok && proxy_ok, "the hooks: {app_said}");

@@ -140,6 +140,12 @@ impl Node {
         pod
     }
 
+    /// The node's address on the bridge (`SUBNET.1`, every pod's default
+    /// route): where a control plane running on the node serves its pods.
+    pub fn ip(&self) -> Ipv4Addr {
+        Ipv4Addr::new(SUBNET[0], SUBNET[1], SUBNET[2], 1)
+    }
+
     /// Moves the calling thread into the node's namespace: sockets it opens
     /// from then on reach every pod's address (the view of a scraper or a
     /// kubelet on the node).

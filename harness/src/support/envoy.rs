@@ -502,11 +502,7 @@ pub fn write_eds(path: &Path, cluster: &str, endpoints: &[SocketAddr]) {
 /// way a control plane doing locality failover assigns them (an empty zone
 /// writes no locality).
 pub fn write_eds_localities(path: &Path, cluster: &str, localities: &[(u32, &str, &[SocketAddr])]) {
-    let localities: Vec<Locality> = localities
-        .iter()
-        .map(|(p, z, es)| (*p, *z, es.iter().map(|e| (*e, "")).collect()))
-        .collect();
-    write_eds_document(path, cluster, &localities);
+    write_eds_document(path, cluster, &in_localities(localities));
 }
 
 /// [`write_eds`] with each endpoint's EDS `health_status` (`HEALTHY`,
@@ -517,35 +513,61 @@ pub fn write_eds_health(path: &Path, cluster: &str, endpoints: &[(SocketAddr, &s
 }
 
 /// `(priority, zone, [(endpoint, EDS health status or "")])`.
-type Locality<'a> = (u32, &'a str, Vec<(SocketAddr, &'a str)>);
+pub type Locality<'a> = (u32, &'a str, Vec<(SocketAddr, &'a str)>);
+
+/// `(priority, zone, endpoints)` as [`Locality`]s, no health status given.
+pub fn in_localities<'a>(localities: &[(u32, &'a str, &[SocketAddr])]) -> Vec<Locality<'a>> {
+    localities
+        .iter()
+        .map(|(p, z, es)| (*p, *z, es.iter().map(|e| (*e, "")).collect()))
+        .collect()
+}
+
+/// A cluster's endpoints as a control plane assigns them (a
+/// `ClusterLoadAssignment`, with its `@type`): each locality at its
+/// priority, in zone `zone` of region `r1` (an empty zone: no locality).
+pub fn load_assignment(cluster: &str, localities: &[Locality]) -> serde_json::Value {
+    use serde_json::json;
+    let endpoints: Vec<serde_json::Value> = localities
+        .iter()
+        .map(|(priority, zone, endpoints)| {
+            let lb_endpoints: Vec<serde_json::Value> = endpoints
+                .iter()
+                .map(|(e, status)| {
+                    let mut lb = json!({"endpoint": {"address": {"socket_address": {
+                        "address": e.ip().to_string(), "port_value": e.port()}}}});
+                    if !status.is_empty() {
+                        lb["health_status"] = json!(status);
+                    }
+                    lb
+                })
+                .collect();
+            let mut locality = json!({"priority": priority, "lb_endpoints": lb_endpoints});
+            if !zone.is_empty() {
+                locality["locality"] = json!({"region": "r1", "zone": zone});
+            }
+            locality
+        })
+        .collect();
+    json!({
+        "@type": crate::support::xds::ENDPOINTS,
+        "cluster_name": cluster,
+        "endpoints": endpoints,
+    })
+}
 
 fn write_eds_document(path: &Path, cluster: &str, localities: &[Locality]) {
-    let mut yaml = format!(
-        "version_info: \"{}\"\nresources:\n- \"@type\": type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment\n  cluster_name: {cluster}\n  endpoints:\n",
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0)
-    );
-    for (priority, zone, endpoints) in localities {
-        yaml.push_str(&format!("  - priority: {priority}\n"));
-        if !zone.is_empty() {
-            yaml.push_str(&format!("    locality: {{region: r1, zone: {zone}}}\n"));
-        }
-        yaml.push_str("    lb_endpoints:\n");
-        if endpoints.is_empty() {
-            yaml.push_str("      []\n");
-        }
-        for (e, status) in endpoints {
-            yaml.push_str(&format!(
-                "    - endpoint: {{address: {{socket_address: {{address: \"{}\", port_value: {}}}}}}}\n",
-                e.ip(),
-                e.port()
-            ));
-            if !status.is_empty() {
-                yaml.push_str(&format!("      health_status: {status}\n"));
-            }
-        }
-    }
+    let version = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    // JSON, which Envoy's YAML parser reads whatever the file's extension.
+    let doc = serde_json::json!({
+        "version_info": version.to_string(),
+        "resources": [load_assignment(cluster, localities)],
+    });
     let tmp = path.with_extension("tmp");
-    fs::write(&tmp, yaml).unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
+    fs::write(&tmp, doc.to_string()).unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
     fs::rename(&tmp, path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
 }
 

@@ -1,16 +1,17 @@
 //! Config over a real xDS stream: `tools/xds_server.py`, a stand-in for a
 //! mesh's control plane (istiod, Envoy Gateway) that speaks its protocol
-//! (ADS over gRPC, state of the world) from a snapshot file; each
+//! (ADS over gRPC, state of the world or delta) from a snapshot file; each
 //! [`XdsServer::push`] is a new version on every open stream. Not istiod:
 //! the resources are Envoy's own, written by the test.
 //!
 //! [`AdsConfig`] turns a rendered sidecar config into what such a control
-//! plane sends: the bootstrap keeps the static clusters and gets its
-//! listeners over LDS, and the HTTP filters it names get their config over
-//! ECDS (Istio's way with wasm filters).
+//! plane sends: the bootstrap keeps the static clusters (or, with
+//! [`AdsConfig::clusters_over_cds`], only those a bootstrap has) and gets
+//! its listeners over LDS, and the HTTP filters it names get their config
+//! over ECDS (Istio's way with wasm filters).
 
 use std::fs;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -18,27 +19,18 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tokio::process::{Child, Command};
 
-use crate::support::envoy::{repo_root, scratch_path, EnvoySpec};
+use crate::support::envoy::{in_localities, load_assignment, repo_root, scratch_path, EnvoySpec};
 use crate::support::native::Delivery;
 
 pub const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+pub const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+pub const ROUTE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration";
 pub const EXTENSION_CONFIG: &str = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
 pub const ENDPOINTS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 
 /// A cluster's endpoints as EDS sends them (one locality, priority 0).
 pub fn cluster_load_assignment(cluster: &str, endpoints: &[SocketAddr]) -> Value {
-    let lb_endpoints: Vec<Value> = endpoints
-        .iter()
-        .map(|e| {
-            json!({"endpoint": {"address": {"socket_address": {
-                "address": e.ip().to_string(), "port_value": e.port()}}}})
-        })
-        .collect();
-    json!({
-        "@type": ENDPOINTS,
-        "cluster_name": cluster,
-        "endpoints": [{"lb_endpoints": lb_endpoints}],
-    })
+    load_assignment(cluster, &in_localities(&[(0, "", endpoints)]))
 }
 
 /// The Python with grpcio and xds-protos (`make xds-tools`), or
@@ -53,6 +45,8 @@ pub fn python() -> PathBuf {
 pub struct XdsServer {
     /// Held for its `kill_on_drop`.
     _child: Child,
+    /// The address it binds.
+    pub ip: IpAddr,
     pub port: u16,
     snapshot: PathBuf,
     log: PathBuf,
@@ -60,15 +54,36 @@ pub struct XdsServer {
 }
 
 impl XdsServer {
-    /// Starts the server (serving nothing until the first push).
+    /// Starts the server on 127.0.0.1 (serving nothing until the first
+    /// push).
     pub async fn start(name: &str) -> XdsServer {
+        XdsServer::start_at(name, None, IpAddr::V4(Ipv4Addr::LOCALHOST)).await
+    }
+
+    /// Starts the server inside network namespace `netns` (a node's, where
+    /// its pods reach it), bound to `ip`.
+    pub async fn start_in(name: &str, netns: &str, ip: IpAddr) -> XdsServer {
+        XdsServer::start_at(name, Some(netns), ip).await
+    }
+
+    async fn start_at(name: &str, netns: Option<&str>, ip: IpAddr) -> XdsServer {
         let snapshot = scratch_path(&format!("{name}-xds-snapshot"), "json");
         let port_file = scratch_path(&format!("{name}-xds-port"), "txt");
         let log = scratch_path(&format!("{name}-xds"), "log");
         let out = fs::File::create(&log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
         let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
-        let mut child = Command::new(python())
+        let mut command = match netns {
+            Some(netns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", netns]).arg(python());
+                c
+            }
+            None => Command::new(python()),
+        };
+        let mut child = command
             .arg(repo_root().join("tools/xds_server.py"))
+            .arg("--listen")
+            .arg(ip.to_string())
             .arg("--snapshot")
             .arg(&snapshot)
             .arg("--port-file")
@@ -106,6 +121,7 @@ impl XdsServer {
         };
         XdsServer {
             _child: child,
+            ip,
             port,
             snapshot,
             log,
@@ -113,11 +129,23 @@ impl XdsServer {
         }
     }
 
+    /// Where it serves.
+    pub fn address(&self) -> SocketAddr {
+        SocketAddr::new(self.ip, self.port)
+    }
+
     /// Serves `resources` (type URL → resources) as the next version;
     /// returns it.
     pub fn push(&mut self, resources: &Value) -> u64 {
+        self.push_with_nodes(resources, &json!({}))
+    }
+
+    /// [`XdsServer::push`], each proxy also served its own resources:
+    /// `nodes` maps a node id to resources as `resources` holds them.
+    pub fn push_with_nodes(&mut self, resources: &Value, nodes: &Value) -> u64 {
         self.version += 1;
-        let doc = json!({"version": self.version.to_string(), "resources": resources});
+        let doc =
+            json!({"version": self.version.to_string(), "resources": resources, "nodes": nodes});
         let tmp = self.snapshot.with_extension("tmp");
         fs::write(&tmp, doc.to_string()).unwrap_or_else(|e| panic!("{}: {e}", tmp.display()));
         fs::rename(&tmp, &self.snapshot)
@@ -139,6 +167,12 @@ pub struct AdsConfig {
     pub listeners: Vec<Value>,
     /// The named HTTP filters' configs (`TypedExtensionConfig`), over ECDS.
     pub extensions: Vec<Value>,
+    /// The clusters served over CDS (none unless
+    /// [`AdsConfig::clusters_over_cds`]).
+    pub clusters: Vec<Value>,
+    /// The route configurations served over RDS (none unless
+    /// [`AdsConfig::routes_over_rds`]).
+    pub routes: Vec<Value>,
     /// For the native delivery: the directory Envoy must search for the
     /// module (`ENVOY_DYNAMIC_MODULES_SEARCH_PATH`), see [`by_module_name`].
     pub module_search_path: Option<PathBuf>,
@@ -174,8 +208,24 @@ impl AdsConfig {
     /// `over_ecds` that it has over ECDS (each keeps its place and its
     /// `disabled`).
     pub fn split(rendered: &str, node: &str, port: u16, over_ecds: &[&str]) -> AdsConfig {
-        let mut bootstrap: Value =
+        let bootstrap: Value =
             serde_yaml::from_str(rendered).unwrap_or_else(|e| panic!("rendered config: {e}"));
+        AdsConfig::split_to(
+            bootstrap,
+            node,
+            SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            over_ecds,
+        )
+    }
+
+    /// [`AdsConfig::split`] of a config already parsed, for an ADS server
+    /// at `xds`.
+    pub fn split_to(
+        mut bootstrap: Value,
+        node: &str,
+        xds: SocketAddr,
+        over_ecds: &[&str],
+    ) -> AdsConfig {
         let statics = &mut bootstrap["static_resources"];
         let mut listeners = match statics["listeners"].take() {
             Value::Array(l) => l,
@@ -239,7 +289,8 @@ impl AdsConfig {
                     }
                 },
                 "load_assignment": {"cluster_name": "xds", "endpoints": [{"lb_endpoints": [
-                    {"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": port}}}}
+                    {"endpoint": {"address": {"socket_address": {
+                        "address": xds.ip().to_string(), "port_value": xds.port()}}}}
                 ]}]},
             }));
         bootstrap["dynamic_resources"] = json!({
@@ -267,13 +318,100 @@ impl AdsConfig {
             bootstrap,
             listeners,
             extensions,
+            clusters: Vec::new(),
+            routes: Vec::new(),
             module_search_path,
         }
     }
 
-    /// The resources to push: listeners and extension configs.
+    /// Moves every static cluster but `xds` and those named in `keep` to
+    /// CDS (over ADS), as a mesh's control plane serves a proxy's service
+    /// clusters while its bootstrap holds only its own.
+    pub fn clusters_over_cds(&mut self, keep: &[&str]) {
+        let statics = match self.bootstrap["static_resources"]["clusters"].take() {
+            Value::Array(c) => c,
+            other => panic!("no static clusters: {other}"),
+        };
+        let (kept, served): (Vec<Value>, Vec<Value>) = statics.into_iter().partition(|c| {
+            let name = c["name"].as_str().unwrap_or_default();
+            name == "xds" || keep.contains(&name)
+        });
+        self.bootstrap["static_resources"]["clusters"] = Value::Array(kept);
+        self.clusters = served
+            .into_iter()
+            .map(|mut c| {
+                c["@type"] = json!(CLUSTER);
+                c
+            })
+            .collect();
+        self.bootstrap["dynamic_resources"]["cds_config"] =
+            json!({"ads": {}, "resource_api_version": "V3"});
+    }
+
+    /// Moves each served listener's inline `route_config` to RDS, fetched
+    /// from `source` by name.
+    pub fn routes_over_rds(&mut self, source: &Value) {
+        let mut routes = Vec::new();
+        for listener in &mut self.listeners {
+            for chain in listener["filter_chains"]
+                .as_array_mut()
+                .into_iter()
+                .flatten()
+            {
+                for filter in chain["filters"].as_array_mut().into_iter().flatten() {
+                    let Some(hcm) = filter
+                        .get_mut("typed_config")
+                        .and_then(Value::as_object_mut)
+                    else {
+                        continue;
+                    };
+                    let Some(mut route) = hcm.remove("route_config") else {
+                        continue;
+                    };
+                    let name = route["name"].clone();
+                    route["@type"] = json!(ROUTE);
+                    routes.push(route);
+                    hcm.insert(
+                        "rds".into(),
+                        json!({"config_source": source, "route_config_name": name}),
+                    );
+                }
+            }
+        }
+        self.routes = routes;
+    }
+
+    /// Moves the listeners named in `keep` back to the bootstrap's static
+    /// listeners, where a mesh's bootstrap has some of its own.
+    pub fn static_listeners(&mut self, keep: &[&str]) {
+        let (kept, served): (Vec<Value>, Vec<Value>) = self
+            .listeners
+            .drain(..)
+            .partition(|l| keep.contains(&l["name"].as_str().unwrap_or_default()));
+        self.listeners = served;
+        self.bootstrap["static_resources"]["listeners"] = Value::Array(
+            kept.into_iter()
+                .map(|mut l| {
+                    if let Some(map) = l.as_object_mut() {
+                        map.remove("@type");
+                    }
+                    l
+                })
+                .collect(),
+        );
+    }
+
+    /// The resources to push: listeners, extension configs and, when some
+    /// are served, clusters and routes.
     pub fn resources(&self) -> Value {
-        json!({LISTENER: self.listeners, EXTENSION_CONFIG: self.extensions})
+        let mut resources = json!({LISTENER: self.listeners, EXTENSION_CONFIG: self.extensions});
+        if !self.clusters.is_empty() {
+            resources[CLUSTER] = json!(self.clusters);
+        }
+        if !self.routes.is_empty() {
+            resources[ROUTE] = json!(self.routes);
+        }
+        resources
     }
 
     /// `spec` running this config's bootstrap (the delivery is in it
