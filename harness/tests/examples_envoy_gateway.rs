@@ -31,7 +31,8 @@ use graceful_harness::platform::envoy_gateway::{
 };
 use graceful_harness::support::client::{load, Conn};
 use graceful_harness::support::envoy::{
-    envoy_binary, eventually, free_port, repo_root, scratch_path, write_eds, Envoy, EnvoySpec,
+    envoy_binary, eventually, free_port, load_assignment, repo_root, scratch_path, write_eds,
+    Envoy, EnvoySpec,
 };
 use graceful_harness::support::upstream::Upstream;
 use graceful_harness::support::xds::{self, XdsServer};
@@ -362,8 +363,9 @@ fn envoy_rejects_the_patch_on_a_cluster_with_common_lb_config_locality() {
 /// delta ADS stream from the stand-in (`envoy_gateway::over_xds`).
 struct Gateway {
     envoy: Envoy,
-    /// Held: the gateway's control plane.
-    _xds: XdsServer,
+    /// The gateway's control plane, and what it serves but endpoints.
+    xds: XdsServer,
+    resources: Value,
     listener: SocketAddr,
     cluster: String,
     ups: Vec<Upstream>,
@@ -396,9 +398,10 @@ impl Gateway {
         let config =
             envoy_gateway::gateway_config(&ex, cluster(&ex, &cluster_name, &eds), admin, listen);
         let ads = envoy_gateway::over_xds(&config, xds.address());
-        let mut resources = ads.resources();
-        resources[xds::ENDPOINTS] = json!([xds::cluster_load_assignment(&cluster_name, &addrs)]);
-        xds.push(&resources);
+        let resources = ads.resources();
+        let mut first = resources.clone();
+        first[xds::ENDPOINTS] = json!([xds::cluster_load_assignment(&cluster_name, &addrs)]);
+        xds.push(&first);
         fs::write(
             &config_path,
             serde_json::to_string_pretty(&ads.bootstrap).unwrap_or_default(),
@@ -407,7 +410,8 @@ impl Gateway {
         let envoy = spec.start().await;
         let gw = Gateway {
             envoy,
-            _xds: xds,
+            xds,
+            resources,
             listener: SocketAddr::from(([127, 0, 0, 1], listen)),
             cluster: cluster_name,
             ups,
@@ -424,6 +428,42 @@ impl Gateway {
 
     fn counts(&self) -> Vec<u64> {
         self.ups.iter().map(Upstream::app_requests).collect()
+    }
+
+    /// Envoy Gateway's push after the backend's EndpointSlice changed:
+    /// `endpoints` with their EDS health status (`DRAINING` for a pod
+    /// that is terminating or not ready; "" for the others, which Envoy
+    /// Gateway leaves `UNKNOWN`).
+    fn push_endpoints(&mut self, endpoints: &[(SocketAddr, &str)]) {
+        let mut resources = self.resources.clone();
+        resources[xds::ENDPOINTS] = json!([load_assignment(
+            &self.cluster,
+            &[(0, "", endpoints.to_vec())]
+        )]);
+        self.xds.push(&resources);
+    }
+
+    /// Waits for a stat of the gateway's Envoy to reach `want`.
+    async fn until_stat(&self, stat: &str, want: u64) {
+        eventually(
+            &format!("{stat} = {want}"),
+            Duration::from_secs(10),
+            || async { (self.envoy.stat(stat).await == Some(want)).then_some(()) },
+        )
+        .await;
+    }
+
+    /// Waits for graceful_consumer's next read of the members from the
+    /// admin (through the bootstrap's cluster), which follows a push.
+    async fn until_members_read(&self) {
+        let stat = format!("cluster.{ADMIN_CLUSTER}.upstream_rq_completed");
+        let before = self.envoy.stat(&stat).await.unwrap_or(0);
+        eventually(
+            "a read of the members from the admin",
+            Duration::from_secs(10),
+            || async { (self.envoy.stat(&stat).await.unwrap_or(0) > before).then_some(()) },
+        )
+        .await;
     }
 
     /// Accepted connections per worker on the listener.
@@ -618,5 +658,109 @@ async fn without_override_host_the_closing_backend_keeps_getting_requests() {
         "{}: without override_host the closing upstream still got {} of {sent}",
         gw.cluster,
         now[0] - at_mark[0]
+    );
+}
+
+/// A rolling update as Envoy Gateway pushes it over its delta ADS stream:
+/// the new pod's endpoint is added (surge), the old pod starts closing and
+/// its endpoint is sent `DRAINING` once it is terminating
+/// (`getIREndpointsFromEndpointSlice`, route.go; cluster.go), then removed.
+/// Every push carries only the endpoints; no request fails, none reaches
+/// the old pod after its first closing mark, and the two others share the
+/// load once the new one is a member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rolling_update_over_envoy_gateways_pushes_fails_nothing_and_shares_the_load() {
+    let mut gw = Gateway::start("eg-rolling", |ex, name, eds| {
+        envoy_gateway::cluster(
+            name,
+            eds,
+            envoy_gateway::load_balancing_policy(Some(&ex.btp["spec"]["loadBalancer"])),
+        )
+    })
+    .await;
+    let (old, kept) = (gw.ups[0].addr, gw.ups[1].addr);
+    let new = Upstream::start().await;
+    new.set_instance("a2");
+    let new_addr = new.addr;
+    gw.ups.push(new);
+    let members = format!("cluster.{}.membership_total", gw.cluster);
+    let healthy = format!("cluster.{}.membership_healthy", gw.cluster);
+
+    // Surge: the new pod is ready.
+    gw.push_endpoints(&[(old, ""), (kept, ""), (new_addr, "")]);
+    gw.until_stat(&members, 3).await;
+    let warm = load(gw.listener, 6, 20, "/").await;
+    assert!(warm.iter().all(|r| r.status == 200));
+    assert!(
+        gw.counts().iter().all(|&c| c > 0),
+        "all three served: {:?}",
+        gw.counts()
+    );
+
+    // The old pod's preStop: it answers closing until the first mark.
+    gw.ups[0].set_closing(true);
+    let mut conn = Conn::http1(gw.listener)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let mut marked = false;
+    for _ in 0..200 {
+        let r = conn.get("/").await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status, 200);
+        if r.header("x-graceful-closing").as_deref() == Some("true") {
+            marked = true;
+            break;
+        }
+    }
+    assert!(marked, "no closing-marked answer: {:?}", gw.counts());
+    let at_mark = gw.counts();
+
+    // Terminating: Envoy Gateway sends it DRAINING.
+    gw.push_endpoints(&[(old, "DRAINING"), (kept, ""), (new_addr, "")]);
+    gw.until_stat(&healthy, 2).await;
+    gw.until_members_read().await;
+    let before = gw.counts();
+    let draining = load(gw.listener, 8, 25, "/").await;
+    let after_draining = gw.counts();
+
+    // Gone: the pod's endpoint is removed.
+    gw.push_endpoints(&[(kept, ""), (new_addr, "")]);
+    gw.until_stat(&members, 2).await;
+    gw.until_members_read().await;
+    let gone = load(gw.listener, 8, 25, "/").await;
+    let after_gone = gw.counts();
+
+    let share = |from: &[u64], to: &[u64], sent: usize| {
+        let got: Vec<u64> = from.iter().zip(to).map(|(a, b)| b - a).collect();
+        eprintln!("{sent} requests: {got:?} (old, kept, new)");
+        assert_eq!(got[0], 0, "the closing pod got requests: {got:?}");
+        assert_eq!(got[1] + got[2], sent as u64, "{got:?}");
+        // Shared, not piled on one: each of the two takes at least a quarter.
+        for (i, n) in got.iter().enumerate().skip(1) {
+            assert!(*n * 4 >= sent as u64, "pod {i} took {n} of {sent}: {got:?}");
+        }
+    };
+    for (what, batch) in [("DRAINING", &draining), ("removed", &gone)] {
+        let failed = batch.iter().filter(|r| r.status != 200).count();
+        assert_eq!(failed, 0, "{what}: {failed} of {} failed", batch.len());
+    }
+    assert_eq!(gw.counts()[0], at_mark[0], "the closing pod after its mark");
+    share(&before, &after_draining, draining.len());
+    share(&after_draining, &after_gone, gone.len());
+
+    // Delta: after the first answer, each push sent the endpoints alone.
+    let log = gw.xds.log();
+    let sent: Vec<&str> = log.lines().filter(|l| l.contains(" sent delta ")).collect();
+    let endpoints_only = sent
+        .iter()
+        .filter(|l| l.contains("ClusterLoadAssignment version"))
+        .count();
+    let others_after_first = sent
+        .iter()
+        .filter(|l| !l.contains("ClusterLoadAssignment") && !l.contains(" version 1:"))
+        .count();
+    assert_eq!(endpoints_only, 4, "one EDS answer per push:\n{log}");
+    assert_eq!(
+        others_after_first, 0,
+        "a push resent more than endpoints:\n{log}"
     );
 }
