@@ -347,11 +347,13 @@ lint: wasm-target ## rustfmt check, the core's room layout (docs/architecture.md
 	$(CARGO) clippy --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS))) -p bench-wasm-header -- -D warnings
 
 .PHONY: unit
-unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core (also with its schema feature), the guest glue, the native glue (over a fake Envoy), the emulator's own store, the harness, the Python tools' tests (tools/test_*.py); the configuration schemas against the parser and the shipped configs
+unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core (also with its schema feature), the guest glue, the native glue (over a fake Envoy), the emulator's own store, the harness, the Python tools' tests (tools/test_*.py, and the xDS stand-in's protocol with its own Python); the configuration schemas against the parser and the shipped configs
 	$(CARGO) test -p graceful-core --tests
 	$(CARGO) test -p graceful-core --features schema --lib
 	$(CARGO) test -p graceful-guest -p graceful-native -p graceful-emulated-host -p graceful-harness --lib --bins
 	python3 -m unittest discover -s tools -p 'test_*.py'
+	$(MAKE) --no-print-directory xds-tools
+	$(XDS_VENV)/bin/python -m unittest discover -s tools -p 'xds_server_test.py'
 	$(MAKE) --no-print-directory schema-check
 	$(MAKE) --no-print-directory rules-check
 
