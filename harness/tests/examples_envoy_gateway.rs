@@ -562,6 +562,15 @@ impl Gateway {
     }
 }
 
+impl Drop for Gateway {
+    /// On a failure, what the control plane sent and what was refused.
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("the control plane's log:\n{}", self.xds.log());
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn it_steers_away_from_a_closing_backend_with_the_backend_traffic_policy() {
     let gw = Gateway::start("eg-steer-btp", |ex, name, eds| {

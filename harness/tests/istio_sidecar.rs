@@ -147,6 +147,31 @@ fn in_pod(pod: &Pod, container: &str, command: &[String]) -> Command {
 
 /// A sidecar's Prometheus listener's whole answer, None if it did not
 /// answer.
+/// The version of the ECDS config named `name` a sidecar's Envoy applied,
+/// as its admin (inside `pod`) dumps it (over delta xDS, the resource's
+/// own version).
+fn ecds_version(pod: &Pod, name: &str) -> Option<String> {
+    let name = name.to_string();
+    netns::spawn_in(&pod.netns, move || {
+        Box::pin(async move {
+            let r = client::get(
+                SocketAddr::from(([127, 0, 0, 1], istio::ADMIN_PORT)),
+                "/config_dump?resource=ecds_filters",
+            )
+            .await
+            .ok()?;
+            let dump: Value = serde_json::from_str(&r.text()).ok()?;
+            dump["configs"]
+                .as_array()?
+                .iter()
+                .find(|c| c["ecds_filter"]["name"] == name.as_str())
+                .and_then(|c| Some(c["version_info"].as_str()?.to_string()))
+        })
+    })
+    .join()
+    .unwrap_or_else(|_| panic!("pod thread"))
+}
+
 async fn prometheus_text(pod_ip: Ipv4Addr) -> Option<String> {
     let r = client::get(
         SocketAddr::from((pod_ip, istio::PROMETHEUS_PORT)),
@@ -298,10 +323,52 @@ impl ControlPlane {
         self.push();
     }
 
-    fn push(&mut self) {
+    /// istiod's ECDS push of the WasmPlugins of sidecar `node` with their
+    /// settings unchanged in other bytes (each plugin's configuration
+    /// re-serialised), as a change to a WasmPlugin that leaves its
+    /// settings alone makes istiod push. Once per sidecar (a second
+    /// re-serialisation is the same bytes). Returns the names pushed: those
+    /// with settings.
+    fn repush_wasm_plugins(&mut self, node: &str) -> (Vec<String>, u64) {
+        let served = self
+            .sidecars
+            .get_mut(node)
+            .unwrap_or_else(|| panic!("no sidecar {node}"));
+        let mut names = Vec::new();
+        for ext in served[xds::EXTENSION_CONFIG]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            let name = ext["name"].as_str().unwrap_or_default().to_string();
+            // A plugin without settings has no configuration to touch.
+            let Some(value) = ext.pointer_mut("/typed_config/config/configuration/value") else {
+                continue;
+            };
+            if let Some(text) = value.as_str() {
+                let settings: Value =
+                    serde_json::from_str(text).unwrap_or_else(|e| panic!("{name}: {e}"));
+                *value = json!(serde_json::to_string_pretty(&settings).unwrap_or_default());
+                names.push(name);
+            }
+        }
+        (names, self.push())
+    }
+
+    /// Serves what it holds as the next version; returns it.
+    fn push(&mut self) -> u64 {
         let shared = json!({ xds::ENDPOINTS: self.endpoints });
         self.xds
-            .push_with_nodes(&shared, &Value::Object(self.sidecars.clone()));
+            .push_with_nodes(&shared, &Value::Object(self.sidecars.clone()))
+    }
+}
+
+impl Drop for ControlPlane {
+    /// On a failure, what it sent and what was refused (NACKs).
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("the control plane's log:\n{}", self.xds.log());
+        }
     }
 }
 
@@ -580,6 +647,31 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // While it is closing, istiod pushes its WasmPlugins again (same
+    // settings): Envoy builds the filters' configs anew; the phase, the
+    // in-flight count and the gate must not notice.
+    let p1_node = format!(
+        "sidecar~{p1_ip}~provider.{}~{}.svc.cluster.local",
+        istio::NAMESPACE,
+        istio::NAMESPACE
+    );
+    let applied = ecds_version(&providers[0].pod, "default.graceful-drain");
+    assert!(
+        applied.is_some(),
+        "p1's Envoy lists graceful-drain's ECDS config"
+    );
+    let (repushed, version) = control.repush_wasm_plugins(&p1_node);
+    // graceful_provider's WasmPlugin has no settings: its config has no
+    // other bytes to be sent in.
+    assert_eq!(repushed, ["default.graceful-drain"]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ecds_version(&providers[0].pod, &repushed[0]) == applied {
+        assert!(
+            Instant::now() < deadline,
+            "p1's Envoy did not apply the pushed WasmPlugin (push {version}) in 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     // The registry drops the pod (Kubernetes at deletion, here once it is
     // closing, so the consumer meets it closing first); istiod's push
     // reaches the consumer a moment later.
@@ -647,7 +739,7 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
         .filter(|s| s.served_by == 1 && s.due_ms > back_ms)
         .count();
     eprintln!(
-        "istio-shaped: {} requests, {failed} failed, {marked} marked, p1 {} p2 {} p3 {}, drained after {drained_after:?}, evictions {evictions}, steered {steered}, readmitted {readmitted}, p1 after return {p1_after_back}",
+        "istio-shaped: {} requests, {failed} failed, {marked} marked, p1 {} p2 {} p3 {}, drained after {drained_after:?}, evictions {evictions}, steered {steered}, readmitted {readmitted}, p1 after return {p1_after_back}, graceful-drain's WasmPlugin pushed mid-drain (version {version})",
         samples.len(),
         samples_of(&samples, 1),
         samples_of(&samples, 2),

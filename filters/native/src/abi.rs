@@ -534,11 +534,20 @@ impl<'cb> Stream<'cb> {
         // SAFETY: valid filter pointer; the array is sized as Envoy says.
         let n = unsafe { envoy_dynamic_module_callback_http_get_headers_size(self.ptr, map) };
         // A map of ordinary size is listed on the stack: no allocation on
-        // every response.
-        let mut on_stack = [EMPTY; HEADERS_ON_STACK];
+        // every response, and only the entries Envoy fills are set first
+        // (not the whole array, on every hook).
+        let mut on_stack = [std::mem::MaybeUninit::<EnvoyHeader>::uninit(); HEADERS_ON_STACK];
         let mut on_heap = Vec::new();
         let raw: &mut [EnvoyHeader] = if n <= HEADERS_ON_STACK {
-            &mut on_stack[..n]
+            let listed = &mut on_stack[..n];
+            for slot in listed.iter_mut() {
+                slot.write(EMPTY);
+            }
+            // SAFETY: every element of `listed` was initialised just above,
+            // and MaybeUninit<T> has T's layout.
+            unsafe {
+                &mut *(listed as *mut [std::mem::MaybeUninit<EnvoyHeader>] as *mut [EnvoyHeader])
+            }
         } else {
             on_heap.resize(n, EMPTY);
             &mut on_heap

@@ -324,27 +324,55 @@ impl Consumer {
         {
             return Vec::new();
         }
-        let cached = &self.shared_observed;
+        // The cached value is moved into the write, not copied (a copy of
+        // every member's address on each write): it comes back written,
+        // unchanged, or, where a lost race used it up, decoded again from
+        // the bytes it was read from.
+        let (mut own, own_bytes) = self.shared_observed.take();
         let written = update(store, keys::OBSERVED.name, |bytes| {
             // The stored bytes are most often those this copy last read or
             // wrote: then its cached value is theirs, not decoded again.
-            let mut m = match bytes {
-                Some(b) if cached.bytes() == Some(b) => cached.value.clone(),
-                other => other.and_then(Membership::decode).unwrap_or_default(),
+            let (mut m, is_own) = match (bytes, own.take()) {
+                (Some(b), Some(v)) if own_bytes.as_deref() == Some(b) => (v, true),
+                (other, v) => {
+                    own = v;
+                    let m = other.and_then(Membership::decode).unwrap_or_default();
+                    (m, false)
+                }
             };
             if !m.saw(cluster, address, now) {
-                return (None, None);
+                return (None, ObservedWrite::Unchanged(is_own.then_some(m)));
             }
             let encoded = m.encode();
-            (Some(encoded.clone()), Some((m, encoded)))
+            (Some(encoded.clone()), ObservedWrite::Wrote(m, encoded))
         });
-        if let Ok(Some((m, encoded))) = written {
-            // Checked again when steering next needs it (this copy's own
-            // write does not make its signal move); what it finds then is
-            // this write, unless another copy wrote since.
-            self.shared_observed.wrote(m, encoded);
-            return self.bump(store, keys::OBSERVED_GEN.name);
+        match written {
+            Ok(ObservedWrite::Wrote(m, encoded)) => {
+                // Checked again when steering next needs it (this copy's own
+                // write does not make its signal move); what it finds then
+                // is this write, unless another copy wrote since.
+                self.shared_observed.wrote(m, encoded);
+                return self.bump(store, keys::OBSERVED_GEN.name);
+            }
+            Ok(ObservedWrite::Unchanged(Some(m))) => self.shared_observed.put_back(m, own_bytes),
+            _ => {
+                let value = own.unwrap_or_else(|| {
+                    own_bytes
+                        .as_deref()
+                        .and_then(Membership::decode)
+                        .unwrap_or_default()
+                });
+                self.shared_observed.put_back(value, own_bytes);
+            }
         }
         Vec::new()
     }
+}
+
+/// What a write of the shared observed membership did: wrote the value as
+/// the bytes, or changed nothing (giving back the cached value it took,
+/// if it took it).
+enum ObservedWrite {
+    Wrote(Membership, Vec<u8>),
+    Unchanged(Option<Membership>),
 }

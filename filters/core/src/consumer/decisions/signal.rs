@@ -50,11 +50,6 @@ impl<T: Default> Cached<T> {
         }
     }
 
-    /// The bytes the value was read from, when kept.
-    pub(super) fn bytes(&self) -> Option<&[u8]> {
-        self.bytes.as_deref()
-    }
-
     /// This copy wrote `value` as `bytes`: the cache holds them, and the
     /// next refresh reads the generation key (it moved) and finds these
     /// bytes unless another copy wrote since.
@@ -64,6 +59,19 @@ impl<T: Default> Cached<T> {
             self.bytes = Some(bytes);
         }
         self.checked = false;
+    }
+
+    /// Takes the value and the bytes it was read from (when kept) out, to
+    /// change the value without a copy; [`Cached::wrote`] or
+    /// [`Cached::put_back`] returns them.
+    pub(super) fn take(&mut self) -> (Option<T>, Option<Vec<u8>>) {
+        (Some(std::mem::take(&mut self.value)), self.bytes.take())
+    }
+
+    /// Returns what [`Cached::take`] took, unchanged.
+    pub(super) fn put_back(&mut self, value: T, bytes: Option<Vec<u8>>) {
+        self.value = value;
+        self.bytes = bytes;
     }
 
     /// Makes the next [`Cached::refresh`] read the generation key.

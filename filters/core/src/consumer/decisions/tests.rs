@@ -1350,3 +1350,56 @@ fn a_cache_that_keeps_bytes_decodes_only_what_another_copy_wrote() {
     assert!(ours.refresh(&store, gen_key, key, counted_decode));
     assert_eq!((DECODES.with(Cell::get), &ours.value), (1, &theirs));
 }
+
+/// Lets another copy's write of `key` land between a read and the next
+/// write of it, once: that write loses its compare-and-swap.
+struct RacedOnce<'a> {
+    inner: &'a MemStore,
+    key: &'static str,
+    theirs: Vec<u8>,
+    raced: Cell<bool>,
+}
+impl SharedStore for RacedOnce<'_> {
+    fn get(&self, key: &str) -> Result<Option<store::Versioned>, store::StoreError> {
+        self.inner.get(key)
+    }
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), store::StoreError> {
+        if key == self.key && !self.raced.replace(true) {
+            let current = self.inner.get(key)?.map_or(0, |(_, c)| c);
+            self.inner.set(key, &self.theirs, current)?;
+        }
+        self.inner.set(key, value, cas)
+    }
+}
+
+#[test]
+fn the_cached_observed_membership_is_what_was_read_or_written_whatever_a_write_met() {
+    let (store, mut c) = copies("", 1);
+    let stored = |store: &MemStore| {
+        Membership::decode(&store.get(keys::OBSERVED.name).unwrap().unwrap().0).unwrap()
+    };
+    // A write: the cache is the value written.
+    carry(&c[0].answered(&store, "svc", "a:1", S));
+    assert_eq!(c[0].shared_observed.value, stored(&store));
+    assert!(c[0].shared_observed.value.seen_lately("svc", "a:1", S));
+    // Seen lately: no write, the cache given back as it was.
+    let before = c[0].shared_observed.value.clone();
+    carry(&c[0].answered(&store, "svc", "a:1", S + 1));
+    assert_eq!(c[0].shared_observed.value, before);
+    // A lost race: another copy's write lands first; the retry adds to it.
+    let mut theirs = stored(&store);
+    theirs.saw("svc", "z:9", S + 2);
+    let raced = RacedOnce {
+        inner: &store,
+        key: keys::OBSERVED.name,
+        theirs: theirs.encode(),
+        raced: Cell::new(false),
+    };
+    carry(&c[0].answered(&raced, "svc", "b:1", S + 2));
+    assert!(raced.raced.get(), "the race was run");
+    let now = stored(&store);
+    for host in ["a:1", "b:1", "z:9"] {
+        assert!(now.seen_lately("svc", host, S + 2), "{host} in {now:?}");
+    }
+    assert_eq!(c[0].shared_observed.value, now);
+}

@@ -144,26 +144,26 @@ impl Membership {
 
     /// Layout: version u8, cluster count u16 LE, then per cluster: name
     /// (u8 length + bytes), host count u16 LE, per host: usable u8,
-    /// last seen u32 LE (seconds), address (u8 length + bytes).
+    /// priority u8, last seen u32 LE (seconds), address (u8 length +
+    /// bytes). Sized first: one allocation, however many members.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = vec![VERSION];
-        let clusters: Vec<_> = self
-            .clusters
-            .iter()
-            .filter(|(n, _)| n.len() <= 255)
-            .take(MAX_CLUSTERS)
-            .collect();
-        out.extend_from_slice(&(clusters.len() as u16).to_le_bytes());
-        for (name, members) in clusters {
+        let size = 3 + self
+            .encodable_clusters()
+            .map(|(name, members)| {
+                3 + name.len()
+                    + encodable_members(members)
+                        .map(|m| 7 + m.address.len())
+                        .sum::<usize>()
+            })
+            .sum::<usize>();
+        let mut out = Vec::with_capacity(size);
+        out.push(VERSION);
+        out.extend_from_slice(&(self.encodable_clusters().count() as u16).to_le_bytes());
+        for (name, members) in self.encodable_clusters() {
             out.push(name.len() as u8);
             out.extend_from_slice(name.as_bytes());
-            let members: Vec<_> = members
-                .iter()
-                .filter(|m| m.address.len() <= 255)
-                .take(MAX_MEMBERS)
-                .collect();
-            out.extend_from_slice(&(members.len() as u16).to_le_bytes());
-            for m in members {
+            out.extend_from_slice(&(encodable_members(members).count() as u16).to_le_bytes());
+            for m in encodable_members(members) {
                 out.push(u8::from(m.usable));
                 out.push(m.priority);
                 out.extend_from_slice(&m.seen_s.to_le_bytes());
@@ -172,6 +172,15 @@ impl Membership {
             }
         }
         out
+    }
+
+    /// The clusters [`Membership::encode`] writes: named in at most 255
+    /// bytes, the first [`MAX_CLUSTERS`].
+    fn encodable_clusters(&self) -> impl Iterator<Item = &(String, Vec<Member>)> {
+        self.clusters
+            .iter()
+            .filter(|(n, _)| n.len() <= 255)
+            .take(MAX_CLUSTERS)
     }
 
     /// None for anything [`Membership::encode`] did not write.
@@ -217,6 +226,15 @@ impl Membership {
         take(0)?;
         rest.is_empty().then_some(Membership { clusters })
     }
+}
+
+/// The members [`Membership::encode`] writes of a cluster: addresses of at
+/// most 255 bytes, the first [`MAX_MEMBERS`].
+fn encodable_members(members: &[Member]) -> impl Iterator<Item = &Member> {
+    members
+        .iter()
+        .filter(|m| m.address.len() <= 255)
+        .take(MAX_MEMBERS)
 }
 
 /// Addresses that answered recently, per cluster: this VM copy's own view,
