@@ -152,18 +152,11 @@ class Ads(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
             return str(self.nonce)
 
     def StreamAggregatedResources(self, requests, context):
-        inbox = reader(requests)
         node = ""
         # Per type: the names asked for (empty: all) and the version last sent.
         wanted = {}
         sent = {}
-        while context.is_active():
-            try:
-                r = inbox.get(timeout=0.05)
-            except queue.Empty:
-                r = False
-            if r is None:
-                return
+        for r in arrivals(requests, context):
             if r:
                 node = node or r.node.id
                 if r.error_detail.message:
@@ -191,7 +184,6 @@ class Ads(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 yield response
 
     def DeltaAggregatedResources(self, requests, context):
-        inbox = reader(requests)
         node = ""
         # Per type: whether the stream asked for all of it (wildcard), the names it subscribed
         # to, and the version of each resource it holds (as sent, or as it said it held them
@@ -201,13 +193,7 @@ class Ads(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
         held = {}
         answered = set()
         looked_at = None
-        while context.is_active():
-            try:
-                r = inbox.get(timeout=0.05)
-            except queue.Empty:
-                r = False
-            if r is None:
-                return
+        for r in arrivals(requests, context):
             if r:
                 node = node or r.node.id
                 t = r.type_url
@@ -264,8 +250,9 @@ class Ads(ads_pb2_grpc.AggregatedDiscoveryServiceServicer):
                 yield response
 
 
-def reader(requests):
-    """A queue of a stream's requests, read on a thread of its own; None once it ends."""
+def arrivals(requests, context):
+    """Each request of a stream as it comes (read on a thread of its own), or False after 50 ms
+    without one, so that a push is sent without waiting for a request; ends with the stream."""
     inbox = queue.Queue()
 
     def read():
@@ -277,7 +264,14 @@ def reader(requests):
         inbox.put(None)
 
     threading.Thread(target=read, daemon=True).start()
-    return inbox
+    while context.is_active():
+        try:
+            r = inbox.get(timeout=0.05)
+        except queue.Empty:
+            r = False
+        if r is None:
+            return
+        yield r
 
 
 def main():

@@ -430,6 +430,24 @@ impl Gateway {
         self.ups.iter().map(Upstream::app_requests).collect()
     }
 
+    /// Makes upstream 0 answer closing, then sends requests on one
+    /// connection until the first closing-marked answer (every one a 200);
+    /// returns the upstreams' counts then.
+    async fn close_first_until_marked(&self) -> Vec<u64> {
+        self.ups[0].set_closing(true);
+        let mut conn = Conn::http1(self.listener)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        for _ in 0..200 {
+            let r = conn.get("/").await.unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(r.status, 200);
+            if r.header("x-graceful-closing").as_deref() == Some("true") {
+                return self.counts();
+            }
+        }
+        panic!("no closing-marked answer: {:?}", self.counts());
+    }
+
     /// Envoy Gateway's push after the backend's EndpointSlice changed:
     /// `endpoints` with their EDS health status (`DRAINING` for a pod
     /// that is terminating or not ready; "" for the others, which Envoy
@@ -500,21 +518,7 @@ impl Gateway {
         )
         .await;
 
-        self.ups[0].set_closing(true);
-        let mut conn = Conn::http1(self.listener)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let mut marked = false;
-        for _ in 0..200 {
-            let r = conn.get("/").await.unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(r.status, 200);
-            if r.header("x-graceful-closing").as_deref() == Some("true") {
-                marked = true;
-                break;
-            }
-        }
-        assert!(marked, "no closing-marked answer: {:?}", self.counts());
-        let at_mark = self.counts();
+        let at_mark = self.close_first_until_marked().await;
         // The kernel spreads new connections over the workers by hash: a
         // batch of 8 can all land on one (seen once in CI), so batches go
         // on, a bounded number, until each worker has taken some.
@@ -706,22 +710,8 @@ async fn a_rolling_update_over_envoy_gateways_pushes_fails_nothing_and_shares_th
         gw.counts()
     );
 
-    // The old pod's preStop: it answers closing until the first mark.
-    gw.ups[0].set_closing(true);
-    let mut conn = Conn::http1(gw.listener)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
-    let mut marked = false;
-    for _ in 0..200 {
-        let r = conn.get("/").await.unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(r.status, 200);
-        if r.header("x-graceful-closing").as_deref() == Some("true") {
-            marked = true;
-            break;
-        }
-    }
-    assert!(marked, "no closing-marked answer: {:?}", gw.counts());
-    let at_mark = gw.counts();
+    // The old pod's preStop: it answers closing.
+    let at_mark = gw.close_first_until_marked().await;
 
     // Terminating: Envoy Gateway sends it DRAINING.
     gw.push_endpoints(&[(old, "DRAINING"), (kept, ""), (new_addr, "")]);
