@@ -9,10 +9,12 @@
 //! and readiness probe, read from `examples/istio/provider.yaml` and run
 //! inside its pod, while a consumer pod calls the provider Service.
 //!
-//! The pods of a [`Mesh`] get their config as istiod sends it: over a delta
+//! Every sidecar that runs gets its config as istiod sends it: over a delta
 //! ADS stream from a stand-in on the node ([`ControlPlane`]), listeners,
-//! service clusters, endpoints and the WasmPlugins (ECDS); the registry's
-//! changes are EDS pushes. The pods started alone read files.
+//! service clusters, endpoints and the WasmPlugins (ECDS), over IPv6 for
+//! the IPv6-only pod; the registry's changes are EDS pushes. Only the
+//! tests that ask `envoy --mode validate` about a config read it from a
+//! file.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -288,11 +290,17 @@ struct ControlPlane {
 }
 
 impl ControlPlane {
+    /// On the node's IPv4 address.
     fn start(node: &Node) -> ControlPlane {
+        ControlPlane::start_at(node, IpAddr::V4(node.ip()))
+    }
+
+    /// On `ip`, one of the node's addresses.
+    fn start_at(node: &Node, ip: IpAddr) -> ControlPlane {
         let xds = runtime().block_on(XdsServer::start_in(
             &format!("istio-{}", node.netns),
             &node.netns,
-            IpAddr::V4(node.ip()),
+            ip,
         ));
         ControlPlane {
             xds,
@@ -1201,7 +1209,8 @@ fn finished(child: Child) -> (bool, String) {
 }
 
 /// A provider pod of its own: the app and a sidecar configured like
-/// Istio's, `shape` applied to the pod and its config first; returned once
+/// Istio's over `control`, `shape` applied to the pod and its config
+/// first; returned once
 /// the sidecar's admin answers on `admin` (`127.0.0.1`, or `::1` where the
 /// bootstrap puts it on IPv6 pods) with graceful_drain serving, or just
 /// answering `/ready` where `shape` took graceful_drain out.
@@ -1211,6 +1220,7 @@ fn lone_provider(
     host: u8,
     dir: &Path,
     admin: std::net::IpAddr,
+    control: &mut ControlPlane,
     shape: impl FnOnce(&Pod, &mut Value),
 ) -> (Pod, Proc, Proc) {
     let pod = node.pod(name, host);
@@ -1220,7 +1230,7 @@ fn lone_provider(
     let drains = config
         .to_string()
         .contains("\"root_id\":\"graceful_drain\"");
-    let path = write_config(dir, name, &config);
+    let path = control.serve_sidecar(dir, name, &config);
     let app = app(&pod, name, dir);
     let envoy = sidecar(&pod, &path, dir);
     netns::spawn_in(&pod.netns, move || {
@@ -1261,12 +1271,17 @@ fn it_closes_and_drains_an_ipv6_only_pod_through_its_admin_on_ipv6_loopback() {
     }
     let dir = run_dir("istio-ipv6");
     let mut node = Node::new();
+    // The pod reaches its control plane over IPv6 too, on the node's
+    // address in the pod's prefix.
+    node.add_ipv6("fd00:10:66::1/64");
+    let mut control = ControlPlane::start_at(&node, "fd00:10:66::1".parse().unwrap());
     let (pod, _app, _envoy) = lone_provider(
         &mut node,
         "p6",
         61,
         &dir,
         std::net::Ipv6Addr::LOCALHOST.into(),
+        &mut control,
         |pod, config| {
             pod.make_ipv6_only("fd00:10:66::61/64");
             istio::on_ipv6_loopback(config);
@@ -1325,6 +1340,7 @@ fn it_neither_blocks_nor_holds_a_pod_without_a_sidecar_or_without_graceful_drain
     }
     let dir = run_dir("istio-no-sidecar");
     let mut node = Node::new();
+    let mut control = ControlPlane::start(&node);
     let pod = node.pod("bare", 62);
     let _app = app(&pod, "bare", &dir);
     let hooks = Hooks::of_example();
@@ -1358,6 +1374,7 @@ fn it_neither_blocks_nor_holds_a_pod_without_a_sidecar_or_without_graceful_drain
         64,
         &dir,
         std::net::Ipv4Addr::LOCALHOST.into(),
+        &mut control,
         |_, config| {
             let removed = istio::remove_http_filters(config, |f| {
                 f.to_string().contains("envoy.wasm.runtime")
@@ -1500,12 +1517,14 @@ fn it_drains_with_the_filter_names_of_istio_1_30() {
     }
     let dir = run_dir("istio-1-30-names");
     let mut node = Node::new();
+    let mut control = ControlPlane::start(&node);
     let (pod, _app, _envoy) = lone_provider(
         &mut node,
         "p30",
         63,
         &dir,
         std::net::Ipv4Addr::LOCALHOST.into(),
+        &mut control,
         |_, config| {
             assert_eq!(
                 istio::use_traffic_extension_names(config),

@@ -146,6 +146,12 @@ impl Node {
         Ipv4Addr::new(SUBNET[0], SUBNET[1], SUBNET[2], 1)
     }
 
+    /// Gives the bridge IPv6 address `cidr` too (usable at once: no
+    /// duplicate address detection), for IPv6-only pods in its prefix.
+    pub fn add_ipv6(&self, cidr: &str) {
+        self.exec(&["ip", "-6", "addr", "add", cidr, "dev", "br0", "nodad"]);
+    }
+
     /// Moves the calling thread into the node's namespace: sockets it opens
     /// from then on reach every pod's address (the view of a scraper or a
     /// kubelet on the node).
