@@ -430,6 +430,18 @@ impl Gateway {
         self.ups.iter().map(Upstream::app_requests).collect()
     }
 
+    /// `per_connection` requests on each of `connections`: every one a 200,
+    /// and every upstream served some.
+    async fn warm(&self, connections: usize, per_connection: usize) {
+        let warm = load(self.listener, connections, per_connection, "/").await;
+        assert!(warm.iter().all(|r| r.status == 200));
+        assert!(
+            self.counts().iter().all(|&c| c > 0),
+            "every upstream served: {:?}",
+            self.counts()
+        );
+    }
+
     /// Makes upstream 0 answer closing, then sends requests on one
     /// connection until the first closing-marked answer (every one a 200);
     /// returns the upstreams' counts then.
@@ -501,13 +513,7 @@ impl Gateway {
     /// Returns the upstreams' counts at the mark and after, the requests
     /// sent after the mark, and the admin reads.
     async fn close_one_and_send(&self) -> (Vec<u64>, Vec<u64>, u64, u64) {
-        let warm = load(self.listener, 4, 10, "/").await;
-        assert!(warm.iter().all(|r| r.status == 200));
-        assert!(
-            self.counts().iter().all(|&c| c > 0),
-            "both served: {:?}",
-            self.counts()
-        );
+        self.warm(4, 10).await;
         // graceful_consumer reads the members of the clusters it routes to
         // from the admin, through the bootstrap's cluster.
         let admin_reads = format!("cluster.{ADMIN_CLUSTER}.upstream_rq_200");
@@ -702,13 +708,7 @@ async fn a_rolling_update_over_envoy_gateways_pushes_fails_nothing_and_shares_th
     // Surge: the new pod is ready.
     gw.push_endpoints(&[(old, ""), (kept, ""), (new_addr, "")]);
     gw.until_stat(&members, 3).await;
-    let warm = load(gw.listener, 6, 20, "/").await;
-    assert!(warm.iter().all(|r| r.status == 200));
-    assert!(
-        gw.counts().iter().all(|&c| c > 0),
-        "all three served: {:?}",
-        gw.counts()
-    );
+    gw.warm(6, 20).await;
 
     // The old pod's preStop: it answers closing.
     let at_mark = gw.close_first_until_marked().await;

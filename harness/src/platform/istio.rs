@@ -831,14 +831,6 @@ pub fn deliver_upstream_instance(
 const WASM_FILTER_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
 const RBAC_FILTER_TYPE: &str = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC";
 
-/// istiod's config source for what it serves (`defaultConfigSource` in
-/// `pilot/pkg/networking/core/extension/extensionfilter.go`, the EDS
-/// config of `cluster_builder.go`): ADS, waiting for the answer however
-/// long it takes (`initial_fetch_timeout: 0s`).
-fn istiod_source() -> Value {
-    json!({"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"})
-}
-
 /// `config` (a sidecar's, as [`provider_sidecar`] or [`consumer_sidecar`]
 /// build it) as istiod delivers it to a proxy whose ADS server is `xds`:
 /// the bootstrap holds the admin, the Prometheus and readiness listeners,
@@ -853,14 +845,14 @@ fn istiod_source() -> Value {
 /// istiod serves an EnvoyFilter's. The stand-in serving it is
 /// `tools/xds_server.py`, not istiod.
 pub fn over_xds(config: &Value, xds: std::net::SocketAddr) -> crate::support::xds::AdsConfig {
-    use crate::support::xds::AdsConfig;
+    use crate::support::xds::{ads_source, AdsConfig};
     let node = config["node"]["id"]
         .as_str()
         .unwrap_or_else(|| panic!("a sidecar config without node.id"))
         .to_string();
     let mut wasm_names = Vec::new();
-    let mut scan = config.clone();
-    for_each_object(&mut scan, |map| {
+    let mut bootstrap = config.clone();
+    for_each_object(&mut bootstrap, |map| {
         if let Some(Value::Array(filters)) = map.get("http_filters") {
             for f in filters {
                 if f["typed_config"]["@type"] == WASM_FILTER_TYPE {
@@ -872,29 +864,17 @@ pub fn over_xds(config: &Value, xds: std::net::SocketAddr) -> crate::support::xd
         }
     });
     let names: Vec<&str> = wasm_names.iter().map(String::as_str).collect();
-    let mut ads = AdsConfig::split_to(config.clone(), &node, xds, &names);
+    let mut ads = AdsConfig::split_to(bootstrap, &node, xds, &names);
     ads.clusters_over_cds(&["prometheus_stats"]);
     ads.static_listeners(&["prometheus", "health"]);
-    let dynamic = &mut ads.bootstrap["dynamic_resources"];
-    dynamic["ads_config"]["api_type"] = json!("DELTA_GRPC");
-    dynamic["ads_config"]["grpc_services"] = json!([{"envoy_grpc": {"cluster_name": "xds-grpc"}}]);
-    dynamic["lds_config"] = istiod_source();
-    dynamic["cds_config"] = istiod_source();
-    for_each_object(&mut ads.bootstrap["static_resources"]["clusters"], |map| {
-        if map.get("name").and_then(Value::as_str) == Some("xds") {
-            map.insert("name".into(), json!("xds-grpc"));
-        }
-        if map.get("cluster_name").and_then(Value::as_str) == Some("xds") {
-            map.insert("cluster_name".into(), json!("xds-grpc"));
-        }
-    });
+    ads.delta_through("xds-grpc");
     for listener in &mut ads.listeners {
         for_each_object(listener, |map| {
             let name = map.get("name").and_then(Value::as_str).unwrap_or_default();
             if names.contains(&name) && map.contains_key("config_discovery") {
                 map.insert(
                     "config_discovery".into(),
-                    json!({"config_source": istiod_source(),
+                    json!({"config_source": ads_source(),
                            "type_urls": [WASM_FILTER_TYPE, RBAC_FILTER_TYPE]}),
                 );
             }
@@ -904,7 +884,7 @@ pub fn over_xds(config: &Value, xds: std::net::SocketAddr) -> crate::support::xd
     for cluster in &mut ads.clusters {
         for_each_object(cluster, |map| {
             if let Some(eds) = map.get_mut("eds_config") {
-                *eds = istiod_source();
+                *eds = ads_source();
             }
             let Some(source) = map
                 .get_mut("config_discovery")
@@ -917,7 +897,7 @@ pub fn over_xds(config: &Value, xds: std::net::SocketAddr) -> crate::support::xd
                 let answer: Value =
                     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
                 from_files.extend(answer["resources"].as_array().cloned().unwrap_or_default());
-                *source = istiod_source();
+                *source = ads_source();
             }
         });
     }

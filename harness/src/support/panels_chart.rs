@@ -3,7 +3,7 @@
 //! Grafana dashboard's queries over a real run (`docs/operations/dashboard.svg`):
 //! the panels' data, not Grafana's rendering of them.
 
-use crate::support::run_report::escape;
+use crate::support::run_report::{escape, path_data};
 
 /// One panel: its title and its series, each a legend and (seconds since
 /// the run's start, value) points.
@@ -57,19 +57,12 @@ pub fn panels_chart(title: &str, panels: &[PanelData], span_s: f64) -> String {
         ));
         for (j, (legend, points)) in panel.series.iter().enumerate() {
             let color = COLORS[j % COLORS.len()];
-            let d: String = points
-                .iter()
-                .filter(|(_, v)| v.is_finite())
-                .enumerate()
-                .map(|(k, (s, v))| {
-                    format!(
-                        "{}{:.1},{:.1}",
-                        if k == 0 { "M" } else { " L" },
-                        x(*s),
-                        y(*v)
-                    )
-                })
-                .collect();
+            let d = path_data(
+                points
+                    .iter()
+                    .filter(|(_, v)| v.is_finite())
+                    .map(|(s, v)| (x(*s), y(*v))),
+            );
             svg.push_str(&format!(
                 "<path d=\"{d}\" fill=\"none\" stroke=\"{color}\" stroke-width=\"1.8\"/>\n<text x=\"{:.1}\" y=\"{:.1}\" fill=\"{color}\">{}</text>\n",
                 left + (j % 3) as f64 * 140.0,

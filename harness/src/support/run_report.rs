@@ -366,6 +366,16 @@ pub fn chart(runs: &[(&str, &RunReport, &[Sample])]) -> String {
     svg
 }
 
+/// An SVG path's `d` through `points` (already in the drawing's
+/// coordinates): a move to the first, a line to each next.
+pub(crate) fn path_data(points: impl IntoIterator<Item = (f64, f64)>) -> String {
+    points
+        .into_iter()
+        .enumerate()
+        .map(|(i, (x, y))| format!("{}{x:.1},{y:.1}", if i == 0 { "M" } else { " L" }))
+        .collect()
+}
+
 /// Text for an SVG `<text>` element.
 pub(crate) fn escape(s: &str) -> String {
     s.replace('&', "&amp;")

@@ -2,7 +2,7 @@
 //! beside the share a formula expects (dashed): what the slow-start suite
 //! measures of a readmitted instance (`docs/slow-start.svg`).
 
-use crate::support::run_report::escape;
+use crate::support::run_report::{escape, path_data};
 
 /// One measured run: its label, colour and (seconds, share 0..1) points.
 pub struct ShareSeries<'a> {
@@ -60,20 +60,7 @@ pub fn share_chart(
         top + 12.0,
         escape(mark_label)
     ));
-    let path = |points: &[(f64, f64)]| -> String {
-        points
-            .iter()
-            .enumerate()
-            .map(|(i, (s, share))| {
-                format!(
-                    "{}{:.1},{:.1}",
-                    if i == 0 { "M" } else { " L" },
-                    x(*s),
-                    y(*share)
-                )
-            })
-            .collect()
-    };
+    let path = |points: &[(f64, f64)]| path_data(points.iter().map(|(s, v)| (x(*s), y(*v))));
     let (expected_label, expected_points) = expected;
     svg.push_str(&format!(
         "<path d=\"{}\" fill=\"none\" stroke=\"#555\" stroke-width=\"1.5\" stroke-dasharray=\"6,4\"/>\n",

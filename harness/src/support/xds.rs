@@ -28,6 +28,16 @@ pub const ROUTE: &str = "type.googleapis.com/envoy.config.route.v3.RouteConfigur
 pub const EXTENSION_CONFIG: &str = "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
 pub const ENDPOINTS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
 
+/// The config source istiod and Envoy Gateway both give what they serve:
+/// ADS, waiting for the answer however long it takes
+/// (`initial_fetch_timeout: 0s`; istiod's `defaultConfigSource` in
+/// `pilot/pkg/networking/core/extension/extensionfilter.go` and the EDS
+/// config of `cluster_builder.go`, Envoy Gateway's `makeConfigSource` in
+/// `internal/xds/translator/listener.go` and its bootstrap's LDS and CDS).
+pub fn ads_source() -> Value {
+    json!({"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"})
+}
+
 /// A cluster's endpoints as EDS sends them (one locality, priority 0).
 pub fn cluster_load_assignment(cluster: &str, endpoints: &[SocketAddr]) -> Value {
     load_assignment(cluster, &in_localities(&[(0, "", endpoints)]))
@@ -346,6 +356,30 @@ impl AdsConfig {
             .collect();
         self.bootstrap["dynamic_resources"]["cds_config"] =
             json!({"ads": {}, "resource_api_version": "V3"});
+    }
+
+    /// Delta ADS (`DELTA_GRPC`, istiod's and Envoy Gateway's default)
+    /// through the bootstrap's cluster named `cluster` (each control plane
+    /// names its own), with LDS, and CDS where clusters are served, from
+    /// [`ads_source`].
+    pub fn delta_through(&mut self, cluster: &str) {
+        let dynamic = &mut self.bootstrap["dynamic_resources"];
+        dynamic["ads_config"]["api_type"] = json!("DELTA_GRPC");
+        dynamic["ads_config"]["grpc_services"] = json!([{"envoy_grpc": {"cluster_name": cluster}}]);
+        dynamic["lds_config"] = ads_source();
+        if dynamic.get("cds_config").is_some() {
+            dynamic["cds_config"] = ads_source();
+        }
+        for c in self.bootstrap["static_resources"]["clusters"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            if c["name"] == "xds" {
+                c["name"] = json!(cluster);
+                c["load_assignment"]["cluster_name"] = json!(cluster);
+            }
+        }
     }
 
     /// Moves each served listener's inline `route_config` to RDS, fetched

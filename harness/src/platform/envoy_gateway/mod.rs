@@ -344,12 +344,6 @@ pub fn gateway_config(ex: &Example, cluster: Value, admin_port: u16, listen_port
     })
 }
 
-/// Envoy Gateway's config source for what it serves (`makeConfigSource`,
-/// internal/xds/translator/listener.go): ADS, no initial fetch timeout.
-fn gateway_source() -> Value {
-    json!({"ads": {}, "initial_fetch_timeout": "0s", "resource_api_version": "V3"})
-}
-
 /// `config` (a [`gateway_config`]) as Envoy Gateway delivers it to its
 /// proxy, whose ADS server is `xds`: the bootstrap holds the admin,
 /// `prometheus_stats` and `xds_cluster` with delta ADS and LDS and CDS
@@ -362,23 +356,8 @@ pub fn over_xds(config: &Value, xds: std::net::SocketAddr) -> crate::support::xd
     let node = str_field(&config["node"]["id"], "node id").to_string();
     let mut ads = AdsConfig::split_to(config.clone(), &node, xds, &[]);
     ads.clusters_over_cds(&[ADMIN_CLUSTER]);
-    ads.routes_over_rds(&gateway_source());
-    let dynamic = &mut ads.bootstrap["dynamic_resources"];
-    dynamic["ads_config"]["api_type"] = json!("DELTA_GRPC");
-    dynamic["ads_config"]["grpc_services"] =
-        json!([{"envoy_grpc": {"cluster_name": "xds_cluster"}}]);
-    dynamic["lds_config"] = gateway_source();
-    dynamic["cds_config"] = gateway_source();
-    for cluster in ads.bootstrap["static_resources"]["clusters"]
-        .as_array_mut()
-        .into_iter()
-        .flatten()
-    {
-        if cluster["name"] == "xds" {
-            cluster["name"] = json!("xds_cluster");
-            cluster["load_assignment"]["cluster_name"] = json!("xds_cluster");
-        }
-    }
+    ads.routes_over_rds(&crate::support::xds::ads_source());
+    ads.delta_through("xds_cluster");
     ads
 }
 

@@ -328,7 +328,8 @@ impl Consumer {
         // every member's address on each write): it comes back written,
         // unchanged, or, where a lost race used it up, decoded again from
         // the bytes it was read from.
-        let (mut own, own_bytes) = self.shared_observed.take();
+        let (value, own_bytes) = self.shared_observed.take();
+        let mut own = Some(value);
         let written = update(store, keys::OBSERVED.name, |bytes| {
             // The stored bytes are most often those this copy last read or
             // wrote: then its cached value is theirs, not decoded again.

@@ -64,8 +64,8 @@ impl<T: Default> Cached<T> {
     /// Takes the value and the bytes it was read from (when kept) out, to
     /// change the value without a copy; [`Cached::wrote`] or
     /// [`Cached::put_back`] returns them.
-    pub(super) fn take(&mut self) -> (Option<T>, Option<Vec<u8>>) {
-        (Some(std::mem::take(&mut self.value)), self.bytes.take())
+    pub(super) fn take(&mut self) -> (T, Option<Vec<u8>>) {
+        (std::mem::take(&mut self.value), self.bytes.take())
     }
 
     /// Returns what [`Cached::take`] took, unchanged.
