@@ -14,11 +14,16 @@
 //! Callers still sending at the end ignore the mark: no wait is long enough
 //! for them, so they are named in the basis, not waited for. The setting
 //! that forced this pass says so in its basis.
+//!
+//! Every value is one the drain config's parser takes with the configured
+//! `quiet_window`: none above the 24 h it accepts ([`MAX_DURATION`]), and
+//! `step_timeout`, then `longest_request`, cut so the timeout covering them
+//! fits in it (none is left when nothing fits); a cut value's basis says so.
 
 use std::time::Duration;
 
 use crate::drain::record::{GatePass, GateTimings};
-use crate::shared::duration::format_duration;
+use crate::shared::duration::{format_duration, MAX_DURATION};
 
 use super::durations::Summary;
 
@@ -63,89 +68,160 @@ fn whole_seconds(ms: u64) -> Duration {
 
 /// Up to the next 500 ms, at least 1 s.
 fn half_seconds(ms: u64) -> Duration {
-    Duration::from_millis((ms.div_ceil(500) * 500).max(1000))
+    Duration::from_millis(ms.div_ceil(500).saturating_mul(500).max(1000))
+}
+
+/// Up to the next whole second: a timeout never below what it must cover.
+fn up_to_second(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs() + u64::from(d.subsec_nanos() > 0))
+}
+
+/// Up to the next millisecond: [`format_duration`] writes milliseconds, so
+/// a value rounded down on the way out could fall below what it covers.
+fn up_to_ms(d: Duration) -> Duration {
+    let ms = d.as_millis() + u128::from(!d.subsec_nanos().is_multiple_of(1_000_000));
+    Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
+}
+
+/// Down to a whole millisecond (so it is written as it is).
+fn down_to_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn ms_text(us: u64) -> String {
-    format!("{} ms", (us + 500) / 1000)
+    format!("{} ms", us.saturating_add(500) / 1000)
 }
 
-/// `callers`: every caller after closing; `end_ms`: from closing to the
-/// gate's pass (or now, still closing); `forced_by`: the budget that
-/// forced this pass, if one did.
-pub fn recommend(
-    gate: &GateTimings,
-    callers: &[Caller],
-    end_ms: u64,
-    requests: &Summary,
-    forced_by: Option<GatePass>,
-) -> Recommended {
-    let forced = |by: GatePass| {
-        if forced_by == Some(by) {
-            "; it forced this pass"
-        } else {
-            ""
-        }
-    };
-    let stopped_ms = STOPPED_AFTER.as_millis() as u64;
-    let (stopped, sending): (Vec<&Caller>, Vec<&Caller>) = callers
-        .iter()
-        .partition(|c| c.last_ms.saturating_add(stopped_ms) <= end_ms);
-    let still = if sending.is_empty() {
-        String::new()
+/// What a basis adds when a value was cut to the parser's bound.
+const CAPPED: &str = "; capped at 24h, the most the drain config accepts";
+
+/// `d`, at most [`MAX_DURATION`], and whether it was cut.
+fn capped(d: Duration) -> (Duration, bool) {
+    (d.min(MAX_DURATION), d > MAX_DURATION)
+}
+
+fn capped_note(cut: bool) -> &'static str {
+    if cut {
+        CAPPED
     } else {
-        let names: Vec<&str> = sending.iter().take(3).map(|c| c.name.as_str()).collect();
+        ""
+    }
+}
+
+/// The callers after closing, split by whether they stopped before the end.
+struct Callers<'a> {
+    any: bool,
+    stopped: Vec<&'a Caller>,
+    sending: Vec<&'a Caller>,
+}
+
+impl<'a> Callers<'a> {
+    fn split(callers: &'a [Caller], end_ms: u64) -> Self {
+        let stopped_ms = STOPPED_AFTER.as_millis() as u64;
+        let (stopped, sending) = callers
+            .iter()
+            .partition(|c| c.last_ms.saturating_add(stopped_ms) <= end_ms);
+        Callers {
+            any: !callers.is_empty(),
+            stopped,
+            sending,
+        }
+    }
+
+    /// The stopped caller whose last request came latest.
+    fn last_stopped(&self) -> Option<&'a Caller> {
+        self.stopped.iter().copied().max_by_key(|c| c.last_ms)
+    }
+
+    /// The basis's clause naming the callers still sending at the end.
+    fn still_sending(&self) -> String {
+        if self.sending.is_empty() {
+            return String::new();
+        }
+        let names: Vec<&str> = self
+            .sending
+            .iter()
+            .take(3)
+            .map(|c| c.name.as_str())
+            .collect();
         format!(
             "; {} caller(s) kept sending to the end ({}{}): they ignore the closing mark, and no wait is long enough for them",
-            sending.len(),
+            self.sending.len(),
             names.join(", "),
-            if sending.len() > 3 { ", …" } else { "" }
+            if self.sending.len() > 3 { ", …" } else { "" }
         )
+    }
+}
+
+/// The basis's clause for the budget that forced this pass.
+fn forced_note(forced_by: Option<GatePass>, by: GatePass) -> &'static str {
+    if forced_by == Some(by) {
+        "; it forced this pass"
+    } else {
+        ""
+    }
+}
+
+/// `consumer_update_wait`: 1.5 × the last stopped caller's final request
+/// + 500 ms; without one, the configured value.
+fn consumer_update_wait(gate: &GateTimings, callers: &Callers) -> (Duration, String) {
+    let still = callers.still_sending();
+    let Some(last) = callers.last_stopped() else {
+        let why = if callers.any {
+            "no caller stopped sending after closing"
+        } else {
+            "no request started after closing (every caller was told before it sent another)"
+        };
+        let (wait, cut) = capped(up_to_ms(gate.consumer_update_wait));
+        return (
+            wait,
+            format!(
+                "{why}, so the configured {} is kept{}{still}",
+                format_duration(wait),
+                capped_note(cut)
+            ),
+        );
     };
-    let (wait, wait_basis) = match stopped.iter().max_by_key(|c| c.last_ms) {
-        Some(last) => {
+    let ms = (last.last_ms.saturating_mul(3) / 2).saturating_add(500);
+    let (wait, cut) = capped(half_seconds(ms));
+    (
+        wait,
+        format!(
+            "the last of {} caller(s) that stopped sent its final request {} ms after closing ({}); 1.5 × that + 500 ms{}{still}",
+            callers.stopped.len(),
+            last.last_ms,
+            last.name,
+            capped_note(cut)
+        ),
+    )
+}
+
+/// `step_timeout`: every caller stopped, the wait again; else the
+/// configured value. Never more than `timeout` can hold after the wait.
+fn step_timeout(
+    gate: &GateTimings,
+    callers: &Callers,
+    wait: Duration,
+    forced_by: Option<GatePass>,
+) -> (Duration, String) {
+    let (step, why) = match callers.last_stopped() {
+        Some(last) if callers.sending.is_empty() => {
+            let step = wait.max(Duration::from_secs(1));
             (
-                half_seconds(last.last_ms * 3 / 2 + 500),
+                step,
                 format!(
-                    "the last of {} caller(s) that stopped sent its final request {} ms after closing ({}); 1.5 × that + 500 ms{still}",
-                    stopped.len(),
+                    "every caller after closing stopped, the last {} ms after closing; arrivals that go on past consumer_update_wait get as long again, {}, before they count as endless",
                     last.last_ms,
-                    last.name
+                    format_duration(step),
                 ),
             )
         }
-        None if callers.is_empty() => (
-            gate.consumer_update_wait,
-            format!(
-                "no request started after closing (every caller was told before it sent another), so the configured {} is kept",
-                format_duration(gate.consumer_update_wait)
-            ),
-        ),
-        None => (
-            gate.consumer_update_wait,
-            format!(
-                "no caller stopped sending after closing, so the configured {} is kept{still}",
-                format_duration(gate.consumer_update_wait)
-            ),
-        ),
-    };
-    let (step, step_basis) = match stopped.iter().max_by_key(|c| c.last_ms) {
-        Some(last) if sending.is_empty() => (
-            wait.max(Duration::from_secs(1)),
-            format!(
-                "every caller after closing stopped, the last {} ms after closing; arrivals that go on past consumer_update_wait get as long again, {}, before they count as endless{}",
-                last.last_ms,
-                format_duration(wait.max(Duration::from_secs(1))),
-                forced(GatePass::StepTimeout)
-            ),
-        ),
-        _ if !sending.is_empty() => (
+        _ if !callers.sending.is_empty() => (
             gate.step_timeout,
             format!(
-                "{} caller(s) kept sending to the end, so arrivals never stopped and no step_timeout would let them; the configured {} is kept{}",
-                sending.len(),
+                "{} caller(s) kept sending to the end, so arrivals never stopped and no step_timeout would let them; the configured {} is kept",
+                callers.sending.len(),
                 format_duration(gate.step_timeout),
-                forced(GatePass::StepTimeout)
             ),
         ),
         _ => (
@@ -156,11 +232,40 @@ pub fn recommend(
             ),
         ),
     };
+    // The timeout covers wait + step and may not exceed the parser's bound.
+    let room = MAX_DURATION.saturating_sub(wait);
+    let step = up_to_ms(step);
+    let cut = step > room;
+    let note = if cut {
+        format!(
+            "; capped at {} so consumer_update_wait + step_timeout fit in 24h, the most the drain config accepts",
+            format_duration(room)
+        )
+    } else {
+        String::new()
+    };
+    (
+        step.min(room),
+        format!(
+            "{why}{note}{}",
+            forced_note(forced_by, GatePass::StepTimeout)
+        ),
+    )
+}
+
+/// `longest_request`: 1.5 × the longest request measured, whole seconds;
+/// none timed, the configured value. Cut to what a 24 h timeout leaves
+/// after `before` (wait + step + quiet_window). The flag: it was measured.
+fn longest_request(
+    gate: &GateTimings,
+    requests: &Summary,
+    before: Duration,
+) -> (Option<Duration>, String, bool) {
     let timed = !(requests.count == 0 && requests.max_us == 0);
-    let (longest, longest_basis) = if timed {
-        let longest = whole_seconds((requests.max_us * 3 / 2).div_ceil(1000));
+    let (longest, why) = if timed {
+        let ms = (requests.max_us.saturating_mul(3) / 2).div_ceil(1000);
         (
-            Some(longest),
+            Some(whole_seconds(ms)),
             format!(
                 "1.5 × the longest request since the provider started ({}, every request counted; p99 {} over {} recent): with it set, step_timeout ends only arrivals that go on, and a request in flight is waited for until timeout",
                 ms_text(requests.max_us),
@@ -170,38 +275,100 @@ pub fn recommend(
         )
     } else {
         (
-            gate.longest_request,
+            gate.longest_request.map(up_to_ms),
             "no request was timed, so the configured value is kept".to_string(),
         )
     };
-    let (timeout, timeout_basis) = match (timed, longest) {
-        (true, Some(longest)) => {
-            let ms = (wait + step + gate.quiet_window + longest).as_millis() as u64;
-            (
-                whole_seconds(ms),
-                format!(
-                    "consumer_update_wait {} + step_timeout {} + quiet_window {} + longest_request {} (the longest request since the provider started, {}){}",
-                    format_duration(wait),
-                    format_duration(step),
-                    format_duration(gate.quiet_window),
-                    format_duration(longest),
-                    ms_text(requests.max_us),
-                    forced(GatePass::Timeout)
-                ),
-            )
-        }
-        _ => {
-            let t = gate.timeout.max(wait + step);
+    let room = down_to_ms(MAX_DURATION.saturating_sub(before));
+    match longest {
+        Some(l) if l > room && room.is_zero() => (
+            None,
+            format!(
+                "{why}; none recommended: consumer_update_wait + step_timeout + quiet_window leave no room for it in the 24h timeout the drain config accepts"
+            ),
+            timed,
+        ),
+        Some(l) if l > room => (
+            Some(room),
+            format!(
+                "{why}; capped at {} so consumer_update_wait + step_timeout + quiet_window + longest_request fit in the 24h timeout the drain config accepts",
+                format_duration(room)
+            ),
+            timed,
+        ),
+        _ => (longest, why, timed),
+    }
+}
+
+/// `timeout`: with a measured longest request, the sum it must cover,
+/// whole seconds; else the configured value, at least wait + step (and
+/// the sum, with a configured longest request kept), at most 24 h.
+fn timeout(
+    gate: &GateTimings,
+    requests: &Summary,
+    (wait, step): (Duration, Duration),
+    (longest, measured): (Option<Duration>, bool),
+    forced_by: Option<GatePass>,
+) -> (Duration, String) {
+    let forced = forced_note(forced_by, GatePass::Timeout);
+    let needed = longest.map(|l| wait + step + gate.quiet_window + l);
+    match (measured, longest) {
+        (true, Some(longest)) => (
+            // At most 24 h: longest_request was cut to fit.
+            up_to_second(wait + step + gate.quiet_window + longest),
+            format!(
+                "consumer_update_wait {} + step_timeout {} + quiet_window {} + longest_request {} (the longest request since the provider started, {}){forced}",
+                format_duration(wait),
+                format_duration(step),
+                format_duration(gate.quiet_window),
+                format_duration(longest),
+                ms_text(requests.max_us),
+            ),
+        ),
+        (true, None) => (
+            MAX_DURATION,
+            format!(
+                "consumer_update_wait + step_timeout leave no room for longest_request under it: the most the drain config accepts, 24h{forced}"
+            ),
+        ),
+        (false, _) => {
+            let least = needed.unwrap_or(wait + step).max(wait + step);
+            let (t, cut) = capped(up_to_ms(gate.timeout.max(least)));
+            let covers = if needed.is_some() {
+                " + quiet_window + longest_request"
+            } else {
+                ""
+            };
             (
                 t,
                 format!(
-                    "no request was timed, so the configured {} is kept (at least consumer_update_wait + step_timeout){}",
+                    "no request was timed, so the configured {} is kept (at least consumer_update_wait + step_timeout{covers}){}{forced}",
                     format_duration(gate.timeout),
-                    forced(GatePass::Timeout)
+                    capped_note(cut)
                 ),
             )
         }
-    };
+    }
+}
+
+/// `callers`: every caller after closing; `end_ms`: from closing to the
+/// gate's pass (or now, still closing); `forced_by`: the budget that
+/// forced this pass, if one did. Every value is one the drain config's
+/// parser accepts, with the configured `quiet_window`.
+pub fn recommend(
+    gate: &GateTimings,
+    callers: &[Caller],
+    end_ms: u64,
+    requests: &Summary,
+    forced_by: Option<GatePass>,
+) -> Recommended {
+    let callers = Callers::split(callers, end_ms);
+    let (wait, wait_basis) = consumer_update_wait(gate, &callers);
+    let (step, step_basis) = step_timeout(gate, &callers, wait, forced_by);
+    let before_longest = wait + step + gate.quiet_window;
+    let (longest, longest_basis, measured) = longest_request(gate, requests, before_longest);
+    let (timeout, timeout_basis) =
+        timeout(gate, requests, (wait, step), (longest, measured), forced_by);
     let grace = (timeout + EXIT_ALLOWANCE).as_secs();
     Recommended {
         consumer_update_wait: format_duration(wait),
@@ -361,6 +528,175 @@ mod tests {
                     "{r:?}"
                 );
             }
+        }
+    }
+
+    /// The drain config parsed back from a recommendation, with the
+    /// configured quiet_window written exactly (it is not recommended).
+    fn parse_back(
+        r: &Recommended,
+        quiet: Duration,
+    ) -> Result<crate::drain::config::DrainConfig, String> {
+        let mut json = serde_json::json!({
+            "consumer_update_wait": r.consumer_update_wait,
+            "step_timeout": r.step_timeout,
+            "timeout": r.timeout,
+            "quiet_window": exact(quiet),
+        });
+        // Null in the report: the field left out.
+        if let Some(longest) = &r.longest_request {
+            json["longest_request"] = longest.as_str().into();
+        }
+        crate::drain::config::DrainConfig::from_json(json.to_string().as_bytes())
+            .map_err(|e| format!("{e}: {r:?}"))
+    }
+
+    /// `d` to the microsecond, in a form the parser reads.
+    fn exact(d: Duration) -> String {
+        let us = crate::shared::duration::micros(d);
+        format!("{}.{:03}ms", us / 1000, us % 1000)
+    }
+
+    fn gate_from(json: &str) -> GateTimings {
+        match crate::drain::config::DrainConfig::from_json(json.as_bytes()) {
+            Ok(c) => c.gate,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn extreme_measurements_are_capped_at_24h_and_the_basis_says_so() {
+        let hour = 3_600_000u64;
+        let endless = Summary {
+            count: 1,
+            p50_us: u64::MAX,
+            p99_us: u64::MAX,
+            max_us: u64::MAX,
+        };
+        // A caller that stopped 20 h after closing: the wait alone fills
+        // the 24 h, leaving no room for step_timeout or longest_request.
+        let r = recommend(
+            &gate(),
+            &[caller("slow", 20 * hour)],
+            30 * hour,
+            &endless,
+            None,
+        );
+        assert_eq!(
+            (r.consumer_update_wait.as_str(), r.step_timeout.as_str()),
+            ("24h", "0s")
+        );
+        assert!(
+            r.basis.consumer_update_wait.contains("capped at 24h"),
+            "{r:?}"
+        );
+        assert!(r.basis.step_timeout.contains("capped at 0s"), "{r:?}");
+        assert_eq!(
+            (r.longest_request.as_deref(), r.timeout.as_str()),
+            (None, "24h")
+        );
+        assert!(
+            r.basis.longest_request.contains("none recommended"),
+            "{r:?}"
+        );
+        assert!(r.basis.timeout.contains("24h"), "{r:?}");
+        parse_back(&r, gate().quiet_window).unwrap();
+
+        // A request longer than a day: longest_request takes what the
+        // 24 h timeout leaves after 3.5 s + 3.5 s + 500 ms.
+        let r = recommend(&gate(), &[caller("c", 2_000)], 9_000, &endless, None);
+        assert_eq!(r.longest_request.as_deref(), Some("86392500ms"));
+        assert!(r.basis.longest_request.contains("capped at"), "{r:?}");
+        assert!(r.basis.longest_request.contains("24h"), "{r:?}");
+        assert_eq!(r.timeout, "24h");
+        assert_eq!(r.grace_period_seconds, 24 * 3600 + 5);
+        parse_back(&r, gate().quiet_window).unwrap();
+    }
+
+    #[test]
+    fn a_configured_timeout_defaulted_past_24h_is_recommended_capped() {
+        // longest_request 24h with timeout unset: the parser defaults the
+        // timeout to 24h + 6.5 s, which it refuses when written.
+        let gate = gate_from(r#"{"longest_request":"24h"}"#);
+        assert!(gate.timeout > MAX_DURATION);
+        let r = recommend(&gate, &[], 5_000, &Summary::default(), None);
+        assert_eq!(r.timeout, "24h");
+        assert!(r.basis.timeout.contains("capped at 24h"), "{r:?}");
+        assert_eq!(r.longest_request.as_deref(), Some("86393500ms"));
+        assert!(r.basis.longest_request.contains("capped at"), "{r:?}");
+        parse_back(&r, gate.quiet_window).unwrap();
+    }
+
+    /// A duration in µs: small, any up to 24 h, or at the bound.
+    fn micros() -> impl proptest::strategy::Strategy<Value = u64> {
+        use proptest::prelude::*;
+        let day = crate::shared::duration::micros(MAX_DURATION);
+        prop_oneof![
+            0..=10_000_000u64,
+            0..=day,
+            Just(day),
+            (day - 10_000_000)..=day
+        ]
+    }
+
+    /// A measurement in ms or µs: small, large, or anything a u64 holds.
+    fn measured() -> impl proptest::strategy::Strategy<Value = u64> {
+        use proptest::prelude::*;
+        prop_oneof![0..=100_000u64, 0..=400_000_000_000u64, any::<u64>()]
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+
+        /// Whatever was measured and configured, the drain config's parser
+        /// takes every recommendation as it is.
+        #[test]
+        fn every_recommendation_parses_back(
+            (wait, quiet, step) in (micros(), micros(), micros()),
+            timeout in proptest::option::of(micros()),
+            longest in proptest::option::of(micros()),
+            lasts in proptest::collection::vec(measured(), 0..4),
+            end_ms in measured(),
+            (count, max_us, p99_us) in (0..3u64, measured(), measured()),
+            forced in 0..3u8,
+        ) {
+            let mut json = serde_json::json!({
+                "consumer_update_wait": exact(Duration::from_micros(wait)),
+                "quiet_window": exact(Duration::from_micros(quiet)),
+                "step_timeout": exact(Duration::from_micros(step)),
+            });
+            if let Some(t) = timeout {
+                json["timeout"] = exact(Duration::from_micros(t)).into();
+            }
+            if let Some(l) = longest.filter(|l| *l > 0) {
+                json["longest_request"] = exact(Duration::from_micros(l)).into();
+            }
+            // Only configs the parser takes can be running.
+            let Ok(config) =
+                crate::drain::config::DrainConfig::from_json(json.to_string().as_bytes())
+            else {
+                return Ok(());
+            };
+            let callers: Vec<Caller> = lasts
+                .iter()
+                .enumerate()
+                .map(|(i, &last_ms)| caller(&format!("c{i}"), last_ms))
+                .collect();
+            let requests = Summary { count, p50_us: 0, p99_us, max_us };
+            let forced_by = [None, Some(GatePass::StepTimeout), Some(GatePass::Timeout)]
+                [usize::from(forced)];
+            let r = recommend(&config.gate, &callers, end_ms, &requests, forced_by);
+            let back = parse_back(&r, config.gate.quiet_window);
+            proptest::prop_assert!(back.is_ok(), "{back:?}");
+            let parsed = |text: &str| crate::shared::duration::parse_duration(text);
+            let (Ok(w), Ok(s), Ok(t)) =
+                (parsed(&r.consumer_update_wait), parsed(&r.step_timeout), parsed(&r.timeout))
+            else {
+                return Err(proptest::test_runner::TestCaseError::fail(format!("{r:?}")));
+            };
+            // The report's own rule: the timeout covers the wait and the step.
+            proptest::prop_assert!(t >= w + s, "{r:?}");
+            proptest::prop_assert!(r.grace_period_seconds > t.as_secs(), "{r:?}");
         }
     }
 }
