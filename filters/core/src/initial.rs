@@ -93,7 +93,8 @@ mod tests {
                 "graceful.v1.instance",
                 "graceful.v1.drain.waiters",
                 "graceful.v1.drain.admin_lease",
-                "graceful.v1.drain.passed_by"
+                "graceful.v1.drain.passed_by",
+                "graceful.v1.drain.config_notice"
             ]
         );
         assert_eq!(

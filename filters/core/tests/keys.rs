@@ -75,6 +75,7 @@ fn the_registry_holds_exactly_the_documented_keys() {
             &[Consumer],
         ),
         ("graceful.v1.drain.passed_by", Drain, U8, &[Drain]),
+        ("graceful.v1.drain.config_notice", Drain, U64, &[Drain]),
         (
             "graceful.v1.provider.report.peers",
             Provider,
@@ -108,11 +109,11 @@ fn initial_values_are_the_documented_bytes() {
             "graceful.v1.instance" => Some(graceful_core::drain::record::initial().1),
             "graceful.v1.instance_id" | "graceful.v1.identity" => None,
             "graceful.v1.consumer.admin_source" | "graceful.v1.drain.passed_by" => Some(vec![0]),
-            // version 1; requests, last start, untracked drops 0; no peers,
-            // no hashes.
+            // version 2; requests, last start, untracked drops, refused
+            // late 0; no peers, no hashes.
             "graceful.v1.provider.report.peers" => {
-                let mut v = vec![1];
-                v.extend([0u8; 24 + 2 + 2]);
+                let mut v = vec![2];
+                v.extend([0u8; 32 + 2 + 2]);
                 Some(v)
             }
             // version 2; next 0, max after closing 0, longest 0, no

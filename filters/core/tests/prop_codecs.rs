@@ -55,15 +55,18 @@ fn near(valid: Vec<u8>) -> impl Strategy<Value = Vec<u8>> {
 fn any_record() -> impl Strategy<Value = InstanceRecord> {
     (
         prop::sample::select(vec![Phase::Serving, Phase::Closing, Phase::Drained]),
-        any::<bool>(),
+        any::<[bool; 2]>(),
         any::<[u64; 2]>(),
     )
-        .prop_map(|(phase, forced, [c, d])| InstanceRecord {
-            phase,
-            forced,
-            closing_since_us: c,
-            drained_at_us: d,
-        })
+        .prop_map(
+            |(phase, [forced, admission_stopped], [c, d])| InstanceRecord {
+                phase,
+                forced,
+                admission_stopped,
+                closing_since_us: c,
+                drained_at_us: d,
+            },
+        )
 }
 
 /// Network-ish strings: short addresses, long junk, multi-byte text.

@@ -155,6 +155,7 @@ fn any_record() -> impl Strategy<Value = InstanceRecord> {
             |(phase, forced, closing_since_us, drained_at_us)| InstanceRecord {
                 phase,
                 forced,
+                admission_stopped: phase != Phase::Serving && !forced,
                 closing_since_us,
                 drained_at_us,
             },

@@ -21,6 +21,7 @@ use crate::shared::config::{
 };
 #[cfg(feature = "schema")]
 use crate::shared::duration::contract_duration;
+use crate::shared::duration::format_duration;
 use crate::shared::net::Cidr;
 
 pub const DEFAULT_CONSUMER_UPDATE_WAIT: Duration = Duration::from_secs(3);
@@ -158,8 +159,8 @@ struct DrainDto {
     #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = contract_duration(DEFAULT_QUIET_WINDOW))))]
     quiet_window: Option<String>,
     /// After `consumer_update_wait`, the most time spent waiting for quiet; then the gate passes,
-    /// forced. With `longest_request` set: the most time spent waiting for new requests to stop
-    /// arriving.
+    /// forced. With `longest_request` set: how long new requests are still admitted; past it they
+    /// get the marked 503 and the requests in flight are waited for until `timeout`.
     #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = contract_duration(DEFAULT_STEP_TIMEOUT))))]
     step_timeout: Option<String>,
     /// After this much closing time the gate passes whatever happens, forced. Must be at least
@@ -168,9 +169,9 @@ struct DrainDto {
     /// rounded up to whole seconds if the sum is longer than 60s.
     #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = contract_duration(DEFAULT_TIMEOUT))))]
     timeout: Option<String>,
-    /// The app's longest request: with it set, `step_timeout` forces the gate only while requests
-    /// keep arriving, a request in flight once arrivals stopped is waited for until `timeout`, and
-    /// `timeout` defaults to what that needs.
+    /// The app's longest request: with it set, `step_timeout` stops admission instead of forcing
+    /// the gate (later arrivals get the marked 503), the requests in flight are waited for until
+    /// `timeout`, and `timeout` defaults to what that needs.
     #[cfg_attr(feature = "schema", schemars(with = "PositiveDurationText"))]
     longest_request: Option<String>,
     /// Address ranges allowed to start closing, hold `drained?wait=`, and read `status`, `drained`
@@ -277,12 +278,29 @@ fn with_longest_request(
             "timeout",
             format!(
                 "shorter than consumer_update_wait + step_timeout + quiet_window + longest_request ({}): a request that long would be cut",
-                crate::shared::duration::format_duration(needed)
+                format_duration(needed)
             ),
         ));
     }
     gate.timeout = Duration::from_secs(needed.as_secs() + u64::from(needed.subsec_nanos() > 0));
     Ok(gate)
+}
+
+impl DrainConfig {
+    /// Names a `timeout` the other budgets make unreachable (logged once
+    /// when the config loads): without `longest_request`, the gate passes
+    /// by `consumer_update_wait` + `step_timeout` at the latest.
+    pub fn unreachable_timeout(&self) -> Option<String> {
+        let g = &self.gate;
+        let latest = g.consumer_update_wait + g.step_timeout;
+        (g.longest_request.is_none() && g.timeout > latest).then(|| {
+            format!(
+                "graceful_drain: timeout {} is never reached: without longest_request the gate passes by consumer_update_wait + step_timeout ({}) at the latest, forced if requests are still in flight; set longest_request to wait for requests in flight until timeout (arrivals past step_timeout then get the marked 503)",
+                format_duration(g.timeout),
+                format_duration(latest),
+            )
+        })
+    }
 }
 
 impl DrainConfig {

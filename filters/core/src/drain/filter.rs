@@ -41,7 +41,7 @@ use crate::shared::host::{
 use crate::shared::keys::{self, Owner};
 use crate::shared::metrics::Metric;
 use crate::shared::net::trusted_peer_ip;
-use crate::shared::store::{add_bounded, take_lease, UpdateError};
+use crate::shared::store::{add_bounded, take_lease, update, UpdateError};
 
 /// How often every copy evaluates the gate and answers due long-polls:
 /// the gate passes at most this late.
@@ -135,12 +135,33 @@ enum Answer {
     App,
 }
 
+/// Logs `notice` (info) unless this Envoy logged the same one already:
+/// every VM copy configures, and a line per copy would bury it. A store
+/// that fails logs it anyway (a notice is cheap to repeat).
+fn log_notice_once(h: &(impl Host + ?Sized), notice: &str) {
+    let hash = notice.bytes().fold(0xcbf2_9ce4_8422_2325u64, |acc, b| {
+        (acc ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let mine = update(h.store(), keys::CONFIG_NOTICE.name, |bytes| {
+        match bytes.and_then(crate::shared::store::read_u64) {
+            Some(seen) if seen == hash => (None, false),
+            _ => (Some(hash.to_le_bytes().to_vec()), true),
+        }
+    });
+    if mine.unwrap_or(true) {
+        h.log(Level::Info, notice);
+    }
+}
+
 impl Drain {
     /// Parses `json` and creates the drain's shared keys (every key a
     /// stream or tick updates exists before any stream runs).
     pub fn configure(h: &impl Host, json: &[u8]) -> Result<Drain, String> {
         let config = DrainConfig::from_json(json).map_err(|e| e.to_string())?;
         crate::initial::create_keys(h, Owner::Drain)?;
+        if let Some(notice) = config.unreachable_timeout() {
+            log_notice_once(h, &notice);
+        }
         Ok(Drain { config })
     }
 
@@ -154,6 +175,10 @@ impl Drain {
     ) -> Result<Evaluation, UpdateError> {
         let m = HostMetrics(h);
         let (eval, passed) = c.gate.advance(h.store(), &m, &m, &self.config, now)?;
+        if let Some(stopped) = eval.stopped_admitting {
+            let timeout_ms = self.config.gate.timeout.as_millis() as u64;
+            h.log(Level::Warn, &stopped.line(timeout_ms));
+        }
         if let Some(p) = passed {
             let outcome = match p.why {
                 GatePass::Quiet => Metric::DrainPassedQuiet,

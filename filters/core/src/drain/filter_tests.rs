@@ -303,13 +303,15 @@ fn the_report_names_the_late_callers_and_a_quiet_pass_says_so() {
     // What the providers merged: one caller stopped at once, one kept on.
     let mut pending = crate::drain::report::PendingReport::default();
     let peer = |a: &str| crate::drain::report::peers::PeerId::new(Some(a.as_bytes()), None);
-    pending.peers.add(peer("10.0.0.1:1"), true, since + 10_000);
     pending
         .peers
-        .add(peer("10.0.0.2:1"), true, since + 1_500_000);
+        .add(peer("10.0.0.1:1"), true, false, since + 10_000);
     pending
         .peers
-        .add(peer("10.0.0.2:1"), true, since + 1_600_000);
+        .add(peer("10.0.0.2:1"), true, false, since + 1_500_000);
+    pending
+        .peers
+        .add(peer("10.0.0.2:1"), true, false, since + 1_600_000);
     pending.merge_into(h.store()).unwrap();
     h.advance(Duration::from_secs(2));
     d.tick(&st, &h, |_, _| {});
@@ -664,4 +666,26 @@ fn close_connections_is_refused_without_the_admin_it_goes_through() {
 
 fn state() -> RefCell<DrainCopy> {
     RefCell::new(DrainCopy::default())
+}
+
+#[test]
+fn an_unreachable_timeout_is_named_once_per_envoy_and_again_for_another_config() {
+    let h = MockHost::new();
+    let unreachable = |h: &MockHost| h.logs_containing("is never reached").len();
+    drain(&h, "{}");
+    assert_eq!(unreachable(&h), 1, "the defaults: 60s after 3s + 3s");
+    assert!(h.logs_containing("timeout 1m is never reached")[0]
+        .1
+        .contains("set longest_request"));
+    drain(&h, "{}");
+    assert_eq!(
+        unreachable(&h),
+        1,
+        "a second copy of the same config says nothing"
+    );
+    drain(&h, r#"{"timeout": "10s"}"#);
+    assert_eq!(unreachable(&h), 2, "another config names its own");
+    drain(&h, r#"{"timeout": "6s"}"#);
+    drain(&h, r#"{"longest_request": "10s"}"#);
+    assert_eq!(unreachable(&h), 2, "reachable: nothing to name");
 }

@@ -10,7 +10,9 @@
 //! | serving | any | nothing |
 //! | closing | timings allow no pass yet | nothing |
 //! | closing | quiet pass allowed | `try_pass`: gate up unless a request moved; then the record |
-//! | closing | step timeout or timeout | gate up (forced); then the record |
+//! | closing | step timeout (no `longest_request`) or timeout | gate up (forced); then the record |
+//! | closing | step timeout ran out, `longest_request` set, not quiet | gate up (admission stops, no pass); then the record's `admission_stopped`, so one copy logs it |
+//! | closing, admission stopped | gate stat reads 0 (stats made again) | puts its 1 back |
 //! | drained | gate stat reads 0 (stats made again) | puts its 1 back |
 //! | drained | otherwise | nothing |
 //!
@@ -41,6 +43,28 @@ pub struct Evaluation {
     pub rec: InstanceRecord,
     pub traffic: Traffic,
     pub last_start_us: u64,
+    /// This copy's write stopped admission (at most one copy per Envoy).
+    pub stopped_admitting: Option<StoppedAdmitting>,
+}
+
+/// Admission stopped at this evaluation (`longest_request` set): for the
+/// one log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoppedAdmitting {
+    pub closing_ms: u64,
+    /// In flight then (inbound, outbound): waited for until `timeout`.
+    pub inflight: (u64, u64),
+}
+
+impl StoppedAdmitting {
+    /// The log line (warn: callers ignored the closing mark that long).
+    pub fn line(&self, timeout_ms: u64) -> String {
+        let (inbound, outbound) = self.inflight;
+        format!(
+            "drain: admission stopped after {} ms closing (step_timeout ran out, longest_request set): new requests get the marked 503; {inbound} inbound, {outbound} outbound in flight are waited for until timeout ({timeout_ms} ms)",
+            self.closing_ms
+        )
+    }
 }
 
 impl Evaluation {
@@ -98,6 +122,7 @@ impl GateCopy {
             rec,
             traffic,
             last_start_us,
+            stopped_admitting: None,
         }
     }
 
@@ -125,11 +150,27 @@ impl GateCopy {
             }
             Phase::Closing => {}
         }
+        if rec.admission_stopped && metrics.get(Metric::DrainGate) == Some(0) {
+            self.hold.hold_again(metrics);
+        }
         let seen = Seen {
             idle: traffic.idle(),
             last_start_us: out.last_start_us,
         };
         let Some(why) = rec.evaluate(&config.gate, &seen, now_us).1 else {
+            if rec.stops_admitting(&config.gate, &seen, now_us) {
+                // Up before it is recorded: a copy that reads the record
+                // stopped finds the gate up too.
+                self.hold.hold(metrics);
+                if !rec.admission_stopped {
+                    let (rec, mine) = record::stop_admitting(store)?;
+                    out.rec = rec;
+                    out.stopped_admitting = mine.then(|| StoppedAdmitting {
+                        closing_ms: now_us.saturating_sub(rec.closing_since_us) / 1000,
+                        inflight: traffic.inflight(),
+                    });
+                }
+            }
             return Ok((out, None));
         };
         let up = match why {
@@ -247,47 +288,79 @@ mod tests {
     }
 
     #[test]
-    fn with_longest_request_a_request_in_flight_holds_the_gate_past_the_step_timeout_until_an_arrival_forces_it(
+    fn with_longest_request_the_step_timeout_stops_admission_and_the_gate_passes_quiet_once_the_long_request_ends(
     ) {
         let (store, metrics) = (MemStore::new(), AtomicMetrics::new());
         let cfg = DrainConfig::from_json(
             br#"{"consumer_update_wait":"3s","quiet_window":"500ms","step_timeout":"3s","longest_request":"30s"}"#,
         )
         .unwrap();
+        let admit = || crate::shared::gate::admit(&metrics, true, &Default::default());
         record::start_closing(&store, 100 * S).unwrap();
-        assert_eq!(
-            crate::shared::gate::admit(&metrics, true, &Default::default()),
-            crate::shared::gate::Admission::Admitted
-        );
-        let mut copy = GateCopy::default();
-        let (_, passed) = copy
+        assert_eq!(admit(), crate::shared::gate::Admission::Admitted);
+        let (mut a, mut b) = (GateCopy::default(), GateCopy::default());
+        let (eval, passed) = a
             .advance(&store, &metrics, &metrics, &cfg, 105 * S)
             .unwrap();
-        assert_eq!(passed, None, "not quiet: one in flight");
-        // Arrivals stopped: the one in flight is waited for past wait +
-        // step_timeout (6 s).
-        let (_, passed) = copy
-            .advance(&store, &metrics, &metrics, &cfg, 110 * S)
+        assert_eq!(
+            (passed, eval.stopped_admitting),
+            (None, None),
+            "not quiet: one in flight"
+        );
+        assert_eq!(
+            admit(),
+            crate::shared::gate::Admission::Admitted,
+            "before wait + step"
+        );
+        // wait + step_timeout (6 s) ran out, two in flight: admission
+        // stops, nothing passes; one copy records and reports it.
+        let (eval, passed) = a
+            .advance(&store, &metrics, &metrics, &cfg, 106 * S)
             .unwrap();
-        assert_eq!(passed, None, "arrivals stopped: wait for it");
-        // A new request arrives: step_timeout forces the gate at once.
+        assert_eq!(passed, None, "in flight: waited for");
         assert_eq!(
-            crate::shared::gate::admit(&metrics, true, &Default::default()),
-            crate::shared::gate::Admission::Admitted
+            eval.stopped_admitting,
+            Some(StoppedAdmitting {
+                closing_ms: 6000,
+                inflight: (2, 0)
+            })
         );
-        let (_, passed) = copy
-            .advance(&store, &metrics, &metrics, &cfg, 111 * S)
+        assert!(eval.rec.admission_stopped && eval.rec.phase == Phase::Closing);
+        assert!(eval
+            .stopped_admitting
+            .unwrap()
+            .line(60_000)
+            .contains("2 inbound"));
+        let (eval, _) = b
+            .advance(&store, &metrics, &metrics, &cfg, 106 * S)
             .unwrap();
-        let passed = passed.unwrap();
-        assert_eq!(
-            (passed.why, passed.inflight),
-            (GatePass::StepTimeout, (2, 0))
-        );
-        assert!(passed.forced() && passed.line().contains("step_timeout: 2 inbound"));
-        // Drained now: a new request is rejected.
-        assert_eq!(
-            crate::shared::gate::admit(&metrics, true, &Default::default()),
-            crate::shared::gate::Admission::Rejected
-        );
+        assert_eq!(eval.stopped_admitting, None, "logged once");
+        // A late arrival is refused; those in flight go on.
+        assert_eq!(admit(), crate::shared::gate::Admission::Rejected);
+        assert_eq!(metrics.value(Metric::ProviderInflight), 2);
+        let (_, passed) = a
+            .advance(&store, &metrics, &metrics, &cfg, 120 * S)
+            .unwrap();
+        assert_eq!(passed, None, "still in flight at 20 s");
+        // They end: quiet once the window passed, not forced.
+        crate::shared::gate::finish(&metrics);
+        crate::shared::gate::finish(&metrics);
+        let (_, passed) = b
+            .advance(&store, &metrics, &metrics, &cfg, 121 * S)
+            .unwrap();
+        assert_eq!(passed.map(|p| p.why), Some(GatePass::Quiet));
+        assert_eq!(admit(), crate::shared::gate::Admission::Rejected, "drained");
+    }
+
+    #[test]
+    fn a_stopped_admission_whose_gate_stat_was_made_again_is_put_back() {
+        let (store, metrics) = (MemStore::new(), AtomicMetrics::new());
+        record::start_closing(&store, 0).unwrap();
+        record::stop_admitting(&store).unwrap();
+        let mut copy = GateCopy::default();
+        let _ = copy
+            .advance(&store, &metrics, &metrics, &config(), S)
+            .unwrap();
+        assert_eq!(Metrics::get(&metrics, Metric::DrainGate), Some(1));
     }
 }

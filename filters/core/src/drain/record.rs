@@ -22,18 +22,21 @@
 //! | drained  | start closing          |                                                    | drained (idempotent)                         |
 //! | closing  | evaluate gate          | elapsed ≥ consumer_update_wait, quiet              | pass: quiet (drained, forced = false)        |
 //! | closing  | evaluate gate          | elapsed ≥ timeout, not quiet                       | pass: forced = true (overall timeout)        |
-//! | closing  | evaluate gate          | elapsed ≥ wait + step_timeout, not quiet; with `longest_request`: arriving | pass: forced = true (step timeout) |
-//! | closing  | evaluate gate          | otherwise (with `longest_request`: in flight, arrivals stopped, wait on) | closing               |
+//! | closing  | evaluate gate          | elapsed ≥ wait + step_timeout, not quiet, no `longest_request` | pass: forced = true (step timeout) |
+//! | closing  | evaluate gate          | elapsed ≥ wait + step_timeout, not quiet, `longest_request` set | closing; [`InstanceRecord::stops_admitting`]: the gate goes up, admission stops (refused late arrivals get the marked 503), what is in flight is waited for |
+//! | closing  | stop admitting written | (CAS: exactly one copy's write lands)  | closing, admission_stopped = true            |
+//! | closing  | evaluate gate          | otherwise                                          | closing                                      |
 //! | closing  | pass written           | (CAS: exactly one copy's write lands)  | drained, drained_at = now                    |
 //! | serving  | evaluate gate          |                                        | serving                                      |
 //! | drained  | evaluate gate          |                                        | drained                                      |
 //!
-//! `step_timeout` bounds the wait for quiet (the contract's meaning). With
-//! `longest_request` set, it bounds only the wait for new requests to stop
-//! arriving (callers that never heed the closing mark), and requests
-//! already in flight once arrivals have stopped are waited for until
-//! `timeout`, which then covers the longest request: a service with long
-//! requests sets that one number.
+//! `step_timeout` bounds the wait for quiet (the contract's meaning, and
+//! dubbo-go's). With `longest_request` set, it bounds only how long new
+//! requests are admitted: past it, arrivals get the marked 503 (callers
+//! that never heed the closing mark retry elsewhere), and the requests
+//! already in flight are waited for until `timeout`, which then covers the
+//! longest request: a late caller never cuts a long request. The gate then
+//! passes quiet once they end.
 //!
 //! Closing is one-way for the life of the shared-data namespace (the Envoy
 //! process): a shutting-down instance does not come back, a new one does.
@@ -100,8 +103,8 @@ pub struct GateTimings {
     pub step_timeout: Duration,
     pub timeout: Duration,
     /// The app's longest request, when configured: `step_timeout` then
-    /// forces the gate only while requests keep arriving, and requests in
-    /// flight once arrivals stopped are waited for until `timeout`.
+    /// stops admission instead of forcing the gate, and requests in flight
+    /// are waited for until `timeout`.
     pub longest_request: Option<Duration>,
 }
 
@@ -110,8 +113,8 @@ pub struct GateTimings {
 pub enum GatePass {
     /// Nothing in flight and nothing started within the quiet window.
     Quiet,
-    /// `step_timeout` after `consumer_update_wait` ran out while requests
-    /// kept arriving (forced).
+    /// `step_timeout` after `consumer_update_wait` ran out before quiet,
+    /// without `longest_request` (forced).
     StepTimeout,
     /// The overall `timeout` ran out (forced).
     Timeout,
@@ -154,6 +157,9 @@ pub struct InstanceRecord {
     pub phase: Phase,
     /// True when a timeout, not quiet, passed the gate.
     pub forced: bool,
+    /// With `longest_request`: `step_timeout` ran out before quiet, so the
+    /// gate is up and new requests are refused while those in flight end.
+    pub admission_stopped: bool,
     /// When closing started (µs on the host's monotonic clock); 0 while
     /// serving.
     pub closing_since_us: u64,
@@ -190,12 +196,16 @@ impl InstanceRecord {
         seen.idle && now_us.saturating_sub(seen.last_start_us) >= micros(quiet_window)
     }
 
-    /// True while requests keep arriving: one started within the quiet
-    /// window, or the evaluating copy saw the starts move at this very
-    /// evaluation (a zero window still sees arrivals).
-    pub fn is_arriving(seen: &Seen, quiet_window: Duration, now_us: u64) -> bool {
-        seen.last_start_us != 0
-            && (seen.last_start_us >= now_us || now_us - seen.last_start_us < micros(quiet_window))
+    /// With `longest_request` set: true once `step_timeout` after
+    /// `consumer_update_wait` ran out before quiet, while closing. The gate
+    /// then goes up to stop admission (not to pass): what is in flight is
+    /// waited for until `timeout`.
+    pub fn stops_admitting(&self, gate: &GateTimings, seen: &Seen, now_us: u64) -> bool {
+        self.phase == Phase::Closing
+            && gate.longest_request.is_some()
+            && now_us.saturating_sub(self.closing_since_us)
+                >= micros(gate.consumer_update_wait).saturating_add(micros(gate.step_timeout))
+            && !InstanceRecord::is_quiet(seen, gate.quiet_window, now_us)
     }
 
     /// Evaluates the drain gate at `now_us`: why it may pass now, if it
@@ -215,10 +225,9 @@ impl InstanceRecord {
             Some(GatePass::Quiet)
         } else if elapsed >= micros(gate.timeout) {
             Some(GatePass::Timeout)
-        } else if elapsed
-            >= micros(gate.consumer_update_wait).saturating_add(micros(gate.step_timeout))
-            && (gate.longest_request.is_none()
-                || InstanceRecord::is_arriving(seen, gate.quiet_window, now_us))
+        } else if gate.longest_request.is_none()
+            && elapsed
+                >= micros(gate.consumer_update_wait).saturating_add(micros(gate.step_timeout))
         {
             Some(GatePass::StepTimeout)
         } else {
@@ -238,7 +247,8 @@ impl InstanceRecord {
         }
     }
 
-    /// Fixed layout: version u8, phase u8, flags u8 (bit 0 forced), 5 zero
+    /// Fixed layout: version u8, phase u8, flags u8 (bit 0 forced, bit 1
+    /// admission stopped), 5 zero
     /// bytes, then closing_since_us, drained_at_us as little-endian u64, and
     /// 16 bytes that held the inbound counters before they became stats:
     /// written as zero, ignored when read (a record an older build wrote
@@ -247,7 +257,7 @@ impl InstanceRecord {
         let mut out = [0u8; RECORD_LEN];
         out[0] = RECORD_VERSION;
         out[1] = self.phase.gauge() as u8;
-        out[2] = u8::from(self.forced);
+        out[2] = u8::from(self.forced) | (u8::from(self.admission_stopped) << 1);
         out[8..16].copy_from_slice(&self.closing_since_us.to_le_bytes());
         out[16..24].copy_from_slice(&self.drained_at_us.to_le_bytes());
         out
@@ -256,7 +266,7 @@ impl InstanceRecord {
     /// None for any value this version did not write.
     pub fn decode(bytes: &[u8]) -> Option<InstanceRecord> {
         let bytes: &[u8; RECORD_LEN] = bytes.try_into().ok()?;
-        if bytes[0] != RECORD_VERSION || bytes[2] > 1 || bytes[3..8] != [0; 5] {
+        if bytes[0] != RECORD_VERSION || bytes[2] > 3 || bytes[3..8] != [0; 5] {
             return None;
         }
         let u64_at = |at: usize| {
@@ -266,7 +276,8 @@ impl InstanceRecord {
         };
         Some(InstanceRecord {
             phase: Phase::from_byte(bytes[1])?,
-            forced: bytes[2] == 1,
+            forced: bytes[2] & 1 == 1,
+            admission_stopped: bytes[2] & 2 == 2,
             closing_since_us: u64_at(8)?,
             drained_at_us: u64_at(16)?,
         })
@@ -321,6 +332,22 @@ pub fn start_closing(
     modify(store, |r| {
         let next = r.start_closing(now_us);
         (Some(next), (next, r.phase == Phase::Serving))
+    })
+}
+
+/// Records that admission stopped (the gate is already up, see the
+/// table). Of all copies racing on the record, exactly one gets `true`:
+/// the one whose write recorded it (it logs it once per Envoy).
+pub fn stop_admitting(store: &dyn SharedStore) -> Result<(InstanceRecord, bool), UpdateError> {
+    modify(store, |r| {
+        if r.phase != Phase::Closing || r.admission_stopped {
+            return (None, (r, false));
+        }
+        let next = InstanceRecord {
+            admission_stopped: true,
+            ..r
+        };
+        (Some(next), (next, true))
     })
 }
 
@@ -476,14 +503,8 @@ mod tests {
     }
 
     #[test]
-    fn step_timeout_forces_the_gate_while_requests_keep_arriving() {
-        for g in [gate(), with_longest()] {
-            step_timeout_forces_while_arriving(&g);
-        }
-    }
-
-    fn step_timeout_forces_while_arriving(g: &GateTimings) {
-        let g = *g;
+    fn without_longest_request_step_timeout_forces_the_gate_while_requests_keep_arriving() {
+        let g = gate();
         let r = closing_at(0);
         let at = 6 * S;
         assert_eq!(r.evaluate(&g, &busy_arriving(at - 1, 0), at - 1).1, None);
@@ -493,6 +514,7 @@ mod tests {
         // Idle but a start within the window: arrivals go on, forced too.
         let seen = idle_since(at - 100 * MS);
         assert_eq!(r.evaluate(&g, &seen, at).1, Some(GatePass::StepTimeout));
+        assert!(!r.stops_admitting(&g, &seen, at), "no longest_request");
     }
 
     #[test]
@@ -509,64 +531,99 @@ mod tests {
     }
 
     #[test]
-    fn with_longest_request_a_request_in_flight_after_arrivals_stopped_is_waited_for_until_timeout()
-    {
+    fn with_longest_request_step_timeout_stops_admission_and_what_is_in_flight_is_waited_for() {
         let g = with_longest();
         let r = closing_at(0);
-        // The last start 500 ms ago or more: arrivals stopped; the one in
-        // flight holds the gate past wait + step_timeout ...
+        // Requests in flight and arriving past wait + step_timeout (6 s):
+        // no pass, admission stops.
         for at in [6 * S, 30 * S, 60 * S - 1] {
-            let seen = busy_arriving(at, 500 * MS);
-            assert_eq!(r.evaluate(&g, &seen, at).1, None, "at {at}");
+            for seen in [busy_arriving(at, 0), busy_arriving(at, 500 * MS)] {
+                assert_eq!(r.evaluate(&g, &seen, at).1, None, "at {at}");
+                assert!(r.stops_admitting(&g, &seen, at), "at {at}");
+            }
         }
-        // ... until it ends (quiet) or the overall timeout.
+        assert!(!r.stops_admitting(&g, &busy_arriving(6 * S - 1, 0), 6 * S - 1));
+        // Once they end: a quiet pass; else the overall timeout.
         assert_eq!(
             r.evaluate(&g, &idle_since(20 * S), 31 * S).1,
             Some(GatePass::Quiet)
         );
+        assert!(!r.stops_admitting(&g, &idle_since(20 * S), 31 * S), "quiet");
         assert_eq!(r.evaluate(&g, &busy(), 60 * S).1, Some(GatePass::Timeout));
-        // A new arrival after that forces the step timeout at once.
-        let seen = busy_arriving(40 * S, 10 * MS);
-        assert_eq!(r.evaluate(&g, &seen, 40 * S).1, Some(GatePass::StepTimeout));
+        // Drained or serving: nothing to stop.
+        let (drained, _) = r.evaluate(&g, &IDLE, 10 * S);
+        assert!(!drained.stops_admitting(&g, &busy(), 10 * S));
+        assert!(!InstanceRecord::default().stops_admitting(&g, &busy(), 10 * S));
     }
 
-    #[test]
-    fn which_budget_ends_the_wait_over_a_grid_of_traffic() {
-        for g in [gate(), with_longest()] {
-            which_budget_ends_the_wait(&g);
+    /// What one evaluation decides, as the hand-written table names it.
+    fn outcome(g: &GateTimings, seen: &Seen, at: u64) -> &'static str {
+        let r = closing_at(0);
+        match r.evaluate(g, seen, at).1 {
+            Some(GatePass::Quiet) => "quiet",
+            Some(GatePass::StepTimeout) => "step_timeout",
+            Some(GatePass::Timeout) => "timeout",
+            None if r.stops_admitting(g, seen, at) => "stop admitting",
+            None => "wait",
         }
     }
 
-    /// The table of docs/concepts/gate.md ("Which budget ends the wait"), checked at every 100 ms over a minute for in
-    /// flight or not and the last start at several distances.
-    fn which_budget_ends_the_wait(g: &GateTimings) {
-        let g = *g;
-        let wait = micros(g.consumer_update_wait);
-        let step = wait + micros(g.step_timeout);
-        let window = micros(g.quiet_window);
-        for at in (0..=61 * S).step_by(100_000) {
-            for idle in [true, false] {
-                for ago in [0, 1, 499 * MS, 500 * MS, 2 * S, at] {
-                    let seen = Seen {
-                        idle,
-                        last_start_us: at.saturating_sub(ago),
-                    };
-                    let pass = closing_at(0).evaluate(&g, &seen, at).1;
-                    let started = seen.last_start_us != 0;
-                    let arriving = started && at - seen.last_start_us < window.max(1);
-                    let quiet = idle && at - seen.last_start_us >= window;
-                    let want = if at >= wait && quiet {
-                        Some(GatePass::Quiet)
-                    } else if at >= micros(g.timeout) {
-                        Some(GatePass::Timeout)
-                    } else if at >= step && (g.longest_request.is_none() || arriving) {
-                        Some(GatePass::StepTimeout)
-                    } else {
-                        None
-                    };
-                    assert_eq!(pass, want, "at {at} idle {idle} ago {ago}");
-                }
-            }
+    /// The table of docs/concepts/gate.md ("Which budget ends the wait"),
+    /// written out by hand at its edges: closing at 0, the contract's
+    /// defaults (wait 3 s, quiet window 500 ms, step 3 s, timeout 60 s),
+    /// `longest_request` 30 s where the row says so. `ago`: the last
+    /// start that long before `at` (None: none since the provider
+    /// started).
+    #[test]
+    fn which_budget_ends_the_wait_a_hand_written_table() {
+        let short = GateTimings {
+            timeout: Duration::from_secs(4),
+            ..gate()
+        };
+        #[rustfmt::skip]
+        let rows: [(&GateTimings, u64, bool, Option<u64>, &str); 30] = [
+            // timings,      at,            idle,  ago,            outcome
+            (&gate(),        0,             true,  None,           "wait"),
+            (&gate(),        3 * S - 1,     true,  None,           "wait"),
+            (&gate(),        3 * S,         true,  None,           "quiet"),
+            (&gate(),        3 * S,         true,  Some(200 * MS), "wait"),
+            (&gate(),        3 * S,         true,  Some(500 * MS), "quiet"),
+            (&gate(),        3 * S,         false, Some(2 * S),    "wait"),
+            (&gate(),        6 * S - 1,     false, Some(0),        "wait"),
+            (&gate(),        6 * S,         false, Some(0),        "step_timeout"),
+            (&gate(),        6 * S,         false, Some(5 * S),    "step_timeout"),
+            (&gate(),        6 * S,         true,  Some(100 * MS), "step_timeout"),
+            (&gate(),        6 * S,         true,  Some(499 * MS), "step_timeout"),
+            (&gate(),        6 * S,         true,  Some(500 * MS), "quiet"),
+            (&gate(),        60 * S,        false, Some(1 * S),    "timeout"),
+            (&short,         4 * S - 1,     false, Some(0),        "wait"),
+            (&short,         4 * S,         false, Some(0),        "timeout"),
+            (&short,         4 * S,         true,  Some(1 * S),    "quiet"),
+            (&with_longest(), 3 * S,        true,  None,           "quiet"),
+            (&with_longest(), 3 * S,        false, Some(100 * MS), "wait"),
+            (&with_longest(), 6 * S - 1,    false, Some(0),        "wait"),
+            (&with_longest(), 6 * S,        false, Some(0),        "stop admitting"),
+            (&with_longest(), 6 * S,        false, Some(5 * S),    "stop admitting"),
+            (&with_longest(), 6 * S,        true,  Some(100 * MS), "stop admitting"),
+            (&with_longest(), 6 * S,        true,  Some(500 * MS), "quiet"),
+            (&with_longest(), 30 * S,       false, Some(24 * S),   "stop admitting"),
+            (&with_longest(), 31 * S,       true,  Some(20 * S),   "quiet"),
+            (&with_longest(), 31 * S,       true,  Some(0),        "stop admitting"),
+            (&with_longest(), 60 * S - 1,   false, Some(50 * S),   "stop admitting"),
+            (&with_longest(), 60 * S,       false, Some(50 * S),   "timeout"),
+            (&with_longest(), 60 * S,       true,  Some(1 * S),    "quiet"),
+            (&with_longest(), 61 * S,       true,  Some(100 * MS), "timeout"),
+        ];
+        for (g, at, idle, ago, want) in rows {
+            let seen = Seen {
+                idle,
+                last_start_us: ago.map_or(0, |ago| at - ago),
+            };
+            assert_eq!(
+                outcome(g, &seen, at),
+                want,
+                "at {at} idle {idle} ago {ago:?} {g:?}"
+            );
         }
     }
 
@@ -627,6 +684,7 @@ mod tests {
             let r = InstanceRecord {
                 phase,
                 forced: phase == Phase::Drained,
+                admission_stopped: phase != Phase::Serving,
                 closing_since_us: 1,
                 drained_at_us: u64::MAX,
             };
@@ -655,7 +713,7 @@ mod tests {
         bad[1] = 3;
         assert_eq!(InstanceRecord::decode(&bad), None, "unknown phase");
         let mut bad = good;
-        bad[2] = 2;
+        bad[2] = 4;
         assert_eq!(InstanceRecord::decode(&bad), None, "unknown flag");
         let mut bad = good;
         bad[5] = 1;

@@ -79,6 +79,7 @@ mod tests {
         let record = InstanceRecord {
             phase: Phase::Drained,
             forced: true,
+            admission_stopped: false,
             closing_since_us: 1_000_000,
             drained_at_us: 4_000_000,
         };

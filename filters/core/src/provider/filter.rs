@@ -143,6 +143,9 @@ pub struct ProviderStream {
     marked: Cell<bool>,
     /// Answered with the drained 503 (it carries the mark).
     rejected: Cell<bool>,
+    /// Rejected while the gate held admission shut before its pass
+    /// (`longest_request`): a late arrival, for the drain report.
+    refused_late: Cell<bool>,
     /// Kept as a long-lived stream under this id.
     kept: Cell<Option<u32>>,
     recording: RefCell<Option<Recording>>,
@@ -255,6 +258,7 @@ impl Provider {
                 // sending.
                 self.knows_closing.store(true, Relaxed);
                 st.rejected.set(true);
+                st.refused_late.set(gate::refused_late(&HostMetrics(s)));
                 self.begin_recording(st, s, false);
                 if self.send_drained(s) {
                     Action::Stop
@@ -472,7 +476,9 @@ impl Provider {
             }
             copy.with(|c| {
                 if let Some(peer) = r.peer {
-                    c.report.peers.add(peer, marked, r.start_us);
+                    c.report
+                        .peers
+                        .add(peer, marked, st.refused_late.get(), r.start_us);
                 }
                 match took {
                     Some(us) if r.sampled => c.report.durations.add(us, r.after_closing),

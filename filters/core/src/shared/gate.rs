@@ -136,6 +136,15 @@ pub fn admit(
     Admission::Admitted
 }
 
+/// Whether a rejection came while the record was still closing: the
+/// gate was up to stop admission (`longest_request`), not because it
+/// passed, so the request is a late arrival refused while others end. Read
+/// on the rejection path only. A rejection in the few hostcalls between a
+/// quiet pass's gate and its phase counts as late too.
+pub fn refused_late(metrics: &dyn Metrics) -> bool {
+    metrics.get(Metric::DrainPhase) == Some(1)
+}
+
 /// Step 4: an admitted stream ended.
 pub fn finish(metrics: &dyn Metrics) {
     metrics.add(Metric::ProviderInflight, -1);

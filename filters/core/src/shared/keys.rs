@@ -178,6 +178,16 @@ pub const ADMIN_SOURCE: Key = key(
 /// it, for the report's `forced_by`. Written whole, but created at
 /// configure like every key a tick writes.
 pub const PASSED_BY: Key = key("graceful.v1.drain.passed_by", Drain, Encoding::U8, &[Drain]);
+/// A hash of the last configuration notice graceful_drain logged
+/// ([`crate::drain::config::DrainConfig::unreachable_timeout`]): every VM
+/// copy configures, one logs each notice once per Envoy, and a config with
+/// another notice logs again.
+pub const CONFIG_NOTICE: Key = key(
+    "graceful.v1.drain.config_notice",
+    Drain,
+    Encoding::U64,
+    &[Drain],
+);
 /// Who sent requests after closing began ([`crate::drain::report::peers`]):
 /// graceful_provider's copies merge into it on their ticks.
 pub const REPORT_PEERS: Key = key(
@@ -211,6 +221,7 @@ pub const ALL: &[Key] = &[
     REFRESH_LEASE,
     ADMIN_SOURCE,
     PASSED_BY,
+    CONFIG_NOTICE,
     REPORT_PEERS,
     REPORT_DURATIONS,
 ];

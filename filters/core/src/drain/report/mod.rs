@@ -74,6 +74,8 @@ pub struct PeerLine {
     pub consumer: Option<String>,
     pub requests: u64,
     pub marked: u64,
+    /// Refused as late arrivals (added to the contract's peer fields).
+    pub refused_late: u64,
     pub last_ms: u64,
 }
 
@@ -94,6 +96,9 @@ pub struct Report {
     pub forced: bool,
     pub forced_by: Option<&'static str>,
     pub requests_after_closing: u64,
+    /// Of those, refused once admission stopped (`longest_request` set and
+    /// `step_timeout` ran out) while the requests in flight ended.
+    pub refused_late: u64,
     pub last_request_after_closing_ms: Option<u64>,
     pub peers: Vec<PeerLine>,
     pub peers_dropped: u64,
@@ -157,6 +162,7 @@ impl Report {
                 consumer: p.consumer.clone(),
                 requests: c.requests,
                 marked: c.marked,
+                refused_late: c.refused_late,
                 last_ms: ms_from(since, c.last_start_us),
             })
             .collect();
@@ -192,6 +198,7 @@ impl Report {
                 .filter(|_| rec.forced)
                 .and_then(GatePass::forced_by),
             requests_after_closing: inputs.peers.requests,
+            refused_late: inputs.peers.refused_late,
             last_request_after_closing_ms: (closing && inputs.peers.last_start_us != 0)
                 .then(|| ms_from(since, inputs.peers.last_start_us)),
             peers: kept,

@@ -46,7 +46,9 @@ pub fn is_consumer_identity(value: &[u8]) -> bool {
 /// Some 100 KiB per copy at most, freed at each merge.
 pub const PENDING_MAX: usize = 1024;
 
-const VERSION: u8 = 1;
+/// 2 added `refused_late` (a table version 1 wrote still decodes, with
+/// none refused: a filter update pushed mid-drain keeps the callers).
+const VERSION: u8 = 2;
 
 /// One caller.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -122,6 +124,9 @@ pub struct PeerCounts {
     /// Answered with the closing mark (marked responses and the drained
     /// 503s).
     pub marked: u64,
+    /// Refused as late arrivals: admission had stopped (`longest_request`)
+    /// while the requests in flight ended.
+    pub refused_late: u64,
     /// When its latest request started (µs on the host's monotonic clock).
     pub last_start_us: u64,
 }
@@ -130,6 +135,7 @@ impl PeerCounts {
     fn add(&mut self, other: &PeerCounts) {
         self.requests = self.requests.saturating_add(other.requests);
         self.marked = self.marked.saturating_add(other.marked);
+        self.refused_late = self.refused_late.saturating_add(other.refused_late);
         self.last_start_us = self.last_start_us.max(other.last_start_us);
     }
 }
@@ -140,6 +146,8 @@ pub struct PendingPeers {
     peers: BTreeMap<PeerId, PeerCounts>,
     /// Requests of peers beyond [`PENDING_MAX`].
     overflow: u64,
+    /// Of those, refused as late arrivals.
+    overflow_refused_late: u64,
     overflow_last_us: u64,
     /// Those peers' hashes, so each is counted once as dropped (a burst of
     /// 1,000 new callers within one tick is 744 dropped peers, not one).
@@ -154,10 +162,11 @@ impl PendingPeers {
     }
 
     /// One request from `peer`, started at `start_us`.
-    pub fn add(&mut self, peer: PeerId, marked: bool, start_us: u64) {
+    pub fn add(&mut self, peer: PeerId, marked: bool, refused_late: bool, start_us: u64) {
         let one = PeerCounts {
             requests: 1,
             marked: u64::from(marked),
+            refused_late: u64::from(refused_late),
             last_start_us: start_us,
         };
         if let Some(counts) = self.peers.get_mut(&peer) {
@@ -166,6 +175,7 @@ impl PendingPeers {
             self.peers.insert(peer, one);
         } else {
             self.overflow += 1;
+            self.overflow_refused_late += u64::from(refused_late);
             self.overflow_last_us = self.overflow_last_us.max(start_us);
             if self.overflow_peers.len() < DROPPED_TRACKED {
                 self.overflow_peers.insert(peer.hash());
@@ -181,6 +191,8 @@ impl PendingPeers {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct PeerTable {
     pub requests: u64,
+    /// Of those, refused as late arrivals (kept peers or not).
+    pub refused_late: u64,
     /// When the latest of them started (µs on the host's monotonic clock; 0: none).
     pub last_start_us: u64,
     /// At most [`PEERS_KEPT`], unordered.
@@ -202,6 +214,7 @@ impl PeerTable {
     pub fn merge(&mut self, pending: &PendingPeers) {
         for (peer, counts) in &pending.peers {
             self.requests = self.requests.saturating_add(counts.requests);
+            self.refused_late = self.refused_late.saturating_add(counts.refused_late);
             self.last_start_us = self.last_start_us.max(counts.last_start_us);
             if let Some((_, kept)) = self.peers.iter_mut().find(|(p, _)| p == peer) {
                 kept.add(counts);
@@ -226,6 +239,9 @@ impl PeerTable {
         }
         if pending.overflow > 0 {
             self.requests = self.requests.saturating_add(pending.overflow);
+            self.refused_late = self
+                .refused_late
+                .saturating_add(pending.overflow_refused_late);
             self.last_start_us = self.last_start_us.max(pending.overflow_last_us);
             // A kept peer that overflowed in this copy is kept, not dropped.
             let kept: HashSet<u64> = self.peers.iter().map(|(p, _)| p.hash()).collect();
@@ -255,18 +271,24 @@ impl PeerTable {
     }
 
     /// Fixed little-endian layout: version u8; requests, last_start_us,
-    /// dropped_untracked u64; peer count u16 and each peer (address kind u8
-    /// 0/4/6 and its bytes, consumer length u8 and its bytes, requests,
-    /// marked, last_start_us u64); dropped count u16 and each hash u64.
+    /// dropped_untracked, refused_late u64; peer count u16 and each peer
+    /// (address kind u8 0/4/6 and its bytes, consumer length u8 and its
+    /// bytes, requests, marked, last_start_us, refused_late u64); dropped
+    /// count u16 and each hash u64. Version 1 lacked both `refused_late`.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = vec![VERSION];
-        for v in [self.requests, self.last_start_us, self.dropped_untracked] {
+        for v in [
+            self.requests,
+            self.last_start_us,
+            self.dropped_untracked,
+            self.refused_late,
+        ] {
             out.extend_from_slice(&v.to_le_bytes());
         }
         out.extend_from_slice(&(self.peers.len() as u16).to_le_bytes());
         for (peer, c) in &self.peers {
             peer.encode(&mut out);
-            for v in [c.requests, c.marked, c.last_start_us] {
+            for v in [c.requests, c.marked, c.last_start_us, c.refused_late] {
                 out.extend_from_slice(&v.to_le_bytes());
             }
         }
@@ -280,10 +302,15 @@ impl PeerTable {
     /// None for anything this version did not write, or beyond the bounds.
     pub fn decode(bytes: &[u8]) -> Option<PeerTable> {
         let mut r = Reader(bytes);
-        if r.u8()? != VERSION {
+        let version = r.u8()?;
+        if version != 1 && version != VERSION {
             return None;
         }
+        let has_refused = version >= 2;
+        // Version 1 counted no refusals.
+        let refused = |r: &mut Reader| if has_refused { r.u64() } else { Some(0) };
         let (requests, last_start_us, dropped_untracked) = (r.u64()?, r.u64()?, r.u64()?);
+        let refused_late = refused(&mut r)?;
         let n = usize::from(r.u16()?);
         if n > PEERS_KEPT {
             return None;
@@ -295,6 +322,7 @@ impl PeerTable {
                 requests: r.u64()?,
                 marked: r.u64()?,
                 last_start_us: r.u64()?,
+                refused_late: refused(&mut r)?,
             };
             peers.push((peer, counts));
         }
@@ -305,6 +333,7 @@ impl PeerTable {
         let dropped = (0..n).map(|_| r.u64()).collect::<Option<Vec<_>>>()?;
         r.0.is_empty().then_some(PeerTable {
             requests,
+            refused_late,
             last_start_us,
             peers,
             dropped,
@@ -382,9 +411,9 @@ mod tests {
     fn merges_add_up_per_peer_and_round_trip() {
         let (a, b) = (peer("10.0.0.1", Some("c-1")), peer("fd00::2", None));
         let mut pending = PendingPeers::default();
-        pending.add(a.clone(), true, 100);
-        pending.add(a.clone(), false, 300);
-        pending.add(b.clone(), true, 200);
+        pending.add(a.clone(), true, false, 100);
+        pending.add(a.clone(), false, false, 300);
+        pending.add(b.clone(), true, false, 200);
         let mut table = PeerTable::default();
         table.merge(&pending);
         table.merge(&pending);
@@ -396,6 +425,7 @@ mod tests {
             Some(PeerCounts {
                 requests: 4,
                 marked: 2,
+                refused_late: 0,
                 last_start_us: 300
             })
         );
@@ -423,6 +453,7 @@ mod tests {
                     pending.add(
                         peer(&format!("127.1.{}.{}", n / 250, n % 250), None),
                         false,
+                        false,
                         u64::from(round * 1000 + n),
                     );
                 }
@@ -445,6 +476,7 @@ mod tests {
             pending.add(
                 peer(&format!("10.1.{}.{}", n / 200, n % 200), None),
                 false,
+                false,
                 1,
             );
         }
@@ -452,11 +484,12 @@ mod tests {
         let persistent = peer("10.9.9.9", None);
         for round in 0..20u32 {
             let mut pending = PendingPeers::default();
-            pending.add(persistent.clone(), true, u64::from(round) + 10);
+            pending.add(persistent.clone(), true, false, u64::from(round) + 10);
             for i in 0..5u32 {
                 let n = 1000 + round * 5 + i;
                 pending.add(
                     peer(&format!("10.2.{}.{}", n / 200, n % 200), None),
+                    false,
                     false,
                     5,
                 );
@@ -476,6 +509,7 @@ mod tests {
             pending.add(
                 peer(&format!("10.9.{}.{}", n / 200, n % 200), None),
                 false,
+                false,
                 5,
             );
         }
@@ -493,6 +527,7 @@ mod tests {
         for n in 0..(PENDING_MAX as u32 + 10) {
             again.add(
                 peer(&format!("10.9.{}.{}", n / 200, n % 200), None),
+                false,
                 false,
                 6,
             );

@@ -56,14 +56,20 @@ fn shutdown(store: &MemStore, forced: Option<GatePass>) {
     crate::drain::record::start_closing(store, T0).unwrap();
     let mut pending = PendingReport::default();
     for i in 0..6 {
-        pending
-            .peers
-            .add(peer("10.0.0.3:5000", Some("c-1")), true, T0 + i * 50 * MS);
+        pending.peers.add(
+            peer("10.0.0.3:5000", Some("c-1")),
+            true,
+            false,
+            T0 + i * 50 * MS,
+        );
     }
     for i in 0..30 {
-        pending
-            .peers
-            .add(peer("[fd00::9]:6000", None), i % 2 == 0, T0 + i * 100 * MS);
+        pending.peers.add(
+            peer("[fd00::9]:6000", None),
+            i % 2 == 0,
+            false,
+            T0 + i * 100 * MS,
+        );
     }
     for ms in [3u64, 4, 5, 1800] {
         pending.durations.add(ms * MS, true);
@@ -96,8 +102,8 @@ fn a_forced_shutdown_names_its_timeout_and_the_caller_that_kept_sending() {
     assert_eq!(
         v["peers"],
         serde_json::json!([
-            {"address": "fd00::9", "consumer": null, "requests": 30, "marked": 15, "last_ms": 2900},
-            {"address": "10.0.0.3", "consumer": "c-1", "requests": 6, "marked": 6, "last_ms": 250},
+            {"address": "fd00::9", "consumer": null, "requests": 30, "marked": 15, "refused_late": 0, "last_ms": 2900},
+            {"address": "10.0.0.3", "consumer": "c-1", "requests": 6, "marked": 6, "refused_late": 0, "last_ms": 250},
         ])
     );
     assert_eq!(v["request_ms"]["count"], 4);
@@ -204,7 +210,9 @@ fn it_shows_at_most_max_peers_and_counts_the_rest() {
             let n = chunk * 250 + i;
             let source = format!("127.2.{}.{}:1000", n / 200, n % 200 + 1);
             for _ in 0..(1 + n % 3) {
-                pending.peers.add(peer(&source, Some("x")), false, T0 + n);
+                pending
+                    .peers
+                    .add(peer(&source, Some("x")), false, false, T0 + n);
             }
         }
         pending.merge_into(&store).unwrap();
@@ -232,6 +240,7 @@ fn forged_consumer_values_cannot_break_the_json() {
         pending.add(
             PeerId::new(Some(b"10.1.1.1:9"), Some(forged)),
             false,
+            false,
             T0 + MS,
         );
     }
@@ -243,7 +252,7 @@ fn forged_consumer_values_cannot_break_the_json() {
     let r = Report::build(&Inputs::read(&store).unwrap(), &gate(), 32, T0 + S);
     let v = json(&r);
     for p in v["peers"].as_array().unwrap() {
-        assert_eq!(p.as_object().unwrap().len(), 5, "{p}");
+        assert_eq!(p.as_object().unwrap().len(), 6, "{p}");
         assert!(p["requests"].as_u64().unwrap() <= 5, "{p}");
     }
     assert_eq!(v["requests_after_closing"], 6);
@@ -275,4 +284,43 @@ fn malformed_shared_values_read_as_empty() {
     let inputs = Inputs::read(&store).unwrap();
     assert_eq!(inputs.peers, PeerTable::default());
     assert_eq!(inputs.passed_by, None);
+}
+
+#[test]
+fn refused_late_arrivals_are_counted_and_their_callers_named() {
+    let store = MemStore::new();
+    crate::drain::record::start_closing(&store, T0).unwrap();
+    let mut pending = PendingReport::default();
+    // A caller that missed the mark: 4 requests after admission stopped,
+    // refused; a long request from another caller, admitted.
+    for i in 0..4 {
+        pending
+            .peers
+            .add(peer("10.0.0.7:4000", None), true, true, T0 + (6 + i) * S);
+    }
+    pending
+        .peers
+        .add(peer("10.0.0.3:5000", Some("c-1")), true, false, T0 + MS);
+    pending.merge_into(&store).unwrap();
+    crate::drain::record::pass(&store, GatePass::Quiet, T0 + 11 * S).unwrap();
+    let v = json(&Report::build(
+        &Inputs::read(&store).unwrap(),
+        &gate(),
+        32,
+        T0 + 12 * S,
+    ));
+    assert_eq!(
+        (
+            v["requests_after_closing"].clone(),
+            v["refused_late"].clone()
+        ),
+        (5.into(), 4.into())
+    );
+    let late = &v["peers"][0];
+    assert_eq!(
+        (late["address"].clone(), late["refused_late"].clone()),
+        ("10.0.0.7".into(), 4.into()),
+        "{v}"
+    );
+    assert_eq!(v["peers"][1]["refused_late"], 0, "{v}");
 }
