@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use graceful_core::drain::status::Status;
 use graceful_harness::support::client::{self, abort_after, load, Conn};
-use graceful_harness::support::envoy::{eventually, free_port, wait_for, Envoy, EnvoySpec};
+use graceful_harness::support::envoy::{
+    eventually, listener_stats, refusing_port, wait_for, Envoy, EnvoySpec,
+};
 use graceful_harness::support::mesh::{self, status_of};
 use graceful_harness::support::native::Delivery;
 use graceful_harness::support::upstream::{Counters, Upstream};
@@ -46,15 +48,14 @@ async fn sidecar_with(
 ) -> (Sidecar, Arc<Counters>) {
     let upstream = Upstream::start().await;
     let counters = upstream.counters.clone();
-    let inbound_port = free_port();
     let spec = EnvoySpec::new(name, "provider-sidecar.yaml")
         .set("LISTEN_ADDRESS", "127.0.0.1")
-        .set("INBOUND_PORT", inbound_port)
+        .set("INBOUND_PORT", 0)
         .set("APP_PORT", upstream.addr.port())
         .set("DRAIN_CONFIG", drain_config)
         .set("PROVIDER_CONFIG", provider_config);
     let envoy = edit(spec).start().await;
-    let inbound = SocketAddr::from(([127, 0, 0, 1], inbound_port));
+    let inbound = envoy.listener("inbound").await;
     (
         Sidecar {
             envoy,
@@ -422,6 +423,124 @@ async fn with_longest_request_a_request_in_flight_after_arrivals_stopped_is_wait
     );
 }
 
+/// What one late caller got back while the provider was closing.
+#[derive(Debug, Default)]
+struct LateCalls {
+    admitted_marked: u64,
+    refused_marked: u64,
+    other: Vec<String>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_longest_request_late_callers_are_refused_and_the_long_request_completes() {
+    // wait + step_timeout = 2 s; a 10 s request in flight at closing and a
+    // caller that missed the mark sending one request every 100 ms: past
+    // 2 s the caller gets the marked 503 (admission stopped), the long
+    // request completes, and the gate passes quiet after it.
+    let cfg = r#"{"consumer_update_wait":"1s","quiet_window":"500ms","step_timeout":"1s","longest_request":"10s"}"#;
+    let (s, _) = sidecar("longest-late-callers", cfg, "{}").await;
+    let long = tokio::spawn(client::get(s.inbound, "/delay/10000"));
+    eventually("long request counted", Duration::from_secs(5), || async {
+        (status(&s).await.inflight_inbound == 1).then_some(())
+    })
+    .await;
+    let started = Instant::now();
+    mesh::start_closing(s.inbound).await;
+    let inbound = s.inbound;
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopped = stop.clone();
+    let late_caller = tokio::spawn(async move {
+        let mut got = LateCalls::default();
+        let mut every = tokio::time::interval(Duration::from_millis(100));
+        while !stopped.load(SeqCst) {
+            every.tick().await;
+            let r = client::request(
+                inbound,
+                "GET",
+                "/",
+                &[("x-graceful-consumer", "late-caller")],
+            )
+            .await;
+            match r {
+                Ok(r) if r.header(CLOSING).as_deref() == Some("true") && r.status == 200 => {
+                    got.admitted_marked += 1
+                }
+                Ok(r) if r.header(CLOSING).as_deref() == Some("true") && r.status == 503 => {
+                    got.refused_marked += 1
+                }
+                Ok(r) => got
+                    .other
+                    .push(format!("{} {:?}", r.status, r.header(CLOSING))),
+                Err(e) => got.other.push(format!("{e}")),
+            }
+        }
+        got
+    });
+    let long = long.await.unwrap().unwrap();
+    let long_took = started.elapsed();
+    let r = client::get(s.inbound, "/graceful/drained?wait=20s")
+        .await
+        .unwrap();
+    let drained_at = started.elapsed();
+    stop.store(true, SeqCst);
+    let calls = late_caller.await.unwrap();
+    assert_eq!(long.status, 200, "the long request is not cut");
+    assert_eq!(r.status, 200, "{}", r.text());
+    let st = status_of(&r);
+    assert!(!st.forced && st.inflight_inbound == 0, "{st:?}");
+    assert!(
+        drained_at >= long_took,
+        "passed at {drained_at:?}, before the long request ended at {long_took:?}"
+    );
+    assert!(
+        calls.other.is_empty(),
+        "unmarked or failed answers: {calls:?}"
+    );
+    assert!(
+        calls.admitted_marked >= 5 && calls.refused_marked >= 40,
+        "served marked until wait + step_timeout, then refused: {calls:?}"
+    );
+    // The report counts the refusals and names the caller; the provider's
+    // copies merge their callers on their ticks.
+    let report = eventually(
+        "refusals merged into the report",
+        Duration::from_secs(5),
+        || async {
+            let r = client::get(inbound, "/graceful/report").await.ok()?;
+            let report: serde_json::Value = serde_json::from_slice(&r.body).ok()?;
+            (report["refused_late"].as_u64()? >= calls.refused_marked.saturating_sub(10))
+                .then_some(report)
+        },
+    )
+    .await;
+    assert_eq!(
+        (report["forced"].clone(), report["forced_by"].clone()),
+        (false.into(), serde_json::Value::Null),
+        "{report:#}"
+    );
+    let refused = report["refused_late"].as_u64().unwrap_or(0);
+    assert!(
+        refused <= calls.refused_marked,
+        "{refused} refused, the caller saw {calls:?}"
+    );
+    let peers = report["peers"].as_array().cloned().unwrap_or_default();
+    let caller = peers.iter().find(|p| p["consumer"] == "late-caller");
+    assert_eq!(
+        caller.map(|p| p["refused_late"].clone()),
+        Some(refused.into()),
+        "the late caller carries every refusal: {report:#}"
+    );
+    assert_eq!(
+        s.envoy.stat("wasmcustom.graceful_drain_forced").await,
+        Some(0)
+    );
+    inflight_gauge_is_zero(&s.envoy).await;
+    println!(
+        "longest_request 10s: long request 200 after {long_took:?}, gate passed quiet at {drained_at:?}; late caller: {} marked 200, {} marked 503, report refused_late {refused}",
+        calls.admitted_marked, calls.refused_marked
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn it_refuses_closing_from_sources_outside_allowed_sources() {
     let cfg = r#"{"allowed_sources":["10.0.0.0/8"]}"#;
@@ -469,11 +588,11 @@ async fn it_refuses_closing_from_sources_outside_allowed_sources() {
 }
 
 async fn refused(name: &str, drain_config: &str, provider_config: &str, expect: &[&str]) {
-    let upstream_port = free_port();
+    // Envoy must refuse the config: nothing is served, nothing bound here.
     let mut envoy = EnvoySpec::new(name, "provider-sidecar.yaml")
         .set("LISTEN_ADDRESS", "127.0.0.1")
-        .set("INBOUND_PORT", free_port())
-        .set("APP_PORT", upstream_port)
+        .set("INBOUND_PORT", 0)
+        .set("APP_PORT", refusing_port())
         .set("DRAIN_CONFIG", drain_config)
         .set("PROVIDER_CONFIG", provider_config)
         .spawn();
@@ -1108,7 +1227,7 @@ async fn every_worker_measures_closing_on_one_clock() {
         answers += 1;
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    let listener = format!("listener.{}", s.inbound).replace(':', "_");
+    let listener = listener_stats(s.inbound.ip());
     for worker in 0..2 {
         let accepted = s
             .envoy
