@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use graceful_harness::support::client::{self, load, Conn, Response};
 use graceful_harness::support::envoy::{
-    envoy_minor, eventually, free_port, wait_for, write_eds, write_eds_health,
+    envoy_minor, eventually, listener_stats, refusing_port, wait_for, write_eds, write_eds_health,
 };
 use graceful_harness::support::mesh::{ConsumerSidecar, CLOSING};
 use graceful_harness::support::upstream::{Counters, Upstream};
@@ -18,7 +18,7 @@ const OVERRIDE: &str = "x-graceful-override-host";
 
 /// Accepted connections per worker on the sidecar's outbound listener.
 async fn worker_connections(m: &ConsumerSidecar) -> Vec<u64> {
-    let prefix = format!("listener.127.0.0.1_{}", m.outbound.port());
+    let prefix = listener_stats(m.outbound.ip());
     let mut out = Vec::new();
     for w in 0..2 {
         out.push(
@@ -365,7 +365,7 @@ async fn it_evicts_a_host_that_refuses_connections_for_the_failure_ttl() {
     // only the final answer).
     let cfg = r#"{"admin_cluster":"envoy_admin","failure_tombstone_ttl":"2s","membership_refresh":"200ms"}"#;
     let ups = live_upstreams().await;
-    let dead = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let dead = SocketAddr::from(([127, 0, 0, 1], refusing_port()));
     let endpoints = [dead, ups[0].addr, ups[1].addr];
     let m = ConsumerSidecar::with_endpoints("refused", cfg, 0, ups, &endpoints).await;
     let conns = 4;
@@ -426,7 +426,7 @@ async fn it_ignores_override_headers_sent_by_clients() {
 async fn it_keeps_tombstone_memory_bounded_while_10000_hosts_churn() {
     // 10,000 endpoints that refuse connections (loopback, nothing listening),
     // no retries: every request evicts a host the consumer has not seen.
-    let port = free_port();
+    let port = refusing_port();
     let endpoints: Vec<SocketAddr> = (0..10_000u32)
         .map(|i| SocketAddr::from(([127, 1, (i / 250) as u8, (i % 250 + 1) as u8], port)))
         .collect();
@@ -465,7 +465,7 @@ async fn it_evicts_a_refusing_host_even_when_retries_hide_the_failure() {
     // upstream instance of the filter (one per attempt) still does.
     let cfg = r#"{"admin_cluster":"envoy_admin","failure_tombstone_ttl":"3s","membership_refresh":"200ms"}"#;
     let ups = live_upstreams().await;
-    let dead = SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let dead = SocketAddr::from(([127, 0, 0, 1], refusing_port()));
     let endpoints = [dead, ups[0].addr, ups[1].addr];
     let m = ConsumerSidecar::with_endpoints("refused-retried", cfg, 2, ups, &endpoints).await;
     let (ok, failed) = load_until(m.outbound, 4, Duration::from_secs(2), || false).await;
@@ -510,11 +510,11 @@ fn it_refuses_to_start_when_the_stats_matcher_drops_its_stats() {
     let wasm = graceful_harness::support::envoy::wasm_dir().join("graceful_consumer.wasm");
     for dropped in ["graceful_consumer_inflight", "graceful_consumer_generation"] {
         let config = serde_json::json!({
-            "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": free_port()}}},
+            "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
             "stats_config": {"stats_matcher": {"exclusion_list": {"patterns": [{"prefix": format!("wasmcustom.{dropped}")}]}}},
             "static_resources": {"listeners": [{
                 "name": "l",
-                "address": {"socket_address": {"address": "127.0.0.1", "port_value": free_port()}},
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
                 "filter_chains": [{"filters": [{
                     "name": "envoy.filters.network.http_connection_manager",
                     "typed_config": {

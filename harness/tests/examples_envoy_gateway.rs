@@ -31,7 +31,7 @@ use graceful_harness::platform::envoy_gateway::{
 };
 use graceful_harness::support::client::{load, Conn};
 use graceful_harness::support::envoy::{
-    envoy_binary, eventually, free_port, load_assignment, repo_root, scratch_path, write_eds,
+    envoy_binary, eventually, listener_stats, load_assignment, repo_root, scratch_path, write_eds,
     Envoy, EnvoySpec,
 };
 use graceful_harness::support::upstream::Upstream;
@@ -263,7 +263,8 @@ fn envoy_accepts_the_gateway_envoy_gateway_generates_from_the_example() {
     let ex = Example::load();
     let name = envoy_gateway::rule_cluster(ex.namespace(), ex.route(), 0);
     let eds = scratch_eds("eg-validate", &name, &["127.0.0.1:18081".parse().unwrap()]);
-    let (admin, listen) = (free_port(), free_port());
+    // `envoy --mode validate` binds nothing: any ports will do.
+    let (admin, listen) = (9901, 10080);
 
     // extension-policy.yaml as applied: the BTP's endpointOverride.
     let btp_lb = envoy_gateway::load_balancing_policy(Some(&ex.btp["spec"]["loadBalancer"]));
@@ -322,7 +323,8 @@ fn envoy_rejects_the_patch_on_a_cluster_with_common_lb_config_locality() {
     let ex = Example::load();
     let name = envoy_gateway::rule_cluster(ex.namespace(), ex.route(), 0);
     let eds = scratch_eds("eg-reject", &name, &["127.0.0.1:18081".parse().unwrap()]);
-    let (admin, listen) = (free_port(), free_port());
+    // `envoy --mode validate` binds nothing: any ports will do.
+    let (admin, listen) = (9901, 10080);
 
     // Envoy Gateway v1.4's shape: the first entry still applies (its path
     // is created), the move and the remove find nothing and fail, and the
@@ -391,7 +393,9 @@ impl Gateway {
             .value("ADMIN_PORT")
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("no admin port"));
-        let listen = free_port();
+        // The listener binds a port of its own (read back below); the
+        // admin's is picked: its cluster points at it.
+        let listen = 0;
         // The cluster's EDS source is the file path's place; over_xds
         // makes it Envoy Gateway's ADS.
         let eds = scratch_path(&format!("{name}-eds"), "yaml");
@@ -408,11 +412,12 @@ impl Gateway {
         )
         .unwrap_or_else(|e| panic!("{}: {e}", config_path.display()));
         let envoy = spec.start().await;
+        let listener = envoy.listener("default/eg/http").await;
         let gw = Gateway {
             envoy,
             xds,
             resources,
-            listener: SocketAddr::from(([127, 0, 0, 1], listen)),
+            listener,
             cluster: cluster_name,
             ups,
         };
@@ -498,7 +503,7 @@ impl Gateway {
 
     /// Accepted connections per worker on the listener.
     async fn worker_connections(&self) -> Vec<u64> {
-        let prefix = format!("listener.127.0.0.1_{}", self.listener.port());
+        let prefix = listener_stats(self.listener.ip());
         let mut out = Vec::new();
         for w in 0..2 {
             let stat = format!("{prefix}.worker_{w}.downstream_cx_total");

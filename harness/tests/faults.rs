@@ -8,22 +8,22 @@ use std::time::{Duration, Instant};
 use graceful_core::drain::status::Status;
 use graceful_harness::products::demo::{run, DemoConfig, Mode};
 use graceful_harness::support::client::{self, abort_after, Conn};
-use graceful_harness::support::envoy::{eventually, free_port, Envoy, EnvoySpec};
+use graceful_harness::support::envoy::{eventually, Envoy, EnvoySpec};
 use graceful_harness::support::load::Protocol;
 use graceful_harness::support::mesh::status;
 use graceful_harness::support::upstream::Upstream;
 
 async fn provider(name: &str, drain_config: &str, app: &Upstream) -> (Envoy, SocketAddr) {
-    let port = free_port();
     let envoy = EnvoySpec::new(name, "provider-sidecar.yaml")
         .set("LISTEN_ADDRESS", "127.0.0.1")
-        .set("INBOUND_PORT", port)
+        .set("INBOUND_PORT", 0)
         .set("APP_PORT", app.addr.port())
         .set("DRAIN_CONFIG", drain_config)
         .set("ACCESS_LOG", "/dev/null")
         .start()
         .await;
-    (envoy, SocketAddr::from(([127, 0, 0, 1], port)))
+    let inbound = envoy.listener("inbound").await;
+    (envoy, inbound)
 }
 
 async fn inflight_settles_at_zero(envoy: &Envoy, addr: SocketAddr) {

@@ -24,8 +24,8 @@ use bytes::Bytes;
 use graceful_harness::platform::netns::{self, Node, Pod};
 use graceful_harness::support::client::{self, Conn, Response};
 use graceful_harness::support::envoy::{
-    envoy_binary, eventually, free_port, native_module, repo_root, scratch_path, wasm_dir,
-    write_eds, Envoy, EnvoySpec,
+    envoy_binary, eventually, native_module, repo_root, scratch_path, wasm_dir, write_eds, Envoy,
+    EnvoySpec,
 };
 use graceful_harness::support::logged::LoggedProcess;
 use graceful_harness::support::mesh::{
@@ -1005,7 +1005,7 @@ async fn recording_destination() -> (SocketAddr, Seen) {
 /// upstream instance. Written as a config of its own; the spec runs it.
 fn consumer_with_egress(name: &str, providers_eds: &Path, egress: SocketAddr) -> EnvoySpec {
     let spec = EnvoySpec::new(name, "consumer-sidecar.yaml")
-        .set("OUTBOUND_PORT", free_port())
+        .set("OUTBOUND_PORT", 0)
         .set("EDS_PATH", providers_eds.display())
         .set("CONSUMER_CONFIG", r#"{"admin_cluster": "envoy_admin"}"#);
     let template =
@@ -1050,11 +1050,8 @@ async fn it_sends_the_consumer_identity_only_to_the_steered_cluster_and_no_forge
     let eds = scratch_path("hostile-identity-eds", "yaml");
     write_eds(&eds, "providers", &[provider]);
     let spec = consumer_with_egress("hostile-identity", &eds, egress);
-    let outbound = SocketAddr::from((
-        [127, 0, 0, 1],
-        spec.value("OUTBOUND_PORT").unwrap().parse::<u16>().unwrap(),
-    ));
     let envoy = spec.start().await;
+    let outbound = envoy.listener("outbound").await;
     let health = vm_health(&envoy).await;
     let before = worker_connections(&envoy).await;
     for i in 0..20 {

@@ -13,7 +13,7 @@ use bytes::Bytes;
 
 use graceful_harness::support::client::Conn;
 use graceful_harness::support::envoy::{
-    envoy_binary, envoy_version, free_port, native_module, repo_root, EnvoySpec,
+    envoy_binary, envoy_version, native_module, repo_root, EnvoySpec,
 };
 use graceful_harness::support::native::shipped_files;
 use graceful_harness::support::upstream::Upstream;
@@ -27,7 +27,7 @@ async fn envoy_reports_the_abi_version_the_module_was_built_for() {
     let envoy = EnvoySpec::new("native-abi", "provider-sidecar.yaml")
         .native(None)
         .set("LISTEN_ADDRESS", "127.0.0.1")
-        .set("INBOUND_PORT", free_port())
+        .set("INBOUND_PORT", 0)
         .set("APP_PORT", upstream.addr.port())
         .start()
         .await;
@@ -126,7 +126,6 @@ fn panic_probe_module() -> PathBuf {
 async fn a_panic_in_a_hook_is_caught_and_the_request_goes_on() {
     let module = panic_probe_module();
     let upstream = Upstream::start().await;
-    let port = free_port();
     // The provider sidecar with a filter that panics in its request hook
     // ahead of graceful_provider.
     let root = repo_root();
@@ -150,13 +149,11 @@ async fn a_panic_in_a_hook_is_caught_and_the_request_goes_on() {
     let envoy = EnvoySpec::new("native-panic", &path.display().to_string())
         .native(Some(module))
         .set("LISTEN_ADDRESS", "127.0.0.1")
-        .set("INBOUND_PORT", port)
+        .set("INBOUND_PORT", 0)
         .set("APP_PORT", upstream.addr.port())
         .start()
         .await;
-    let mut conn = Conn::http1(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
-        .await
-        .unwrap();
+    let mut conn = Conn::http1(envoy.listener("inbound").await).await.unwrap();
     // The probe panics in the request hook of a request with its header;
     // a live probe stream marks its response, a dead one (it panicked) does
     // nothing more. Panicking requests alternate with plain ones.
@@ -299,7 +296,8 @@ async fn a_listener_update_destroys_an_hourly_consumer_config_without_blocking_t
 
     let root = repo_root();
     let module = native_module();
-    let port = free_port();
+    // Port 0: Envoy binds one, and keeps it for the listener's update.
+    let port = 0;
     let dir = root.join(format!("target/e2e/native-lds-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let lds = dir.join("lds.yaml");
@@ -364,9 +362,7 @@ async fn a_listener_update_destroys_an_hourly_consumer_config_without_blocking_t
         "slowest admin answer {slowest:?}"
     );
     // The new listener's consumer is in place and serves.
-    let mut conn = Conn::http1(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
-        .await
-        .unwrap();
+    let mut conn = Conn::http1(envoy.listener("outbound").await).await.unwrap();
     assert_eq!(conn.get("/").await.unwrap().status, 200);
 }
 
@@ -425,12 +421,11 @@ async fn two_requests_sharing_an_id_one_failed_one_cancelled_tombstone_only_the_
             drop(held);
         }
     });
-    let port = free_port();
     let eds = scratch_path("shared-id-eds", "yaml");
     write_eds(&eds, "providers", &[slow.addr]);
     let cfg = r#"{"admin_cluster":"envoy_admin","failure_tombstone_ttl":"60s","membership_refresh":"200ms"}"#;
     let spec = EnvoySpec::new("shared-id", "consumer-sidecar.yaml")
-        .set("OUTBOUND_PORT", port)
+        .set("OUTBOUND_PORT", 0)
         .set("EDS_PATH", eds.display())
         .set("CONSUMER_CONFIG", cfg);
     let template =
@@ -499,7 +494,7 @@ async fn two_requests_sharing_an_id_one_failed_one_cancelled_tombstone_only_the_
     .native(None)
     .start()
     .await;
-    let outbound = SocketAddr::from(([127, 0, 0, 1], port));
+    let outbound = envoy.listener("outbound").await;
     let id = "shared-by-both";
 
     // The slow request, under way at the slow host.

@@ -22,7 +22,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use graceful_harness::support::client;
-use graceful_harness::support::envoy::{free_port, repo_root, wasm_dir};
+use graceful_harness::support::envoy::{candidate_port, lost_a_port, repo_root, wasm_dir};
 use serde_json::Value;
 
 const FILTERS: [&str; 3] = ["graceful_provider", "graceful_drain", "graceful_consumer"];
@@ -134,8 +134,22 @@ struct Registry {
 }
 
 impl Registry {
+    /// Its port is picked (the registry does not report one it bound
+    /// for `:0`), and picked again when the registry exits because it
+    /// was taken.
     async fn start(dir: &Path) -> Registry {
-        let addr = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        for _ in 0..8 {
+            let addr = SocketAddr::from(([127, 0, 0, 1], candidate_port()));
+            if let Some(registry) = Registry::start_at(dir, addr).await {
+                return registry;
+            }
+            eprintln!("docker-registry: {addr} was taken; starting it again on another port");
+        }
+        panic!("docker-registry lost its port 8 times");
+    }
+
+    /// None if it exited because `addr` was taken.
+    async fn start_at(dir: &Path, addr: SocketAddr) -> Option<Registry> {
         let storage = dir.join("storage");
         fs::create_dir_all(&storage).unwrap_or_else(|e| panic!("{}: {e}", storage.display()));
         let config = dir.join("registry.yml");
@@ -167,6 +181,9 @@ impl Registry {
         let deadline = Instant::now() + REGISTRY_DEADLINE;
         loop {
             if let Some(status) = registry.child.try_wait().ok().flatten() {
+                if lost_a_port(&fs::read_to_string(&registry.log).unwrap_or_default()) {
+                    return None;
+                }
                 panic!("docker-registry exited during start-up ({status})");
             }
             // The distribution API's version check: 200 with `{}` when no auth is configured.
@@ -175,7 +192,7 @@ impl Registry {
                     && r.header("docker-distribution-api-version").as_deref()
                         == Some("registry/2.0")
                 {
-                    return registry;
+                    return Some(registry);
                 }
             }
             assert!(

@@ -15,9 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use graceful_harness::support::client::{self, Response};
-use graceful_harness::support::envoy::{
-    eventually, free_port, repo_root, scratch_path, Envoy, EnvoySpec,
-};
+use graceful_harness::support::envoy::{eventually, repo_root, scratch_path, Envoy, EnvoySpec};
 use graceful_harness::support::mesh::status_of;
 use graceful_harness::support::native::Delivery;
 use graceful_harness::support::upstream::Upstream;
@@ -143,16 +141,19 @@ async fn metric(envoy: &Envoy, name: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_minimal_config_runs_all_three_filters_through_one_shutdown() {
     let app = Upstream::start().await;
-    let (inbound_port, outbound_port) = (free_port(), free_port());
+    // The README's config points the consumer's cluster at the inbound
+    // listener (and the admin cluster at the admin): those ports are
+    // picked, and picked again if Envoy lost one; the outbound listener
+    // binds a port of its own.
     let mut spec = EnvoySpec::new("readme_minimal", &minimal_config_template())
-        .set("INBOUND_PORT", inbound_port)
-        .set("OUTBOUND_PORT", outbound_port)
+        .pick_port("INBOUND_PORT")
+        .set("OUTBOUND_PORT", 0)
         .set("APP_PORT", app.addr.port());
     // The README's config is the wasm one, whatever GRACEFUL_DELIVERY says.
     spec.delivery = Delivery::Wasm;
     let envoy = spec.start().await;
-    let inbound = SocketAddr::from(([127, 0, 0, 1], inbound_port));
-    let outbound = SocketAddr::from(([127, 0, 0, 1], outbound_port));
+    let inbound = envoy.listener("inbound").await;
+    let outbound = envoy.listener("outbound").await;
 
     // Serving: a request through the outbound listener reaches the app through
     // the inbound one; graceful_provider stamps its instance id, no mark.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use graceful_harness::support::client;
-use graceful_harness::support::envoy::{eventually, free_port, scratch_path, Envoy, EnvoySpec};
+use graceful_harness::support::envoy::{eventually, scratch_path, Envoy, EnvoySpec};
 use graceful_harness::support::mesh::{self, status_of};
 use graceful_harness::support::native::Delivery;
 use graceful_harness::support::upstream::Upstream;
@@ -188,11 +188,10 @@ struct OverAds {
 
 async fn provider_over_ads(name: &str) -> OverAds {
     let app = Upstream::start().await;
-    let port = free_port();
-    let inbound = SocketAddr::from(([127, 0, 0, 1], port));
+    // The listener comes over LDS and binds a port of its own.
     let spec = EnvoySpec::new(name, "provider-sidecar.yaml")
         .set("LISTEN_ADDRESS", "127.0.0.1")
-        .set("INBOUND_PORT", port)
+        .set("INBOUND_PORT", 0)
         .set("APP_PORT", app.addr.port())
         .set("DRAIN_CONFIG", DRAIN_CONFIG)
         .set("PROVIDER_CONFIG", "{}");
@@ -214,6 +213,7 @@ async fn provider_over_ads(name: &str) -> OverAds {
     }
     let spec = ads.spec(spec);
     let envoy = spec.start().await;
+    let inbound = envoy.listener("inbound").await;
     eventually(
         "the pushed listener serves",
         Duration::from_secs(15),

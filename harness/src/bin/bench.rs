@@ -18,7 +18,7 @@ use graceful_harness::products::bench::{
 };
 use graceful_harness::products::bench_count::committed_counts;
 use graceful_harness::products::demo::{run, DemoConfig, Mode};
-use graceful_harness::support::envoy::free_port;
+use graceful_harness::support::envoy::refusing_port;
 use graceful_harness::support::procfs::rss_kb;
 use graceful_harness::support::run_report::RunReport;
 use serde::Serialize;
@@ -71,7 +71,7 @@ async fn churn() -> Churn {
         .into_iter()
         .find(|s| s.name == "consumer")
         .unwrap_or_else(|| panic!("consumer set"));
-    let hosts = dead_hosts(10_000, free_port());
+    let hosts = dead_hosts(10_000, refusing_port());
     let (envoy, addr) = start_proxy(&set, &hosts[..1], &hosts[1..]).await;
     let mut samples = Vec::new();
     let stat = |name: &'static str| {
@@ -171,7 +171,7 @@ async fn main() -> ExitCode {
             let set = &sets[i];
             // Tombstoned hosts must be members of the cluster for steering to
             // be needed: add that many hosts that refuse connections.
-            let dead = dead_hosts(set.tombstones, free_port());
+            let dead = dead_hosts(set.tombstones, refusing_port());
             let (proxy, addr) = start_proxy(set, &upstream_addrs, &dead).await;
             // Warm the connections, the JIT and the caches; not measured.
             if let Err(e) = wrk(addr, CONNECTIONS, Duration::from_secs(2)) {

@@ -3,13 +3,12 @@
 //! prints what each step answered. The output is fixed, so the examples'
 //! README can show it literally.
 
-use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use graceful_core::drain::status::Status;
 use graceful_harness::support::client::{self, Response};
-use graceful_harness::support::envoy::{free_port, EnvoySpec};
+use graceful_harness::support::envoy::EnvoySpec;
 use graceful_harness::support::upstream::Upstream;
 
 const DRAIN_CONFIG: &str =
@@ -45,16 +44,15 @@ fn step(n: u32, what: &str, answer: String) {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
     let app = Upstream::start().await;
-    let port = free_port();
     let envoy = EnvoySpec::new("walkthrough", "provider-sidecar.yaml")
         .set("LISTEN_ADDRESS", "127.0.0.1")
-        .set("INBOUND_PORT", port)
+        .set("INBOUND_PORT", 0)
         .set("APP_PORT", app.addr.port())
         .set("DRAIN_CONFIG", DRAIN_CONFIG)
         .set("PROVIDER_CONFIG", PROVIDER_CONFIG)
         .start()
         .await;
-    let at = SocketAddr::from(([127, 0, 0, 1], port));
+    let at = envoy.listener("inbound").await;
     println!("Envoy 1.40, 2 workers, envoy/provider-sidecar.yaml: graceful_drain + graceful_provider -> test app");
     println!("drain config: {DRAIN_CONFIG}");
     let run = async {

@@ -26,6 +26,10 @@ pub const PROJECT: &str = "graceful-wasm";
 /// The image `make images` builds with no base image to pull.
 pub const IMAGE: &str = "graceful-wasm/sidecar:local";
 
+// Fixed ports, unlike the harness's local Envoys (which bind port 0): each
+// container has an address of its own on the compose network, so they
+// cannot collide, and the generated docker-compose.yaml is committed and
+// quoted (its header tells the host ports to curl).
 const INBOUND_PORT: u16 = 15006;
 const APP_PORT: u16 = 8080;
 

@@ -35,7 +35,10 @@ use serde_json::{json, Value};
 
 use crate::support::envoy::repo_root;
 
-/// The admin address Istio gives the sidecar.
+/// The admin address Istio gives the sidecar. Istio's fixed ports, kept:
+/// each pod runs in a network namespace of its own (its own address), so
+/// they cannot collide with another test's, and they are what Istio's
+/// config (and a reader comparing with a real mesh) expects.
 pub const ADMIN_PORT: u16 = 15000;
 pub const INBOUND_PORT: u16 = 15006;
 pub const OUTBOUND_PORT: u16 = 15001;

@@ -18,7 +18,7 @@ use serde::Serialize;
 use serde_json::{json, Value};
 
 use crate::support::client;
-use crate::support::envoy::{eventually, free_port, wasm_dir, Envoy, EnvoySpec};
+use crate::support::envoy::{eventually, wasm_dir, Envoy, EnvoySpec};
 use crate::support::procfs::cpu_us;
 
 /// A filter chain to measure.
@@ -368,22 +368,20 @@ pub fn wrk_with_cpu(
 
 /// The upstream Envoy and its four listener addresses.
 pub async fn start_upstream() -> (Envoy, Vec<SocketAddr>) {
-    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
     // Every address, so that other loopback addresses reach it too
-    // ([`live_aliases`]).
+    // ([`live_aliases`]); each listener at the port Envoy binds for it.
     let mut spec =
         EnvoySpec::new("bench-upstream", "bench-upstream.yaml").set("LISTEN_ADDRESS", "0.0.0.0");
-    for (i, p) in ports.iter().enumerate() {
-        spec = spec.set(&format!("PORT_{}", i + 1), p);
+    for i in 1..=4 {
+        spec = spec.set(&format!("PORT_{i}"), 0);
     }
     spec.concurrency = 1;
-    (
-        spec.start().await,
-        ports
-            .into_iter()
-            .map(|p| SocketAddr::from(([127, 0, 0, 1], p)))
-            .collect(),
-    )
+    let envoy = spec.start().await;
+    let mut addrs = Vec::new();
+    for i in 1..=4 {
+        addrs.push(envoy.listener(&format!("upstream_{i}")).await);
+    }
+    (envoy, addrs)
 }
 
 fn endpoints(addrs: &[SocketAddr]) -> String {
@@ -411,7 +409,8 @@ pub fn live_aliases(upstream: &[SocketAddr], n: usize) -> Vec<SocketAddr> {
         .collect()
 }
 
-/// Addresses nothing listens on: connections to them are refused at once.
+/// Addresses nothing listens on: connections to them are refused at once
+/// (`port`: [`crate::support::envoy::refusing_port`]).
 pub fn dead_hosts(n: usize, port: u16) -> Vec<SocketAddr> {
     (0..n)
         .map(|i| SocketAddr::from(([127, 0, 2 + (i / 250) as u8, (i % 250 + 1) as u8], port)))
@@ -425,19 +424,13 @@ pub async fn start_proxy(
     upstream: &[SocketAddr],
     extra: &[SocketAddr],
 ) -> (Envoy, SocketAddr) {
-    let (spec, addr) = proxy_spec(set, upstream, extra);
-    let envoy = spec.start().await;
-    prepare_proxy(envoy, addr, set).await
+    let envoy = proxy_spec(set, upstream, extra).start().await;
+    prepare_proxy(envoy, set).await
 }
 
-/// The proxy's spec and listener address, before [`start_proxy`] starts it
-/// (the mesh bench adds to it).
-pub fn proxy_spec(
-    set: &FilterSet,
-    upstream: &[SocketAddr],
-    extra: &[SocketAddr],
-) -> (EnvoySpec, SocketAddr) {
-    let port = free_port();
+/// The proxy's spec, before [`start_proxy`] starts it (the mesh bench adds
+/// to it); its listener `proxy` binds a port of its own.
+pub fn proxy_spec(set: &FilterSet, upstream: &[SocketAddr], extra: &[SocketAddr]) -> EnvoySpec {
     // 104 live members in every set: with 100 tombstoned beside them, below
     // half the members, the panic floor lists none of them again and every
     // request is steered to a live host (with 4 live hosts and 100 dead,
@@ -447,18 +440,18 @@ pub fn proxy_spec(
     let live = live_aliases(upstream, LIVE_ALIASES);
     let hosts: Vec<SocketAddr> = upstream.iter().chain(&live).chain(extra).copied().collect();
     let mut spec = EnvoySpec::new(&format!("bench-{}", set.name), "bench-proxy.yaml")
-        .set("LISTEN_PORT", port)
+        .set("LISTEN_PORT", 0)
         .set("HTTP_FILTERS", Value::Array(set.filters.clone()))
         .set("ROUTES", routes())
         .set("ENDPOINTS", endpoints(&hosts));
     spec.concurrency = 1;
-    (spec, SocketAddr::from(([127, 0, 0, 1], port)))
+    spec
 }
 
 /// Starts closing and makes tombstones as `set` says, then waits until the
-/// proxy answers.
-pub async fn prepare_proxy(envoy: Envoy, addr: SocketAddr, set: &FilterSet) -> (Envoy, SocketAddr) {
-    prepare_proxy_within(envoy, addr, set, Duration::from_secs(60)).await
+/// proxy answers; the proxy and its listener's address.
+pub async fn prepare_proxy(envoy: Envoy, set: &FilterSet) -> (Envoy, SocketAddr) {
+    prepare_proxy_within(envoy, set, Duration::from_secs(60)).await
 }
 
 /// [`prepare_proxy`], with `deadline` for the tombstones and for the first
@@ -466,10 +459,10 @@ pub async fn prepare_proxy(envoy: Envoy, addr: SocketAddr, set: &FilterSet) -> (
 /// worker, makes both slower).
 pub async fn prepare_proxy_within(
     envoy: Envoy,
-    addr: SocketAddr,
     set: &FilterSet,
     deadline: Duration,
 ) -> (Envoy, SocketAddr) {
+    let addr = envoy.listener("proxy").await;
     if set.closing {
         let r = client::post(addr, "/graceful/closing")
             .await

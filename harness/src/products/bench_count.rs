@@ -33,7 +33,7 @@ use serde::Serialize;
 
 use super::bench::{dead_hosts, prepare_proxy, proxy_spec, wrk, FilterSet};
 use super::bench_mesh::start_mesh_proxy;
-use crate::support::envoy::{envoy_binary, free_port, Envoy};
+use crate::support::envoy::{envoy_binary, refusing_port, Envoy};
 
 /// How long an Envoy under callgrind may take to be ready (V8 compiles
 /// the modules at a fiftieth of its speed).
@@ -207,16 +207,16 @@ pub async fn count_set(
     window: Duration,
 ) -> Result<Counted, String> {
     let extra = if set.tombstones > 0 {
-        dead_hosts(set.tombstones, free_port())
+        dead_hosts(set.tombstones, refusing_port())
     } else {
         Vec::new()
     };
     let out = fresh_out(dir, set.name)?;
-    let (mut spec, addr) = proxy_spec(set, upstream, &extra);
+    let mut spec = proxy_spec(set, upstream, &extra);
     spec.binary = Some(callgrind_wrapper(dir, &out)?);
     spec.start_deadline = START_UNDER_CALLGRIND;
     let envoy = spec.start().await;
-    let (envoy, addr) = prepare_proxy(envoy, addr, set).await;
+    let (envoy, addr) = prepare_proxy(envoy, set).await;
     count_started(set, &envoy, addr, &out, window).await
 }
 

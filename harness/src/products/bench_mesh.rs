@@ -31,7 +31,7 @@ use super::bench::{
     wrk_with_cpu, FilterSet, Paired, WrkResult,
 };
 use crate::support::client;
-use crate::support::envoy::{free_port, wait_for, Envoy, START_DEADLINE};
+use crate::support::envoy::{refusing_port, wait_for, Envoy, START_DEADLINE};
 use crate::support::procfs::{rss_kb, thread_cpu_us};
 use graceful_core::consumer::steering::AdminSource;
 
@@ -172,9 +172,8 @@ pub async fn start_mesh_proxy(
     upstream: &[SocketAddr],
     deadline: Duration,
 ) -> Result<(Envoy, SocketAddr), String> {
-    let dead = dead_hosts(set.tombstones, free_port());
-    let (spec, addr) = proxy_spec(set, upstream, &dead);
-    let mut spec = spec
+    let dead = dead_hosts(set.tombstones, refusing_port());
+    let mut spec = proxy_spec(set, upstream, &dead)
         .set("ROUTES", mesh_routes())
         .set("VALIDATE_CLUSTERS", false)
         .set(
@@ -194,7 +193,7 @@ pub async fn start_mesh_proxy(
         },
     )
     .await?;
-    let (envoy, addr) = prepare_proxy_within(envoy, addr, set, deadline).await;
+    let (envoy, addr) = prepare_proxy_within(envoy, set, deadline).await;
     let mut conn = client::Conn::http1(addr).await?;
     for _ in 0..4 {
         for i in 0..ROUTED {
@@ -362,11 +361,11 @@ pub async fn mesh_paired(
         started.push(if p.in_mesh {
             start_mesh_proxy(binary, &p.set, cds, upstream, START_DEADLINE).await?
         } else {
-            let dead = dead_hosts(p.set.tombstones, free_port());
-            let (mut spec, addr) = proxy_spec(&p.set, upstream, &dead);
+            let dead = dead_hosts(p.set.tombstones, refusing_port());
+            let mut spec = proxy_spec(&p.set, upstream, &dead);
             spec.binary = Some(binary.to_path_buf());
             let envoy = spec.start().await;
-            prepare_proxy_within(envoy, addr, &p.set, START_DEADLINE).await
+            prepare_proxy_within(envoy, &p.set, START_DEADLINE).await
         });
     }
     let mut by_proxy: Vec<Vec<WrkResult>> = vec![Vec::new(); proxies.len()];

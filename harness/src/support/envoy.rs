@@ -124,14 +124,19 @@ fn bindable(port: u16) -> bool {
     v6_ok && TcpListener::bind(("127.0.0.1", port)).is_ok()
 }
 
-/// A TCP port free right now on the loopback, below the kernel's ephemeral
-/// range, and never handed out before in this process. Below the range: a
-/// port the kernel hands out itself can be taken between this check and
-/// Envoy's bind by any connection a test opens (its local end), which made
-/// Envoy exit with "Address already in use"; a port below it only by an
-/// explicit bind. Each process starts at its own place in the range (by
-/// pid), so two test binaries running at once rarely meet.
-pub fn free_port() -> u16 {
+/// A candidate for a port that must be known before the process that
+/// binds it starts (a config that points at its own admin or listener,
+/// addresses a restarted provider must keep): free on the loopback right
+/// now, below the kernel's ephemeral range, never handed out before in
+/// this process. Nothing guarantees it is still free when it is bound:
+/// use it only where a lost bind is retried with a new candidate
+/// ([`EnvoySpec::pick_port`]) or on addresses of the test's own.
+///
+/// Below the range: the kernel hands out ports in the range for every
+/// `bind(0)` (all the harness's listeners) and for the local end of every
+/// outgoing connection; below it only explicit binds meet. Each process
+/// starts at its own place (by pid), so two test binaries rarely meet.
+pub fn candidate_port() -> u16 {
     static NEXT: Mutex<Option<u32>> = Mutex::new(None);
     let (ephemeral_low, _) = ephemeral_ports();
     let high = u32::from(ephemeral_low.saturating_sub(1)).max(2048);
@@ -150,6 +155,84 @@ pub fn free_port() -> u16 {
     panic!("no bindable port in {low}..{high}");
 }
 
+/// A port that refuses connections on every address for the rest of this
+/// process: its dead hosts' port (a tombstone's). A socket bound to it on
+/// the wildcard address and never listening holds it (so a connection is
+/// refused, and nothing else can bind the port on any address, the
+/// socket having no `SO_REUSEADDR`).
+pub fn refusing_port() -> u16 {
+    static HELD: std::sync::OnceLock<Mutex<RefusingPort>> = std::sync::OnceLock::new();
+    HELD.get_or_init(|| Mutex::new(RefusingPort::new()))
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .port
+}
+
+/// A socket bound on `0.0.0.0`, never listening: its port refuses
+/// connections while it is held.
+struct RefusingPort {
+    _socket: tokio::net::TcpSocket,
+    port: u16,
+}
+
+impl RefusingPort {
+    fn new() -> RefusingPort {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap_or_else(|e| panic!("socket: {e}"));
+        socket
+            .bind(SocketAddr::from(([0, 0, 0, 0], 0)))
+            .unwrap_or_else(|e| panic!("bind 0.0.0.0:0: {e}"));
+        let port = socket
+            .local_addr()
+            .unwrap_or_else(|e| panic!("local address: {e}"))
+            .port();
+        RefusingPort {
+            _socket: socket,
+            port,
+        }
+    }
+}
+
+/// Whether a template uses `ADMIN_PORT` beyond the admin's own address (an
+/// `envoy_admin` cluster pointing at it), so the port must be known before
+/// Envoy starts; an unreadable one is assumed to.
+fn admin_port_needed_before_start(template: Option<&str>) -> bool {
+    template.is_none_or(|t| t.matches("${ADMIN_PORT").count() > 1)
+}
+
+/// How many times [`EnvoySpec::start`] starts an Envoy that lost one of
+/// its picked ports before it gives up.
+const PICK_ATTEMPTS: u32 = 8;
+
+/// What Envoy (and Prometheus) log when a port they bind is taken.
+pub fn lost_a_port(log: &str) -> bool {
+    log.contains("Address already in use") || log.contains("address already in use")
+}
+
+/// `config` with every `port_value` of `old` made `new` (YAML's
+/// `port_value: N` and JSON's `"port_value": N`): a picked port in a
+/// config a test rewrote from [`EnvoySpec::rendered`].
+fn swap_port(config: &str, old: u16, new: u16) -> String {
+    let mut out = config.to_string();
+    for key in ["port_value: ", "\"port_value\": ", "\"port_value\":"] {
+        let from = format!("{key}{old}");
+        let mut result = String::with_capacity(out.len());
+        let mut rest = out.as_str();
+        while let Some(at) = rest.find(&from) {
+            let after = &rest[at + from.len()..];
+            result.push_str(&rest[..at]);
+            if after.starts_with(|c: char| c.is_ascii_digit()) {
+                result.push_str(&from);
+            } else {
+                result.push_str(&format!("{key}{new}"));
+            }
+            rest = after;
+        }
+        result.push_str(rest);
+        out = result;
+    }
+    out
+}
+
 static RUN_SEQ: AtomicU32 = AtomicU32::new(0);
 
 /// A running Envoy. Killed on drop; its log is printed if the test failed.
@@ -157,7 +240,11 @@ pub struct Envoy {
     child: Child,
     pub name: String,
     pub dir: PathBuf,
+    /// The admin's address: what Envoy bound (`--admin-address-path`)
+    /// once [`EnvoySpec::start`] returned.
     pub admin: SocketAddr,
+    /// The placeholder values it ran with (picked ports as finally bound).
+    values: HashMap<String, String>,
     exited: Option<ExitStatus>,
 }
 
@@ -184,10 +271,31 @@ pub struct EnvoySpec {
     /// The config to run instead of the rendered template: a test's
     /// rewrite of [`EnvoySpec::rendered`] (the delivery already applied).
     pub config: Option<String>,
+    /// The ports the harness picked ([`EnvoySpec::pick_port`]): picked
+    /// again when Envoy lost one.
+    pub picked: Picked,
+}
+
+/// The placeholders holding ports the harness picked, and each port
+/// picked again so far (old, new): applied to the config Envoy runs
+/// whatever wrote it (the template, a test's rewrite of
+/// [`EnvoySpec::rendered`], a file the test rendered itself).
+#[derive(Clone, Debug, Default)]
+pub struct Picked {
+    names: Vec<String>,
+    swaps: Vec<(u16, u16)>,
 }
 
 impl EnvoySpec {
-    /// A spec with `ADMIN_PORT` and `WASM_DIR` filled in.
+    /// A spec with `ADMIN_PORT` and `WASM_DIR` filled in. The admin binds a
+    /// port of its own (0: [`EnvoySpec::start`] reads back which); where the
+    /// template uses `ADMIN_PORT` beyond the admin (an `envoy_admin`
+    /// cluster pointing at it), the port must be known before Envoy starts,
+    /// so it is picked ([`EnvoySpec::pick_port`], retried if lost).
+    ///
+    /// Listeners: set their port placeholders to 0 and ask
+    /// [`Envoy::listener`] where they are, or [`EnvoySpec::pick_port`] the
+    /// ones the config itself points at.
     pub fn new(name: &str, template: &str) -> EnvoySpec {
         let mut spec = EnvoySpec {
             name: name.into(),
@@ -201,17 +309,53 @@ impl EnvoySpec {
             env: Vec::new(),
             start_deadline: START_DEADLINE,
             config: None,
+            picked: Picked::default(),
         };
         spec.values
-            .insert("ADMIN_PORT".into(), free_port().to_string());
-        spec.values
             .insert("WASM_DIR".into(), wasm_dir().display().to_string());
-        spec
+        if admin_port_needed_before_start(spec.template_text().as_deref()) {
+            spec.pick_port("ADMIN_PORT")
+        } else {
+            spec.set("ADMIN_PORT", 0)
+        }
     }
 
     pub fn set(mut self, name: &str, value: impl ToString) -> EnvoySpec {
+        self.picked.names.retain(|p| p != name);
         self.values.insert(name.into(), value.to_string());
         self
+    }
+
+    /// Placeholder `name` is a port the config needs before Envoy starts
+    /// (a cluster pointing at this Envoy's own listener or admin): a
+    /// [`candidate_port`] now, and a new one each time Envoy exits
+    /// because it was taken ([`EnvoySpec::start`]). [`Envoy::port`] says
+    /// which one it bound.
+    pub fn pick_port(mut self, name: &str) -> EnvoySpec {
+        self.values
+            .insert(name.into(), candidate_port().to_string());
+        if !self.picked.names.iter().any(|p| p == name) {
+            self.picked.names.push(name.into());
+        }
+        self
+    }
+
+    /// Picks every picked port again.
+    fn pick_again(&mut self) {
+        for name in self.picked.names.clone() {
+            let old: u16 = self.value(&name).and_then(|p| p.parse().ok()).unwrap_or(0);
+            let new = candidate_port();
+            self.values.insert(name, new.to_string());
+            self.picked.swaps.push((old, new));
+        }
+    }
+
+    fn template_path(&self) -> PathBuf {
+        repo_root().join("envoy").join(&self.template)
+    }
+
+    fn template_text(&self) -> Option<String> {
+        fs::read_to_string(self.template_path()).ok()
     }
 
     /// One more command-line argument.
@@ -239,24 +383,66 @@ impl EnvoySpec {
     }
 
     /// Starts Envoy and waits until the admin says ready. Panics (printing
-    /// the log) if Envoy exits or is not ready by its `start_deadline`.
-    pub async fn start(self) -> Envoy {
-        let within = self.start_deadline;
-        let mut envoy = self.spawn();
-        let deadline = Instant::now() + within;
+    /// the log) if Envoy exits or is not ready by its `start_deadline`;
+    /// an Envoy that exits because a port the harness picked was taken
+    /// meanwhile ("Address already in use") is started again with new
+    /// picks ([`EnvoySpec::pick_port`]).
+    pub async fn start(mut self) -> Envoy {
+        let mut attempt = 1;
         loop {
-            if let Some(status) = envoy.try_exit() {
-                panic!(
-                    "envoy {} exited during start-up ({status}); log:\n{}",
+            let envoy = self.launch();
+            match self.until_ready(envoy).await {
+                Ok(envoy) => return envoy,
+                Err(envoy) if attempt < PICK_ATTEMPTS => {
+                    eprintln!(
+                        "envoy {}: a picked port was taken ({}); starting it again with new ones",
+                        envoy.name,
+                        self.picked.names.join(", ")
+                    );
+                    drop(envoy);
+                    self.pick_again();
+                    attempt += 1;
+                }
+                Err(envoy) => panic!(
+                    "envoy {} lost a picked port {attempt} times; log:\n{}",
                     envoy.name,
                     envoy.log()
+                ),
+            }
+        }
+    }
+
+    /// Waits for `envoy` to be ready; Err if it exited because a picked
+    /// port was taken.
+    async fn until_ready(&self, mut envoy: Envoy) -> Result<Envoy, Envoy> {
+        let within = self.start_deadline;
+        let deadline = Instant::now() + within;
+        let admin_file = envoy.dir.join("admin.address");
+        loop {
+            if let Some(status) = envoy.try_exit() {
+                let log = envoy.log();
+                if !self.picked.names.is_empty() && lost_a_port(&log) {
+                    return Err(envoy);
+                }
+                panic!(
+                    "envoy {} exited during start-up ({status}); log:\n{log}",
+                    envoy.name
                 );
             }
-            if let Ok(r) = client::get(envoy.admin, "/ready").await {
-                // Ready, and this Envoy: if another process holds the admin
-                // port, this one exits with "cannot bind" (seen above).
-                if r.status == 200 && envoy.answers_admin().await {
-                    return envoy;
+            // The admin's address as Envoy bound it, written once bound.
+            if let Some(addr) = fs::read_to_string(&admin_file)
+                .ok()
+                .and_then(|a| a.trim().parse::<SocketAddr>().ok())
+            {
+                envoy.admin = loopback(addr);
+            }
+            if envoy.admin.port() != 0 {
+                if let Ok(r) = client::get(envoy.admin, "/ready").await {
+                    // Ready, and this Envoy: if another process holds a
+                    // picked admin port, this one exits with "cannot bind".
+                    if r.status == 200 && envoy.answers_admin().await {
+                        return Ok(envoy);
+                    }
                 }
             }
             assert!(
@@ -270,7 +456,7 @@ impl EnvoySpec {
 
     /// The template rendered with its values, for the spec's delivery.
     pub fn rendered(&self) -> String {
-        let template_path = repo_root().join("envoy").join(&self.template);
+        let template_path = self.template_path();
         let template = fs::read_to_string(&template_path)
             .unwrap_or_else(|e| panic!("{}: {e}", template_path.display()));
         let config =
@@ -293,11 +479,19 @@ impl EnvoySpec {
     }
 
     /// Starts Envoy without waiting (for configs that must fail).
-    pub fn spawn(mut self) -> Envoy {
-        let config = match self.config.take() {
-            Some(config) => config,
+    pub fn spawn(self) -> Envoy {
+        self.launch()
+    }
+
+    fn launch(&self) -> Envoy {
+        let mut config = match &self.config {
+            Some(config) => config.clone(),
             None => self.rendered(),
         };
+        // A picked port written into the config before it was picked again.
+        for (old, new) in &self.picked.swaps {
+            config = swap_port(&config, *old, *new);
+        }
         let seq = RUN_SEQ.fetch_add(1, Ordering::SeqCst);
         let dir = repo_root().join("target/e2e").join(format!(
             "{}-{}-{seq}",
@@ -321,6 +515,8 @@ impl EnvoySpec {
         let child = Command::new(&binary)
             .arg("-c")
             .arg(&config_path)
+            .arg("--admin-address-path")
+            .arg(dir.join("admin.address"))
             .args(["--concurrency", &self.concurrency.to_string()])
             .args([
                 "--disable-hot-restart",
@@ -344,15 +540,78 @@ impl EnvoySpec {
             });
         Envoy {
             child,
-            name: self.name,
+            name: self.name.clone(),
             dir,
             admin: SocketAddr::from(([127, 0, 0, 1], admin_port)),
+            values: self.values.clone(),
             exited: None,
         }
     }
 }
 
+/// `addr`, a wildcard made the loopback (where a client reaches it).
+fn loopback(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            SocketAddr::from(([127, 0, 0, 1], addr.port()))
+        }
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+            SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), addr.port())
+        }
+        _ => addr,
+    }
+}
+
 impl Envoy {
+    /// The port placeholder `name` as Envoy ran with it (a picked port as
+    /// finally bound). Panics if it is not a port.
+    pub fn port(&self, name: &str) -> u16 {
+        self.values
+            .get(name)
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("envoy {}: no port {name}", self.name))
+    }
+
+    /// Where listener `name` listens (the port it bound when configured
+    /// with 0), as the admin's `/listeners` says; waits up to 30 s for it
+    /// (a listener pushed over LDS after start).
+    pub async fn listener(&self, name: &str) -> SocketAddr {
+        eventually(
+            &format!("envoy {}: listener {name} bound", self.name),
+            Duration::from_secs(30),
+            || self.listener_now(name),
+        )
+        .await
+    }
+
+    /// Where this Envoy's one listener listens (a config with a single
+    /// listener, whatever its name); waits up to 30 s for it.
+    pub async fn only_listener(&self) -> SocketAddr {
+        eventually(
+            &format!("envoy {}: its one listener bound", self.name),
+            Duration::from_secs(30),
+            || async {
+                let r = client::get(self.admin, "/listeners?format=json")
+                    .await
+                    .ok()?;
+                let listeners: serde_json::Value = serde_json::from_slice(&r.body).ok()?;
+                match listeners["listener_statuses"].as_array()?.as_slice() {
+                    [one] => listener_address(&listeners, one["name"].as_str()?),
+                    _ => None,
+                }
+            },
+        )
+        .await
+    }
+
+    /// Where listener `name` listens now, None if it is not (yet) there.
+    pub async fn listener_now(&self, name: &str) -> Option<SocketAddr> {
+        let r = client::get(self.admin, "/listeners?format=json")
+            .await
+            .ok()?;
+        listener_address(&serde_json::from_slice(&r.body).ok()?, name)
+    }
+
     /// Whether the admin port answers with this Envoy's config file.
     async fn answers_admin(&self) -> bool {
         let config = self.dir.join("envoy.yaml").display().to_string();
@@ -459,6 +718,27 @@ impl Drop for Envoy {
             );
         }
     }
+}
+
+/// The stats prefix of a listener configured at port 0 on `ip`
+/// (`listener.127.0.0.1_0`): Envoy names a listener's stats after the
+/// address in its config, not the port it bound.
+pub fn listener_stats(ip: std::net::IpAddr) -> String {
+    format!("listener.{}", SocketAddr::new(ip, 0)).replace(':', "_")
+}
+
+/// Listener `name`'s address in the admin's `/listeners?format=json`
+/// (`listener_statuses[].local_address`), a wildcard made the loopback;
+/// None while it has no port.
+fn listener_address(listeners: &serde_json::Value, name: &str) -> Option<SocketAddr> {
+    let status = listeners["listener_statuses"]
+        .as_array()?
+        .iter()
+        .find(|l| l["name"] == name)?;
+    let socket = &status["local_address"]["socket_address"];
+    let ip: std::net::IpAddr = socket["address"].as_str()?.parse().ok()?;
+    let port = u16::try_from(socket["port_value"].as_u64()?).ok()?;
+    (port != 0).then(|| loopback(SocketAddr::new(ip, port)))
 }
 
 /// Polls `check` every 25 ms until it returns Some, or panics after
@@ -604,9 +884,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn free_ports_are_distinct_bindable_and_below_the_ephemeral_range() {
+    fn candidate_ports_are_distinct_bindable_and_below_the_ephemeral_range() {
         let (ephemeral_low, _) = ephemeral_ports();
-        let ports: Vec<u16> = (0..50).map(|_| free_port()).collect();
+        let ports: Vec<u16> = (0..50).map(|_| candidate_port()).collect();
         let distinct: std::collections::HashSet<_> = ports.iter().collect();
         assert_eq!(
             distinct.len(),
@@ -620,5 +900,81 @@ mod tests {
                 "{p} not bindable"
             );
         }
+    }
+
+    #[test]
+    fn a_refusing_port_refuses_connections_and_binds_while_held() {
+        let held = RefusingPort::new();
+        for port in [held.port, refusing_port()] {
+            for ip in [[127, 0, 0, 1], [127, 1, 0, 1]] {
+                let refused = std::net::TcpStream::connect(SocketAddr::from((ip, port)))
+                    .expect_err("a connection to a refusing port");
+                assert_eq!(refused.kind(), std::io::ErrorKind::ConnectionRefused);
+                assert!(
+                    TcpListener::bind(SocketAddr::from((ip, port))).is_err(),
+                    "{port} bindable"
+                );
+            }
+        }
+        assert_eq!(refusing_port(), refusing_port(), "one for the process");
+        let port = held.port;
+        drop(held);
+        assert!(TcpListener::bind(("127.0.0.1", port)).is_ok());
+    }
+
+    #[test]
+    fn a_picked_port_is_swapped_in_a_given_config_and_nowhere_else() {
+        let yaml = "admin: {port_value: 20001}\nother: {port_value: 200011}\ncluster: {port_value: 20001}\n";
+        assert_eq!(
+            swap_port(yaml, 20001, 20002),
+            "admin: {port_value: 20002}\nother: {port_value: 200011}\ncluster: {port_value: 20002}\n"
+        );
+        let json = r#"{"port_value": 20001, "b": {"port_value":20001}, "c": 20001}"#;
+        assert_eq!(
+            swap_port(json, 20001, 7),
+            r#"{"port_value": 7, "b": {"port_value":7}, "c": 20001}"#
+        );
+    }
+
+    #[test]
+    fn a_listener_is_found_by_name_at_the_port_it_bound() {
+        let listeners = serde_json::json!({"listener_statuses": [
+            {"name": "inbound", "local_address": {"socket_address": {"address": "0.0.0.0", "port_value": 41234}}},
+            {"name": "outbound", "local_address": {"socket_address": {"address": "::1", "port_value": 41235}}},
+            {"name": "unbound", "local_address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}},
+        ]});
+        assert_eq!(
+            listener_address(&listeners, "inbound"),
+            Some(SocketAddr::from(([127, 0, 0, 1], 41234)))
+        );
+        assert_eq!(
+            listener_address(&listeners, "outbound"),
+            Some("[::1]:41235".parse().unwrap())
+        );
+        assert_eq!(listener_address(&listeners, "unbound"), None);
+        assert_eq!(listener_address(&listeners, "missing"), None);
+    }
+
+    #[test]
+    fn the_admin_port_is_picked_only_where_the_config_points_at_it() {
+        let template = |name: &str| fs::read_to_string(repo_root().join("envoy").join(name)).ok();
+        for (name, picked) in [
+            ("provider-sidecar.yaml", true),
+            ("consumer-sidecar.yaml", true),
+            ("bench-proxy.yaml", true),
+            ("baseline-provider-sidecar.yaml", false),
+            ("l4-balancer.yaml", false),
+            ("bench-upstream.yaml", false),
+        ] {
+            assert_eq!(
+                admin_port_needed_before_start(template(name).as_deref()),
+                picked,
+                "{name}"
+            );
+        }
+        assert!(
+            admin_port_needed_before_start(None),
+            "an unreadable template"
+        );
     }
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use graceful_core::drain::status::Status;
 
 use crate::support::client::{self, Conn, Response};
-use crate::support::envoy::{eventually, free_port, scratch_path, write_eds, Envoy, EnvoySpec};
+use crate::support::envoy::{eventually, scratch_path, write_eds, Envoy, EnvoySpec};
 use crate::support::upstream::Upstream;
 
 /// The closing mark a provider sidecar puts on responses.
@@ -72,17 +72,16 @@ impl ConsumerSidecar {
     ) -> ConsumerSidecar {
         let eds = scratch_path(&format!("{name}-eds"), "yaml");
         write_eds(&eds, "providers", endpoints);
-        let port = free_port();
         let envoy = EnvoySpec::new(name, "consumer-sidecar.yaml")
-            .set("OUTBOUND_PORT", port)
+            .set("OUTBOUND_PORT", 0)
             .set("EDS_PATH", eds.display())
             .set("CONSUMER_CONFIG", config)
             .set("RETRIES", retries)
             .start()
             .await;
         let sidecar = ConsumerSidecar {
+            outbound: envoy.listener("outbound").await,
             envoy,
-            outbound: SocketAddr::from(([127, 0, 0, 1], port)),
             eds,
             ups,
         };
@@ -173,18 +172,17 @@ impl ProviderSidecar {
         provider_config: &str,
     ) -> ProviderSidecar {
         let app = Upstream::start().await;
-        let port = free_port();
         let envoy = EnvoySpec::new(name, "provider-sidecar.yaml")
             .set("LISTEN_ADDRESS", listen)
-            .set("INBOUND_PORT", port)
+            .set("INBOUND_PORT", 0)
             .set("APP_PORT", app.addr.port())
             .set("DRAIN_CONFIG", drain_config)
             .set("PROVIDER_CONFIG", provider_config)
             .start()
             .await;
         ProviderSidecar {
+            inbound: envoy.listener("inbound").await,
             envoy,
-            inbound: SocketAddr::new(listen, port),
             app,
         }
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::support::client;
-use crate::support::envoy::{eventually, free_port, repo_root, scratch_path};
+use crate::support::envoy::{candidate_port, lost_a_port, repo_root, scratch_path};
 use crate::support::logged::LoggedProcess;
 
 /// The scrape's relabelling the rules file asks of a native module's
@@ -56,29 +56,47 @@ impl Prometheus {
         }
         let config_path = dir.join("prometheus.yml");
         fs::write(&config_path, config).unwrap_or_else(|e| panic!("{e}"));
-        let port = free_port();
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        // `make test-tools` installs it (Debian's prometheus).
-        let mut cmd = Command::new("prometheus");
-        cmd.arg(format!("--config.file={}", config_path.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.join("data").display()
-            ))
-            .arg(format!("--web.listen-address={addr}"));
-        let p = Prometheus {
-            process: LoggedProcess::spawn("prometheus", cmd, &dir, |_| {}),
-            addr,
-        };
-        eventually("Prometheus ready", Duration::from_secs(30), || async {
-            client::get(p.addr, "/-/ready")
-                .await
-                .ok()
-                .filter(|r| r.status == 200)
-                .map(|_| ())
-        })
-        .await;
-        p
+        // Prometheus cannot say which port it bound for `:0`: a picked
+        // port, and a new one when Prometheus exits because it was taken.
+        for _ in 0..8 {
+            let addr = SocketAddr::from(([127, 0, 0, 1], candidate_port()));
+            // `make test-tools` installs it (Debian's prometheus).
+            let mut cmd = Command::new("prometheus");
+            cmd.arg(format!("--config.file={}", config_path.display()))
+                .arg(format!(
+                    "--storage.tsdb.path={}",
+                    dir.join("data").display()
+                ))
+                .arg(format!("--web.listen-address={addr}"));
+            let mut p = Prometheus {
+                process: LoggedProcess::spawn("prometheus", cmd, &dir, |_| {}),
+                addr,
+            };
+            let deadline = std::time::Instant::now() + Duration::from_secs(30);
+            let ready = loop {
+                if client::get(p.addr, "/-/ready")
+                    .await
+                    .is_ok_and(|r| r.status == 200)
+                {
+                    break true;
+                }
+                let exited = p.process.child.try_wait().ok().flatten().is_some();
+                if exited && lost_a_port(&p.process.log()) {
+                    break false;
+                }
+                assert!(
+                    !exited && std::time::Instant::now() < deadline,
+                    "Prometheus not ready within 30 s (exited: {exited})"
+                );
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            };
+            if ready {
+                return p;
+            }
+            eprintln!("Prometheus: {addr} was taken; starting it again on another port");
+            let _ = p.process.child.wait();
+        }
+        panic!("Prometheus lost its port 8 times");
     }
 
     /// `GET` an API path; the JSON's `data`.

@@ -37,7 +37,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use futures_util::future::join_all;
 
 use crate::support::client::{self, GrpcEvent, GrpcStream, H2Conn};
-use crate::support::envoy::{free_port, repo_root, terminate, Envoy, EnvoySpec};
+use crate::support::envoy::{candidate_port, repo_root, terminate, Envoy, EnvoySpec};
 use crate::support::load::{Load, Protocol, Sample, Shape};
 use crate::support::procfs::rss_kb;
 use crate::support::run_report::{ProviderEvents, RunReport};
@@ -206,10 +206,15 @@ impl Default for DemoConfig {
     }
 }
 
-/// A port free on every provider address.
+/// A port free on every provider address. Known before the providers
+/// start, not bound by them at 0: each provider has a loopback address of
+/// its own (127.0.0.11 up, a pod's), the registry lists it, and a restart
+/// comes back at the same address; a candidate is below the ephemeral
+/// range, where only explicit binds meet, and nothing else binds these
+/// addresses.
 fn port_free_on(ips: &[Ipv4Addr]) -> u16 {
     for _ in 0..50 {
-        let port = free_port();
+        let port = candidate_port();
         if ips.iter().all(|ip| TcpListener::bind((*ip, port)).is_ok()) {
             return port;
         }
@@ -663,7 +668,6 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
         let envoy = r.start_provider_envoy(p).await;
         p.envoy = Some(envoy);
     }
-    let outbound_port = free_port();
     let consumer_access_log = dir.join("access-consumer.log");
     let consumer_template = if config.balancer {
         "l4-balancer.yaml"
@@ -673,7 +677,7 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
         "baseline-consumer-sidecar.yaml"
     };
     let mut consumer = EnvoySpec::new(&format!("{name}-consumer"), consumer_template)
-        .set("OUTBOUND_PORT", outbound_port)
+        .set("OUTBOUND_PORT", 0)
         .set("CONSUMER_CONFIG", &config.consumer_config)
         .set("ACCESS_LOG", consumer_access_log.display());
     for (placeholder, value) in config.retry.values() {
@@ -722,7 +726,7 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
     r.epoch = Instant::now();
     r.epoch_unix_ms = unix_ms();
     let load = Load::start_shaped(
-        SocketAddr::from(([127, 0, 0, 1], outbound_port)),
+        consumer.only_listener().await,
         config.protocol,
         config.rate,
         config.connections,
