@@ -123,6 +123,9 @@ fn wait_param(query: &[u8]) -> Result<Option<Duration>, String> {
     Ok(wait)
 }
 
+/// The status of a refusal to a source outside `allowed_sources`.
+const FORBIDDEN: u32 = 403;
+
 /// A local reply for the glue to send.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
@@ -192,9 +195,14 @@ impl Reply {
         Reply::json(if s.drained { 200 } else { 503 }, s)
     }
 
-    /// `closing` from a source outside `allowed_sources`.
+    /// Any endpoint but readiness and gRPC health from a source outside
+    /// `allowed_sources`: the bare word, so an outsider learns nothing
+    /// about the instance (nor is it stamped: [`Stamp::headers`]).
     pub fn forbidden() -> Reply {
-        Reply::text(403, "forbidden: source address not in allowed_sources")
+        Reply {
+            body: "forbidden".to_string(),
+            ..Reply::text(FORBIDDEN, "")
+        }
     }
 
     /// More long-polls than `max_waiters` at once.
@@ -252,13 +260,18 @@ impl Stamp {
         Stamp { identity, address }
     }
 
-    /// The reply's headers, then the instance header and the address.
+    /// The reply's headers, then the instance header and the address; a
+    /// 403 gets neither: it answers a caller outside `allowed_sources`, who
+    /// must not learn the instance id or the address it reached.
     pub fn headers<'a>(&'a self, reply: &'a Reply) -> Vec<(&'a str, &'a str)> {
         let mut headers: Vec<(&str, &str)> = reply
             .headers
             .iter()
             .map(|(k, v)| (*k, v.as_str()))
             .collect();
+        if reply.status == FORBIDDEN {
+            return headers;
+        }
         if let Some((name, id)) = &self.identity {
             headers.push((name, id));
         }
@@ -323,7 +336,7 @@ mod tests {
     fn a_stamp_adds_the_published_identity_and_the_address() {
         use crate::shared::store::SharedStore;
         let store = crate::shared::store::MemStore::new();
-        let reply = Reply::forbidden();
+        let reply = Reply::ready(Phase::Serving);
         let bare = Stamp::read(&store, None);
         assert_eq!(bare.headers(&reply).len(), reply.headers.len());
         store
@@ -342,6 +355,24 @@ mod tests {
                 (crate::shared::headers::ADDRESS, "10.0.0.1:80")
             ]
         );
+    }
+
+    #[test]
+    fn a_403_says_only_forbidden_and_carries_no_identity_or_address() {
+        use crate::shared::store::SharedStore;
+        let store = crate::shared::store::MemStore::new();
+        store
+            .set(
+                crate::shared::keys::IDENTITY.name,
+                &crate::shared::instance::encode_identity("x-graceful-instance", "i-1"),
+                0,
+            )
+            .unwrap();
+        let stamp = Stamp::read(&store, Some("10.0.0.1:80".into()));
+        let reply = Reply::forbidden();
+        assert_eq!((reply.status, reply.body.as_str()), (403, "forbidden"));
+        let names: Vec<&str> = stamp.headers(&reply).iter().map(|(k, _)| *k).collect();
+        assert_eq!(names, ["content-type", "cache-control"]);
     }
 
     fn r(method: &str, path: &str) -> Route {
