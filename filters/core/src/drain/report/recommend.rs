@@ -646,7 +646,12 @@ mod tests {
     }
 
     proptest::proptest! {
-        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(2000))]
+        // No regression files: the suites keep their seeds in the tests.
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 2000,
+            failure_persistence: None,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
 
         /// Whatever was measured and configured, the drain config's parser
         /// takes every recommendation as it is.
