@@ -9,12 +9,15 @@
 //! measure the sets in reverse order, so a drift during a round weighs on
 //! both ends of it alike.
 
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use graceful_harness::products::bench::{
     chart, dead_hosts, filter_sets, round_order, start_proxy, start_upstream, unqueued, wrk,
-    wrk_with_cpu, Paired, SetResult, WrkResult,
+    wrk_with_cpu, FilterSet, Paired, SetResult, WrkResult,
 };
 use graceful_harness::products::bench_count::committed_counts;
 use graceful_harness::products::demo::{run, DemoConfig, Mode};
@@ -107,31 +110,38 @@ async fn churn() -> Churn {
     }
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> ExitCode {
-    let mut duration = Duration::from_secs(10);
-    let mut rounds = 3;
-    let mut quick = false;
-    let mut only: Option<Vec<String>> = None;
-    let mut pairs: Vec<(String, String)> = Vec::new();
-    let mut args = std::env::args().skip(1);
+/// The command line.
+struct Flags {
+    duration: Duration,
+    rounds: usize,
+    quick: bool,
+    only: Option<Vec<String>>,
+    pairs: Vec<(String, String)>,
+}
+
+/// The flags, or the message for a bad command line.
+fn parse_flags(mut args: impl Iterator<Item = String>) -> Result<Flags, String> {
+    let mut flags = Flags {
+        duration: Duration::from_secs(10),
+        rounds: 3,
+        quick: false,
+        only: None,
+        pairs: Vec::new(),
+    };
     while let Some(flag) = args.next() {
         if flag == "--quick" {
-            quick = true;
+            flags.quick = true;
             continue;
         }
         if flag == "--pair" {
             match args.next().as_deref().and_then(|v| v.split_once(':')) {
-                Some((a, b)) => pairs.push((a.to_string(), b.to_string())),
-                None => {
-                    eprintln!("bench: --pair takes SET:AGAINST");
-                    return ExitCode::from(2);
-                }
+                Some((a, b)) => flags.pairs.push((a.to_string(), b.to_string())),
+                None => return Err("bench: --pair takes SET:AGAINST".into()),
             }
             continue;
         }
         if flag == "--sets" {
-            only = args
+            flags.only = args
                 .next()
                 .map(|v| v.split(',').map(str::to_string).collect());
             continue;
@@ -140,96 +150,93 @@ async fn main() -> ExitCode {
             flag.as_str(),
             args.next().and_then(|v| v.parse::<u64>().ok()),
         ) {
-            ("--duration", Some(s)) => duration = Duration::from_secs(s),
-            ("--rounds", Some(n)) => rounds = n as usize,
-            _ => {
-                eprintln!(
-                    "usage: bench [--duration S] [--rounds N] [--quick] [--sets a,b] [--pair a:b]..."
-                );
-                return ExitCode::from(2);
-            }
+            ("--duration", Some(s)) => flags.duration = Duration::from_secs(s),
+            ("--rounds", Some(n)) => flags.rounds = n as usize,
+            _ => return Err(
+                "usage: bench [--duration S] [--rounds N] [--quick] [--sets a,b] [--pair a:b]..."
+                    .into(),
+            ),
         }
     }
-    let (upstream, upstream_addrs) = start_upstream().await;
-    let sets: Vec<_> = filter_sets()
-        .into_iter()
-        .filter(|s| s.name == "none" || only.as_ref().is_none_or(|o| o.iter().any(|n| n == s.name)))
-        .collect();
-    let mut rounds_by_set: Vec<Vec<WrkResult>> = vec![Vec::new(); sets.len()];
-    let mut unqueued_by_set: Vec<Vec<WrkResult>> = vec![Vec::new(); sets.len()];
-    let mut rss: Vec<u64> = vec![0; sets.len()];
-    for (a, b) in &pairs {
-        for name in [a, b] {
-            if !sets.iter().any(|s| s.name == name.as_str()) {
-                eprintln!("bench: --pair names {name}, which is not a measured set");
-                return ExitCode::from(2);
-            }
-        }
+    Ok(flags)
+}
+
+/// What the rounds measured, per set in `sets` order.
+struct Measured {
+    saturated: Vec<Vec<WrkResult>>,
+    unqueued: Vec<Vec<WrkResult>>,
+    rss: Vec<u64>,
+}
+
+/// One set in one round: saturated, then on one connection; Envoy's RSS.
+async fn measure_set(
+    set: &FilterSet,
+    round: usize,
+    upstream_addrs: &[SocketAddr],
+    duration: Duration,
+) -> Result<(WrkResult, WrkResult, u64), String> {
+    // Tombstoned hosts must be members of the cluster for steering to
+    // be needed: add that many hosts that refuse connections.
+    let dead = dead_hosts(set.tombstones, refusing_port());
+    let (proxy, addr) = start_proxy(set, upstream_addrs, &dead).await;
+    // Warm the connections, the JIT and the caches; not measured.
+    wrk(addr, CONNECTIONS, Duration::from_secs(2))?;
+    let saturated = wrk_with_cpu(proxy.pid(), addr, CONNECTIONS, duration)?;
+    let one = unqueued(proxy.pid(), addr, duration)?;
+    if saturated.non_2xx > 0 || one.non_2xx > 0 {
+        // A failed request costs what a failure costs: the set
+        // would not measure what it is named for.
+        return Err(format!(
+            "{} answered {} requests with other than 2xx",
+            set.name,
+            saturated.non_2xx + one.non_2xx
+        ));
     }
-    for round in 0..rounds {
-        for i in round_order(round, sets.len()) {
-            let set = &sets[i];
-            // Tombstoned hosts must be members of the cluster for steering to
-            // be needed: add that many hosts that refuse connections.
-            let dead = dead_hosts(set.tombstones, refusing_port());
-            let (proxy, addr) = start_proxy(set, &upstream_addrs, &dead).await;
-            // Warm the connections, the JIT and the caches; not measured.
-            if let Err(e) = wrk(addr, CONNECTIONS, Duration::from_secs(2)) {
-                eprintln!("bench: {e}");
-                return ExitCode::FAILURE;
-            }
-            let measured = wrk_with_cpu(proxy.pid(), addr, CONNECTIONS, duration)
-                .and_then(|r| Ok((r, unqueued(proxy.pid(), addr, duration)?)));
-            let (saturated, one) = match measured {
-                Ok(m) => m,
-                Err(e) => {
-                    eprintln!("bench: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            if saturated.non_2xx > 0 || one.non_2xx > 0 {
-                // A failed request costs what a failure costs: the set
-                // would not measure what it is named for.
-                eprintln!(
-                    "bench: {} answered {} requests with other than 2xx",
-                    set.name,
-                    saturated.non_2xx + one.non_2xx
-                );
-                return ExitCode::FAILURE;
-            }
-            println!(
-                "round {} {:<26} {:>9.0} req/s  p50 {:>6.0} us  p99 {:>6.0} us  CPU {:>5.1} us/request",
-                round + 1,
-                set.name,
-                saturated.rps,
-                saturated.p50_us,
-                saturated.p99_us,
-                saturated.cpu_us_per_request
-            );
-            println!(
-                "        one connection             p50 {:>6.0} us  p99 {:>6.0} us",
-                one.p50_us, one.p99_us
-            );
-            rounds_by_set[i].push(saturated);
-            unqueued_by_set[i].push(one);
-            rss[i] = rss[i].max(rss_kb(proxy.pid()));
-        }
-    }
-    drop(upstream);
-    let rounds_of = |name: &str| {
-        sets.iter()
-            .position(|s| s.name == name)
-            .map(|i| rounds_by_set[i].clone())
-            .unwrap_or_default()
+    println!(
+        "round {} {:<26} {:>9.0} req/s  p50 {:>6.0} us  p99 {:>6.0} us  CPU {:>5.1} us/request",
+        round + 1,
+        set.name,
+        saturated.rps,
+        saturated.p50_us,
+        saturated.p99_us,
+        saturated.cpu_us_per_request
+    );
+    println!(
+        "        one connection             p50 {:>6.0} us  p99 {:>6.0} us",
+        one.p50_us, one.p99_us
+    );
+    Ok((saturated, one, rss_kb(proxy.pid())))
+}
+
+/// Every round, each in its order of the sets.
+async fn measure_rounds(
+    sets: &[FilterSet],
+    upstream_addrs: &[SocketAddr],
+    flags: &Flags,
+) -> Result<Measured, String> {
+    let mut m = Measured {
+        saturated: vec![Vec::new(); sets.len()],
+        unqueued: vec![Vec::new(); sets.len()],
+        rss: vec![0; sets.len()],
     };
-    let paired: Vec<Paired> = pairs
-        .iter()
-        .filter_map(|(a, b)| Paired::new(a, &rounds_of(a), b, &rounds_of(b)))
-        .collect();
+    for round in 0..flags.rounds {
+        for i in round_order(round, sets.len()) {
+            let (saturated, one, rss) =
+                measure_set(&sets[i], round, upstream_addrs, flags.duration).await?;
+            m.saturated[i].push(saturated);
+            m.unqueued[i].push(one);
+            m.rss[i] = m.rss[i].max(rss);
+        }
+    }
+    Ok(m)
+}
+
+/// Each set's result, with what it adds over the first (`none`).
+fn set_results(sets: &[FilterSet], m: Measured) -> Vec<(String, SetResult)> {
     let mut results: Vec<(String, SetResult)> = sets
         .iter()
-        .zip(rounds_by_set.into_iter().zip(unqueued_by_set))
-        .zip(&rss)
+        .zip(m.saturated.into_iter().zip(m.unqueued))
+        .zip(&m.rss)
         .map(|((set, (rounds, unqueued)), rss)| {
             (
                 set.name.to_string(),
@@ -245,34 +252,43 @@ async fn main() -> ExitCode {
         r.unqueued_p50_added_us = r.unqueued_p50_us - base.unqueued_p50_us;
         r.unqueued_p99_added_us = r.unqueued_p99_us - base.unqueued_p99_us;
     }
-    // One figure per set, for reading latest.json at a glance.
-    let summary = |figure: fn(&SetResult) -> f64, decimals: i32| {
-        let scale = 10f64.powi(decimals);
-        results
-            .iter()
-            .map(|(name, r)| {
-                (
-                    name.clone(),
-                    serde_json::json!((figure(r) * scale).round() / scale),
-                )
-            })
-            .collect::<serde_json::Map<_, _>>()
-    };
-    let ratio = summary(|r| r.throughput_ratio, 3);
-    let cpu_added = summary(|r| r.cpu_us_added, 0);
-    let added = summary(|r| r.p99_added_us, 0);
-    let unqueued_p50_added = summary(|r| r.unqueued_p50_added_us, 0);
-    let unqueued_p99_added = summary(|r| r.unqueued_p99_added_us, 0);
-    // Counts first: they hold on a shared host, where the µs below move.
+    results
+}
+
+/// One figure per set, for reading latest.json at a glance.
+fn summary(
+    results: &[(String, SetResult)],
+    figure: fn(&SetResult) -> f64,
+    decimals: i32,
+) -> serde_json::Map<String, serde_json::Value> {
+    let scale = 10f64.powi(decimals);
+    results
+        .iter()
+        .map(|(name, r)| {
+            (
+                name.clone(),
+                serde_json::json!((figure(r) * scale).round() / scale),
+            )
+        })
+        .collect()
+}
+
+/// The committed instruction counts, per set, and the file they are from.
+fn committed() -> (PathBuf, BTreeMap<String, u64>) {
     let count_json = graceful_harness::support::envoy::repo_root().join("bench/results/count.json");
     let counts = committed_counts(&count_json).unwrap_or_else(|e| {
         eprintln!("bench: no counts to quote ({e}): run make bench-count");
         Default::default()
     });
-    let count_of = |name: &str| counts.get(name).copied();
-    let count_none = count_of("none");
+    (count_json, counts)
+}
+
+/// The table of every set, counts first: they hold on a shared host,
+/// where the µs after them move.
+fn print_table(results: &[(String, SetResult)], count_json: &Path, counts: &BTreeMap<String, u64>) {
+    let count_none = counts.get("none").copied();
     let count_text = |name: &str| -> (String, String) {
-        match (count_of(name), count_none) {
+        match (counts.get(name).copied(), count_none) {
             (Some(n), Some(base)) => (n.to_string(), format!("{:+}", n as i64 - base as i64)),
             (Some(n), None) => (n.to_string(), String::new()),
             _ => ("-".into(), "-".into()),
@@ -297,7 +313,7 @@ async fn main() -> ExitCode {
         "1-conn p99 +us",
         "RSS KiB"
     );
-    for (name, r) in &results {
+    for (name, r) in results {
         let (count, count_added) = count_text(name);
         println!(
             "{:<26} {:>10} {:>10} {:>8.0} {:>7.3} {:>8.1} {:>9.1} {:>9.0} {:>9.0} {:>14.0} {:>14.0} {:>9}",
@@ -315,7 +331,10 @@ async fn main() -> ExitCode {
             r.rss_kb
         );
     }
-    for p in &paired {
+}
+
+fn print_paired(paired: &[Paired]) {
+    for p in paired {
         let rounds: Vec<String> = p
             .cpu_us_added_per_round
             .iter()
@@ -329,80 +348,147 @@ async fn main() -> ExitCode {
             p.cpu_us_added_median
         );
     }
-    let churn = if quick { None } else { Some(churn().await) };
+}
+
+/// A rolling shutdown per mode, then the soak.
+async fn shutdown_runs() -> (Vec<(String, RunReport)>, RunReport) {
+    let mut shutdown = Vec::new();
+    let config = DemoConfig {
+        work_dir: graceful_harness::support::envoy::repo_root().join("target/bench"),
+        ..DemoConfig::default()
+    };
+    for mode in [Mode::Graceful, Mode::Baseline, Mode::RegistryOnly] {
+        let (report, _) = run(&config, mode).await;
+        println!("{}", report.line(mode.name()));
+        shutdown.push((mode.name().to_string(), report));
+    }
+    // The soak: an hour of rollouts compressed into minutes, providers
+    // closing and coming back round and round under load.
+    let soak_config = DemoConfig {
+        restarts: SOAK_RESTARTS,
+        rate: 300,
+        settle: Duration::from_millis(500),
+        warmup: Duration::from_secs(2),
+        drain_config:
+            r#"{"admin_cluster":"envoy_admin","consumer_update_wait":"1s","quiet_window":"200ms"}"#
+                .into(),
+        work_dir: graceful_harness::support::envoy::repo_root().join("target/bench-soak"),
+        ..DemoConfig::default()
+    };
+    let (report, _) = run(&soak_config, Mode::Graceful).await;
+    println!(
+        "{}; consumer RSS {} -> {} KiB, outbound in flight at the end {:?}",
+        report.line("soak"),
+        report.consumer_rss_kb[0],
+        report.consumer_rss_kb[1],
+        report.consumer_inflight_end
+    );
+    (shutdown, report)
+}
+
+/// latest.json and chart.svg into bench/results.
+fn write_results(out: &Results, svg: String) -> std::io::Result<()> {
+    let dir = graceful_harness::support::envoy::repo_root().join("bench/results");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(
+        dir.join("latest.json"),
+        serde_json::to_string_pretty(out).unwrap_or_default(),
+    )?;
+    std::fs::write(dir.join("chart.svg"), svg)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    let flags = match parse_flags(std::env::args().skip(1)) {
+        Ok(f) => f,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (upstream, upstream_addrs) = start_upstream().await;
+    let sets: Vec<_> = filter_sets()
+        .into_iter()
+        .filter(|s| {
+            s.name == "none"
+                || flags
+                    .only
+                    .as_ref()
+                    .is_none_or(|o| o.iter().any(|n| n == s.name))
+        })
+        .collect();
+    for (a, b) in &flags.pairs {
+        for name in [a, b] {
+            if !sets.iter().any(|s| s.name == name.as_str()) {
+                eprintln!("bench: --pair names {name}, which is not a measured set");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let measured = match measure_rounds(&sets, &upstream_addrs, &flags).await {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    drop(upstream);
+    let rounds_of = |name: &str| {
+        sets.iter()
+            .position(|s| s.name == name)
+            .map(|i| measured.saturated[i].clone())
+            .unwrap_or_default()
+    };
+    let paired: Vec<Paired> = flags
+        .pairs
+        .iter()
+        .filter_map(|(a, b)| Paired::new(a, &rounds_of(a), b, &rounds_of(b)))
+        .collect();
+    let results = set_results(&sets, measured);
+    let (count_json, counts) = committed();
+    print_table(&results, &count_json, &counts);
+    print_paired(&paired);
+    let churn = if flags.quick {
+        None
+    } else {
+        Some(churn().await)
+    };
     if let Some(c) = &churn {
         println!(
             "\nchurn of {} hosts: (evictions, live tombstones, tombstone bytes, RSS KiB) {:?}",
             c.hosts, c.samples
         );
     }
-    let mut shutdown = Vec::new();
-    let mut soak = None;
-    if !quick {
-        let config = DemoConfig {
-            work_dir: graceful_harness::support::envoy::repo_root().join("target/bench"),
-            ..DemoConfig::default()
-        };
-        for mode in [Mode::Graceful, Mode::Baseline, Mode::RegistryOnly] {
-            let (report, _) = run(&config, mode).await;
-            println!("{}", report.line(mode.name()));
-            shutdown.push((mode.name().to_string(), report));
-        }
-        // The soak: an hour of rollouts compressed into minutes, providers
-        // closing and coming back round and round under load.
-        let soak_config = DemoConfig {
-            restarts: SOAK_RESTARTS,
-            rate: 300,
-            settle: Duration::from_millis(500),
-            warmup: Duration::from_secs(2),
-            drain_config: r#"{"admin_cluster":"envoy_admin","consumer_update_wait":"1s","quiet_window":"200ms"}"#.into(),
-            work_dir: graceful_harness::support::envoy::repo_root().join("target/bench-soak"),
-            ..DemoConfig::default()
-        };
-        let (report, _) = run(&soak_config, Mode::Graceful).await;
-        println!(
-            "{}; consumer RSS {} -> {} KiB, outbound in flight at the end {:?}",
-            report.line("soak"),
-            report.consumer_rss_kb[0],
-            report.consumer_rss_kb[1],
-            report.consumer_inflight_end
-        );
-        soak = Some(report);
-    }
+    let (shutdown, soak) = if flags.quick {
+        (Vec::new(), None)
+    } else {
+        let (shutdown, soak) = shutdown_runs().await;
+        (shutdown, Some(soak))
+    };
     let chart_rows: Vec<(&str, &SetResult)> =
         results.iter().map(|(n, r)| (n.as_str(), r)).collect();
     let svg = chart(&chart_rows);
-    let instructions_per_request = results
-        .iter()
-        .filter_map(|(name, _)| Some((name.clone(), count_of(name)?)))
-        .collect();
     let out = Results {
-        instructions_per_request,
+        instructions_per_request: results
+            .iter()
+            .filter_map(|(name, _)| Some((name.clone(), counts.get(name).copied()?)))
+            .collect(),
         envoy: "1.40.0",
         load: format!("wrk -t1 -c{CONNECTIONS}, HTTP/1.1 keep-alive, Envoy --concurrency 1, direct_response upstream"),
-        rounds,
-        duration_s: duration.as_secs(),
+        rounds: flags.rounds,
+        duration_s: flags.duration.as_secs(),
+        throughput_ratio: summary(&results, |r| r.throughput_ratio, 3),
+        cpu_us_added: summary(&results, |r| r.cpu_us_added, 0),
+        p99_added_us: summary(&results, |r| r.p99_added_us, 0),
+        unqueued_p50_added_us: summary(&results, |r| r.unqueued_p50_added_us, 0),
+        unqueued_p99_added_us: summary(&results, |r| r.unqueued_p99_added_us, 0),
         sets: results,
-        throughput_ratio: ratio,
-        cpu_us_added: cpu_added,
-        p99_added_us: added,
-        unqueued_p50_added_us: unqueued_p50_added,
-        unqueued_p99_added_us: unqueued_p99_added,
         paired,
         churn,
         shutdown,
         soak,
     };
-    let dir = graceful_harness::support::envoy::repo_root().join("bench/results");
-    let written = std::fs::create_dir_all(&dir)
-        .and_then(|()| {
-            std::fs::write(
-                dir.join("latest.json"),
-                serde_json::to_string_pretty(&out).unwrap_or_default(),
-            )
-        })
-        .and_then(|()| std::fs::write(dir.join("chart.svg"), svg));
-    if let Err(e) = written {
+    if let Err(e) = write_results(&out, svg) {
         eprintln!("bench: cannot write results: {e}");
         return ExitCode::FAILURE;
     }
