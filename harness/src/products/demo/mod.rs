@@ -621,6 +621,223 @@ fn started_after(access_log: &Path, started: &HashMap<u64, u64>, seen_unix_ms: u
         .count() as u64
 }
 
+impl Run<'_> {
+    /// The providers, one per address in `ips`, each app and sidecar started.
+    async fn start_providers(
+        &self,
+        ips: &[Ipv4Addr],
+        inbound_port: u16,
+        app_port: u16,
+    ) -> Vec<Provider> {
+        let mut providers: Vec<Provider> = ips
+            .iter()
+            .enumerate()
+            .map(|(i, ip)| Provider {
+                index: i + 1,
+                inbound: SocketAddr::from((*ip, inbound_port)),
+                app_addr: SocketAddr::from((*ip, app_port)),
+                envoy: None,
+                xds: None,
+                app: None,
+                generation: 0,
+                access_logs: Vec::new(),
+            })
+            .collect();
+        for p in &mut providers {
+            p.app = Some(self.start_app(p));
+            let envoy = self.start_provider_envoy(p).await;
+            p.envoy = Some(envoy);
+        }
+        providers
+    }
+
+    /// The consumer's sidecar, its config over a real xDS stream as from
+    /// istiod: listener (LDS), graceful_consumer's config (ECDS), the
+    /// providers (EDS, from the registry); returned once it sees them all.
+    async fn start_consumer(&self, providers: &[Provider], access_log: &Path) -> (Envoy, Registry) {
+        let (config, name) = (self.config, self.name());
+        let template = if config.balancer {
+            "l4-balancer.yaml"
+        } else if self.mode.graceful() {
+            "consumer-sidecar.yaml"
+        } else {
+            "baseline-consumer-sidecar.yaml"
+        };
+        let mut consumer = EnvoySpec::new(&format!("{name}-consumer"), template)
+            .set("OUTBOUND_PORT", 0)
+            .set("CONSUMER_CONFIG", &config.consumer_config)
+            .set("ACCESS_LOG", access_log.display());
+        for (placeholder, value) in config.retry.values() {
+            consumer = consumer.set(placeholder, value);
+        }
+        let xds = XdsServer::start(&format!("{name}-{}", std::process::id())).await;
+        let mut ads = AdsConfig::split(
+            &consumer.rendered(),
+            "consumer",
+            xds.port,
+            &["graceful_consumer"],
+        );
+        if let Some(fields) = config.providers_cluster.as_object() {
+            let clusters = ads.bootstrap["static_resources"]["clusters"].as_array_mut();
+            let providers_cluster = clusters
+                .into_iter()
+                .flatten()
+                .find(|c| c["name"] == "providers")
+                .unwrap_or_else(|| panic!("{template}: no providers cluster"));
+            for (field, value) in fields {
+                providers_cluster[field] = value.clone();
+            }
+        }
+        let registry = Registry::new(
+            xds,
+            ads.resources(),
+            providers.iter().map(|p| p.inbound).collect(),
+            config.registry_lag,
+        );
+        let consumer = ads.spec(consumer).start().await;
+        crate::support::envoy::eventually(
+            &format!("consumer sees {} providers", config.providers),
+            Duration::from_secs(20),
+            || async {
+                (consumer.stat("cluster.providers.membership_healthy").await
+                    == Some(config.providers as u64))
+                .then_some(())
+            },
+        )
+        .await;
+        (consumer, registry)
+    }
+
+    /// The shutdowns under load: `scale_down_by` providers at once, gone
+    /// from the consumer's membership; else `restarts` in turn, each back.
+    async fn shut_downs(
+        &self,
+        providers: &mut [Provider],
+        registry: &Registry,
+        consumer: &Envoy,
+    ) -> Vec<ProviderEvents> {
+        let config = self.config;
+        if config.scale_down_by > 0 {
+            let leaving = providers.iter_mut().take(config.scale_down_by);
+            let events = join_all(leaving.map(|p| self.shut_down(p, registry))).await;
+            // The load goes on until the consumer's Envoy has the registry's
+            // update (a registry slower than the drain drops them after they
+            // are gone), then for the tail.
+            let remaining = (config.providers - config.scale_down_by) as u64;
+            crate::support::envoy::eventually(
+                "the registry drops the leaving providers",
+                config.registry_lag + Duration::from_secs(30),
+                || async {
+                    (consumer.stat("cluster.providers.membership_total").await == Some(remaining))
+                        .then_some(())
+                },
+            )
+            .await;
+            return events;
+        }
+        let mut events = Vec::new();
+        for i in 0..config.restarts {
+            // Providers go down in turn, round and round for long runs (a soak).
+            let n = providers.len();
+            let p = &mut providers[i % n];
+            let mut ev = self.shut_down(p, registry).await;
+            self.come_back(p, registry, &mut ev).await;
+            events.push(ev);
+            // Wait for the registry to carry the new instance, then let it settle.
+            tokio::time::sleep(config.registry_lag + config.settle).await;
+        }
+        events
+    }
+
+    /// The consumer's outbound requests in flight once all have ended: it
+    /// must come to 0 (the gauge is refreshed every `membership_refresh`,
+    /// 1 s: give it 3). Plain Envoy has no such gauge: None.
+    async fn inflight_end(&self, consumer: &Envoy) -> Option<u64> {
+        if !self.mode.graceful() || self.config.balancer {
+            return None;
+        }
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            // The native module over the stand-in's stream keeps Envoy's
+            // default stats namespace (crate::support::xds::by_module_name).
+            let n = match consumer.stat("wasmcustom.graceful_consumer_inflight").await {
+                Some(n) => Some(n),
+                None => {
+                    consumer
+                        .stat("dynamicmodulescustom.graceful_consumer_inflight")
+                        .await
+                }
+            };
+            if n == Some(0) || Instant::now() >= deadline {
+                return n;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// When the consumer saw each provider closing, and the requests that
+    /// reached it after that, from the logs.
+    fn note_seen(
+        &self,
+        events: &mut [ProviderEvents],
+        providers: &[Provider],
+        consumer_log: &str,
+        consumer_access_log: &Path,
+    ) {
+        // Numbered requests: when the consumer started each one.
+        let started = if self.config.shape.numbered {
+            Some(numbered_starts(consumer_access_log))
+        } else {
+            None
+        };
+        for ev in events {
+            let p = &providers[ev.provider - 1];
+            ev.seen_ms = match self.mode {
+                Mode::Graceful => self
+                    .seen_ms(consumer_log, p, ev.closing_ms)
+                    .unwrap_or(ev.closing_ms),
+                Mode::Baseline | Mode::RegistryOnly | Mode::Killed | Mode::KilledBaseline => {
+                    ev.closing_ms
+                }
+            };
+            let seen_unix_ms = self.epoch_unix_ms + ev.seen_ms;
+            ev.after_closing = arrivals_since(&ev.access_log, seen_unix_ms);
+            ev.started_after_seen = started
+                .as_ref()
+                .map(|started| started_after(&ev.access_log, started, seen_unix_ms));
+        }
+    }
+}
+
+/// Every sample of the load, as `samples.csv` in `dir`.
+fn write_samples(dir: &Path, samples: &[Sample]) {
+    let csv: String = std::iter::once("due_ms,latency_us,ok,served_by,marked,long\n".to_string())
+        .chain(samples.iter().map(|s| {
+            format!(
+                "{},{},{},{},{},{}\n",
+                s.due_ms,
+                s.latency_us,
+                u8::from(s.ok),
+                s.served_by,
+                u8::from(s.marked),
+                u8::from(s.long)
+            )
+        }))
+        .collect();
+    let _ = std::fs::write(dir.join("samples.csv"), csv);
+}
+
+/// Each provider's sidecar and app, stopped.
+fn stop_providers(providers: &mut [Provider]) {
+    for p in providers {
+        drop(p.envoy.take());
+        if let Some(mut app) = p.app.take() {
+            let _ = app.kill();
+            let _ = app.wait();
+        }
+    }
+}
+
 /// Runs the scenario once and reports it, with the samples for the chart.
 pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
     let name = mode.name();
@@ -649,78 +866,9 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
         .collect();
     let inbound_port = port_free_on(&ips);
     let app_port = port_free_on(&ips);
-    let mut providers: Vec<Provider> = ips
-        .iter()
-        .enumerate()
-        .map(|(i, ip)| Provider {
-            index: i + 1,
-            inbound: SocketAddr::from((*ip, inbound_port)),
-            app_addr: SocketAddr::from((*ip, app_port)),
-            envoy: None,
-            xds: None,
-            app: None,
-            generation: 0,
-            access_logs: Vec::new(),
-        })
-        .collect();
-    for p in &mut providers {
-        p.app = Some(r.start_app(p));
-        let envoy = r.start_provider_envoy(p).await;
-        p.envoy = Some(envoy);
-    }
+    let mut providers = r.start_providers(&ips, inbound_port, app_port).await;
     let consumer_access_log = dir.join("access-consumer.log");
-    let consumer_template = if config.balancer {
-        "l4-balancer.yaml"
-    } else if mode.graceful() {
-        "consumer-sidecar.yaml"
-    } else {
-        "baseline-consumer-sidecar.yaml"
-    };
-    let mut consumer = EnvoySpec::new(&format!("{name}-consumer"), consumer_template)
-        .set("OUTBOUND_PORT", 0)
-        .set("CONSUMER_CONFIG", &config.consumer_config)
-        .set("ACCESS_LOG", consumer_access_log.display());
-    for (placeholder, value) in config.retry.values() {
-        consumer = consumer.set(placeholder, value);
-    }
-    // The consumer's config comes over a real xDS stream, as from istiod:
-    // listener (LDS), graceful_consumer's config (ECDS), the providers
-    // (EDS, from the registry).
-    let xds = XdsServer::start(&format!("{name}-{}", std::process::id())).await;
-    let mut ads = AdsConfig::split(
-        &consumer.rendered(),
-        "consumer",
-        xds.port,
-        &["graceful_consumer"],
-    );
-    if let Some(fields) = config.providers_cluster.as_object() {
-        let clusters = ads.bootstrap["static_resources"]["clusters"].as_array_mut();
-        let providers_cluster = clusters
-            .into_iter()
-            .flatten()
-            .find(|c| c["name"] == "providers")
-            .unwrap_or_else(|| panic!("{consumer_template}: no providers cluster"));
-        for (field, value) in fields {
-            providers_cluster[field] = value.clone();
-        }
-    }
-    let registry = Registry::new(
-        xds,
-        ads.resources(),
-        providers.iter().map(|p| p.inbound).collect(),
-        config.registry_lag,
-    );
-    let consumer = ads.spec(consumer).start().await;
-    crate::support::envoy::eventually(
-        &format!("consumer sees {} providers", config.providers),
-        Duration::from_secs(20),
-        || async {
-            (consumer.stat("cluster.providers.membership_healthy").await
-                == Some(config.providers as u64))
-            .then_some(())
-        },
-    )
-    .await;
+    let (consumer, registry) = r.start_consumer(&providers, &consumer_access_log).await;
 
     // Time zero is when the load starts: the chart and the events count from it.
     r.epoch = Instant::now();
@@ -734,80 +882,16 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
         config.shape,
     );
     tokio::time::sleep(config.warmup).await;
-    let mut events = Vec::new();
     let rss_start = rss_kb(consumer.pid());
-    if config.scale_down_by > 0 {
-        let leaving = providers.iter_mut().take(config.scale_down_by);
-        events = join_all(leaving.map(|p| r.shut_down(p, &registry))).await;
-        // The load goes on until the consumer's Envoy has the registry's
-        // update (a registry slower than the drain drops them after they
-        // are gone), then for the tail.
-        let remaining = (config.providers - config.scale_down_by) as u64;
-        crate::support::envoy::eventually(
-            "the registry drops the leaving providers",
-            config.registry_lag + Duration::from_secs(30),
-            || async {
-                (consumer.stat("cluster.providers.membership_total").await == Some(remaining))
-                    .then_some(())
-            },
-        )
-        .await;
-    } else {
-        for i in 0..config.restarts {
-            // Providers go down in turn, round and round for long runs (a soak).
-            let n = providers.len();
-            let p = &mut providers[i % n];
-            let mut ev = r.shut_down(p, &registry).await;
-            r.come_back(p, &registry, &mut ev).await;
-            events.push(ev);
-            // Wait for the registry to carry the new instance, then let it settle.
-            tokio::time::sleep(config.registry_lag + config.settle).await;
-        }
-    }
+    let mut events = r.shut_downs(&mut providers, &registry, &consumer).await;
     let remaining = config.min_duration.saturating_sub(r.epoch.elapsed());
     tokio::time::sleep(config.tail.max(remaining)).await;
     let samples = load.stop().await;
     let duration_ms = r.ms();
-    let csv: String = std::iter::once("due_ms,latency_us,ok,served_by,marked,long\n".to_string())
-        .chain(samples.iter().map(|s| {
-            format!(
-                "{},{},{},{},{},{}\n",
-                s.due_ms,
-                s.latency_us,
-                u8::from(s.ok),
-                s.served_by,
-                u8::from(s.marked),
-                u8::from(s.long)
-            )
-        }))
-        .collect();
-    let _ = std::fs::write(dir.join("samples.csv"), csv);
+    write_samples(&dir, &samples);
 
     let rss_end = rss_kb(consumer.pid());
-    // Every outbound request has ended: the consumer's count must come to 0
-    // (the gauge is refreshed every `membership_refresh`, 1 s: give it 3).
-    // Plain Envoy has no such gauge: None.
-    let deadline = Instant::now() + Duration::from_secs(3);
-    let inflight_end = if mode.graceful() && !config.balancer {
-        loop {
-            // The native module over the stand-in's stream keeps Envoy's
-            // default stats namespace (crate::support::xds::by_module_name).
-            let n = match consumer.stat("wasmcustom.graceful_consumer_inflight").await {
-                Some(n) => Some(n),
-                None => {
-                    consumer
-                        .stat("dynamicmodulescustom.graceful_consumer_inflight")
-                        .await
-                }
-            };
-            if n == Some(0) || Instant::now() >= deadline {
-                break n;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    } else {
-        None
-    };
+    let inflight_end = r.inflight_end(&consumer).await;
     let retries = consumer
         .stat("cluster.providers.upstream_rq_retry")
         .await
@@ -816,36 +900,9 @@ pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
         .stat("cluster.providers.outlier_detection.ejections_enforced_total")
         .await;
     let consumer_log = consumer.log();
-    // Numbered requests: when the consumer started each one.
-    let started = if config.shape.numbered {
-        Some(numbered_starts(&consumer_access_log))
-    } else {
-        None
-    };
-    for ev in &mut events {
-        let p = &providers[ev.provider - 1];
-        ev.seen_ms = match mode {
-            Mode::Graceful => r
-                .seen_ms(&consumer_log, p, ev.closing_ms)
-                .unwrap_or(ev.closing_ms),
-            Mode::Baseline | Mode::RegistryOnly | Mode::Killed | Mode::KilledBaseline => {
-                ev.closing_ms
-            }
-        };
-        let seen_unix_ms = r.epoch_unix_ms + ev.seen_ms;
-        ev.after_closing = arrivals_since(&ev.access_log, seen_unix_ms);
-        ev.started_after_seen = started
-            .as_ref()
-            .map(|started| started_after(&ev.access_log, started, seen_unix_ms));
-    }
+    r.note_seen(&mut events, &providers, &consumer_log, &consumer_access_log);
     drop(consumer);
-    for p in &mut providers {
-        drop(p.envoy.take());
-        if let Some(mut app) = p.app.take() {
-            let _ = app.kill();
-            let _ = app.wait();
-        }
-    }
+    stop_providers(&mut providers);
     let mut report = RunReport::new(
         &samples,
         events,
