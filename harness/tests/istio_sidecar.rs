@@ -507,71 +507,42 @@ impl Mesh {
     }
 }
 
-#[test]
-fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_policy() {
-    if !pods_available() {
-        return;
-    }
-    let dir = run_dir("istio");
-    let Mesh {
-        node,
-        consumer_pod,
-        mut providers,
-        mut control,
-        cluster,
-        endpoints,
-        consumer_envoy,
-        ..
-    } = Mesh::start(&dir, false);
-
-    let template = provider_pod_spec();
-    let app_spec = container(&template, "app");
-    let proxy_spec = container(&template, "istio-proxy");
-    let ready_probe = exec_command(app_spec, "app readiness", "/readinessProbe/exec/command");
-    let app_hook = exec_command(app_spec, "app preStop", "/lifecycle/preStop/exec/command");
-    let proxy_hook = exec_command(
-        proxy_spec,
-        "istio-proxy preStop",
-        "/lifecycle/preStop/exec/command",
-    );
-
-    node.enter();
-    let rt = runtime();
-    let ips: Vec<Ipv4Addr> = providers.iter().map(|p| p.pod.ip).collect();
-    rt.block_on(async {
-        // The kubelet's view: the pod address on the app port reaches the
-        // sidecar's inbound chain, where graceful_drain answers readiness
-        // to every caller and every other endpoint only to allowed_sources
-        // (loopback by default): the node's address gets 403.
-        let at_pod = SocketAddr::from((ips[0], APP_PORT));
-        let ready = client::get(at_pod, "/graceful/ready")
+/// The kubelet's view: the pod address on the app port reaches the
+/// sidecar's inbound chain, where graceful_drain answers readiness to
+/// every caller and every other endpoint only to allowed_sources
+/// (loopback by default): the node's address gets 403.
+async fn assert_the_node_gets_readiness_alone(pod_ip: Ipv4Addr) {
+    let at_pod = SocketAddr::from((pod_ip, APP_PORT));
+    let ready = client::get(at_pod, "/graceful/ready")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((ready.status, ready.text().trim()), (200, "SERVING"));
+    for (method, path) in [
+        ("GET", "/graceful/status"),
+        ("GET", "/graceful/report"),
+        ("POST", "/graceful/closing"),
+        ("GET", "/graceful/drained?wait=30s"),
+    ] {
+        let r = client::request(at_pod, method, path, &[])
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!((ready.status, ready.text().trim()), (200, "SERVING"));
-        for (method, path) in [
-            ("GET", "/graceful/status"),
-            ("GET", "/graceful/report"),
-            ("POST", "/graceful/closing"),
-            ("GET", "/graceful/drained?wait=30s"),
-        ] {
-            let r = client::request(at_pod, method, path, &[])
-                .await
-                .unwrap_or_else(|e| panic!("{e}"));
-            assert_eq!(r.status, 403, "{method} {path} from the node: {}", r.text());
-        }
-    });
+        assert_eq!(r.status, 403, "{method} {path} from the node: {}", r.text());
+    }
+}
 
-    // Why the example's hooks use the admin: inside the pod (not uid 1337),
-    // 15006 is the blackhole chain and the pod's own address is the app.
-    let p1_ip = ips[0];
-    let inside = netns::spawn_in(&providers[0].pod.netns, move || {
+/// Why the example's hooks use the admin: inside the pod (not uid 1337),
+/// 15006 is the blackhole chain and the pod's own address is the app.
+fn assert_the_admin_is_the_pods_way_in(pod: &Pod) {
+    let pod_ip = pod.ip;
+    let inside = netns::spawn_in(&pod.netns, move || {
         Box::pin(async move {
             let direct = client::get(
                 SocketAddr::from(([127, 0, 0, 1], istio::INBOUND_PORT)),
                 "/graceful/status",
             )
             .await;
-            let own_ip = client::get(SocketAddr::from((p1_ip, APP_PORT)), "/graceful/status").await;
+            let own_ip =
+                client::get(SocketAddr::from((pod_ip, APP_PORT)), "/graceful/status").await;
             let admin = client::get(
                 SocketAddr::from(([127, 0, 0, 1], istio::ADMIN_PORT)),
                 "/ready",
@@ -601,108 +572,82 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
         Some(200),
         "the admin should answer inside the pod"
     );
+}
 
-    // The readiness probe passes while serving.
-    let probe = |pod: &Pod| {
-        in_pod(pod, "app", &ready_probe)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .unwrap_or_else(|e| panic!("{e}"))
-            .success()
-    };
-    assert!(
-        probe(&providers[0].pod),
-        "readiness should pass while serving"
-    );
+/// Every provider serves through the consumer first.
+async fn consumer_serving(consumer_ip: Ipv4Addr, epoch: Instant) {
+    eventually(
+        "the consumer reaches three members",
+        Duration::from_secs(20),
+        || async {
+            (prometheus(consumer_ip, "graceful_consumer_tombstones")
+                .await
+                .is_some()
+                && epoch.elapsed() > Duration::from_secs(2))
+            .then_some(())
+        },
+    )
+    .await;
+}
 
-    // Load from the consumer pod to the Service: captured to 15001.
-    let epoch = Instant::now();
-    let load = Running::start(&consumer_pod.netns, epoch);
-
-    rt.block_on(async {
-        // Every provider serves through the consumer first.
-        eventually(
-            "the consumer reaches three members",
-            Duration::from_secs(20),
-            || async {
-                (prometheus(consumer_pod.ip, "graceful_consumer_tombstones")
-                    .await
-                    .is_some()
-                    && epoch.elapsed() > Duration::from_secs(2))
-                .then_some(())
-            },
-        )
-        .await;
-    });
-
-    // Pod deletion: the hooks of both containers start at once.
-    let closing_at = Instant::now();
-    let hook = |container: &str, command: &[String]| {
-        in_pod(&providers[0].pod, container, command)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("{container} hook: {e}"))
-    };
-    let app_child = hook("app", &app_hook);
-    let proxy_child = hook("istio-proxy", &proxy_hook);
+/// The readiness probe fails within 10 s of the hooks' start.
+fn wait_unready(hooks: &Hooks, pod: &Pod) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while probe(&providers[0].pod) {
+    while hooks.ready(pod).0 {
         assert!(
             Instant::now() < deadline,
             "readiness still passes 10 s after the hooks started"
         );
         std::thread::sleep(Duration::from_millis(100));
     }
-    // While it is closing, istiod pushes its WasmPlugins again (same
-    // settings): Envoy builds the filters' configs anew; the phase, the
-    // in-flight count and the gate must not notice.
-    let p1_node = format!(
-        "sidecar~{p1_ip}~provider.{}~{}.svc.cluster.local",
+}
+
+/// While it is closing, istiod pushes its WasmPlugins again (same
+/// settings): Envoy builds the filters' configs anew; the phase, the
+/// in-flight count and the gate must not notice. The push's version,
+/// once the pod's Envoy applied it.
+fn repush_mid_drain(control: &mut ControlPlane, pod: &Pod) -> u64 {
+    let node = format!(
+        "sidecar~{}~provider.{}~{}.svc.cluster.local",
+        pod.ip,
         istio::NAMESPACE,
         istio::NAMESPACE
     );
-    let applied = ecds_version(&providers[0].pod, "default.graceful-drain");
+    let applied = ecds_version(pod, "default.graceful-drain");
     assert!(
         applied.is_some(),
         "p1's Envoy lists graceful-drain's ECDS config"
     );
-    let (repushed, version) = control.repush_wasm_plugins(&p1_node);
+    let (repushed, version) = control.repush_wasm_plugins(&node);
     // graceful_provider's WasmPlugin has no settings: its config has no
     // other bytes to be sent in.
     assert_eq!(repushed, ["default.graceful-drain"]);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while ecds_version(&providers[0].pod, &repushed[0]) == applied {
+    while ecds_version(pod, &repushed[0]) == applied {
         assert!(
             Instant::now() < deadline,
             "p1's Envoy did not apply the pushed WasmPlugin (push {version}) in 10 s"
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    // The registry drops the pod (Kubernetes at deletion, here once it is
-    // closing, so the consumer meets it closing first); istiod's push
-    // reaches the consumer a moment later.
-    std::thread::sleep(Duration::from_millis(1500));
-    control.set_endpoints(xds::cluster_load_assignment(&cluster, &endpoints[1..]));
-    let app_out = app_child
-        .wait_with_output()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let proxy_out = proxy_child
-        .wait_with_output()
-        .unwrap_or_else(|e| panic!("{e}"));
-    let drained_after = closing_at.elapsed();
-    let app_said = String::from_utf8_lossy(&app_out.stderr).to_string();
-    let proxy_said = String::from_utf8_lossy(&proxy_out.stderr).to_string();
-    // Then SIGTERM: Envoy and the app stop.
-    providers[0].envoy.terminate(TERMINATE_GRACE);
-    providers[0].app.terminate(TERMINATE_GRACE);
+    version
+}
 
-    // The same address comes back as a new pod (a new instance id).
+/// The first provider's pod comes back at the same address as a new pod
+/// (a new instance id), and the registry lists it again: the new
+/// provider, when it was listed, and the consumer's readmissions.
+fn come_back_first(
+    rt: &tokio::runtime::Runtime,
+    mesh: (&mut Vec<Provider>, &mut ControlPlane, &Path),
+    (cluster, endpoints): (&str, &[SocketAddr]),
+    consumer_ip: Ipv4Addr,
+) -> (Provider, Instant, u64) {
+    let (providers, control, dir) = mesh;
     let p1 = providers.remove(0);
+    let p1_ip = p1.pod.ip;
     let pod = p1.pod;
     drop((p1.envoy, p1.app));
-    let restarted = start_provider(pod, 1, &dir, &mut control);
+    let restarted = start_provider(pod, 1, dir, control);
     rt.block_on(async {
         eventually(
             "the restarted provider's filters",
@@ -711,20 +656,160 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
         )
         .await;
     });
-    control.set_endpoints(xds::cluster_load_assignment(&cluster, &endpoints));
+    control.set_endpoints(xds::cluster_load_assignment(cluster, endpoints));
     let back = Instant::now();
     let readmitted = rt.block_on(async {
         eventually(
             "the consumer readmits the restarted provider",
             Duration::from_secs(20),
             || async {
-                prometheus(consumer_pod.ip, "graceful_consumer_readmitted")
+                prometheus(consumer_ip, "graceful_consumer_readmitted")
                     .await
                     .filter(|n| *n >= 1)
             },
         )
         .await
     });
+    (restarted, back, readmitted)
+}
+
+/// What the drain through the example's hooks came to.
+struct HooksDrain {
+    samples: Vec<Sample>,
+    /// From the load's start.
+    closing_ms: u64,
+    back_ms: u64,
+    drained_after: Duration,
+    /// Each hook's exit and what it said: the app's, then istio-proxy's.
+    app_hook: (bool, String),
+    proxy_hook: (bool, String),
+    evictions: u64,
+    steered: u64,
+    readmitted: u64,
+    /// The WasmPlugin push mid-drain.
+    version: u64,
+}
+
+impl HooksDrain {
+    fn print_and_assert(&self) {
+        let samples = &self.samples;
+        let failed = samples.iter().filter(|s| !s.ok).count();
+        let marked = samples.iter().filter(|s| s.marked).count();
+        let p1_after_back = samples
+            .iter()
+            .filter(|s| s.served_by == 1 && s.due_ms > self.back_ms)
+            .count();
+        let (app_said, proxy_said) = (&self.app_hook.1, &self.proxy_hook.1);
+        eprintln!(
+            "istio-shaped: {} requests, {failed} failed, {marked} marked, p1 {} p2 {} p3 {}, drained after {:?}, evictions {}, steered {}, readmitted {}, p1 after return {p1_after_back}, graceful-drain's WasmPlugin pushed mid-drain (version {})",
+            samples.len(),
+            samples_of(samples, 1),
+            samples_of(samples, 2),
+            samples_of(samples, 3),
+            self.drained_after,
+            self.evictions,
+            self.steered,
+            self.readmitted,
+            self.version,
+        );
+        eprintln!("app hook: {app_said}istio-proxy hook: {proxy_said}");
+        assert!(
+            samples.len() > 1000,
+            "the load ran: {} requests",
+            samples.len()
+        );
+        assert_eq!(failed, 0, "no request may fail during the shutdown");
+        assert!(
+            self.app_hook.0 && self.proxy_hook.0,
+            "hooks: app succeeded {} istio-proxy succeeded {}",
+            self.app_hook.0,
+            self.proxy_hook.0
+        );
+        assert!(
+            app_said.contains("prestop: drained") && !app_said.contains("forced"),
+            "app hook: {app_said}"
+        );
+        assert!(
+            proxy_said.contains("prestop: drained"),
+            "istio-proxy hook: {proxy_said}"
+        );
+        assert!(
+            samples
+                .iter()
+                .any(|s| s.served_by == 1 && s.due_ms < self.closing_ms),
+            "p1 served before closing"
+        );
+        assert!(marked > 0, "the consumer saw closing marks");
+        assert!(
+            self.evictions >= 1,
+            "the consumer evicted p1 (evictions {})",
+            self.evictions
+        );
+        assert!(p1_after_back > 0, "the restarted p1 serves again");
+    }
+}
+
+fn ms_since(epoch: Instant, at: Instant) -> u64 {
+    u64::try_from(at.duration_since(epoch).as_millis()).unwrap_or(0)
+}
+
+#[test]
+fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_policy() {
+    if !pods_available() {
+        return;
+    }
+    let dir = run_dir("istio");
+    let Mesh {
+        node,
+        consumer_pod,
+        mut providers,
+        mut control,
+        cluster,
+        endpoints,
+        consumer_envoy,
+        ..
+    } = Mesh::start(&dir, false);
+    let hooks = Hooks::of_example();
+
+    node.enter();
+    let rt = runtime();
+    rt.block_on(assert_the_node_gets_readiness_alone(providers[0].pod.ip));
+    assert_the_admin_is_the_pods_way_in(&providers[0].pod);
+    // The readiness probe passes while serving.
+    assert!(
+        hooks.ready(&providers[0].pod).0,
+        "readiness should pass while serving"
+    );
+
+    // Load from the consumer pod to the Service: captured to 15001.
+    let epoch = Instant::now();
+    let load = Running::start(&consumer_pod.netns, epoch);
+    rt.block_on(consumer_serving(consumer_pod.ip, epoch));
+
+    // Pod deletion: the hooks of both containers start at once.
+    let closing_at = Instant::now();
+    let app_child = hooks.start(&providers[0].pod, "app");
+    let proxy_child = hooks.start(&providers[0].pod, "istio-proxy");
+    wait_unready(&hooks, &providers[0].pod);
+    let version = repush_mid_drain(&mut control, &providers[0].pod);
+    // The registry drops the pod (Kubernetes at deletion, here once it is
+    // closing, so the consumer meets it closing first); istiod's push
+    // reaches the consumer a moment later.
+    std::thread::sleep(Duration::from_millis(1500));
+    control.set_endpoints(xds::cluster_load_assignment(&cluster, &endpoints[1..]));
+    let app_hook = finished(app_child);
+    let proxy_hook = finished(proxy_child);
+    let drained_after = closing_at.elapsed();
+    // Then SIGTERM: Envoy and the app stop.
+    providers[0].envoy.terminate(TERMINATE_GRACE);
+    providers[0].app.terminate(TERMINATE_GRACE);
+
+    let (restarted, back, readmitted) = come_back_first(
+        &rt,
+        (&mut providers, &mut control, &dir),
+        (&cluster, &endpoints),
+        consumer_pod.ip,
+    );
     std::thread::sleep(Duration::from_secs(2));
     let samples = load.stop();
     let (evictions, steered) = rt.block_on(async {
@@ -737,55 +822,19 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
                 .unwrap_or(0),
         )
     });
-
-    let failed = samples.iter().filter(|s| !s.ok).count();
-    let marked = samples.iter().filter(|s| s.marked).count();
-    let closing_ms = u64::try_from(closing_at.duration_since(epoch).as_millis()).unwrap_or(0);
-    let back_ms = u64::try_from(back.duration_since(epoch).as_millis()).unwrap_or(0);
-    let p1_after_back = samples
-        .iter()
-        .filter(|s| s.served_by == 1 && s.due_ms > back_ms)
-        .count();
-    eprintln!(
-        "istio-shaped: {} requests, {failed} failed, {marked} marked, p1 {} p2 {} p3 {}, drained after {drained_after:?}, evictions {evictions}, steered {steered}, readmitted {readmitted}, p1 after return {p1_after_back}, graceful-drain's WasmPlugin pushed mid-drain (version {version})",
-        samples.len(),
-        samples_of(&samples, 1),
-        samples_of(&samples, 2),
-        samples_of(&samples, 3),
-    );
-    eprintln!("app hook: {app_said}istio-proxy hook: {proxy_said}");
-    assert!(
-        samples.len() > 1000,
-        "the load ran: {} requests",
-        samples.len()
-    );
-    assert_eq!(failed, 0, "no request may fail during the shutdown");
-    assert!(
-        app_out.status.success() && proxy_out.status.success(),
-        "hooks: app {} istio-proxy {}",
-        app_out.status,
-        proxy_out.status
-    );
-    assert!(
-        app_said.contains("prestop: drained") && !app_said.contains("forced"),
-        "app hook: {app_said}"
-    );
-    assert!(
-        proxy_said.contains("prestop: drained"),
-        "istio-proxy hook: {proxy_said}"
-    );
-    assert!(
-        samples
-            .iter()
-            .any(|s| s.served_by == 1 && s.due_ms < closing_ms),
-        "p1 served before closing"
-    );
-    assert!(marked > 0, "the consumer saw closing marks");
-    assert!(
-        evictions >= 1,
-        "the consumer evicted p1 (evictions {evictions})"
-    );
-    assert!(p1_after_back > 0, "the restarted p1 serves again");
+    HooksDrain {
+        samples,
+        closing_ms: ms_since(epoch, closing_at),
+        back_ms: ms_since(epoch, back),
+        drained_after,
+        app_hook,
+        proxy_hook,
+        evictions,
+        steered,
+        readmitted,
+        version,
+    }
+    .print_and_assert();
     let _ = (consumer_envoy, restarted);
 }
 
