@@ -429,17 +429,16 @@ impl EnvoySpec {
                     envoy.name
                 );
             }
-            // The admin's address as Envoy bound it, written once bound.
+            // The admin's address as Envoy bound it, written once bound:
+            // until then, whatever answers at a picked port is not this
+            // Envoy (and may never answer).
             if let Some(addr) = fs::read_to_string(&admin_file)
                 .ok()
                 .and_then(|a| a.trim().parse::<SocketAddr>().ok())
             {
                 envoy.admin = loopback(addr);
-            }
-            if envoy.admin.port() != 0 {
                 if let Ok(r) = client::get(envoy.admin, "/ready").await {
-                    // Ready, and this Envoy: if another process holds a
-                    // picked admin port, this one exits with "cannot bind".
+                    // Ready, and this Envoy (the file is its own).
                     if r.status == 200 && envoy.answers_admin().await {
                         return Ok(envoy);
                     }
