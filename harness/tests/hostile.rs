@@ -740,53 +740,53 @@ fn in_kubernetes_pod(pod: &Pod, command: &[String]) -> std::process::Command {
 /// when the test fails.
 type PodProcess = LoggedProcess;
 
-/// The Kubernetes example's pod, as its manifest and README say, in a
-/// network namespace standing for the pod: Envoy with the config the
-/// README renders (its `drain-config.json`, every other default), the app
-/// with its own arguments, and both containers' preStop commands run
-/// inside the pod as written. The node (the kubelet's address, outside
-/// the default `allowed_sources`) holds 1,000 `drained?wait=1h` long-polls
-/// on the service port before and during the shutdown: each gets 403 at
-/// once; the kubelet's readiness probe reads 200, then 503 once closing;
-/// both hooks return 0 only once the gate has passed, after a request in
-/// flight at closing has ended.
-#[test]
-fn it_drains_the_kubernetes_examples_pod_while_the_node_holds_1000_long_polls() {
-    if !pods_available() {
-        return;
-    }
-    let spec = kubernetes_pod();
-    let app_spec = kubernetes_container(&spec, "app");
-    let envoy_spec = kubernetes_container(&spec, "envoy");
-    let port = envoy_spec["ports"][0]["containerPort"]
-        .as_u64()
-        .and_then(|p| u16::try_from(p).ok())
-        .expect("envoy's containerPort");
-    let probe = &envoy_spec["readinessProbe"]["httpGet"];
-    let probe_path = probe["path"]
-        .as_str()
-        .expect("envoy's readiness httpGet path")
-        .to_string();
-    assert_eq!(probe["port"].as_u64(), Some(u64::from(port)));
-    let hooks: Vec<(String, Vec<String>)> = ["app", "envoy"]
-        .iter()
-        .map(|c| {
-            let command =
-                &kubernetes_container(&spec, c)["lifecycle"]["preStop"]["exec"]["command"];
-            (
-                c.to_string(),
-                strings(command, &format!("{c}'s preStop exec command")),
-            )
-        })
-        .collect();
+/// What the Kubernetes example's manifest says the pod is.
+struct KubernetesExample {
+    /// Envoy's container port, which its readiness probe reads too.
+    port: u16,
+    probe_path: String,
+    app_args: Vec<String>,
+    /// Each container's preStop exec command, by container.
+    hooks: Vec<(String, Vec<String>)>,
+}
 
-    let dir = repo_root()
-        .join("target/e2e")
-        .join(format!("hostile-kubernetes-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
-    // The README's render: APP_PORT=8080, the drain config without
-    // newlines; the wasm files where this run keeps them.
+impl KubernetesExample {
+    fn read() -> KubernetesExample {
+        let spec = kubernetes_pod();
+        let envoy_spec = kubernetes_container(&spec, "envoy");
+        let port = envoy_spec["ports"][0]["containerPort"]
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+            .expect("envoy's containerPort");
+        let probe = &envoy_spec["readinessProbe"]["httpGet"];
+        let probe_path = probe["path"]
+            .as_str()
+            .expect("envoy's readiness httpGet path")
+            .to_string();
+        assert_eq!(probe["port"].as_u64(), Some(u64::from(port)));
+        let hooks = ["app", "envoy"]
+            .iter()
+            .map(|c| {
+                let command =
+                    &kubernetes_container(&spec, c)["lifecycle"]["preStop"]["exec"]["command"];
+                (
+                    c.to_string(),
+                    strings(command, &format!("{c}'s preStop exec command")),
+                )
+            })
+            .collect();
+        KubernetesExample {
+            port,
+            probe_path,
+            app_args: strings(&kubernetes_container(&spec, "app")["args"], "app args"),
+            hooks,
+        }
+    }
+}
+
+/// The README's render into `dir`: APP_PORT=8080, the drain config
+/// without newlines; the wasm files where this run keeps them.
+fn kubernetes_envoy_config(dir: &Path) -> PathBuf {
     let drain_config = std::fs::read_to_string(repo_root().join(KUBERNETES_DRAIN_CONFIG))
         .unwrap_or_else(|e| panic!("{KUBERNETES_DRAIN_CONFIG}: {e}"))
         .replace('\n', "");
@@ -805,33 +805,35 @@ fn it_drains_the_kubernetes_examples_pod_while_the_node_holds_1000_long_polls() 
     }
     let config_path = dir.join("envoy.yaml");
     std::fs::write(&config_path, config).unwrap();
+    config_path
+}
 
-    let mut node = Node::new();
-    let pod = node.pod("k8s", 20);
-    let pod_ip = pod.ip;
-    let _app = PodProcess::spawn(
+/// The pod's app and Envoy, returned once loopback inside the pod (an
+/// allowed source) reads the status serving.
+fn start_kubernetes_pod(
+    pod: &Pod,
+    example: &KubernetesExample,
+    config_path: &Path,
+    dir: &Path,
+) -> (PodProcess, PodProcess) {
+    let app = PodProcess::spawn(
         "app",
         in_kubernetes_pod(
-            &pod,
-            &[
-                vec!["demo-app".to_string()],
-                strings(&app_spec["args"], "app args"),
-            ]
-            .concat(),
+            pod,
+            &[vec!["demo-app".to_string()], example.app_args.clone()].concat(),
         ),
-        &dir,
+        dir,
         |_| {},
     );
     let mut envoy_cmd = pod.command(&envoy_binary().display().to_string());
     envoy_cmd
         .arg("-c")
-        .arg(&config_path)
+        .arg(config_path)
         .args(["--concurrency", "2", "--disable-hot-restart"])
         .args(["--log-format", "[%Y-%m-%d %T.%e][%t][%l][%n] %v"])
         .args(["--file-flush-interval-msec", "100"]);
-    let envoy = PodProcess::spawn("envoy", envoy_cmd, &dir, |_| {});
-    // Up: inside the pod, loopback (allowed) reads the status.
-    let inside = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let envoy = PodProcess::spawn("envoy", envoy_cmd, dir, |_| {});
+    let inside = SocketAddr::from((Ipv4Addr::LOCALHOST, example.port));
     netns::run_in(&pod.netns, move || {
         Box::pin(async move {
             eventually(
@@ -845,123 +847,174 @@ fn it_drains_the_kubernetes_examples_pod_while_the_node_holds_1000_long_polls() 
             .await;
         })
     });
+    (app, envoy)
+}
 
-    let service = SocketAddr::from((pod_ip, port));
-    let node_netns = node.netns.clone();
+/// The kubelet's view, from the node's address: readiness answers,
+/// nothing else does.
+async fn assert_the_node_reads_readiness_alone(service: SocketAddr, probe_path: &str) {
+    let r = client::get(service, probe_path).await.unwrap();
+    assert_eq!(
+        (r.status, r.text().trim()),
+        (200, "SERVING"),
+        "readiness from {NODE_IP}"
+    );
+    for (method, path) in [
+        ("GET", "/graceful/status"),
+        ("GET", "/graceful/report"),
+        ("POST", "/graceful/closing"),
+        ("GET", "/graceful/drained?wait=30s"),
+    ] {
+        let r = client::request(service, method, path, &[]).await.unwrap();
+        assert_bare_403(&r, &format!("{method} {path} from the node {NODE_IP}"));
+    }
+}
+
+/// Inside the pod (`netns`), from a blocking thread: `f` on loopback.
+async fn in_pod_netns<T: Send + 'static, F>(
+    netns: String,
+    f: impl FnOnce() -> F + Send + 'static,
+) -> T
+where
+    F: std::future::Future<Output = T> + 'static,
+{
+    tokio::task::spawn_blocking(move || netns::run_in(&netns, move || Box::pin(f())))
+        .await
+        .unwrap()
+}
+
+/// Each hook's run, and the gate's pass read inside the pod: every hook
+/// returned 0 saying drained, after the request in flight at closing
+/// ended and not before the gate passed.
+fn assert_hooks_waited(runs: &[(String, HookRun)], passed: Instant, slow_ended: Instant) {
+    for (c, run) in runs {
+        eprintln!(
+            "kubernetes example, {c} preStop: exit {}, {} ms after the gate passed, {} ms after the request in flight ended; said: {}",
+            if run.ok { 0 } else { 1 },
+            ms_after(run.exited, passed),
+            ms_after(run.exited, slow_ended),
+            run.said.trim()
+        );
+        assert!(
+            run.ok && run.said.contains("prestop: drained"),
+            "{c}'s preStop: {}",
+            run.said
+        );
+        assert!(
+            run.exited >= slow_ended,
+            "{c}'s preStop returned before the request in flight ended"
+        );
+        assert!(
+            ms_after(run.exited, passed) >= -2,
+            "{c}'s preStop returned before the gate passed"
+        );
+    }
+}
+
+/// The shutdown as the node sees it: the readiness probe and 1,000
+/// outsider long-polls before and during it, a slow request in flight at
+/// closing, both preStop hooks run in the pod at once; then the gate read
+/// inside the pod.
+async fn drain_seen_from_the_node(
+    service: SocketAddr,
+    probe_path: String,
+    pod_netns: String,
+    commands: Vec<(String, std::process::Command)>,
+) {
+    let inside = SocketAddr::from((Ipv4Addr::LOCALHOST, service.port()));
+    assert_the_node_reads_readiness_alone(service, &probe_path).await;
+    let slow = tokio::spawn(async move {
+        let r = client::get(service, "/delay/4000").await;
+        (r.map(|r| r.status), Instant::now())
+    });
+    in_pod_netns(pod_netns.clone(), move || async move {
+        eventually(
+            "the slow request in flight",
+            Duration::from_secs(10),
+            || async { (status(inside).await.inflight_inbound == 1).then_some(()) },
+        )
+        .await;
+    })
+    .await;
+    let held = outsider_long_polls(service, None, "the node, serving").await;
+
+    // Pod deletion: both containers' preStop hooks at once.
+    let hooks: Vec<_> = commands
+        .into_iter()
+        .map(|(c, cmd)| {
+            (
+                c,
+                tokio::spawn(run_hook(tokio::process::Command::from(cmd))),
+            )
+        })
+        .collect();
+    eventually(
+        "the kubelet's readiness probe failing",
+        Duration::from_secs(10),
+        || async {
+            let r = client::get(service, &probe_path).await.ok()?;
+            (r.status == 503).then(|| assert_eq!(r.text().trim(), "NOT_SERVING"))
+        },
+    )
+    .await;
+    let held_closing = outsider_long_polls(service, None, "the node, closing").await;
+    let mut runs = Vec::new();
+    for (c, hook) in hooks {
+        runs.push((c, hook.await.unwrap()));
+    }
+    let (slow_status, slow_ended) = slow.await.unwrap();
+    assert_eq!(slow_status, Ok(200), "the request in flight at closing");
+    // Inside the pod (loopback): the gate, and when it passed.
+    let (read_at, report, st) = in_pod_netns(pod_netns, move || async move {
+        let read_at = Instant::now();
+        let report = client::get(inside, "/graceful/report").await.unwrap();
+        (read_at, report, status(inside).await)
+    })
+    .await;
+    let passed = gate_passed_at(&report, read_at);
+    assert!(st.drained && !st.forced, "{st:?}");
+    assert_hooks_waited(&runs, passed, slow_ended);
+    drop((held, held_closing));
+}
+
+/// The Kubernetes example's pod, as its manifest and README say, in a
+/// network namespace standing for the pod: Envoy with the config the
+/// README renders (its `drain-config.json`, every other default), the app
+/// with its own arguments, and both containers' preStop commands run
+/// inside the pod as written. The node (the kubelet's address, outside
+/// the default `allowed_sources`) holds 1,000 `drained?wait=1h` long-polls
+/// on the service port before and during the shutdown: each gets 403 at
+/// once; the kubelet's readiness probe reads 200, then 503 once closing;
+/// both hooks return 0 only once the gate has passed, after a request in
+/// flight at closing has ended.
+#[test]
+fn it_drains_the_kubernetes_examples_pod_while_the_node_holds_1000_long_polls() {
+    if !pods_available() {
+        return;
+    }
+    let example = KubernetesExample::read();
+    let dir = repo_root()
+        .join("target/e2e")
+        .join(format!("hostile-kubernetes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let config_path = kubernetes_envoy_config(&dir);
+
+    let mut node = Node::new();
+    let pod = node.pod("k8s", 20);
+    let (_app, envoy) = start_kubernetes_pod(&pod, &example, &config_path, &dir);
+    let service = SocketAddr::from((pod.ip, example.port));
     let pod_netns = pod.netns.clone();
-    let commands: Vec<(String, std::process::Command)> = hooks
+    let commands: Vec<(String, std::process::Command)> = example
+        .hooks
         .iter()
         .map(|(c, command)| (c.clone(), in_kubernetes_pod(&pod, command)))
         .collect();
-    netns::run_in(&node_netns, move || {
-        Box::pin(async move {
-            // The kubelet's view, from the node's address: readiness
-            // answers, nothing else does.
-            let r = client::get(service, &probe_path).await.unwrap();
-            assert_eq!(
-                (r.status, r.text().trim()),
-                (200, "SERVING"),
-                "readiness from {NODE_IP}"
-            );
-            for (method, path) in [
-                ("GET", "/graceful/status"),
-                ("GET", "/graceful/report"),
-                ("POST", "/graceful/closing"),
-                ("GET", "/graceful/drained?wait=30s"),
-            ] {
-                let r = client::request(service, method, path, &[]).await.unwrap();
-                assert_eq!(
-                    r.status,
-                    403,
-                    "{method} {path} from the node {NODE_IP}: {}",
-                    r.text()
-                );
-            }
-            let slow = tokio::spawn(async move {
-                let r = client::get(service, "/delay/4000").await;
-                (r.map(|r| r.status), Instant::now())
-            });
-            let in_flight = pod_netns.clone();
-            tokio::task::spawn_blocking(move || {
-                netns::run_in(&in_flight, move || {
-                    Box::pin(async move {
-                        eventually(
-                            "the slow request in flight",
-                            Duration::from_secs(10),
-                            || async { (status(inside).await.inflight_inbound == 1).then_some(()) },
-                        )
-                        .await;
-                    })
-                })
-            })
-            .await
-            .unwrap();
-            let held = outsider_long_polls(service, None, "the node, serving").await;
-
-            // Pod deletion: both containers' preStop hooks at once.
-            let hooks: Vec<_> = commands
-                .into_iter()
-                .map(|(c, cmd)| {
-                    (
-                        c,
-                        tokio::spawn(run_hook(tokio::process::Command::from(cmd))),
-                    )
-                })
-                .collect();
-            eventually(
-                "the kubelet's readiness probe failing",
-                Duration::from_secs(10),
-                || async {
-                    let r = client::get(service, &probe_path).await.ok()?;
-                    (r.status == 503).then(|| assert_eq!(r.text().trim(), "NOT_SERVING"))
-                },
-            )
-            .await;
-            let held_closing = outsider_long_polls(service, None, "the node, closing").await;
-            let mut runs = Vec::new();
-            for (c, hook) in hooks {
-                runs.push((c, hook.await.unwrap()));
-            }
-            let (slow_status, slow_ended) = slow.await.unwrap();
-            assert_eq!(slow_status, Ok(200), "the request in flight at closing");
-            // Inside the pod (loopback): the gate, and when it passed.
-            let (read_at, report, st) = tokio::task::spawn_blocking(move || {
-                netns::run_in(&pod_netns, move || {
-                    Box::pin(async move {
-                        let read_at = Instant::now();
-                        let report = client::get(inside, "/graceful/report").await.unwrap();
-                        (read_at, report, status(inside).await)
-                    })
-                })
-            })
-            .await
-            .unwrap();
-            let passed = gate_passed_at(&report, read_at);
-            assert!(st.drained && !st.forced, "{st:?}");
-            for (c, run) in &runs {
-                eprintln!(
-                    "kubernetes example, {c} preStop: exit {}, {} ms after the gate passed, {} ms after the request in flight ended; said: {}",
-                    if run.ok { 0 } else { 1 },
-                    ms_after(run.exited, passed),
-                    ms_after(run.exited, slow_ended),
-                    run.said.trim()
-                );
-                assert!(
-                    run.ok && run.said.contains("prestop: drained"),
-                    "{c}'s preStop: {}",
-                    run.said
-                );
-                assert!(
-                    run.exited >= slow_ended,
-                    "{c}'s preStop returned before the request in flight ended"
-                );
-                assert!(
-                    ms_after(run.exited, passed) >= -2,
-                    "{c}'s preStop returned before the gate passed"
-                );
-            }
-            drop((held, held_closing));
-        })
+    let probe_path = example.probe_path.clone();
+    netns::run_in(&node.netns.clone(), move || {
+        Box::pin(drain_seen_from_the_node(
+            service, probe_path, pod_netns, commands,
+        ))
     });
     assert_log_clean(&envoy.log());
     drop(pod);
