@@ -25,13 +25,14 @@
 //! (each cell's load runs at least S seconds), `--no-baseline` (only
 //! `graceful`).
 
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use graceful_harness::products::demo::matrix::{self, Approach, DRAIN_CONFIG, SCENARIOS};
 use graceful_harness::products::demo::report::{matrix_chart, matrix_table, Cell, Report};
 use graceful_harness::products::demo::{run, DemoConfig};
-use graceful_harness::support::load::Protocol;
+use graceful_harness::support::load::{Protocol, Sample};
 use graceful_harness::support::run_report::chart;
 
 struct Plan {
@@ -115,17 +116,23 @@ fn parse() -> Result<Plan, String> {
     Ok(plan)
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
-async fn main() -> ExitCode {
-    let plan = match parse() {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("demo: {e}");
-            return ExitCode::from(2);
+/// Whether a cell runs: the approaches asked for; without `--approaches`,
+/// every approach on the first protocol and, on the others of `today`,
+/// the filters with the short sleep only (the run fits in ~10 min).
+fn wanted(plan: &Plan, approach: &Approach, first_protocol: bool) -> bool {
+    match &plan.approaches {
+        Some(wanted) => wanted.contains(&approach.name()),
+        None => {
+            first_protocol
+                || ["graceful", "graceful_close_off", "sleep_3s"]
+                    .contains(&approach.name().as_str())
         }
-    };
-    let started = Instant::now();
-    let mut cells: Vec<(Cell, Vec<_>)> = Vec::new();
+    }
+}
+
+/// Every cell of the plan, run in turn, each printed as it ends.
+async fn run_cells(plan: &Plan) -> Vec<(Cell, Vec<Sample>)> {
+    let mut cells = Vec::new();
     for scenario in &plan.scenarios {
         // Each protocol where it is what differs: `today`, and callers
         // holding their own connections (HTTP/2 is told by GOAWAY).
@@ -137,17 +144,7 @@ async fn main() -> ExitCode {
         println!("== {}: {}", scenario.name, scenario.what);
         for (i, protocol) in protocols.into_iter().enumerate() {
             for approach in Approach::all_for(scenario) {
-                let wanted = match &plan.approaches {
-                    Some(wanted) => wanted.contains(&approach.name()),
-                    // The other protocols of `today` compare the filters
-                    // with the short sleep only (the run fits in ~10 min).
-                    None => {
-                        i == 0
-                            || ["graceful", "graceful_close_off", "sleep_3s"]
-                                .contains(&approach.name().as_str())
-                    }
-                };
-                if !wanted {
+                if !wanted(plan, &approach, i == 0) {
                     continue;
                 }
                 let (config, mode) = matrix::cell(&plan.config, scenario, approach, protocol);
@@ -170,6 +167,65 @@ async fn main() -> ExitCode {
             }
         }
     }
+    cells
+}
+
+/// report.json, chart.svg (the matrix) and providers.svg (requests per
+/// second per provider for `today`'s cells of the first protocol: where
+/// the traffic went around each shutdown) into `dir`.
+fn write_outputs(
+    dir: &Path,
+    cells: &[(Cell, Vec<Sample>)],
+    report: &Report,
+    first: Protocol,
+) -> std::io::Result<()> {
+    let chart_cells: Vec<(&Cell, &[_])> = cells.iter().map(|(c, s)| (c, s.as_slice())).collect();
+    let svg = matrix_chart(&chart_cells);
+    let today: Vec<(&str, &_, &[_])> = cells
+        .iter()
+        .filter(|(c, _)| c.scenario == "today" && c.run.protocol == first)
+        .map(|(c, s)| (c.approach.as_str(), &c.run, s.as_slice()))
+        .collect();
+    let providers_svg = chart(&today);
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(
+        dir.join("report.json"),
+        serde_json::to_string_pretty(report).unwrap_or_default(),
+    )?;
+    std::fs::write(dir.join("chart.svg"), svg)?;
+    std::fs::write(dir.join("providers.svg"), providers_svg)
+}
+
+/// The cells where the filters lost a request: any failed request of
+/// `graceful` or `graceful_no_admin` outside `killed`.
+fn lost_requests(cells: &[(Cell, Vec<Sample>)]) -> Vec<String> {
+    cells
+        .iter()
+        .filter(|(c, _)| {
+            ["graceful", "graceful_no_admin"].contains(&c.approach.as_str())
+                && c.scenario != "killed"
+                && c.run.failed > 0
+        })
+        .map(|(c, _)| {
+            format!(
+                "{} {} {:?}: {} failed",
+                c.scenario, c.approach, c.run.protocol, c.run.failed
+            )
+        })
+        .collect()
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    let plan = match parse() {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("demo: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let started = Instant::now();
+    let cells = run_cells(&plan).await;
     let first = plan.protocols[0];
     let top = |approach: &str| {
         cells
@@ -184,27 +240,8 @@ async fn main() -> ExitCode {
         baseline: top("sleep_3s"),
         matrix: cells.iter().map(|(c, _)| c.clone()).collect(),
     };
-    let chart_cells: Vec<(&Cell, &[_])> = cells.iter().map(|(c, s)| (c, s.as_slice())).collect();
-    let svg = matrix_chart(&chart_cells);
-    // Requests per second per provider for `today`'s cells of the first
-    // protocol: where the traffic went around each shutdown.
-    let today: Vec<(&str, &_, &[_])> = cells
-        .iter()
-        .filter(|(c, _)| c.scenario == "today" && c.run.protocol == first)
-        .map(|(c, s)| (c.approach.as_str(), &c.run, s.as_slice()))
-        .collect();
-    let providers_svg = chart(&today);
     let dir = &plan.config.work_dir;
-    let written = std::fs::create_dir_all(dir)
-        .and_then(|()| {
-            std::fs::write(
-                dir.join("report.json"),
-                serde_json::to_string_pretty(&report).unwrap_or_default(),
-            )
-        })
-        .and_then(|()| std::fs::write(dir.join("chart.svg"), svg))
-        .and_then(|()| std::fs::write(dir.join("providers.svg"), providers_svg));
-    if let Err(e) = written {
+    if let Err(e) = write_outputs(dir, &cells, &report, first) {
         eprintln!("demo: cannot write the report: {e}");
         return ExitCode::FAILURE;
     }
@@ -216,20 +253,7 @@ async fn main() -> ExitCode {
         dir.join("report.json").display(),
         dir.join("chart.svg").display()
     );
-    let lost: Vec<String> = cells
-        .iter()
-        .filter(|(c, _)| {
-            ["graceful", "graceful_no_admin"].contains(&c.approach.as_str())
-                && c.scenario != "killed"
-                && c.run.failed > 0
-        })
-        .map(|(c, _)| {
-            format!(
-                "{} {} {:?}: {} failed",
-                c.scenario, c.approach, c.run.protocol, c.run.failed
-            )
-        })
-        .collect();
+    let lost = lost_requests(&cells);
     if !lost.is_empty() {
         eprintln!(
             "demo: FAILED: the filters lost requests: {}",

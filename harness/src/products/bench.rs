@@ -161,8 +161,29 @@ pub fn routes() -> Value {
     ])
 }
 
-/// The sets `make bench` measures, in order.
+/// A set of `filters` with nothing set up before measuring.
+fn set(name: &'static str, filters: Vec<Value>) -> FilterSet {
+    FilterSet {
+        name,
+        filters,
+        closing: false,
+        tombstones: 0,
+    }
+}
+
+/// The sets `make bench` measures, in order: the wasm filters, the native
+/// module's, then (with `BENCH_BEFORE`) an earlier build's.
 pub fn filter_sets() -> Vec<FilterSet> {
+    let mut sets = wasm_sets();
+    sets.extend(native_sets());
+    if let Some(dir) = before_dir() {
+        sets.extend(before_sets(&dir));
+    }
+    sets
+}
+
+/// The wasm filters' sets, beside plain Envoy and the header-only floors.
+fn wasm_sets() -> Vec<FilterSet> {
     // As the shipped provider sidecar runs it: app requests never enter it.
     let drain = || {
         let mut f = wasm("graceful_drain", DRAIN_CONFIG);
@@ -172,13 +193,7 @@ pub fn filter_sets() -> Vec<FilterSet> {
     let drain_every_route = || wasm("graceful_drain", DRAIN_CONFIG);
     let provider = || wasm("graceful_provider", "{}");
     let consumer = || wasm("graceful_consumer", CONSUMER_CONFIG);
-    let set = |name, filters: Vec<Value>| FilterSet {
-        name,
-        filters,
-        closing: false,
-        tombstones: 0,
-    };
-    let mut sets = vec![
+    vec![
         set("none", vec![router()]),
         set("provider_drain", vec![drain(), provider(), router()]),
         set(
@@ -218,9 +233,12 @@ pub fn filter_sets() -> Vec<FilterSet> {
             tombstones: 100,
             ..set("consumer_100_tombstones", vec![consumer(), router()])
         },
-    ];
-    // The native module: the same filters and configs, one set per wasm
-    // set above that a platform team compares.
+    ]
+}
+
+/// The native module: the same filters and configs, one set per wasm
+/// set that a platform team compares.
+fn native_sets() -> Vec<FilterSet> {
     let native_drain = || {
         let mut f = native("graceful_drain", DRAIN_CONFIG);
         f["disabled"] = json!(true);
@@ -236,7 +254,7 @@ pub fn filter_sets() -> Vec<FilterSet> {
             router(),
         ]
     };
-    sets.extend([
+    vec![
         set("native_floor", vec![native_floor(), router()]),
         set(
             "provider_drain_native",
@@ -262,30 +280,30 @@ pub fn filter_sets() -> Vec<FilterSet> {
                 vec![native_consumer(), router()],
             )
         },
-    ]);
-    if let Some(dir) = before_dir() {
-        let drain = || {
-            let mut f = wasm_before(&dir, "graceful_drain", DRAIN_CONFIG);
-            f["disabled"] = json!(true);
-            f
-        };
-        let provider = || wasm_before(&dir, "graceful_provider", "{}");
-        let consumer = || wasm_before(&dir, "graceful_consumer", CONSUMER_CONFIG);
-        sets.push(set(
-            "provider_drain_before",
-            vec![drain(), provider(), router()],
-        ));
-        sets.push(set("consumer_before", vec![consumer(), router()]));
-        sets.push(set(
+    ]
+}
+
+/// `BENCH_BEFORE`'s build, measured beside this one.
+fn before_sets(dir: &std::path::Path) -> Vec<FilterSet> {
+    let drain = || {
+        let mut f = wasm_before(dir, "graceful_drain", DRAIN_CONFIG);
+        f["disabled"] = json!(true);
+        f
+    };
+    let provider = || wasm_before(dir, "graceful_provider", "{}");
+    let consumer = || wasm_before(dir, "graceful_consumer", CONSUMER_CONFIG);
+    vec![
+        set("provider_drain_before", vec![drain(), provider(), router()]),
+        set("consumer_before", vec![consumer(), router()]),
+        set(
             "all_before",
             vec![drain(), provider(), consumer(), router()],
-        ));
-        sets.push(FilterSet {
+        ),
+        FilterSet {
             tombstones: 100,
             ..set("consumer_100_tombstones_before", vec![consumer(), router()])
-        });
-    }
-    sets
+        },
+    ]
 }
 
 /// One wrk run's numbers.

@@ -94,19 +94,35 @@ fn p99_per_second(samples: &[Sample], span_ms: u64) -> Vec<(Option<f64>, bool)> 
         .collect()
 }
 
+/// The matrix chart's layout: the summary's height, then cells of this
+/// size, so many to a row.
+const SUMMARY_H: f64 = 300.0;
+const COLS: usize = 3;
+const CELL_W: f64 = 360.0;
+const CELL_H: f64 = 170.0;
+
 /// The matrix chart: a summary (failed requests against drain time, one
 /// point per cell), then per cell the p99 latency of each second (log
 /// scale) with each shutdown's closing (dashed) and process-gone (solid)
 /// moments, and the seconds with a failed request in red.
 pub fn matrix_chart(cells: &[(&Cell, &[Sample])]) -> String {
     let w = 1080.0;
-    let (sum_h, cols, cell_w, cell_h) = (300.0, 3usize, 360.0, 170.0);
-    let rows = cells.len().div_ceil(cols);
-    let height = sum_h + cell_h * rows as f64 + 20.0;
+    let rows = cells.len().div_ceil(COLS);
+    let height = SUMMARY_H + CELL_H * rows as f64 + 20.0;
     let mut svg = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"10\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
     );
-    // Summary: x = mean drain time (closing to process gone), y = failed.
+    push_summary(&mut svg, cells);
+    for (i, (c, samples)) in cells.iter().enumerate() {
+        push_cell(&mut svg, i, c, samples);
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+/// The summary: x = mean drain time (closing to process gone), y =
+/// failed, one point per cell, and the approaches' legend.
+fn push_summary(svg: &mut String, cells: &[(&Cell, &[Sample])]) {
     let (left, top, pw, ph) = (70.0, 40.0, 620.0, 220.0);
     let max_x = cells
         .iter()
@@ -161,79 +177,79 @@ pub fn matrix_chart(cells: &[(&Cell, &[Sample])]) -> String {
             ty = top + 14.0 + 18.0 * i as f64
         ));
     }
-    // Per cell: p99 per second, log scale 1 ms .. 10 s.
+}
+
+/// Cell `i`: its p99 per second, log scale 1 ms .. 10 s.
+fn push_cell(svg: &mut String, i: usize, c: &Cell, samples: &[Sample]) {
+    let (cols, cell_w, cell_h, sum_h) = (COLS, CELL_W, CELL_H, SUMMARY_H);
     let log_min = 0.0f64; // 1 ms
     let log_max = 4.0f64; // 10 s
-    for (i, (c, samples)) in cells.iter().enumerate() {
-        let x0 = (i % cols) as f64 * cell_w + 10.0;
-        let y0 = sum_h + (i / cols) as f64 * cell_h;
-        let (l, t, cw, ch) = (x0 + 40.0, y0 + 28.0, cell_w - 60.0, cell_h - 55.0);
-        let span = c.run.duration_ms.max(1);
-        let x = |ms: f64| l + cw * ms / span as f64;
-        let y = |v: f64| t + ch * (1.0 - (v.max(1.0).log10() - log_min) / (log_max - log_min));
+    let x0 = (i % cols) as f64 * cell_w + 10.0;
+    let y0 = sum_h + (i / cols) as f64 * cell_h;
+    let (l, t, cw, ch) = (x0 + 40.0, y0 + 28.0, cell_w - 60.0, cell_h - 55.0);
+    let span = c.run.duration_ms.max(1);
+    let x = |ms: f64| l + cw * ms / span as f64;
+    let y = |v: f64| t + ch * (1.0 - (v.max(1.0).log10() - log_min) / (log_max - log_min));
+    svg.push_str(&format!(
+        "<text x=\"{x0}\" y=\"{:.1}\" font-weight=\"bold\" fill=\"{}\">{}</text>\n<text x=\"{x0}\" y=\"{:.1}\" font-size=\"9\">{} failed, drain {:.1} s, p99 {:.0} ms</text>\n",
+        y0 + 12.0,
+        approach_color(&c.approach),
+        escape(&format!("{} / {} / {:?}", c.scenario, c.approach, c.run.protocol).to_lowercase()),
+        y0 + 23.0,
+        c.run.failed,
+        c.run.mean_gone_s(),
+        c.run.p99_ms
+    ));
+    svg.push_str(&format!(
+        "<rect x=\"{l}\" y=\"{t}\" width=\"{cw}\" height=\"{ch}\" fill=\"none\" stroke=\"#999\"/>\n"
+    ));
+    for (v, label) in [
+        (1.0, "1ms"),
+        (10.0, "10ms"),
+        (100.0, "100ms"),
+        (1000.0, "1s"),
+        (10000.0, "10s"),
+    ] {
         svg.push_str(&format!(
-            "<text x=\"{x0}\" y=\"{:.1}\" font-weight=\"bold\" fill=\"{}\">{}</text>\n<text x=\"{x0}\" y=\"{:.1}\" font-size=\"9\">{} failed, drain {:.1} s, p99 {:.0} ms</text>\n",
-            y0 + 12.0,
-            approach_color(&c.approach),
-            escape(&format!("{} / {} / {:?}", c.scenario, c.approach, c.run.protocol).to_lowercase()),
-            y0 + 23.0,
-            c.run.failed,
-            c.run.mean_gone_s(),
-            c.run.p99_ms
+            "<line x1=\"{l}\" y1=\"{yy:.1}\" x2=\"{r}\" y2=\"{yy:.1}\" stroke=\"#eee\"/><text x=\"{lx}\" y=\"{ty:.1}\" font-size=\"8\">{label}</text>\n",
+            yy = y(v),
+            r = l + cw,
+            lx = x0,
+            ty = y(v) + 3.0
         ));
-        svg.push_str(&format!(
-            "<rect x=\"{l}\" y=\"{t}\" width=\"{cw}\" height=\"{ch}\" fill=\"none\" stroke=\"#999\"/>\n"
-        ));
-        for (v, label) in [
-            (1.0, "1ms"),
-            (10.0, "10ms"),
-            (100.0, "100ms"),
-            (1000.0, "1s"),
-            (10000.0, "10s"),
-        ] {
+    }
+    for e in &c.run.events {
+        for (ms, dash) in [(e.closing_ms, "4 3"), (e.down_ms, "")] {
             svg.push_str(&format!(
-                "<line x1=\"{l}\" y1=\"{yy:.1}\" x2=\"{r}\" y2=\"{yy:.1}\" stroke=\"#eee\"/><text x=\"{lx}\" y=\"{ty:.1}\" font-size=\"8\">{label}</text>\n",
-                yy = y(v),
-                r = l + cw,
-                lx = x0,
-                ty = y(v) + 3.0
+                "<line x1=\"{xm:.1}\" y1=\"{t}\" x2=\"{xm:.1}\" y2=\"{b}\" stroke=\"#555\" stroke-dasharray=\"{dash}\"/>\n",
+                xm = x(ms as f64),
+                b = t + ch
             ));
         }
-        for e in &c.run.events {
-            for (ms, dash) in [(e.closing_ms, "4 3"), (e.down_ms, "")] {
-                svg.push_str(&format!(
-                    "<line x1=\"{xm:.1}\" y1=\"{t}\" x2=\"{xm:.1}\" y2=\"{b}\" stroke=\"#555\" stroke-dasharray=\"{dash}\"/>\n",
-                    xm = x(ms as f64),
-                    b = t + ch
-                ));
-            }
-        }
-        let series = p99_per_second(samples, span);
-        let points: Vec<String> = series
-            .iter()
-            .enumerate()
-            .filter_map(|(s, (p99, _))| {
-                p99.map(|v| format!("{:.1},{:.1}", x(s as f64 * 1000.0 + 500.0), y(v)))
-            })
-            .collect();
-        svg.push_str(&format!(
-            "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>\n",
-            approach_color(&c.approach),
-            points.join(" ")
-        ));
-        for (s, (_, failed)) in series.iter().enumerate() {
-            if *failed {
-                svg.push_str(&format!(
-                    "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"4\" fill=\"#d62728\"/>\n",
-                    x(s as f64 * 1000.0),
-                    t + ch - 4.0,
-                    (cw / (span as f64 / 1000.0)).max(1.0)
-                ));
-            }
+    }
+    let series = p99_per_second(samples, span);
+    let points: Vec<String> = series
+        .iter()
+        .enumerate()
+        .filter_map(|(s, (p99, _))| {
+            p99.map(|v| format!("{:.1},{:.1}", x(s as f64 * 1000.0 + 500.0), y(v)))
+        })
+        .collect();
+    svg.push_str(&format!(
+        "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>\n",
+        approach_color(&c.approach),
+        points.join(" ")
+    ));
+    for (s, (_, failed)) in series.iter().enumerate() {
+        if *failed {
+            svg.push_str(&format!(
+                "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"{:.1}\" height=\"4\" fill=\"#d62728\"/>\n",
+                x(s as f64 * 1000.0),
+                t + ch - 4.0,
+                (cw / (span as f64 / 1000.0)).max(1.0)
+            ));
         }
     }
-    svg.push_str("</svg>\n");
-    svg
 }
 
 #[cfg(test)]
