@@ -470,6 +470,50 @@ fn duration_text() -> impl Strategy<Value = String> {
     ]
 }
 
+/// An `on_drained` object: a cluster, and now and then a path and a timeout.
+fn on_drained_json() -> impl Strategy<Value = Value> {
+    (
+        cluster(),
+        prop::option::of(url_path()),
+        prop::option::of(prop_oneof![
+            ms(0..=70_000).prop_map(format_duration),
+            duration_text()
+        ]),
+    )
+        .prop_map(|(cluster, path, timeout)| {
+            let mut m = Map::new();
+            m.insert("cluster".into(), json!(cluster));
+            if let Some(p) = path {
+                m.insert("path".into(), json!(p));
+            }
+            if let Some(t) = timeout {
+                m.insert("timeout".into(), json!(t));
+            }
+            Value::Object(m)
+        })
+}
+
+/// A `readmit_slow_start` object: a window, and now and then an aggression
+/// and a least weight.
+fn slow_start_json() -> impl Strategy<Value = Value> {
+    (
+        duration_text(),
+        prop::option::of(prop_oneof![-2.0f64..4.0, any::<f64>()]),
+        prop::option::of(prop_oneof![0u64..=120, any::<u64>()]),
+    )
+        .prop_map(|(window, aggression, min)| {
+            let mut m = Map::new();
+            m.insert("window".into(), json!(window));
+            if let Some(a) = aggression {
+                m.insert("aggression".into(), json!(a));
+            }
+            if let Some(p) = min {
+                m.insert("min_weight_percent".into(), json!(p));
+            }
+            Value::Object(m)
+        })
+}
+
 /// A value for a field of `kind`: mostly well-typed and often valid, so
 /// that whole documents parse and the checks after parsing run too.
 fn field_value(kind: Kind) -> BoxedStrategy<Value> {
@@ -500,43 +544,8 @@ fn field_value(kind: Kind) -> BoxedStrategy<Value> {
             Just(json!(true)),
         ]
         .boxed(),
-        Kind::OnDrained => (
-            cluster(),
-            prop::option::of(url_path()),
-            prop::option::of(prop_oneof![
-                ms(0..=70_000).prop_map(format_duration),
-                duration_text()
-            ]),
-        )
-            .prop_map(|(cluster, path, timeout)| {
-                let mut m = Map::new();
-                m.insert("cluster".into(), json!(cluster));
-                if let Some(p) = path {
-                    m.insert("path".into(), json!(p));
-                }
-                if let Some(t) = timeout {
-                    m.insert("timeout".into(), json!(t));
-                }
-                Value::Object(m)
-            })
-            .boxed(),
-        Kind::SlowStart => (
-            duration_text(),
-            prop::option::of(prop_oneof![-2.0f64..4.0, any::<f64>()]),
-            prop::option::of(prop_oneof![0u64..=120, any::<u64>()]),
-        )
-            .prop_map(|(window, aggression, min)| {
-                let mut m = Map::new();
-                m.insert("window".into(), json!(window));
-                if let Some(a) = aggression {
-                    m.insert("aggression".into(), json!(a));
-                }
-                if let Some(p) = min {
-                    m.insert("min_weight_percent".into(), json!(p));
-                }
-                Value::Object(m)
-            })
-            .boxed(),
+        Kind::OnDrained => on_drained_json().boxed(),
+        Kind::SlowStart => slow_start_json().boxed(),
         Kind::Count => prop_oneof![0u64..=70_000, any::<u64>()]
             .prop_map(|n| json!(n))
             .boxed(),
