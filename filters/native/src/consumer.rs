@@ -48,14 +48,15 @@ use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
+use std::sync::Arc;
 
 use graceful_core::consumer::filter::{ConsumerCopy, ConsumerFilter, ConsumerStream as Core};
 use graceful_core::shared::host::{Attribute, Stream as _};
 use graceful_core::shared::keys::Owner;
 
-use crate::abi::{self, Stream};
-use crate::hooks::code;
+use crate::abi::{self, Stream, CONTINUE};
+use crate::copies::{Guarded, PerWorker, WorkerOf};
+use crate::hooks::{code, Event};
 use crate::host::{CalloutAnswer, Ids, Native};
 use crate::timer::Timer;
 
@@ -106,27 +107,28 @@ thread_local! {
 }
 
 pub struct Config {
-    filter: ConsumerFilter,
+    /// Shared with the copies, which a panic rebuilds from it.
+    filter: Arc<ConsumerFilter>,
     ids: Ids,
     /// One per worker, then the main thread's.
-    copies: Vec<Mutex<ConsumerCopy>>,
+    copies: PerWorker<ConsumerCopy>,
     /// Membership refreshes and probes are the listener instance's.
     _timer: Option<Timer>,
 }
 
 impl Config {
-    pub fn new(envoy: abi::Config<'_>, json: &[u8], upstream: bool) -> Result<Config, String> {
+    pub fn new(envoy: &abi::Config<'_>, json: &[u8], upstream: bool) -> Result<Config, String> {
         let ids = if upstream {
             Ids::NONE
         } else {
             Ids::define(envoy, Owner::Consumer)
         };
-        let filter = ConsumerFilter::configure(&Native::config(envoy, &ids), json, upstream)?
-            .with_probe_failure_as_connect_failure();
-        let workers = usize::try_from(envoy.concurrency()).unwrap_or(1).max(1);
-        let copies = (0..=workers)
-            .map(|_| Mutex::new(filter.new_copy()))
-            .collect();
+        let filter = Arc::new(
+            ConsumerFilter::configure(&Native::config(envoy, &ids), json, upstream)?
+                .with_probe_failure_as_connect_failure(),
+        );
+        let fresh = filter.clone();
+        let copies = PerWorker::new(envoy.concurrency(), move || fresh.new_copy());
         let timer = if upstream {
             UPSTREAM_CONFIGURED.store(true, Relaxed);
             None
@@ -142,23 +144,18 @@ impl Config {
         })
     }
 
-    /// A worker's copy (an index past the workers: the main thread's).
-    fn copy(&self, worker: usize) -> &Mutex<ConsumerCopy> {
-        &self.copies[worker.min(self.copies.len().saturating_sub(1))]
-    }
-
     /// The membership timer's tick, on the main thread.
-    pub fn tick(&self, envoy: abi::Config<'_>) {
+    pub fn tick(&self, envoy: &abi::Config<'_>) {
         let h = Native::config(envoy, &self.ids);
-        self.filter.tick(self.copy(usize::MAX), &h);
+        self.filter.tick(self.copies.main_thread(), &h);
     }
 
     /// An answer to a membership refresh or a probe (main thread).
-    pub fn callout_done(&self, envoy: abi::Config<'_>, id: u64, answer: &CalloutAnswer) {
+    pub fn callout_done(&self, envoy: &abi::Config<'_>, id: u64, answer: &CalloutAnswer) {
         let h = Native::config(envoy, &self.ids);
         let token = u32::try_from(id).unwrap_or(u32::MAX);
         self.filter
-            .call_answered(self.copy(usize::MAX), &h, token, answer);
+            .call_answered(self.copies.main_thread(), &h, token, answer);
     }
 }
 
@@ -171,7 +168,7 @@ pub struct ConsumerStream {
     /// Listener instance: this stream's token while it is in `LIVE`.
     live: Cell<Option<u64>>,
     /// The worker the stream runs on, once asked.
-    worker: Cell<Option<usize>>,
+    worker: WorkerOf,
 }
 
 /// An upstream attempt: where it went, for which request.
@@ -183,28 +180,42 @@ struct Attempt {
 }
 
 impl ConsumerStream {
-    /// The stream's worker index (asked of Envoy once per stream).
-    fn worker(&self, s: Stream<'_>) -> usize {
-        if let Some(w) = self.worker.get() {
-            return w;
-        }
-        let w = usize::try_from(s.worker_index()).unwrap_or(usize::MAX);
-        self.worker.set(Some(w));
-        w
+    /// The copy of the worker the stream `h` is a hook of.
+    fn copy<'c>(&self, c: &'c Config, h: &Native) -> &'c Guarded<ConsumerCopy> {
+        c.copies.of(self.worker.get(h))
     }
 
-    pub fn request_headers(&self, c: &Config, s: Stream<'_>) -> u32 {
+    /// One of the stream's hooks.
+    pub fn on(&self, c: &Config, s: Stream<'_>, event: Event) -> u32 {
         let h = Native::stream(s, &c.ids);
-        let next = c
-            .filter
-            .request_headers(c.copy(self.worker(s)), &self.core, &h);
+        match event {
+            Event::RequestHeaders { .. } => self.request_headers(c, &h),
+            Event::ResponseHeaders => {
+                code(c.filter.response_headers(self.copy(c, &h), &self.core, &h))
+            }
+            Event::ResponseTrailers => {
+                code(c.filter.response_trailers(self.copy(c, &h), &self.core, &h))
+            }
+            // The listener instance's stream is over. (Envoy does not call
+            // this for upstream filters.)
+            Event::StreamComplete => {
+                self.leave_live();
+                c.filter.stream_end(&self.core, &h);
+                CONTINUE
+            }
+            Event::Scheduled => CONTINUE,
+        }
+    }
+
+    fn request_headers(&self, c: &Config, h: &Native) -> u32 {
+        let next = c.filter.request_headers(self.copy(c, h), &self.core, h);
         if c.filter.config().evict_on_connect_failure {
             if c.filter.is_upstream() {
-                let token = s.filter_state(STREAM_TOKEN).and_then(|b| token_of(&b));
-                self.attempt_started(&h, self.worker(s), token);
+                let token = h.filter_state(STREAM_TOKEN).and_then(|b| token_of(&b));
+                self.attempt_started(h, self.worker.get(h), token);
             } else if self.live.get().is_none() && UPSTREAM_CONFIGURED.load(Relaxed) {
                 let token = NEXT_TOKEN.fetch_add(1, Relaxed);
-                if s.set_filter_state(STREAM_TOKEN, &token.to_le_bytes()) {
+                if h.set_filter_state(STREAM_TOKEN, &token.to_le_bytes()) {
                     LIVE.with(|l| l.borrow_mut().insert(token));
                     self.live.set(Some(token));
                 }
@@ -227,29 +238,6 @@ impl ConsumerStream {
         }
     }
 
-    pub fn response_headers(&self, c: &Config, s: Stream<'_>) -> u32 {
-        let h = Native::stream(s, &c.ids);
-        code(
-            c.filter
-                .response_headers(c.copy(self.worker(s)), &self.core, &h),
-        )
-    }
-
-    pub fn response_trailers(&self, c: &Config, s: Stream<'_>) -> u32 {
-        let h = Native::stream(s, &c.ids);
-        code(
-            c.filter
-                .response_trailers(c.copy(self.worker(s)), &self.core, &h),
-        )
-    }
-
-    /// The listener instance's stream is over. (Envoy does not call this
-    /// for upstream filters.)
-    pub fn stream_complete(&self, c: &Config, s: Stream<'_>) {
-        self.leave_live();
-        c.filter.stream_end(&self.core, &Native::stream(s, &c.ids));
-    }
-
     /// The stream's filter is destroyed: a stream not completed leaves the
     /// count (the drain gate must not wait for it); an upstream attempt
     /// that got no response headers tombstones its host (module doc).
@@ -269,7 +257,7 @@ impl ConsumerStream {
             return;
         }
         c.filter
-            .connect_failed(c.copy(a.worker), &h, a.cluster, &a.address);
+            .connect_failed(c.copies.of(a.worker), &h, a.cluster, &a.address);
     }
 
     fn leave_live(&self) {

@@ -18,14 +18,14 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
-use std::sync::Mutex;
 
 use graceful_core::drain::filter::{Drain, DrainCopy, TICK};
 use graceful_core::shared::host::StateCell;
 use graceful_core::shared::keys::Owner;
 
-use crate::abi::{self, Stream, StreamScheduler};
-use crate::hooks::code;
+use crate::abi::{self, Stream, StreamScheduler, CONTINUE};
+use crate::copies::Guarded;
+use crate::hooks::{code, Event};
 use crate::host::{CalloutAnswer, Ids, Native};
 use crate::timer::Timer;
 
@@ -37,27 +37,27 @@ static NEXT_WAITER: AtomicU32 = AtomicU32::new(1);
 pub struct Config {
     drain: Drain,
     ids: Ids,
-    /// The config's one copy; its long-polls' wake handles are their
-    /// streams' schedulers.
-    copy: Mutex<DrainCopy<StreamScheduler>>,
+    /// The config's one copy (rebuilt after a panic, `copies.rs`); its
+    /// long-polls' wake handles are their streams' schedulers.
+    copy: Guarded<DrainCopy<StreamScheduler>>,
     _timer: Timer,
 }
 
 impl Config {
-    pub fn new(envoy: abi::Config<'_>, json: &[u8]) -> Result<Config, String> {
+    pub fn new(envoy: &abi::Config<'_>, json: &[u8]) -> Result<Config, String> {
         let ids = Ids::define(envoy, Owner::Drain);
         let drain = Drain::configure(&Native::config(envoy, &ids), json)?;
         Ok(Config {
             drain,
             ids,
-            copy: Mutex::new(DrainCopy::default()),
+            copy: Guarded::new(DrainCopy::default),
             _timer: Timer::start(envoy, "graceful-drain", TICK)?,
         })
     }
 
     /// The main thread's tick. The woken streams' schedulers are dropped
     /// (deleted) after their commit.
-    pub fn tick(&self, envoy: abi::Config<'_>) {
+    pub fn tick(&self, envoy: &abi::Config<'_>) {
         let h = Native::config(envoy, &self.ids);
         self.drain.tick(&self.copy, &h, |_, scheduler| {
             scheduler.commit(EVENT_ANSWER)
@@ -65,7 +65,7 @@ impl Config {
     }
 
     /// An answer to one of the config's callouts (main thread).
-    pub fn callout_done(&self, envoy: abi::Config<'_>, id: u64, answer: &CalloutAnswer) {
+    pub fn callout_done(&self, envoy: &abi::Config<'_>, id: u64, answer: &CalloutAnswer) {
         let h = Native::config(envoy, &self.ids);
         let token = u32::try_from(id).unwrap_or(u32::MAX);
         self.drain.call_answered(&self.copy, &h, token, answer);
@@ -80,24 +80,26 @@ pub struct DrainStream {
 }
 
 impl DrainStream {
-    pub fn request_headers(&self, c: &Config, s: Stream<'_>) -> u32 {
-        let hold = || {
-            let id = NEXT_WAITER.fetch_add(1, SeqCst);
-            self.waiting.set(Some(id));
-            (id, s.scheduler())
-        };
-        code(
-            c.drain
-                .request_headers(&c.copy, &Native::stream(s, &c.ids), hold),
-        )
-    }
-
-    /// The tick woke this stream: its long-poll, or its kept gRPC health
-    /// `Watch` at closing.
-    pub fn scheduled(&self, c: &Config, s: Stream<'_>) {
-        if let Some(id) = self.waiting.get() {
-            c.drain
-                .answer_woken(&c.copy, &Native::stream(s, &c.ids), id);
+    /// One of the stream's hooks: its request, or the tick waking its
+    /// long-poll (or its kept gRPC health `Watch` at closing).
+    pub fn on(&self, c: &Config, s: Stream<'_>, event: Event) -> u32 {
+        let h = Native::stream(s, &c.ids);
+        match event {
+            Event::RequestHeaders { .. } => {
+                let hold = || {
+                    let id = NEXT_WAITER.fetch_add(1, SeqCst);
+                    self.waiting.set(Some(id));
+                    (id, h.scheduler())
+                };
+                code(c.drain.request_headers(&c.copy, &h, hold))
+            }
+            Event::Scheduled => {
+                if let Some(id) = self.waiting.get() {
+                    c.drain.answer_woken(&c.copy, &h, id);
+                }
+                CONTINUE
+            }
+            _ => CONTINUE,
         }
     }
 

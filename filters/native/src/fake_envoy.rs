@@ -58,6 +58,14 @@ pub struct FakeStream {
 }
 
 impl FakeStream {
+    /// A stream of worker `worker`, with no headers yet.
+    pub fn on_worker(worker: u32) -> FakeStream {
+        FakeStream {
+            worker,
+            ..FakeStream::default()
+        }
+    }
+
     pub fn with_request(headers: &[(&str, &str)]) -> FakeStream {
         let s = FakeStream::default();
         *s.headers[usize::try_from(abi::REQUEST_HEADERS).unwrap_or(0)].borrow_mut() = headers
@@ -151,6 +159,10 @@ struct FakeScheduler {
 static LIVE_SCHEDULERS: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
 /// What the module did that Envoy would crash on.
 static MISUSE: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// Each gauge's value as Envoy would hold it, by stat id, every change
+/// applied in the order the module made it, from any thread (an id is the
+/// config's: a test reads the gauges of its own config).
+static GAUGES: Mutex<Vec<i64>> = Mutex::new(Vec::new());
 static NEXT_CALLOUT: AtomicU64 = AtomicU64::new(1);
 
 thread_local! {
@@ -163,6 +175,49 @@ pub const CONCURRENCY: u32 = 2;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Applies a gauge change to Envoy's value of gauge `id`.
+fn gauge_change(op: &str, id: usize, value: u64) {
+    let mut gauges = lock(&GAUGES);
+    if gauges.len() <= id {
+        gauges.resize(id + 1, 0);
+    }
+    let v = i64::try_from(value).unwrap_or(i64::MAX);
+    match op {
+        "gauge+" => gauges[id] += v,
+        "gauge-" => gauges[id] -= v,
+        "gauge=" => gauges[id] = v,
+        _ => {}
+    }
+}
+
+/// What runs inside the next config-level gauge write, before Envoy
+/// applies it (a worker's hook, as one may on another thread).
+type DuringWrite = Box<dyn FnOnce() + Send>;
+static DURING_NEXT_WRITE: Mutex<Option<DuringWrite>> = Mutex::new(None);
+
+/// Runs `f` inside the next config-level gauge write (set or add), after
+/// the module computed what it writes and before Envoy applies it.
+pub fn during_next_config_gauge_write(f: impl FnOnce() + Send + 'static) {
+    *lock(&DURING_NEXT_WRITE) = Some(Box::new(f));
+}
+
+/// The hook [`during_next_config_gauge_write`] left, if any, taken: a
+/// test runs it itself when no write came.
+pub fn take_during_write() -> Option<DuringWrite> {
+    lock(&DURING_NEXT_WRITE).take()
+}
+
+fn config_gauge_write() {
+    if let Some(f) = take_during_write() {
+        f();
+    }
+}
+
+/// Envoy's value of gauge `id` (see [`GAUGES`]).
+pub fn gauge(id: usize) -> i64 {
+    lock(&GAUGES).get(id).copied().unwrap_or(0)
 }
 
 /// Misuse recorded so far (a scheduler used after its deletion).
@@ -187,7 +242,9 @@ pub fn world() -> MutexGuard<'static, ()> {
     static INSTALLED: Once = Once::new();
     let turn = lock(&TURN);
     INSTALLED.call_once(|| {
-        if let Err(missing) = abi::install_stand_in(&address) {
+        // SAFETY: every address `address` gives is one of the functions
+        // below, declared with the signature abi.rs declares for its name.
+        if let Err(missing) = unsafe { abi::install_stand_in(&address) } {
             lock(&MISUSE).push(format!("the fake Envoy lacks {missing}"));
         }
     });
@@ -455,6 +512,7 @@ extern "C" fn define_gauge(
 }
 
 fn stream_stat(op: &'static str, filter: FilterEnvoyPtr, id: usize, value: u64) -> MetricsResult {
+    gauge_change(op, id, value);
     // SAFETY: live fake.
     unsafe { stream(filter) }
         .stats
@@ -515,6 +573,34 @@ extern "C" fn config_increment_counter(
     0
 }
 
+extern "C" fn config_increment_gauge(
+    c: ConfigEnvoyPtr,
+    id: usize,
+    _l: *mut ModuleBuffer,
+    _n: usize,
+    v: u64,
+) -> MetricsResult {
+    config_gauge_write();
+    gauge_change("gauge+", id, v);
+    // SAFETY: live fake.
+    lock(&unsafe { config(c) }.stats).push(("gauge+", id, v));
+    0
+}
+
+extern "C" fn config_decrement_gauge(
+    c: ConfigEnvoyPtr,
+    id: usize,
+    _l: *mut ModuleBuffer,
+    _n: usize,
+    v: u64,
+) -> MetricsResult {
+    config_gauge_write();
+    gauge_change("gauge-", id, v);
+    // SAFETY: live fake.
+    lock(&unsafe { config(c) }.stats).push(("gauge-", id, v));
+    0
+}
+
 extern "C" fn config_set_gauge(
     c: ConfigEnvoyPtr,
     id: usize,
@@ -522,6 +608,8 @@ extern "C" fn config_set_gauge(
     _n: usize,
     v: u64,
 ) -> MetricsResult {
+    config_gauge_write();
+    gauge_change("gauge=", id, v);
     // SAFETY: live fake.
     lock(&unsafe { config(c) }.stats).push(("gauge=", id, v));
     0
@@ -666,6 +754,8 @@ fn address(symbol: &'static str) -> *mut c_void {
         "http_filter_decrement_gauge" => decrement_gauge as *const (),
         "http_filter_set_gauge" => set_gauge as *const (),
         "http_filter_config_increment_counter" => config_increment_counter as *const (),
+        "http_filter_config_increment_gauge" => config_increment_gauge as *const (),
+        "http_filter_config_decrement_gauge" => config_decrement_gauge as *const (),
         "http_filter_config_set_gauge" => config_set_gauge as *const (),
         "http_filter_scheduler_new" => scheduler_new as *const (),
         "http_filter_scheduler_commit" => scheduler_commit as *const (),

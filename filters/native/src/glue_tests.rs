@@ -250,6 +250,59 @@ fn a_kept_long_lived_stream_has_one_scheduler_deleted_once_when_it_goes() {
 }
 
 #[test]
+fn a_copy_a_panic_left_half_changed_is_dropped_and_rebuilt_not_reused() {
+    let _world = fake_envoy::world();
+    let provider = Loaded::new("graceful_provider", "{}").expect("configured");
+    let live_before = fake_envoy::live_schedulers();
+    fake_envoy::take_log();
+
+    // A long-lived stream's request hook panics once its worker's copy
+    // holds it (the copy's second use: its size read, then the hold),
+    // before the hook is done: the copy is half changed.
+    let first = get("/chat");
+    first.add_header(abi::REQUEST_HEADERS, "upgrade", "websocket");
+    let f = provider.filter();
+    crate::copies::inject::panic_in_use(2);
+    assert_eq!(f.request_headers_open(&first), CONTINUE, "failed open");
+    assert!(
+        fake_envoy::take_log()
+            .iter()
+            .any(|(_, line)| line.contains("a panic in request_headers was caught")),
+        "the panic was not caught at the hook"
+    );
+    assert_eq!(
+        fake_envoy::live_schedulers(),
+        live_before + 1,
+        "the half-changed copy holds the stream's scheduler"
+    );
+
+    // The next use of that copy (the tick's) drops it, with what it held,
+    // and goes on with a fresh one.
+    provider.tick();
+    assert_eq!(
+        fake_envoy::live_schedulers(),
+        live_before,
+        "the copy a panic left was reused: it still holds the dead stream's scheduler"
+    );
+    f.destroy();
+    assert!(first.commits.lock().unwrap().is_empty());
+
+    // The fresh copy serves the worker's next long-lived stream.
+    let second = get("/chat");
+    second.add_header(abi::REQUEST_HEADERS, "upgrade", "websocket");
+    let g = provider.filter();
+    assert_eq!(g.request_headers_open(&second), CONTINUE);
+    assert_eq!(fake_envoy::live_schedulers(), live_before + 1);
+    g.destroy();
+    assert_eq!(fake_envoy::live_schedulers(), live_before);
+    assert!(
+        fake_envoy::misuse().is_empty(),
+        "{:?}",
+        fake_envoy::misuse()
+    );
+}
+
+#[test]
 fn a_drain_long_poll_is_woken_by_a_tick_answered_on_its_worker_and_its_scheduler_deleted() {
     let _world = fake_envoy::world();
     let drain = Loaded::new("graceful_drain", "{}").expect("configured");

@@ -9,7 +9,12 @@
 //! |---|---|---|
 //! | stream's filter alive | a panic caught in one of its hooks | dead: its later hooks do nothing and continue; logged once per process |
 //! | config alive | a panic caught in its tick or callout answer | dead: its streams' hooks do nothing (requests pass without the filter), its tick and answers are ignored; logged once |
+//! | a copy of a filter's state (a worker's, the drain's) | a panic caught while its lock was held | poisoned: dropped at its next use and a fresh one built from the config in its place (`copies.rs`), never reused |
 //! | dead stream's filter, or a dead config's | `filter_destroy` | still releases what the stream holds (the provider's in-flight count and kept scheduler, the consumer's live token): nothing else frees them, and a count never left would hold the drain gate until `timeout` |
+//!
+//! Every stream hook is one [`Event`] through [`dispatch`], every config
+//! hook one `ConfigEvent` through [`dispatch_config`]: the look-up, the
+//! life check and the panic guard are written once.
 //!
 //! Filter names (`filter_name` in the Envoy config): `graceful_provider`,
 //! `graceful_drain`, `graceful_consumer`, and `graceful_consumer:upstream`
@@ -113,23 +118,71 @@ impl Life {
     }
 }
 
-/// A stream's filter died: logged once per process (a bug that panics on
-/// every request would flood the log).
-static STREAM_PANIC_LOGGED: AtomicBool = AtomicBool::new(false);
-static PANICKED: AtomicBool = AtomicBool::new(false);
+/// Where a panic was caught, which says what dies and how often it is
+/// logged (the module doc's table).
+#[derive(Clone, Copy)]
+enum Scope {
+    /// A stream's filter: logged once per process (a bug that panics on
+    /// every request would flood the log).
+    Stream,
+    /// A config: logged each time (a config dies once).
+    Config,
+    /// Creating or destroying a config or a filter: nothing to kill;
+    /// logged once per process.
+    Lifecycle,
+}
 
-/// Runs the body of a hook that has no stream or config to kill (creating
-/// and destroying them); on a panic logs (once per process) and returns
-/// `fallback`.
-fn fail_open<T>(hook: &str, fallback: T, body: impl FnOnce() -> T) -> T {
-    match catch_unwind(AssertUnwindSafe(body)) {
-        Ok(v) => v,
-        Err(_) => {
-            if !PANICKED.swap(true, Relaxed) {
-                abi::log(abi::LOG_ERROR, &format!(
-                    "graceful: a panic in {hook} was caught; the stream goes on without the filter (failing open)"
-                ));
-            }
+static STREAM_PANIC_LOGGED: AtomicBool = AtomicBool::new(false);
+static LIFECYCLE_PANIC_LOGGED: AtomicBool = AtomicBool::new(false);
+
+impl Scope {
+    fn log(self, hook: &str) {
+        let (once, after) = match self {
+            Scope::Stream => (
+                Some(&STREAM_PANIC_LOGGED),
+                "that stream's filter is dropped and the stream goes on without it (failing open); logged once",
+            ),
+            Scope::Config => (
+                None,
+                "this filter config is dropped and requests pass without it (failing open)",
+            ),
+            Scope::Lifecycle => (
+                Some(&LIFECYCLE_PANIC_LOGGED),
+                "the stream goes on without the filter (failing open)",
+            ),
+        };
+        if once.is_some_and(|logged| logged.swap(true, Relaxed)) {
+            return;
+        }
+        abi::log(
+            abi::LOG_ERROR,
+            &format!("graceful: a panic in {hook} was caught; {after}"),
+        );
+    }
+}
+
+/// Every hook's guard: runs `body` unless `life` is dead; a panic in it
+/// is caught, kills `life` and is logged; `fallback` then, as for a dead
+/// life.
+fn guard<T>(
+    hook: &str,
+    scope: Scope,
+    life: Option<&Life>,
+    fallback: T,
+    body: impl FnOnce() -> T,
+) -> T {
+    let ran = match life {
+        Some(life) => life.run(body),
+        None => match catch_unwind(AssertUnwindSafe(body)) {
+            Ok(v) => Ran::Done(v),
+            Err(_) => Ran::Panicked,
+        },
+    };
+    match ran {
+        Ran::Done(v) => v,
+        Ran::Dead => fallback,
+        Ran::Panicked => {
+            scope.log(hook);
             fallback
         }
     }
@@ -151,83 +204,231 @@ unsafe fn filter<'a>(ptr: FilterModulePtr) -> Option<(&'a Filter, &'a Configured
     Some((f, c))
 }
 
-/// A stream hook's body on its filter, config and stream, failing open:
-/// the fallback for a null filter, a dead filter or config, or a panic
-/// (which kills the stream's filter).
+/// What Envoy asks of a stream's filter: one event per stream hook.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Event {
+    RequestHeaders {
+        end_of_stream: bool,
+    },
+    ResponseHeaders,
+    ResponseTrailers,
+    StreamComplete,
+    /// Woken by a tick (the drain's held long-poll or Watch, the
+    /// provider's kept long-lived stream).
+    Scheduled,
+}
+
+/// The dispatch every stream hook makes: its filter looked up, `event` run
+/// on it unless the filter or its config is dead, a panic caught (killing
+/// the filter); CONTINUE for a null, dead or panicked filter.
 ///
 /// # Safety
 /// As [`filter`]; `envoy` is the filter pointer Envoy passed to the hook.
-unsafe fn on_stream<T>(
+unsafe fn dispatch(
     hook: &str,
     envoy: FilterEnvoyPtr,
     module: FilterModulePtr,
-    fallback: T,
-    body: impl FnOnce(&FilterStream, &FilterConfig, Stream<'_>) -> T,
-) -> T {
+    event: Event,
+) -> u32 {
     // SAFETY: as the caller promises.
     let Some((f, c)) = (unsafe { filter(module) }) else {
-        return fallback;
+        return CONTINUE;
     };
     if c.life.is_dead() {
-        return fallback;
+        return CONTINUE;
     }
-    // SAFETY: Envoy's pointer for this hook.
-    let ran = unsafe { Stream::in_hook(envoy, |s| f.life.run(|| body(&f.stream, &c.kind, s))) };
-    match ran {
-        Ran::Done(v) => v,
-        Ran::Dead => fallback,
-        Ran::Panicked => {
-            if !STREAM_PANIC_LOGGED.swap(true, Relaxed) {
-                abi::log(abi::LOG_ERROR, &format!(
-                    "graceful: a panic in {hook} was caught; that stream's filter is dropped and the stream goes on without it (failing open); logged once"
-                ));
-            }
-            fallback
+    guard(hook, Scope::Stream, Some(&f.life), CONTINUE, || {
+        // SAFETY: Envoy's pointer for this hook, the hook's only handle.
+        unsafe { Stream::in_hook(envoy, |s| f.stream.on(&c.kind, s, event)) }
+    })
+}
+
+impl FilterStream {
+    /// `event` on this stream's filter of `config`'s kind.
+    fn on(&self, config: &FilterConfig, s: Stream<'_>, event: Event) -> u32 {
+        match (self, config) {
+            #[cfg(feature = "panic-probe")]
+            (_, FilterConfig::PanicProbe) => panic_probe(s, event),
+            (FilterStream::Provider(p), FilterConfig::Provider(pc)) => pc.on(p, s, event),
+            (FilterStream::Drain(d), FilterConfig::Drain(dc)) => d.on(dc, s, event),
+            (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => k.on(kc, s, event),
+            _ => CONTINUE,
         }
     }
 }
 
-/// A config hook's body (its tick, a callout's answer, on the main
-/// thread); a panic kills the config (the module doc's table).
+/// The probe panics in the request hook of a request with its header; a
+/// live probe stream marks its response (one that panicked is dead).
+#[cfg(feature = "panic-probe")]
+fn panic_probe(mut s: Stream<'_>, event: Event) -> u32 {
+    match event {
+        Event::RequestHeaders { .. }
+            if s.header(abi::REQUEST_HEADERS, PANIC_PROBE_HEADER).is_some() =>
+        {
+            #[allow(clippy::panic)]
+            {
+                panic!("graceful_panic_probe: a panic on purpose");
+            }
+        }
+        Event::ResponseHeaders => {
+            s.set_header(abi::RESPONSE_HEADERS, PANIC_PROBE_ALIVE, "true");
+        }
+        _ => {}
+    }
+    CONTINUE
+}
+
+/// What Envoy asks of a config on the main thread.
+#[derive(Clone, Copy)]
+enum ConfigEvent {
+    /// Its timer's tick.
+    Tick,
+    /// The answer to one of its callouts, in Envoy's buffers.
+    Answered {
+        id: u64,
+        headers: *const EnvoyHeader,
+        headers_size: usize,
+        body: *const EnvoyBuffer,
+        body_size: usize,
+    },
+}
+
+/// The dispatch every config hook makes (on the main thread): its config
+/// looked up, `event` run on it unless dead, a panic caught (killing the
+/// config).
 ///
 /// # Safety
 /// `config` is null or came from `config_new` and is live; `envoy` is the
-/// config pointer Envoy passed to the hook.
-unsafe fn on_config(
+/// config pointer Envoy passed to the hook; an answer's buffers are the
+/// ones Envoy passed to it.
+unsafe fn dispatch_config(
     hook: &str,
     envoy: ConfigEnvoyPtr,
     config: ConfigModulePtr,
-    body: impl FnOnce(&FilterConfig, abi::Config<'_>),
+    event: ConfigEvent,
 ) {
     // SAFETY: as the caller promises.
     let Some(c) = (unsafe { config.cast::<Configured>().as_ref() }) else {
         return;
     };
-    // SAFETY: Envoy's pointer for this hook.
-    let ran = unsafe { abi::Config::in_hook(envoy, |e| c.life.run(|| body(&c.kind, e))) };
-    if ran == Ran::Panicked {
-        abi::log(abi::LOG_ERROR, &format!(
-            "graceful: a panic in {hook} was caught; this filter config is dropped and requests pass without it (failing open)"
-        ));
+    let run = |e: abi::Config<'_>| {
+        // SAFETY: an answer's buffers are Envoy's for this hook (the caller).
+        unsafe { c.kind.on(&e, event) }
+    };
+    guard(hook, Scope::Config, Some(&c.life), (), || {
+        // SAFETY: Envoy's pointer for this hook, the hook's only handle.
+        unsafe { abi::Config::in_hook(envoy, run) }
+    });
+}
+
+impl FilterConfig {
+    /// `event` on this config, on the main thread.
+    ///
+    /// # Safety
+    /// An answer's buffers are the ones Envoy passed to the running hook.
+    unsafe fn on(&self, envoy: &abi::Config<'_>, event: ConfigEvent) {
+        match event {
+            ConfigEvent::Tick => self.tick(envoy),
+            ConfigEvent::Answered {
+                id,
+                headers,
+                headers_size,
+                body,
+                body_size,
+            } => {
+                let Some(max_body) = self.max_answer_body() else {
+                    return;
+                };
+                // SAFETY: the buffers Envoy passed to this hook (the caller).
+                let (headers, body) = unsafe {
+                    (
+                        envoy.callout_headers(headers, headers_size),
+                        envoy.callout_body(body, body_size, max_body),
+                    )
+                };
+                let answer = CalloutAnswer {
+                    headers: &headers,
+                    body: &body,
+                };
+                self.answered(envoy, id, &answer);
+            }
+        }
+    }
+
+    fn tick(&self, envoy: &abi::Config<'_>) {
+        match self {
+            FilterConfig::Drain(dc) => dc.tick(envoy),
+            FilterConfig::Consumer(kc) => kc.tick(envoy),
+            FilterConfig::Provider(pc) => pc.tick(envoy),
+            #[cfg(feature = "panic-probe")]
+            FilterConfig::PanicProbe => {}
+            #[cfg(feature = "bench-floor")]
+            FilterConfig::BenchFloor => {}
+        }
+    }
+
+    /// The most of a callout's answer body this config reads; None: it
+    /// makes no callouts.
+    fn max_answer_body(&self) -> Option<usize> {
+        match self {
+            FilterConfig::Drain(_) => Some(graceful_core::drain::filter::MAX_ANSWER_BODY),
+            FilterConfig::Consumer(_) => Some(graceful_core::consumer::decisions::MAX_ADMIN_BODY),
+            _ => None,
+        }
+    }
+
+    fn answered(&self, envoy: &abi::Config<'_>, id: u64, answer: &CalloutAnswer) {
+        match self {
+            FilterConfig::Drain(dc) => dc.callout_done(envoy, id, answer),
+            FilterConfig::Consumer(kc) => kc.callout_done(envoy, id, answer),
+            _ => {}
+        }
     }
 }
 
+/// Refuses an Envoy of another dynamic-module ABI, then resolves the
+/// callbacks; null (Envoy refuses the module) with one line on stderr,
+/// which Envoy logs to as well (its own log callback may be what is
+/// missing).
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const u8 {
-    match abi::resolve_callbacks() {
-        Ok(()) => abi::ABI_VERSION.as_ptr(),
-        Err(missing) => {
-            // Envoy's own log callback may be what is missing: stderr, which
-            // Envoy logs to as well. Null: Envoy refuses the module.
+    let refused = crate::envoy_version::check(abi::abi_version(), abi::ENVOY_BUILT_FOR).or_else(|| {
+        // SAFETY: the check above found this Envoy's ABI to be ours.
+        unsafe { abi::resolve_callbacks() }.err().map(|missing| {
+            format!(
+                "graceful: this Envoy lacks {missing}, a callback of dynamic-module ABI {} (Envoy {}): refused; use the .wasm filters",
+                abi::abi_version(),
+                abi::ENVOY_BUILT_FOR,
+            )
+        })
+    });
+    match refused {
+        None => abi::ABI_VERSION.as_ptr(),
+        Some(line) => {
             use std::io::Write;
-            let _ = writeln!(
-                std::io::stderr(),
-                "graceful: this Envoy lacks {missing}: the native module needs Envoy {} or later (dynamic-module ABI {}); on an older Envoy use the .wasm filters",
-                abi::ENVOY_NEEDED,
-                String::from_utf8_lossy(abi::ABI_VERSION.strip_suffix(b"\0").unwrap_or(abi::ABI_VERSION)),
-            );
+            let _ = writeln!(std::io::stderr(), "{line}");
             std::ptr::null()
         }
+    }
+}
+
+/// The config of filter `name` from its JSON; Err names the field, or the
+/// unknown name.
+fn configure(envoy: &abi::Config<'_>, name: &str, json: &[u8]) -> Result<FilterConfig, String> {
+    match name {
+        "graceful_provider" => provider::Config::new(envoy, json).map(FilterConfig::Provider),
+        "graceful_drain" => drain::Config::new(envoy, json).map(FilterConfig::Drain),
+        #[cfg(feature = "panic-probe")]
+        "graceful_panic_probe" => Ok(FilterConfig::PanicProbe),
+        #[cfg(feature = "bench-floor")]
+        "graceful_bench_floor" => Ok(FilterConfig::BenchFloor),
+        "graceful_consumer" => consumer::Config::new(envoy, json, false).map(FilterConfig::Consumer),
+        "graceful_consumer:upstream" => {
+            consumer::Config::new(envoy, json, true).map(FilterConfig::Consumer)
+        }
+        other => Err(format!(
+            "unknown filter_name {other:?}: this module has graceful_provider, graceful_drain, graceful_consumer and graceful_consumer:upstream"
+        )),
     }
 }
 
@@ -242,52 +443,39 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
     name: EnvoyBuffer,
     config: EnvoyBuffer,
 ) -> ConfigModulePtr {
-    fail_open("config_new", std::ptr::null(), || {
-        // SAFETY: valid for this call.
-        let (name, json) = unsafe { (name.copied(), config.copied()) };
-        let name = String::from_utf8_lossy(&name).into_owned();
-        // SAFETY: Envoy's config pointer for this call.
-        let made = unsafe {
-            abi::Config::in_hook(envoy, |envoy| {
-                match name.as_str() {
-            "graceful_provider" => provider::Config::new(envoy, &json).map(FilterConfig::Provider),
-            "graceful_drain" => drain::Config::new(envoy, &json).map(FilterConfig::Drain),
-            #[cfg(feature = "panic-probe")]
-            "graceful_panic_probe" => Ok(FilterConfig::PanicProbe),
-            #[cfg(feature = "bench-floor")]
-            "graceful_bench_floor" => Ok(FilterConfig::BenchFloor),
-            "graceful_consumer" => {
-                consumer::Config::new(envoy, &json, false).map(FilterConfig::Consumer)
+    guard(
+        "config_new",
+        Scope::Lifecycle,
+        None,
+        std::ptr::null(),
+        || {
+            // SAFETY: valid for this call.
+            let (name, json) = unsafe { (name.copied(), config.copied()) };
+            let name = String::from_utf8_lossy(&name).into_owned();
+            // SAFETY: Envoy's config pointer for this call, its only handle.
+            let made =
+                unsafe { abi::Config::in_hook(envoy, |envoy| configure(&envoy, &name, &json)) };
+            match made {
+                Ok(kind) => Box::into_raw(Box::new(Configured {
+                    kind,
+                    life: Life::default(),
+                }))
+                .cast::<std::ffi::c_void>()
+                .cast_const(),
+                Err(e) => {
+                    abi::log(abi::LOG_ERROR, &format!("{name}: {e}"));
+                    std::ptr::null()
+                }
             }
-            "graceful_consumer:upstream" => {
-                consumer::Config::new(envoy, &json, true).map(FilterConfig::Consumer)
-            }
-            other => Err(format!(
-                "unknown filter_name {other:?}: this module has graceful_provider, graceful_drain, graceful_consumer and graceful_consumer:upstream"
-            )),
-        }
-            })
-        };
-        match made {
-            Ok(kind) => Box::into_raw(Box::new(Configured {
-                kind,
-                life: Life::default(),
-            }))
-            .cast::<std::ffi::c_void>()
-            .cast_const(),
-            Err(e) => {
-                abi::log(abi::LOG_ERROR, &format!("{name}: {e}"));
-                std::ptr::null()
-            }
-        }
-    })
+        },
+    )
 }
 
 /// # Safety
 /// `ptr` came from `config_new` and is destroyed once.
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(ptr: ConfigModulePtr) {
-    fail_open("config_destroy", (), || {
+    guard("config_destroy", Scope::Lifecycle, None, (), || {
         if !ptr.is_null() {
             // SAFETY: made by Box::into_raw in config_new, given back once.
             drop(unsafe { Box::from_raw(ptr.cast::<Configured>().cast_mut()) });
@@ -302,28 +490,34 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
     config: ConfigModulePtr,
     _envoy: FilterEnvoyPtr,
 ) -> FilterModulePtr {
-    fail_open("filter_new", std::ptr::null(), || {
-        let c = config.cast::<Configured>();
-        // SAFETY: a live config.
-        let stream = match unsafe { c.as_ref() }.map(|c| &c.kind) {
-            Some(FilterConfig::Provider(_)) => FilterStream::Provider(Default::default()),
-            Some(FilterConfig::Drain(_)) => FilterStream::Drain(Default::default()),
-            Some(FilterConfig::Consumer(_)) => FilterStream::Consumer(Default::default()),
-            #[cfg(feature = "panic-probe")]
-            Some(FilterConfig::PanicProbe) => FilterStream::Provider(Default::default()),
-            // No stream of any filter's matches it: every hook does nothing.
-            #[cfg(feature = "bench-floor")]
-            Some(FilterConfig::BenchFloor) => FilterStream::Provider(Default::default()),
-            None => return std::ptr::null(),
-        };
-        Box::into_raw(Box::new(Filter {
-            config: c,
-            stream,
-            life: Life::default(),
-        }))
-        .cast::<std::ffi::c_void>()
-        .cast_const()
-    })
+    guard(
+        "filter_new",
+        Scope::Lifecycle,
+        None,
+        std::ptr::null(),
+        || {
+            let c = config.cast::<Configured>();
+            // SAFETY: a live config.
+            let stream = match unsafe { c.as_ref() }.map(|c| &c.kind) {
+                Some(FilterConfig::Provider(_)) => FilterStream::Provider(Default::default()),
+                Some(FilterConfig::Drain(_)) => FilterStream::Drain(Default::default()),
+                Some(FilterConfig::Consumer(_)) => FilterStream::Consumer(Default::default()),
+                #[cfg(feature = "panic-probe")]
+                Some(FilterConfig::PanicProbe) => FilterStream::Provider(Default::default()),
+                // No stream of any filter's matches it: every hook does nothing.
+                #[cfg(feature = "bench-floor")]
+                Some(FilterConfig::BenchFloor) => FilterStream::Provider(Default::default()),
+                None => return std::ptr::null(),
+            };
+            Box::into_raw(Box::new(Filter {
+                config: c,
+                stream,
+                life: Life::default(),
+            }))
+            .cast::<std::ffi::c_void>()
+            .cast_const()
+        },
+    )
 }
 
 /// # Safety
@@ -334,36 +528,9 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     module: FilterModulePtr,
     end_of_stream: bool,
 ) -> u32 {
+    let event = Event::RequestHeaders { end_of_stream };
     // SAFETY: a live filter.
-    unsafe {
-        on_stream(
-            "request_headers",
-            envoy,
-            module,
-            CONTINUE,
-            |stream, c, s| {
-                #[cfg(feature = "panic-probe")]
-                if matches!(c, FilterConfig::PanicProbe)
-                    && s.header(abi::REQUEST_HEADERS, PANIC_PROBE_HEADER).is_some()
-                {
-                    #[allow(clippy::panic)]
-                    {
-                        panic!("graceful_panic_probe: a panic on purpose");
-                    }
-                }
-                match (stream, c) {
-                    (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
-                        pc.request_headers(p, s, end_of_stream)
-                    }
-                    (FilterStream::Drain(d), FilterConfig::Drain(dc)) => d.request_headers(dc, s),
-                    (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {
-                        k.request_headers(kc, s)
-                    }
-                    _ => CONTINUE,
-                }
-            },
-        )
-    }
+    unsafe { dispatch("request_headers", envoy, module, event) }
 }
 
 /// # Safety
@@ -375,31 +542,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
     _end_of_stream: bool,
 ) -> u32 {
     // SAFETY: a live filter.
-    unsafe {
-        on_stream(
-            "response_headers",
-            envoy,
-            module,
-            CONTINUE,
-            |stream, c, s| {
-                match (stream, c) {
-                    #[cfg(feature = "panic-probe")]
-                    (_, FilterConfig::PanicProbe) => {
-                        // Only a live probe stream says so: one that panicked is dead.
-                        s.set_header(abi::RESPONSE_HEADERS, PANIC_PROBE_ALIVE, "true");
-                        CONTINUE
-                    }
-                    (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
-                        pc.response_headers(p, s)
-                    }
-                    (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {
-                        k.response_headers(kc, s)
-                    }
-                    _ => CONTINUE,
-                }
-            },
-        )
-    }
+    unsafe { dispatch("response_headers", envoy, module, Event::ResponseHeaders) }
 }
 
 /// # Safety
@@ -410,23 +553,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
     module: FilterModulePtr,
 ) -> u32 {
     // SAFETY: a live filter.
-    unsafe {
-        on_stream(
-            "response_trailers",
-            envoy,
-            module,
-            CONTINUE,
-            |stream, c, s| match (stream, c) {
-                (FilterStream::Provider(p), FilterConfig::Provider(pc)) => {
-                    pc.response_trailers(p, s)
-                }
-                (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => {
-                    k.response_trailers(kc, s)
-                }
-                _ => CONTINUE,
-            },
-        )
-    }
+    unsafe { dispatch("response_trailers", envoy, module, Event::ResponseTrailers) }
 }
 
 /// # Safety
@@ -437,26 +564,14 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
     module: FilterModulePtr,
 ) {
     // SAFETY: a live filter.
-    unsafe {
-        on_stream(
-            "stream_complete",
-            envoy,
-            module,
-            (),
-            |stream, c, s| match (stream, c) {
-                (FilterStream::Provider(p), FilterConfig::Provider(pc)) => pc.stream_complete(p, s),
-                (FilterStream::Consumer(k), FilterConfig::Consumer(kc)) => k.stream_complete(kc, s),
-                _ => {}
-            },
-        )
-    }
+    unsafe { dispatch("stream_complete", envoy, module, Event::StreamComplete) };
 }
 
 /// # Safety
 /// `module` came from `filter_new` and is destroyed once.
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: FilterModulePtr) {
-    fail_open("filter_destroy", (), || {
+    guard("filter_destroy", Scope::Lifecycle, None, (), || {
         if module.is_null() {
             return;
         }
@@ -485,15 +600,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
     _event: u64,
 ) {
     // SAFETY: a live filter.
-    unsafe {
-        on_stream("scheduled", envoy, module, (), |stream, c, s| {
-            match (stream, c) {
-                (FilterStream::Drain(d), FilterConfig::Drain(dc)) => d.scheduled(dc, s),
-                (FilterStream::Provider(p), FilterConfig::Provider(pc)) => pc.scheduled(p, s),
-                _ => {}
-            }
-        })
-    }
+    unsafe { dispatch("scheduled", envoy, module, Event::Scheduled) };
 }
 
 /// A config timer's tick (drain, provider, consumer), on the main thread.
@@ -507,20 +614,11 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
     _event: u64,
 ) {
     // SAFETY: a live config.
-    unsafe {
-        on_config("config_scheduled", envoy, config, |c, envoy| match c {
-            FilterConfig::Drain(dc) => dc.tick(envoy),
-            FilterConfig::Consumer(kc) => kc.tick(envoy),
-            FilterConfig::Provider(pc) => pc.tick(envoy),
-            #[cfg(feature = "panic-probe")]
-            FilterConfig::PanicProbe => {}
-            #[cfg(feature = "bench-floor")]
-            FilterConfig::BenchFloor => {}
-        })
-    }
+    unsafe { dispatch_config("config_scheduled", envoy, config, ConfigEvent::Tick) }
 }
 
-/// An answer to a config's callout (the drain's admin poll or on_drained).
+/// An answer to a config's callout (the drain's admin poll or on_drained,
+/// the consumer's membership refresh or probe).
 ///
 /// # Safety
 /// Envoy's pointers, valid for the call.
@@ -535,31 +633,15 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_http_callout
     body: *const EnvoyBuffer,
     body_size: usize,
 ) {
-    let answered = |c: &FilterConfig, envoy: abi::Config<'_>| {
-        let max_body = match c {
-            FilterConfig::Drain(_) => graceful_core::drain::filter::MAX_ANSWER_BODY,
-            FilterConfig::Consumer(_) => graceful_core::consumer::decisions::MAX_ADMIN_BODY,
-            _ => return,
-        };
-        // SAFETY: buffers valid for this call.
-        let (headers, body) = unsafe {
-            (
-                envoy.callout_headers(headers, headers_size),
-                envoy.callout_body(body, body_size, max_body),
-            )
-        };
-        let answer = CalloutAnswer {
-            headers: &headers,
-            body: &body,
-        };
-        match c {
-            FilterConfig::Drain(dc) => dc.callout_done(envoy, callout_id, &answer),
-            FilterConfig::Consumer(kc) => kc.callout_done(envoy, callout_id, &answer),
-            _ => {}
-        }
+    let event = ConfigEvent::Answered {
+        id: callout_id,
+        headers,
+        headers_size,
+        body,
+        body_size,
     };
-    // SAFETY: a live config.
-    unsafe { on_config("config_http_callout_done", envoy, config, answered) }
+    // SAFETY: a live config; the buffers Envoy passed to this call.
+    unsafe { dispatch_config("config_http_callout_done", envoy, config, event) }
 }
 
 // Required hooks these filters do nothing in: the stream goes on.

@@ -12,9 +12,18 @@
 //! | change | through a stream | through a config |
 //! |---|---|---|
 //! | counter +n | counter +n | counter +n |
-//! | gauge ±n | gauge ±n (exact under races) | gauge = value (the ABI has no config-level gauge add) |
+//! | gauge ±n | gauge ±n | gauge ±n |
 //! | gauge = v | gauge = v | gauge = v |
+//!
+//! A gauge that changes by deltas (the in-flight counts, tombstones) is
+//! mirrored by deltas only, from every thread: Envoy's gauge is then the
+//! sum of the same deltas as the module's atomic, whatever the order.
+//! Setting it from the module's count instead (once done from the main
+//! thread) races a worker's add between the read and the set, and the two
+//! drift apart for good. Only a gauge the filters set (the drain phase)
+//! is mirrored by value.
 
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering::SeqCst};
 
 use graceful_core::shared::headers::CONTENT_TYPE;
@@ -57,7 +66,7 @@ fn owner_index(o: Owner) -> usize {
 pub struct Ids([Option<usize>; COUNT]);
 
 impl Ids {
-    pub fn define(envoy: abi::Config<'_>, filter: Owner) -> Ids {
+    pub fn define(envoy: &abi::Config<'_>, filter: Owner) -> Ids {
         let mut ids = [None; COUNT];
         for m in Metric::defined_by(filter, false) {
             ids[m.index()] = match m.kind() {
@@ -73,11 +82,12 @@ impl Ids {
     pub const NONE: Ids = Ids([None; COUNT]);
 }
 
-/// Where a hook writes Envoy stats.
-#[derive(Clone, Copy)]
+/// Where a hook writes Envoy stats. The stream is in a cell: the core's
+/// callbacks take the host by shared reference, and a header change
+/// borrows it mutably (never while a listing of it is being read).
 enum Sink<'a> {
-    Stream(abi::Stream<'a>),
-    Config(abi::Config<'a>),
+    Stream(RefCell<abi::Stream<'a>>),
+    Config(&'a abi::Config<'a>),
     None,
 }
 
@@ -91,13 +101,13 @@ pub struct Native<'a> {
 impl<'a> Native<'a> {
     pub fn stream(s: abi::Stream<'a>, ids: &'a Ids) -> Native<'a> {
         Native {
-            sink: Sink::Stream(s),
+            sink: Sink::Stream(RefCell::new(s)),
             ids,
         }
     }
 
     /// Main thread only: calls and config-level stats.
-    pub fn config(c: abi::Config<'a>, ids: &'a Ids) -> Native<'a> {
+    pub fn config(c: &'a abi::Config<'a>, ids: &'a Ids) -> Native<'a> {
         Native {
             sink: Sink::Config(c),
             ids,
@@ -112,11 +122,33 @@ impl<'a> Native<'a> {
         }
     }
 
-    fn abi_stream(&self) -> Option<abi::Stream<'a>> {
-        match self.sink {
+    fn abi_stream(&self) -> Option<&RefCell<abi::Stream<'a>>> {
+        match &self.sink {
             Sink::Stream(s) => Some(s),
             _ => None,
         }
+    }
+
+    /// The stream's worker (0-based); None in a config hook.
+    pub fn worker_index(&self) -> Option<u32> {
+        Some(self.abi_stream()?.borrow().worker_index())
+    }
+
+    /// A scheduler of this hook's stream (of none in a config hook).
+    pub fn scheduler(&self) -> abi::StreamScheduler {
+        self.abi_stream()
+            .map_or_else(abi::StreamScheduler::none, |s| s.borrow().scheduler())
+    }
+
+    /// A bytes value of the stream's filter state, copied.
+    pub fn filter_state(&self, key: &str) -> Option<Vec<u8>> {
+        self.abi_stream()?.borrow().filter_state(key)
+    }
+
+    /// Sets a bytes value of the stream's filter state; false if refused.
+    pub fn set_filter_state(&self, key: &str, value: &[u8]) -> bool {
+        self.abi_stream()
+            .is_some_and(|s| s.borrow().set_filter_state(key, value))
     }
 
     /// The Envoy id of `m` if this hook can write it now.
@@ -164,20 +196,24 @@ impl<'a> Native<'a> {
         }
     }
 
+    /// A delta, as a delta (the module doc: never a set from the count).
     fn write_delta(&self, id: usize, m: Metric, delta: i64) {
-        match (self.sink, m.kind()) {
-            (Sink::Stream(s), Kind::Counter) => s.counter_add(Some(id), delta.unsigned_abs()),
-            (Sink::Stream(s), Kind::Gauge) => s.gauge_add(Some(id), delta),
+        match (&self.sink, m.kind()) {
+            (Sink::Stream(s), Kind::Counter) => {
+                s.borrow().counter_add(Some(id), delta.unsigned_abs())
+            }
+            (Sink::Stream(s), Kind::Gauge) => s.borrow().gauge_add(Some(id), delta),
             (Sink::Config(c), Kind::Counter) => c.counter_add(Some(id), delta.unsigned_abs()),
-            (Sink::Config(_), Kind::Gauge) => self.write_value(id, m),
+            (Sink::Config(c), Kind::Gauge) => c.gauge_add(Some(id), delta),
             (Sink::None, _) => {}
         }
     }
 
+    /// A set gauge's value (the drain phase's: never one changed by deltas).
     fn write_value(&self, id: usize, m: Metric) {
         let v = METRICS.value(m);
-        match self.sink {
-            Sink::Stream(s) => s.gauge_set(Some(id), v),
+        match &self.sink {
+            Sink::Stream(s) => s.borrow().gauge_set(Some(id), v),
             Sink::Config(c) => c.gauge_set(Some(id), v),
             Sink::None => {}
         }
@@ -249,7 +285,7 @@ impl Host for Native<'_> {
     /// A config callout: main thread only, so a stream hook cannot call.
     /// Callout ids count up from 1 per config: a u32 lasts.
     fn dispatch(&self, call: &HttpCall) -> Result<u32, String> {
-        let Sink::Config(c) = self.sink else {
+        let Sink::Config(c) = &self.sink else {
             return Err("calls are made from the main thread only".into());
         };
         let timeout_ms = u64::try_from(call.timeout.as_millis()).unwrap_or(u64::MAX);
@@ -261,25 +297,29 @@ impl Host for Native<'_> {
 
 impl Stream for Native<'_> {
     fn header(&self, map: Map, name: &str) -> Option<Vec<u8>> {
-        self.abi_stream()?.header(header_type(map), name)
+        self.abi_stream()?.borrow().header(header_type(map), name)
     }
 
+    /// The listing holds the stream mutably: a scan that called back into
+    /// this host would panic (caught at the hook), never read a map that
+    /// changed under it.
     fn scan_headers(&self, map: Map, scan: &mut HeaderScan) -> bool {
         let Some(s) = self.abi_stream() else {
             return false;
         };
-        s.with_headers(header_type(map), |pairs| scan(pairs));
+        s.borrow_mut()
+            .with_headers(header_type(map), |pairs| scan(pairs));
         true
     }
 
     fn set_header(&self, map: Map, name: &str, value: &str) -> bool {
         self.abi_stream()
-            .is_some_and(|s| s.set_header(header_type(map), name, value))
+            .is_some_and(|s| s.borrow_mut().set_header(header_type(map), name, value))
     }
 
     fn remove_header(&self, map: Map, name: &str) -> bool {
         self.abi_stream()
-            .is_some_and(|s| s.remove_header(header_type(map), name))
+            .is_some_and(|s| s.borrow_mut().remove_header(header_type(map), name))
     }
 
     /// One listing (Envoy's pointers into the map, no copy) instead of a
@@ -290,6 +330,7 @@ impl Stream for Native<'_> {
         };
         // Which names are there; the map is not changed while listed.
         let mut present = [false; 4];
+        let mut s = s.borrow_mut();
         s.with_headers(header_type(map), |pairs| {
             for (name, _) in pairs {
                 for (i, wanted) in names.iter().take(present.len()).enumerate() {
@@ -327,12 +368,13 @@ impl Stream for Native<'_> {
             headers.push(("grpc-status", code));
             headers.push(("grpc-message", &message));
         }
-        s.send_response(reply.status, &headers, reply.body, reply.details);
+        s.borrow_mut()
+            .send_response(reply.status, &headers, reply.body, reply.details);
         true
     }
 
     fn attribute(&self, attribute: Attribute) -> Option<Vec<u8>> {
-        let s = self.abi_stream()?;
+        let s = self.abi_stream()?.borrow();
         match attribute {
             Attribute::SourceAddress => s.attribute_string(abi::ATTR_SOURCE_ADDRESS),
             Attribute::DestinationAddress => s.attribute_string(abi::ATTR_DESTINATION_ADDRESS),
@@ -350,7 +392,9 @@ impl Stream for Native<'_> {
     }
 
     fn response_flags(&self) -> Option<u64> {
-        self.abi_stream()?.attribute_int(abi::ATTR_RESPONSE_FLAGS)
+        self.abi_stream()?
+            .borrow()
+            .attribute_int(abi::ATTR_RESPONSE_FLAGS)
     }
 }
 
@@ -370,5 +414,133 @@ impl CallResponse for CalloutAnswer<'_> {
 
     fn body(&self, max: usize) -> Vec<u8> {
         self.body[..self.body.len().min(max)].to_vec()
+    }
+}
+
+#[cfg(test)]
+#[allow(unsafe_code, clippy::unwrap_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::fake_envoy::{self, FakeConfig, FakeStream};
+
+    /// The provider's stat ids, defined in `fake`'s config hook.
+    fn provider_ids(fake: &FakeConfig) -> Ids {
+        // SAFETY: a live fake config, the hook's only handle.
+        unsafe { abi::Config::in_hook(fake.ptr(), |c| Ids::define(&c, Owner::Provider)) }
+    }
+
+    /// The in-flight count changed in a main-thread config hook (a tick).
+    fn on_main_thread(fake: &FakeConfig, ids: &Ids, delta: i64) {
+        // SAFETY: a live fake config, the hook's only handle.
+        unsafe {
+            abi::Config::in_hook(fake.ptr(), |c| {
+                Native::config(&c, ids).metric_add(Metric::ProviderInflight, delta)
+            })
+        }
+    }
+
+    /// The in-flight count changed in a worker's stream hook.
+    fn on_worker(s: &FakeStream, ids: &Ids, delta: i64) {
+        // SAFETY: a live fake stream, the hook's only handle.
+        unsafe {
+            abi::Stream::in_hook(s.ptr(), |s| {
+                Native::stream(s, ids).metric_add(Metric::ProviderInflight, delta)
+            })
+        }
+    }
+
+    fn count() -> i64 {
+        i64::try_from(METRICS.value(Metric::ProviderInflight)).unwrap()
+    }
+
+    #[test]
+    fn a_gauge_changed_on_the_main_thread_moves_by_deltas_never_set_from_the_count() {
+        let _world = fake_envoy::world();
+        let fake = FakeConfig::default();
+        let ids = provider_ids(&fake);
+        let id = fake.id_of(Metric::ProviderInflight.name()).unwrap();
+        on_main_thread(&fake, &ids, 1);
+        on_main_thread(&fake, &ids, -1);
+        let ops: Vec<_> = fake
+            .stats
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, i, _)| *i == id)
+            .copied()
+            .collect();
+        assert!(
+            !ops.iter().any(|(op, ..)| *op == "gauge="),
+            "set from the count on the main thread: a worker's add can fall between the read and the set: {ops:?}"
+        );
+        assert!(
+            ops.ends_with(&[("gauge+", id, 1), ("gauge-", id, 1)]),
+            "{ops:?}"
+        );
+    }
+
+    #[test]
+    fn a_workers_add_between_the_main_threads_read_and_its_write_is_not_lost() {
+        let _world = fake_envoy::world();
+        let fake = FakeConfig::default();
+        let ids = std::sync::Arc::new(provider_ids(&fake));
+        let id = fake.id_of(Metric::ProviderInflight.name()).unwrap();
+        let (gauge_before, count_before) = (fake_envoy::gauge(id), count());
+        // A request starts on a worker while the main thread's change is
+        // on its way to Envoy.
+        let worker_ids = ids.clone();
+        fake_envoy::during_next_config_gauge_write(move || {
+            on_worker(&FakeStream::on_worker(0), &worker_ids, 1)
+        });
+        on_main_thread(&fake, &ids, 1);
+        if let Some(missed) = fake_envoy::take_during_write() {
+            missed();
+        }
+        assert_eq!(count() - count_before, 2);
+        assert_eq!(
+            fake_envoy::gauge(id) - gauge_before,
+            2,
+            "Envoy's gauge drifted from the module's count for good"
+        );
+        on_main_thread(&fake, &ids, -2);
+        assert_eq!(count(), count_before);
+    }
+
+    #[test]
+    fn envoys_gauge_moves_exactly_as_the_count_under_racing_workers_and_main_thread() {
+        let _world = fake_envoy::world();
+        let fake = FakeConfig::default();
+        let ids = provider_ids(&fake);
+        let id = fake.id_of(Metric::ProviderInflight.name()).unwrap();
+        let (gauge_before, count_before) = (fake_envoy::gauge(id), count());
+        std::thread::scope(|scope| {
+            for worker in 0..2 {
+                let ids = &ids;
+                scope.spawn(move || {
+                    let s = FakeStream::on_worker(worker);
+                    for i in 0..3000 {
+                        on_worker(&s, ids, 1);
+                        if i % 3 != 0 {
+                            on_worker(&s, ids, -1);
+                        }
+                    }
+                });
+            }
+            for _ in 0..3000 {
+                on_main_thread(&fake, &ids, 1);
+                on_main_thread(&fake, &ids, -1);
+            }
+        });
+        assert_eq!(count() - count_before, 2000, "the module's count");
+        assert_eq!(
+            fake_envoy::gauge(id) - gauge_before,
+            count() - count_before,
+            "Envoy's gauge drifted from the module's count"
+        );
+        // Back where it was, for the other tests.
+        for _ in 0..2000 {
+            on_main_thread(&fake, &ids, -1);
+        }
+        assert_eq!(count(), count_before);
     }
 }

@@ -20,12 +20,20 @@
 //! only what is this delivery's.
 //!
 //! Every hook catches panics and fails open (`hooks.rs`): the request goes
-//! on as if the filter were not there.
+//! on as if the filter were not there; a copy of a filter's state a panic
+//! left is rebuilt, never reused (`copies.rs`).
+//!
+//! The module runs only on the Envoy whose dynamic-module ABI it was built
+//! against (`envoy_version.rs`). [`abi`] is public for its `compile_fail`
+//! examples (`cargo test -p graceful-native --doc`), which show that the
+//! safe handles refuse what would read memory Envoy freed.
 
-mod abi;
+pub mod abi;
 mod clock;
 mod consumer;
+mod copies;
 mod drain;
+mod envoy_version;
 #[cfg(test)]
 mod fake_envoy;
 #[cfg(test)]

@@ -96,7 +96,7 @@ pub struct Timer {
 
 impl Timer {
     /// Commits [`EVENT_TICK`] to `envoy`'s config scheduler every `period`.
-    pub fn start(envoy: abi::Config<'_>, name: &str, period: Duration) -> Result<Timer, String> {
+    pub fn start(envoy: &abi::Config<'_>, name: &str, period: Duration) -> Result<Timer, String> {
         let scheduler = Arc::new(envoy.scheduler());
         let committer = scheduler.clone();
         let ticker = Ticker::start(name, period, move || committer.commit(EVENT_TICK))?;

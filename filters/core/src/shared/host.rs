@@ -9,7 +9,6 @@
 //! (its headers, its attributes, a local reply).
 
 use std::cell::RefCell;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use crate::shared::metrics::{Metric, Metrics, PhaseGauge};
@@ -153,7 +152,12 @@ pub trait CallResponse {
 }
 
 /// A filter's mutable state as its delivery keeps it: in a `RefCell` per
-/// wasm VM copy, behind a `Mutex` shared by the native module's threads.
+/// wasm VM copy (a panic there traps the VM: its state is never used
+/// again), and natively in a cell shared by the module's threads that
+/// rebuilds the state after a panic (`filters/native/src/copies.rs`). A
+/// bare `Mutex` is deliberately not one: its poison would only be ignored,
+/// and a panic halfway through a change would leave every later caller on
+/// the half-changed state.
 pub trait StateCell<T> {
     fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R;
 }
@@ -161,14 +165,6 @@ pub trait StateCell<T> {
 impl<T> StateCell<T> for RefCell<T> {
     fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
         f(&mut self.borrow_mut())
-    }
-}
-
-/// A poisoned lock is taken as it is: every change made under one is one
-/// step, so the data is whole (and a panic was caught at the hook).
-impl<T> StateCell<T> for Mutex<T> {
-    fn with<R>(&self, f: impl FnOnce(&mut T) -> R) -> R {
-        f(&mut self.lock().unwrap_or_else(|p| p.into_inner()))
     }
 }
 
