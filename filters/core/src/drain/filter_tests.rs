@@ -88,6 +88,38 @@ fn closing_from_elsewhere_is_forbidden_and_changes_nothing() {
 }
 
 #[test]
+fn a_403_says_only_forbidden_and_names_neither_the_instance_nor_the_address() {
+    let h = MockHost::new();
+    let (d, st) = (drain(&h, ""), state());
+    // What graceful_provider publishes for the drain's answers.
+    let identity = crate::shared::instance::encode_identity("x-graceful-instance", "pod-1");
+    assert!(h
+        .store()
+        .set(crate::shared::keys::IDENTITY.name, &identity, 0)
+        .is_ok());
+    for (method, path) in [
+        ("POST", "/graceful/closing"),
+        ("GET", "/graceful/status"),
+        ("GET", "/graceful/drained?wait=1h"),
+    ] {
+        request(&h, method, path, "192.168.1.5:40000");
+        d.request_headers(&st, &h, || (1, ()));
+        let r = only_reply(&h);
+        assert_eq!((r.status, r.body_text().as_str()), (403, "forbidden"));
+        assert_eq!(r.header("x-graceful-instance"), None, "{method} {path}");
+        assert_eq!(r.header(crate::shared::headers::ADDRESS), None);
+    }
+    // An allowed caller's answer is stamped with both.
+    call(&d, &st, &h, "GET", "/graceful/status");
+    let r = only_reply(&h);
+    assert_eq!(r.header("x-graceful-instance"), Some("pod-1"));
+    assert_eq!(
+        r.header(crate::shared::headers::ADDRESS),
+        Some("10.0.0.7:8080")
+    );
+}
+
+#[test]
 fn outside_allowed_sources_only_readiness_and_grpc_health_answer_and_nothing_is_held() {
     let h = MockHost::new();
     let (d, st) = (drain(&h, r#"{"max_waiters": 1}"#), state());
