@@ -12,7 +12,7 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 
 /// What a store operation can fail with.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,6 +83,23 @@ impl SyncStore {
             next_cas: AtomicU32::new(0),
         }
     }
+
+    /// The map, locked. No caller's code runs under this lock ([`update`]'s
+    /// change runs between a `get` and a `set`), and no operation can panic
+    /// once it has changed anything: a read clones, a write prepares its key
+    /// and value first, then compares and makes one insert. So a panic that
+    /// poisoned the lock (inside the map's own code, before any change)
+    /// left the map whole: its poison is cleared, and the map kept. Unlike
+    /// a copy of a filter's state, the map cannot be rebuilt: it is the
+    /// shared data every copy is rebuilt from. What spans several keys is
+    /// made to survive a writer that stops between two of them (a wasm VM
+    /// can trap there too).
+    fn entries(&self) -> MutexGuard<'_, Option<HashMap<String, Versioned>>> {
+        self.entries.lock().unwrap_or_else(|poisoned| {
+            self.entries.clear_poison();
+            poisoned.into_inner()
+        })
+    }
 }
 
 impl Default for SyncStore {
@@ -91,18 +108,17 @@ impl Default for SyncStore {
     }
 }
 
-/// A poisoned lock (a panic while holding it, caught at a hook) is taken
-/// over: the map is still consistent, since every write is one insert.
 impl SharedStore for SyncStore {
     fn get(&self, key: &str) -> Result<Option<Versioned>, StoreError> {
-        let entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        Ok(entries.as_ref().and_then(|m| m.get(key).cloned()))
+        Ok(self.entries().as_ref().and_then(|m| m.get(key).cloned()))
     }
 
     fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), StoreError> {
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        // Prepared before the lock: under it, only the compare and the insert.
+        let (key, value) = (key.to_string(), value.to_vec());
+        let mut entries = self.entries();
         let map = entries.get_or_insert_with(HashMap::new);
-        if let Some((_, stored)) = map.get(key) {
+        if let Some((_, stored)) = map.get(&key) {
             if cas != 0 && cas != *stored {
                 return Err(StoreError::CasMismatch);
             }
@@ -112,7 +128,7 @@ impl SharedStore for SyncStore {
         if next == 0 {
             next = self.next_cas.fetch_add(1, SeqCst).wrapping_add(1);
         }
-        map.insert(key.to_string(), (value.to_vec(), next));
+        map.insert(key, (value, next));
         Ok(())
     }
 }
@@ -372,6 +388,40 @@ mod sync_store_tests {
         // CAS 0 is unconditional.
         s.set("k", b"c", 0).unwrap();
         assert_eq!(s.get("k").unwrap().unwrap().0, b"c");
+    }
+
+    #[test]
+    fn a_panic_in_an_updates_change_leaves_the_store_unchanged_and_unpoisoned() {
+        let s = SyncStore::new();
+        s.set("n", &7u64.to_le_bytes(), 0).unwrap();
+        let before = s.get("n").unwrap();
+        let panicked = std::panic::catch_unwind(|| {
+            update(&s, "n", |_| -> (Option<Vec<u8>>, ()) {
+                panic!("on purpose")
+            })
+        });
+        assert!(panicked.is_err());
+        assert!(
+            !s.entries.is_poisoned(),
+            "the change ran under the store's lock"
+        );
+        assert_eq!(s.get("n").unwrap(), before);
+    }
+
+    #[test]
+    fn a_lock_poisoned_by_a_panic_before_any_change_keeps_the_whole_map() {
+        let s = SyncStore::new();
+        s.set("n", b"kept", 0).unwrap();
+        let _ = std::panic::catch_unwind(|| {
+            let _held = s.entries.lock().unwrap();
+            panic!("on purpose, holding the lock, before any change");
+        });
+        assert!(s.entries.is_poisoned());
+        assert_eq!(s.get("n").unwrap().unwrap().0, b"kept");
+        assert!(!s.entries.is_poisoned(), "the poison is cleared once seen");
+        let (_, cas) = s.get("n").unwrap().unwrap();
+        s.set("n", b"next", cas).unwrap();
+        assert_eq!(s.get("n").unwrap().unwrap().0, b"next");
     }
 
     #[test]
