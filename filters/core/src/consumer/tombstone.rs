@@ -12,21 +12,50 @@
 //! than [`EXTEND_GRANULARITY_US`] (1 s) of life (otherwise every marked
 //! response of a closing host would be a write).
 //!
+//! Each entry stores when its cause was last confirmed ("confirmed"
+//! below): the last closing mark written for a closing tombstone, the last
+//! refusal written for a connect-failure one. Steering orders tombstones by
+//! it ([`crate::consumer::steering::plan()`]); it is stored, not estimated
+//! from the expiry, because a refusal extends a closing host's expiry by
+//! the failure TTL without confirming that it is closing.
+//!
 //! | tombstone for the address | observation                        | result                                       | written |
 //! |---------------------------|------------------------------------|----------------------------------------------|---------|
-//! | none or expired           | closing (instance I or unknown)    | new: expires now + ttl (evicted)             | yes     |
-//! | none or expired           | connect failure                    | new: expires now + failure ttl (evicted)     | yes     |
+//! | none or expired           | closing (instance I or unknown)    | new: expires now + ttl, confirmed now (evicted) | yes  |
+//! | none or expired           | connect failure                    | new: expires now + failure ttl, confirmed now (evicted) | yes |
 //! | none or expired           | answered                           | none                                         | no      |
-//! | live, instance I          | closing, instance I or unknown     | expiry pushed to now + ttl if later          | if ≥ 1 s later |
+//! | live, instance I          | closing, instance I or unknown     | expiry pushed to now + ttl if later, confirmed now | if ≥ 1 s later |
 //! | live, instance I          | closing, instance J ≠ I            | replaced by J's, now + ttl (evicted)         | yes     |
-//! | live, connect failure     | closing (instance I or unknown)    | cause closing, instance learned, expiry as above (extended) | yes |
-//! | live                      | connect failure                    | expiry pushed to now + failure ttl if later  | if ≥ 1 s later |
+//! | live, connect failure     | closing (instance I or unknown)    | cause closing, instance learned, confirmed now, expiry as above (extended) | yes |
+//! | live, on trial            | closing (instance I or unknown)    | off trial, confirmed now, expiry as above (extended) | yes |
+//! | live, connect failure     | connect failure                    | expiry pushed to now + failure ttl if later, confirmed now | if ≥ 1 s later |
+//! | live, closing             | connect failure                    | expiry pushed to now + failure ttl if later; confirmed kept (a refusal says nothing of closing) | if ≥ 1 s later |
 //! | live, instance I          | answered by instance J ≠ I         | removed (readmitted: a new instance)         | yes     |
 //! | live, instance unknown    | answered by any instance           | removed (readmitted: it answers again)       | yes     |
 //! | live, instance I          | answered by I, or without an id    | kept                                         | no      |
 //!
 //! After every change, expired entries are dropped, and if more than
 //! `max_tombstones` remain, those expiring first are dropped.
+//!
+//! # Trials of a restarted generation ([`Tombstones::vouch`])
+//!
+//! With no acceptable host in a cluster, steering lists every tombstoned
+//! member but those confirmed last (the last resort). When one of them that
+//! said closing answers as a new instance, its generation restarted: the
+//! other closing tombstones of the cluster confirmed before the newest (the
+//! rest of what the last resort listed) go on trial, and steering tries
+//! each, first in an override list of its own with acceptable hosts after
+//! it, until it answers.
+//!
+//! | tombstone of the cluster | a last-resort answer readmits another host | result |
+//! |---|---|---|
+//! | live, closing, confirmed before the cluster's newest | yes | on trial |
+//! | live, closing, confirmed with the newest | yes | unchanged (it just said closing) |
+//! | live, connect failure | yes | unchanged (the panic floor tries those) |
+//!
+//! A trial ends with the host's next answer: a new instance readmits it, a
+//! closing mark takes it off trial (confirmed now, so it is the newest); a
+//! refusal leaves it on trial (whatever answered closing there has exited).
 //!
 //! # Warming (with `readmit_slow_start`)
 //!
@@ -49,7 +78,12 @@ use crate::shared::duration::micros;
 /// shared data only when that adds at least this much life (µs).
 pub const EXTEND_GRANULARITY_US: u64 = 1_000_000;
 
-const VERSION: u8 = 1;
+/// The list's layout: version 1 holds only the empty list (what every build
+/// reads and writes for none), version 2 every other.
+const VERSION_EMPTY: u8 = 1;
+const VERSION: u8 = 2;
+/// Bit of an entry's cause byte: on trial.
+const TRIAL_BIT: u8 = 0x80;
 /// Bounds on stored strings: an `ip:port`, an instance id, a cluster name.
 const MAX_ADDRESS: usize = 64;
 const MAX_INSTANCE: usize = 128;
@@ -74,7 +108,13 @@ pub struct Tombstone {
     pub instance: String,
     /// µs on the host's monotonic clock.
     pub expires_us: u64,
+    /// When `cause` was last confirmed (µs, same clock): the last closing
+    /// mark written, or the last refusal for a connect failure.
+    pub confirmed_us: u64,
     pub cause: Cause,
+    /// A last resort that listed it readmitted another host of its
+    /// cluster: steering tries it until it answers ([`Tombstones::vouch`]).
+    pub trial: bool,
 }
 
 /// What a response (or a failed attempt) said about a host.
@@ -96,7 +136,8 @@ pub enum Observation<'a> {
 }
 
 impl Observation<'_> {
-    fn address(&self) -> &str {
+    /// The host it is about.
+    pub fn address(&self) -> &str {
         match self {
             Observation::Closing { address, .. }
             | Observation::ConnectFailure { address, .. }
@@ -211,10 +252,10 @@ impl Tombstones {
                 address, instance, ..
             } => self.get_live(address, now_us).is_none_or(|t| {
                 // A closing mark on a connect-failure tombstone changes its
-                // cause.
+                // cause; on a host on trial, it ends the trial.
                 let new_instance =
                     instance.is_some_and(|i| t.instance != i) || t.cause != Cause::Closing;
-                new_instance || extends(t, ttls.closing)
+                new_instance || t.trial || extends(t, ttls.closing)
             }),
             Observation::ConnectFailure { address, .. } => self
                 .get_live(address, now_us)
@@ -245,7 +286,9 @@ impl Tombstones {
                     cluster: bounded(cluster, MAX_CLUSTER),
                     instance: bounded(instance.unwrap_or(""), MAX_INSTANCE),
                     expires_us: now_us.saturating_add(micros(ttls.closing)),
+                    confirmed_us: now_us,
                     cause: Cause::Closing,
+                    trial: false,
                 });
                 Change::Evicted
             }
@@ -257,7 +300,9 @@ impl Tombstones {
                     cluster: bounded(cluster, MAX_CLUSTER),
                     instance: String::new(),
                     expires_us: now_us.saturating_add(micros(ttls.failure)),
+                    confirmed_us: now_us,
                     cause: Cause::ConnectFailure,
+                    trial: false,
                 });
                 Change::Evicted
             }
@@ -271,26 +316,38 @@ impl Tombstones {
                     } if !t.instance.is_empty() && t.instance != *j => {
                         t.instance = bounded(j, MAX_INSTANCE);
                         t.expires_us = now_us.saturating_add(micros(ttls.closing));
+                        t.confirmed_us = now_us;
                         t.cause = Cause::Closing;
+                        t.trial = false;
                         Change::Evicted
                     }
                     Observation::Closing { instance, .. } => {
                         // Learning the instance or that the host is closing
-                        // (not just unreachable) is a change worth storing
-                        // even when the expiry stays.
-                        let mut learned = t.cause != Cause::Closing;
+                        // (not just unreachable), or ending a trial, is a
+                        // change worth storing even when the expiry stays.
+                        let mut learned = t.cause != Cause::Closing || t.trial;
                         if t.instance.is_empty() {
                             t.instance = bounded(instance.unwrap_or(""), MAX_INSTANCE);
                             learned |= !t.instance.is_empty();
                         }
                         t.cause = Cause::Closing;
-                        match extend(t, now_us.saturating_add(micros(ttls.closing))) {
+                        t.trial = false;
+                        let change = match extend(t, now_us.saturating_add(micros(ttls.closing))) {
                             Change::Unchanged if learned => Change::Extended,
                             change => change,
+                        };
+                        if change != Change::Unchanged {
+                            t.confirmed_us = now_us;
                         }
+                        change
                     }
                     Observation::ConnectFailure { .. } => {
-                        extend(t, now_us.saturating_add(micros(ttls.failure)))
+                        let change = extend(t, now_us.saturating_add(micros(ttls.failure)));
+                        // A refusal confirms a refusal, not a closing mark.
+                        if change != Change::Unchanged && t.cause == Cause::ConnectFailure {
+                            t.confirmed_us = now_us;
+                        }
+                        change
                     }
                     Observation::Answered { instance, .. } => {
                         let new_instance = match instance {
@@ -322,6 +379,37 @@ impl Tombstones {
         change
     }
 
+    /// A last resort of `cluster` (no acceptable host) had a host that said
+    /// closing answer as a new instance: puts on trial every other live
+    /// closing tombstone of the cluster confirmed before its newest (what
+    /// that last resort listed beside it). Returns how many went on trial
+    /// (0: nothing changed). See the module's table.
+    pub fn vouch(&mut self, cluster: &str, now_us: u64) -> usize {
+        let of_cluster = |t: &&Tombstone| t.cluster == cluster && t.expires_us > now_us;
+        let Some(newest) = self
+            .entries
+            .iter()
+            .filter(of_cluster)
+            .map(|t| t.confirmed_us)
+            .max()
+        else {
+            return 0;
+        };
+        let mut put = 0;
+        for t in &mut self.entries {
+            if t.cluster == cluster
+                && t.expires_us > now_us
+                && t.cause == Cause::Closing
+                && t.confirmed_us < newest
+                && !t.trial
+            {
+                t.trial = true;
+                put += 1;
+            }
+        }
+        put
+    }
+
     /// Drops expired entries, then the earliest-expiring ones beyond `max`
     /// (tombstones and warming entries bounded apart: `max` each).
     pub fn compact(&mut self, now_us: u64, max: usize) {
@@ -338,23 +426,31 @@ impl Tombstones {
         }
     }
 
-    /// Layout: version u8, count u32 LE, then per entry: expires_us u64 LE,
-    /// cause u8, then address, instance (u8 length + bytes each) and
-    /// cluster (u8 length + bytes). Then, only if there are warming entries:
-    /// their count u32 LE, and per entry since_us and until_us (u64 LE),
-    /// address and cluster (u8 length + bytes). A build from before
-    /// `readmit_slow_start` reads a list with warming entries as unreadable
-    /// (and keeps its cached one): only where the field is set.
+    /// Layout: version u8 (2), count u32 LE, then per entry: expires_us and
+    /// confirmed_us (u64 LE), the cause u8 (1 closing, 2 connect failure;
+    /// bit 0x80 set: on trial), then address, instance (u8 length +
+    /// bytes each) and cluster (u8 length + bytes). Then, only if there
+    /// are warming entries: their count u32 LE, and per entry since_us and
+    /// until_us (u64 LE), address and cluster (u8 length + bytes). The
+    /// empty list is version 1's `[1, 0, 0, 0, 0]`, as every build writes
+    /// it. A build from before version 2 reads any other list as
+    /// unreadable (and keeps its cached one), as a build from before
+    /// `readmit_slow_start` reads one with warming entries.
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(5 + self.entries.len() * 48);
+        if self.entries.is_empty() && self.warming.is_empty() {
+            return vec![VERSION_EMPTY, 0, 0, 0, 0];
+        }
+        let mut out = Vec::with_capacity(5 + self.entries.len() * 56);
         out.push(VERSION);
         out.extend_from_slice(&(self.entries.len() as u32).to_le_bytes());
         for t in &self.entries {
             out.extend_from_slice(&t.expires_us.to_le_bytes());
-            out.push(match t.cause {
+            out.extend_from_slice(&t.confirmed_us.to_le_bytes());
+            let cause = match t.cause {
                 Cause::Closing => 1,
                 Cause::ConnectFailure => 2,
-            });
+            };
+            out.push(if t.trial { cause | TRIAL_BIT } else { cause });
             for s in [&t.address, &t.instance, &t.cluster] {
                 // Lengths are bounded at insertion, well under 256.
                 out.push(s.len() as u8);
@@ -378,15 +474,20 @@ impl Tombstones {
 
     /// None for anything [`Tombstones::encode`] did not write.
     pub fn decode(bytes: &[u8]) -> Option<Tombstones> {
+        if bytes == [VERSION_EMPTY, 0, 0, 0, 0] {
+            return Some(Tombstones::default());
+        }
         let mut r = Reader(bytes);
         if r.u8()? != VERSION {
             return None;
         }
         let count = u32::from_le_bytes(r.take(4)?.try_into().ok()?) as usize;
-        let mut entries = Vec::with_capacity(count.min(bytes.len() / 12));
+        let mut entries = Vec::with_capacity(count.min(bytes.len() / 20));
         for _ in 0..count {
             let expires_us = u64::from_le_bytes(r.take(8)?.try_into().ok()?);
-            let cause = match r.u8()? {
+            let confirmed_us = u64::from_le_bytes(r.take(8)?.try_into().ok()?);
+            let byte = r.u8()?;
+            let cause = match byte & !TRIAL_BIT {
                 1 => Cause::Closing,
                 2 => Cause::ConnectFailure,
                 _ => return None,
@@ -399,7 +500,9 @@ impl Tombstones {
                 cluster,
                 instance,
                 expires_us,
+                confirmed_us,
                 cause,
+                trial: byte & TRIAL_BIT != 0,
             });
         }
         let mut warming = Vec::new();
@@ -423,7 +526,9 @@ impl Tombstones {
                 });
             }
         }
-        r.0.is_empty().then_some(Tombstones { entries, warming })
+        // Version 2 holds something (the empty list is version 1's).
+        let canonical = r.0.is_empty() && !(entries.is_empty() && warming.is_empty());
+        canonical.then_some(Tombstones { entries, warming })
     }
 }
 
@@ -571,6 +676,92 @@ mod tests {
             Change::Unchanged,
             "nothing new the second time"
         );
+    }
+
+    #[test]
+    fn each_entry_stores_when_its_cause_was_last_confirmed() {
+        let ttls = Ttls {
+            failure: Duration::from_secs(60),
+            ..TTLS
+        };
+        let mut t = Tombstones::default();
+        t.observe(&closing("h:1", Some("a")), &ttls, S, 8);
+        t.observe(&closing("h:1", Some("a")), &ttls, 5 * S, 8);
+        assert_eq!(t.get_live("h:1", 0).unwrap().confirmed_us, 5 * S);
+        // A refusal outlives the mark but confirms nothing about closing.
+        assert_eq!(
+            t.observe(&failure("h:1"), &ttls, 6 * S, 8),
+            Change::Extended
+        );
+        let ts = t.get_live("h:1", 0).unwrap();
+        assert_eq!(
+            (ts.cause, ts.expires_us, ts.confirmed_us),
+            (Cause::Closing, 66 * S, 5 * S)
+        );
+        // A refusal's own tombstone is confirmed by the next refusal.
+        t.observe(&failure("r:1"), &ttls, S, 8);
+        t.observe(&failure("r:1"), &ttls, 3 * S, 8);
+        assert_eq!(t.get_live("r:1", 0).unwrap().confirmed_us, 3 * S);
+        assert_eq!(Tombstones::decode(&t.encode()), Some(t));
+    }
+
+    #[test]
+    fn a_vouched_generation_is_on_trial_until_each_host_answers() {
+        let mut t = Tombstones::default();
+        for (i, h) in ["a:1", "b:1", "c:1", "d:1"].into_iter().enumerate() {
+            t.observe(&closing(h, Some("old")), &TTLS, i as u64 * S, 8);
+        }
+        t.observe(&failure("e:1"), &TTLS, S, 8);
+        t.observe(&closing("x:1", Some("old")), &TTLS, 0, 8);
+        if let Some(x) = t.entries.iter_mut().find(|e| e.address == "x:1") {
+            x.cluster = "other".into();
+        }
+        // b:1 answers a last resort as a new instance.
+        t.observe(&answered("b:1", Some("new")), &TTLS, 4 * S, 8);
+        assert_eq!(t.vouch("svc", 4 * S), 2);
+        let on_trial: Vec<&str> = t
+            .entries()
+            .iter()
+            .filter(|e| e.trial)
+            .map(|e| e.address.as_str())
+            .collect();
+        assert_eq!(
+            on_trial,
+            ["a:1", "c:1"],
+            "not d (confirmed last), e (refused) or another cluster's"
+        );
+        assert_eq!(t.vouch("svc", 4 * S), 0, "nothing more");
+        assert_eq!(Tombstones::decode(&t.encode()), Some(t.clone()));
+        // A refusal keeps the trial; a closing mark ends it, even one that
+        // adds no life, and is written.
+        t.observe(&failure("a:1"), &TTLS, 5 * S, 8);
+        assert!(t.get_live("a:1", 5 * S).unwrap().trial);
+        assert!(t.worth_writing(&closing("a:1", Some("old")), &TTLS, 5 * S));
+        assert_eq!(
+            t.observe(&closing("a:1", Some("old")), &TTLS, 5 * S, 8),
+            Change::Extended
+        );
+        let a = t.get_live("a:1", 5 * S).unwrap();
+        assert_eq!((a.trial, a.confirmed_us), (false, 5 * S));
+        // A new instance readmits as ever.
+        assert_eq!(
+            t.observe(&answered("c:1", Some("new")), &TTLS, 5 * S, 8),
+            Change::Readmitted
+        );
+    }
+
+    #[test]
+    fn the_empty_list_is_version_1_and_every_other_version_2() {
+        assert_eq!(Tombstones::default().encode(), [1, 0, 0, 0, 0]);
+        assert_eq!(Tombstones::decode(&[2, 0, 0, 0, 0]), None, "not canonical");
+        let mut t = Tombstones::default();
+        t.observe(&closing("h:1", None), &TTLS, 0, 8);
+        assert_eq!(t.encode()[0], 2);
+        // What a build before stored confirmations wrote for one entry.
+        let mut v1 = vec![1, 1, 0, 0, 0];
+        v1.extend_from_slice(&(30 * S).to_le_bytes());
+        v1.extend_from_slice(&[1, 3, b'h', b':', b'1', 0, 3, b's', b'v', b'c']);
+        assert_eq!(Tombstones::decode(&v1), None, "read as unreadable");
     }
 
     #[test]

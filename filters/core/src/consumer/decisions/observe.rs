@@ -6,7 +6,7 @@ use super::{
     RECORD_EVERY_US,
 };
 use crate::consumer::steering::{ClusterSet, Membership, MAX_MEMBERS};
-use crate::consumer::tombstone::{Change, Observation, Tombstones};
+use crate::consumer::tombstone::{Cause, Change, Observation, Tombstones};
 use crate::shared::keys;
 use crate::shared::metrics::Metric;
 use crate::shared::store::{update, SharedStore};
@@ -85,7 +85,12 @@ impl Consumer {
                 address: &address,
                 instance: seen.instance.as_deref(),
             };
-            effects.extend(self.apply(store, &obs, now));
+            // A new instance where the last resort sent this request: its
+            // generation restarted (see `Tombstones::vouch`).
+            let vouching = self
+                .steers_last_resort(&cluster)
+                .then_some(cluster.as_str());
+            effects.extend(self.apply_vouching(store, &obs, now, vouching));
         }
         effects
     }
@@ -176,6 +181,19 @@ impl Consumer {
         obs: &Observation,
         now: u64,
     ) -> Vec<Effect> {
+        self.apply_vouching(store, obs, now, None)
+    }
+
+    /// [`Consumer::apply`]; with `vouching` (the cluster of a last resort
+    /// that sent the request), a readmission of a host that said closing
+    /// also puts the rest of that last resort on trial.
+    pub(super) fn apply_vouching(
+        &mut self,
+        store: &dyn SharedStore,
+        obs: &Observation,
+        now: u64,
+        vouching: Option<&str>,
+    ) -> Vec<Effect> {
         let max = self.config.max_tombstones as usize;
         let before = self.tombstones.gen;
         self.tombstones.stale();
@@ -194,13 +212,22 @@ impl Consumer {
         let ttls = self.ttls;
         let result = update(store, keys::TOMBSTONES.name, |bytes| {
             let mut list = bytes.and_then(Tombstones::decode).unwrap_or_default();
+            let said_closing = list
+                .get_live(obs.address(), now)
+                .is_some_and(|t| t.cause == Cause::Closing);
             let change = list.observe(obs, &ttls, now, max);
+            let tried = match vouching {
+                Some(cluster) if change == Change::Readmitted && said_closing => {
+                    list.vouch(cluster, now)
+                }
+                _ => 0,
+            };
             let live = list.live_count(now);
             let value = (change != Change::Unchanged).then(|| list.encode());
             let size = value.as_ref().map_or(0, Vec::len);
-            (value, (change, live, size))
+            (value, (change, live, size, tried))
         });
-        let (change, live, size) = match result {
+        let (change, live, size, tried) = match result {
             Ok(r) => r,
             Err(e) => {
                 return vec![Effect::Log(
@@ -243,8 +270,13 @@ impl Consumer {
             (Change::Readmitted, Observation::Answered { address, instance }) => Some((
                 Metric::ConsumerReadmitted,
                 format!(
-                    "readmitted {address}: new instance {}",
-                    instance.unwrap_or("unknown")
+                    "readmitted {address}: new instance {}{}",
+                    instance.unwrap_or("unknown"),
+                    if tried > 0 {
+                        format!(" (a last resort's answer: {tried} more of its hosts on trial)")
+                    } else {
+                        String::new()
+                    }
                 ),
             )),
             _ => None,

@@ -2,7 +2,7 @@
 //! again only when tombstones or membership changed.
 
 use super::{Consumer, Exchange};
-use crate::consumer::steering::{plan, Member, Membership, Rotations, Rules};
+use crate::consumer::steering::{plan, Member, Membership, Plan, Rotations, Rules};
 use crate::shared::keys;
 use crate::shared::store::SharedStore;
 
@@ -16,6 +16,10 @@ pub(super) struct CachedPlan {
     /// The first expiry of a tombstone it depends on.
     until_us: u64,
     rotations: Rotations,
+    /// Every host it lists is tombstoned (the last resort: no acceptable
+    /// host), so an answer from a new instance there vouches for the
+    /// generation ([`crate::consumer::tombstone::Tombstones::vouch`]).
+    last_resort: bool,
 }
 
 impl Consumer {
@@ -110,14 +114,31 @@ impl Consumer {
                 slow_start: self.config.readmit_slow_start,
             };
             let (plan, until_us) = plan(&members, &self.tombstones.value, cluster, now, &rules);
+            let last_resort = match &plan {
+                Plan::Hosts { hosts, .. } => {
+                    !hosts.is_empty()
+                        && hosts
+                            .iter()
+                            .all(|h| self.tombstones.value.get_live(h, now).is_some())
+                }
+                Plan::LeaveAlone => false,
+            };
             self.plans_made += 1;
             self.plan = Some(CachedPlan {
                 gens,
                 cluster: cluster.to_string(),
                 until_us,
                 rotations: Rotations::of(&plan),
+                last_resort,
             });
         }
         self.plan.as_ref().map(|cached| &cached.rotations)
+    }
+
+    /// Whether the plan this copy steers `cluster` by is a last resort.
+    pub(super) fn steers_last_resort(&self, cluster: &str) -> bool {
+        self.plan
+            .as_ref()
+            .is_some_and(|p| p.last_resort && p.cluster == cluster)
     }
 }

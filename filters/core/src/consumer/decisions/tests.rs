@@ -228,6 +228,124 @@ fn a_new_instance_answering_readmits() {
     assert_eq!(steer(&mut c[0], &store, "svc", 4 * S), None);
 }
 
+/// The first host of an override list.
+fn first(list: &str) -> &str {
+    list.split(',').next().unwrap_or_default()
+}
+
+#[test]
+fn a_new_instance_answering_a_last_resort_puts_the_rest_of_its_generation_on_trial() {
+    let (store, mut c) = copies(r#"{"probe_path":""}"#, 2);
+    let hosts = ["a:1", "b:1", "c:1", "d:1"];
+    for h in hosts {
+        observe(&mut c[0], &store, ok("g1"), h, Part::Headers, S);
+    }
+    // The whole generation closes in turn, d last.
+    for (i, h) in hosts.iter().enumerate() {
+        observe(
+            &mut c[0],
+            &store,
+            closing("g1"),
+            h,
+            Part::Headers,
+            (2 + i as u64) * S,
+        );
+    }
+    // No acceptable host: the last resort, every host but d.
+    let list = steer(&mut c[0], &store, "svc", 7 * S).expect("the last resort");
+    let tried = first(&list).to_string();
+    assert!(["a:1", "b:1", "c:1"].contains(&tried.as_str()), "{list}");
+    // Its new instance answers: readmitted, and the other two on trial.
+    let fx = observe(&mut c[0], &store, ok("g2"), &tried, Part::Headers, 7 * S);
+    assert!(
+        fx.iter()
+            .any(|e| matches!(e, Effect::Log(_, l) if l.contains("2 more of its hosts on trial"))),
+        "{fx:?}"
+    );
+    // Every copy now tries each of them first in a list of its own, the
+    // readmitted host after it; d (it said closing last) is never listed.
+    let lists: Vec<String> = (0..6)
+        .map(|_| steer(&mut c[1], &store, "svc", 7 * S).expect("steered"))
+        .collect();
+    let firsts: std::collections::BTreeSet<&str> = lists.iter().map(|l| first(l)).collect();
+    assert_eq!(firsts, ["a:1", "b:1", "c:1"].into(), "{lists:?}");
+    for l in &lists {
+        assert!(!l.contains("d:1"), "{lists:?}");
+        if first(l) != tried {
+            assert_eq!(l, &format!("{},{tried}", first(l)), "{lists:?}");
+        }
+    }
+    // One on trial answers closing (its old instance): off trial, never
+    // listed again; the other answers as a new instance: readmitted.
+    let trial: Vec<&str> = ["a:1", "b:1", "c:1"]
+        .into_iter()
+        .filter(|h| *h != tried)
+        .collect();
+    observe(
+        &mut c[1],
+        &store,
+        closing("g1"),
+        trial[0],
+        Part::Headers,
+        8 * S,
+    );
+    let fx = observe(&mut c[1], &store, ok("g2"), trial[1], Part::Headers, 8 * S);
+    assert!(
+        fx.iter()
+            .any(|e| matches!(e, Effect::Log(_, l) if l.ends_with("new instance g2"))),
+        "not a last resort's answer: nothing more on trial: {fx:?}"
+    );
+    let lists: std::collections::BTreeSet<String> = (0..4)
+        .map(|_| steer(&mut c[0], &store, "svc", 8 * S).expect("steered"))
+        .collect();
+    assert!(
+        lists
+            .iter()
+            .all(|l| !l.contains(trial[0]) && !l.contains("d:1")),
+        "{lists:?}"
+    );
+    assert_eq!(
+        lists.len(),
+        2,
+        "the two readmitted hosts in turn: {lists:?}"
+    );
+}
+
+#[test]
+fn a_readmission_with_acceptable_hosts_left_puts_nothing_on_trial() {
+    let (store, mut c) = copies(r#"{"probe_path":""}"#, 1);
+    for h in ["a:1", "b:1", "c:1"] {
+        observe(&mut c[0], &store, ok("g1"), h, Part::Headers, S);
+    }
+    observe(
+        &mut c[0],
+        &store,
+        closing("g1"),
+        "a:1",
+        Part::Headers,
+        2 * S,
+    );
+    observe(
+        &mut c[0],
+        &store,
+        closing("g1"),
+        "b:1",
+        Part::Headers,
+        3 * S,
+    );
+    assert_eq!(
+        steer(&mut c[0], &store, "svc", 4 * S).as_deref(),
+        Some("c:1")
+    );
+    // a:1 answers as a new instance (a request the balancer's fallback
+    // sent): readmitted, and b:1, which said closing, is still never tried.
+    observe(&mut c[0], &store, ok("g2"), "a:1", Part::Headers, 4 * S);
+    let lists: std::collections::BTreeSet<String> = (0..6)
+        .map(|_| steer(&mut c[0], &store, "svc", 4 * S).expect("steered"))
+        .collect();
+    assert_eq!(lists, ["a:1,c:1".to_string(), "c:1,a:1".to_string()].into());
+}
+
 #[test]
 fn with_slow_start_every_copy_ramps_a_readmitted_host_then_leaves_the_balancer_alone() {
     let (store, mut c) = copies(r#"{"readmit_slow_start":{"window":"10s"}}"#, 2);

@@ -39,10 +39,13 @@ pub enum Plan {
         /// with none of those, the last resort (see [`plan()`]); empty when
         /// there is neither.
         hosts: Vec<String>,
-        /// Below the panic floor: tombstoned members whose last word was a
-        /// refused connection (never a closing answer), longest confirmed
-        /// first. Each is tried first in a list of its own, the acceptable
-        /// hosts after it, so a refusal is retried on an acceptable host.
+        /// Tombstoned members tried beside the acceptable hosts, longest
+        /// confirmed first: those on trial as a restarted generation
+        /// ([`Tombstones::vouch`]), then, below the panic floor, those
+        /// whose last word was a refused connection (never a closing
+        /// answer). Each is tried first in a list of its own, the
+        /// acceptable hosts after it, so a refusal is retried on an
+        /// acceptable host.
         trial: Vec<String>,
         /// Each host's weight in slots of [`FULL_WEIGHT`], in `hosts`'
         /// order, while one of them is warming up (`readmit_slow_start`);
@@ -212,8 +215,9 @@ fn spread(weights: &[u8]) -> Vec<u32> {
 /// What shapes a plan beside membership and tombstones.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Rules {
-    /// The tombstone TTLs: a tombstone's closing (or failure) was last
-    /// confirmed at its expiry minus its cause's TTL.
+    /// The tombstone TTLs. (Plans order tombstones by the confirmation
+    /// time each stores, not by expiry: a refusal extends a closing
+    /// host's expiry by the failure TTL without confirming it closing.)
     pub ttls: Ttls,
     /// Percent of the usable members steering keeps listing with hosts
     /// that only refused connections (the consumer's `panic_threshold`;
@@ -229,16 +233,6 @@ impl Rules {
     /// enough of them only refused connections.
     fn floor(&self, usable: usize) -> usize {
         (usable * usize::from(self.panic_threshold)).div_ceil(100)
-    }
-
-    /// When the host's closing (or connect failure) was last confirmed.
-    fn confirmed_us(&self, t: &Tombstone) -> u64 {
-        let ttl = match t.cause {
-            Cause::Closing => self.ttls.closing,
-            Cause::ConnectFailure => self.ttls.failure,
-        };
-        t.expires_us
-            .saturating_sub(u64::try_from(ttl.as_micros()).unwrap_or(u64::MAX))
     }
 }
 
@@ -272,6 +266,17 @@ impl Rules {
 /// the plan has acceptable hosts again after a few answers, while the host
 /// that just said closing gets none. With one such moment only (every
 /// tombstone confirmed together, or a single member), the balancer decides.
+/// Confirmation times are the ones each tombstone stores, so no pair of
+/// TTLs can make a host that just said closing look old.
+///
+/// A restarted generation: once a last resort's request reaches a new
+/// instance where a host said closing, the rest of that last resort is on
+/// trial ([`Tombstones::vouch`]): each is tried as a refused host below the
+/// floor is (first in a list of its own, acceptable hosts after it), until
+/// its own answer readmits it or says closing again. Without that, the
+/// first readmitted host took every request until the others' TTLs ran out
+/// (on one connection, every one: a last resort's first answer is the only
+/// one before the plan changes).
 pub fn plan(
     members: &[Member],
     tombstones: &Tombstones,
@@ -338,7 +343,7 @@ pub fn plan(
         .collect();
     let (acceptable, tombstoned): (Vec<&str>, Vec<&str>) =
         usable.iter().partition(|a| tombstone_of(a).is_none());
-    let confirmed = |a: &str| tombstone_of(a).map_or(0, |t| rules.confirmed_us(t));
+    let confirmed = |a: &str| tombstone_of(a).map_or(0, |t| t.confirmed_us);
     if acceptable.is_empty() {
         let newest = tombstoned.iter().map(|a| confirmed(a)).max().unwrap_or(0);
         let last_resort = tombstoned
@@ -347,14 +352,23 @@ pub fn plan(
             .map(str::to_string);
         return (Plan::hosts(last_resort), until);
     }
+    // A restarted generation's hosts on trial: each until it answers.
+    let mut vouched: Vec<(u64, &str)> = tombstoned
+        .iter()
+        .filter_map(|a| {
+            let t = tombstone_of(a)?;
+            t.trial.then_some((t.confirmed_us, *a))
+        })
+        .collect();
+    vouched.sort_unstable();
+    let mut trial: Vec<String> = vouched.into_iter().map(|(_, a)| a.to_string()).collect();
     let floor = rules.floor(usable.len());
-    let mut trial = Vec::new();
     if acceptable.len() < floor {
         let mut refused: Vec<(u64, &str)> = tombstoned
             .into_iter()
             .filter_map(|a| {
                 let t = tombstone_of(a)?;
-                (t.cause == Cause::ConnectFailure).then(|| (rules.confirmed_us(t), a))
+                (t.cause == Cause::ConnectFailure).then_some((t.confirmed_us, a))
             })
             .collect();
         refused.sort_unstable();
@@ -765,6 +779,85 @@ mod tests {
         assert_eq!(
             plan(&m, &t, "svc", 3_000_000, &RULES).0,
             Plan::hosts(["a:1"])
+        );
+    }
+
+    #[test]
+    fn the_last_resort_orders_by_stored_confirmation_whatever_the_ttls() {
+        let m = members(&["a:1", "b:1", "c:1"]);
+        let at = |s: u64| s * 1_000_000;
+        let closing = |address| Observation::Closing {
+            cluster: "svc",
+            address,
+            instance: Some("old"),
+        };
+        let refused = |address| Observation::ConnectFailure {
+            cluster: "svc",
+            address,
+        };
+        // A failure TTL above the closing one: a, which said closing
+        // first, then refused (it exited), expires last; c said closing
+        // last. Expiry minus the cause's TTL made a the newest.
+        let ttls = Ttls {
+            closing: std::time::Duration::from_secs(30),
+            failure: std::time::Duration::from_secs(60),
+            warming: None,
+        };
+        let rules = Rules { ttls, ..RULES };
+        let mut t = Tombstones::default();
+        t.observe(&closing("a:1"), &ttls, at(0), 64);
+        t.observe(&refused("a:1"), &ttls, at(1), 64);
+        t.observe(&closing("b:1"), &ttls, at(2), 64);
+        t.observe(&closing("c:1"), &ttls, at(3), 64);
+        assert!(t.get_live("a:1", at(3)).unwrap().expires_us > at(33));
+        assert_eq!(
+            plan(&m, &t, "svc", at(3), &rules).0,
+            Plan::hosts(["a:1", "b:1"]),
+            "c:1 just said closing"
+        );
+        // The other way round: a closing mark on a longer refusal's
+        // tombstone keeps its expiry, and is still the newest confirmation.
+        let ttls = Ttls {
+            closing: std::time::Duration::from_secs(5),
+            failure: std::time::Duration::from_secs(30),
+            warming: None,
+        };
+        let rules = Rules { ttls, ..RULES };
+        let mut t = Tombstones::default();
+        t.observe(&refused("a:1"), &ttls, at(0), 64);
+        t.observe(&closing("b:1"), &ttls, at(1), 64);
+        t.observe(&closing("c:1"), &ttls, at(2), 64);
+        t.observe(&closing("a:1"), &ttls, at(3), 64);
+        assert_eq!(
+            plan(&m, &t, "svc", at(3), &rules).0,
+            Plan::hosts(["b:1", "c:1"]),
+            "a:1 just said closing"
+        );
+    }
+
+    #[test]
+    fn hosts_on_trial_are_tried_beside_acceptable_ones_longest_confirmed_first() {
+        let m = members(&["a:1", "b:1", "c:1", "d:1"]);
+        let mut t = confirmed_in_turn(&["a:1", "b:1", "c:1", "d:1"]);
+        // b:1 answered a last resort as a new instance: a and c go on
+        // trial, d (the newest) does not.
+        t.observe(
+            &Observation::Answered {
+                address: "b:1",
+                instance: Some("new"),
+            },
+            &TTLS,
+            4_000_000,
+            64,
+        );
+        assert_eq!(t.vouch("svc", 4_000_000), 2);
+        let rules = Rules {
+            panic_threshold: 0,
+            ..RULES
+        };
+        assert_eq!(
+            plan(&m, &t, "svc", 4_000_000, &rules).0,
+            tried(&["b:1"], &["a:1", "c:1"])
         );
     }
 
