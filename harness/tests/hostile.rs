@@ -1232,11 +1232,13 @@ async fn send_hostile(addr: SocketAddr, h: &Hostile) -> u16 {
     }
 }
 
-fn provider_hostile_requests() -> Vec<Hostile> {
+/// Header blocks just under Envoy's bounds (they reach the filters) and
+/// at them (Envoy's codec answers 431), over HTTP/1.1.
+fn provider_hostile_http1() -> Vec<Hostile> {
     let near = "a".repeat(NEAR_LIMIT);
     let past = "a".repeat(PAST_LIMIT);
     let xff_near = "10.0.0.1, ".repeat(NEAR_LIMIT / 10) + "127.0.0.1";
-    let mut list = vec![
+    vec![
         hostile(
             "58 KiB instance header",
             "GET",
@@ -1325,9 +1327,15 @@ fn provider_hostile_requests() -> Vec<Hostile> {
             repeated("x-forwarded-for", "127.0.0.1", TOO_MANY),
             403,
         ),
-    ];
-    // Through to the app the block stays under the test app's own HTTP/2
-    // bound (16 KiB); answered by graceful_drain it may be larger.
+    ]
+}
+
+/// The same over HTTP/2: through to the app the block stays under the
+/// test app's own HTTP/2 bound (16 KiB); answered by graceful_drain it may
+/// be larger.
+fn provider_hostile_http2() -> Vec<Hostile> {
+    let near = "a".repeat(NEAR_LIMIT);
+    let mut list = Vec::new();
     let mut h2 = hostile(
         "HTTP/2: 90 closing headers of 100 bytes to the app",
         "GET",
@@ -1355,6 +1363,12 @@ fn provider_hostile_requests() -> Vec<Hostile> {
     );
     h2.http2 = true;
     list.push(h2);
+    list
+}
+
+fn provider_hostile_requests() -> Vec<Hostile> {
+    let mut list = provider_hostile_http1();
+    list.extend(provider_hostile_http2());
     list
 }
 
@@ -1406,17 +1420,12 @@ async fn it_survives_60_kib_headers_and_100_repeated_names_and_serves_on_both_wo
     assert_log_clean(&p.envoy.log());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn it_keeps_consumer_steering_immune_to_request_headers_and_huge_answers() {
-    let cfg = r#"{"admin_cluster":"envoy_admin","tombstone_ttl":"60s","membership_refresh":"200ms","probe_path":""}"#;
-    let m = ConsumerSidecar::start("hostile-consumer", cfg, 2).await;
-    let health = vm_health(&m.envoy).await;
-    let a = m.ups[0].addr.to_string();
+/// Requests to the consumer that claim closing, a new instance for host
+/// `a`, or pick `a`, at and under Envoy's bounds.
+fn consumer_hostile_requests(a: &str) -> Vec<Hostile> {
     let near = "a".repeat(NEAR_LIMIT);
     let override_list = format!("{a},").repeat(NEAR_LIMIT / (a.len() + 1));
-    // Requests that claim closing, a new instance, or pick a host: none of
-    // it is an answer from a provider, so nothing is evicted or steered.
-    let requests = vec![
+    vec![
         hostile(
             "closing in a request",
             "GET",
@@ -1442,21 +1451,21 @@ async fn it_keeps_consumer_steering_immune_to_request_headers_and_huge_answers()
             "58 KiB instance header",
             "GET",
             "/",
-            one(INSTANCE, near.clone()),
+            one(INSTANCE, near),
             200,
         ),
         hostile(
             "58 KiB override list naming a",
             "GET",
             "/",
-            one(OVERRIDE, override_list.clone()),
+            one(OVERRIDE, override_list),
             200,
         ),
         hostile(
             "90 override headers naming a",
             "GET",
             "/",
-            repeated(OVERRIDE, &a, MANY),
+            repeated(OVERRIDE, a, MANY),
             200,
         ),
         // The sidecar registers the override header inline (bootstrap
@@ -1467,7 +1476,7 @@ async fn it_keeps_consumer_steering_immune_to_request_headers_and_huge_answers()
             "100 override headers naming a (folded into one)",
             "GET",
             "/",
-            repeated(OVERRIDE, &a, TOO_MANY),
+            repeated(OVERRIDE, a, TOO_MANY),
             200,
         ),
         hostile(
@@ -1477,19 +1486,13 @@ async fn it_keeps_consumer_steering_immune_to_request_headers_and_huge_answers()
             one("x-big", "a".repeat(PAST_LIMIT)),
             431,
         ),
-    ];
-    send_to_both_workers(&m.envoy, m.outbound, &requests).await;
-    assert_eq!(m.stat("graceful_consumer_evictions").await, 0);
-    let c = m.counts();
-    assert!(
-        c[1] > 0 && c[2] > 0 && c[0] < c.iter().sum::<u64>(),
-        "clients picked host a through the override header: {c:?}"
-    );
+    ]
+}
 
-    // Answers at the size limit: host a turns closing with a 50 KiB
-    // instance id. It is evicted (once), its id stored bounded, and a
-    // client claiming a new instance in requests cannot bring it back.
-    // (Once membership is known: see `until_membership_refreshed`.)
+/// Answers at the size limit: host a turns closing with a 50 KiB
+/// instance id; it is evicted once. (Once membership is known: see
+/// `until_membership_refreshed`.)
+async fn evict_on_a_huge_closing_answer(m: &ConsumerSidecar) {
     m.until_membership_refreshed().await;
     m.ups[0].set_instance(&"i".repeat(50 * 1024));
     m.ups[0].set_closing(true);
@@ -1507,6 +1510,29 @@ async fn it_keeps_consumer_steering_immune_to_request_headers_and_huge_answers()
         (m.stat("graceful_consumer_evictions").await == 1).then_some(())
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn it_keeps_consumer_steering_immune_to_request_headers_and_huge_answers() {
+    let cfg = r#"{"admin_cluster":"envoy_admin","tombstone_ttl":"60s","membership_refresh":"200ms","probe_path":""}"#;
+    let m = ConsumerSidecar::start("hostile-consumer", cfg, 2).await;
+    let health = vm_health(&m.envoy).await;
+    let a = m.ups[0].addr.to_string();
+    // Requests that claim closing, a new instance, or pick a host: none of
+    // it is an answer from a provider, so nothing is evicted or steered.
+    let requests = consumer_hostile_requests(&a);
+    send_to_both_workers(&m.envoy, m.outbound, &requests).await;
+    assert_eq!(m.stat("graceful_consumer_evictions").await, 0);
+    let c = m.counts();
+    assert!(
+        c[1] > 0 && c[2] > 0 && c[0] < c.iter().sum::<u64>(),
+        "clients picked host a through the override header: {c:?}"
+    );
+
+    // Host a is evicted (once) by a closing answer with a 50 KiB id, its
+    // id stored bounded, and a client claiming a new instance in requests
+    // cannot bring it back.
+    evict_on_a_huge_closing_answer(&m).await;
     let at_mark = m.counts()[0];
     for _ in 0..40 {
         let r = send(
