@@ -125,7 +125,11 @@ macro_rules! envoy_callbacks {
 
         /// Stores every callback's address as `resolve` finds it by name;
         /// Err: the first it lacks (nothing after it is stored).
-        fn install(
+        ///
+        /// # Safety
+        /// Every non-null address `resolve` gives is a function with the
+        /// signature declared for its name: each later call trusts it.
+        unsafe fn install(
             resolve: &dyn Fn(&'static str) -> *mut c_void,
         ) -> Result<(), &'static str> {
             $(
@@ -180,11 +184,14 @@ extern "C" {
 /// let _ = unsafe { graceful::abi::resolve_callbacks() };
 /// ```
 pub unsafe fn resolve_callbacks() -> Result<(), &'static str> {
-    install(&|symbol| {
+    let resolve = |symbol: &'static str| {
         // SAFETY: a NUL-terminated name; RTLD_DEFAULT (null) searches the
         // global scope, where the Envoy executable exports them.
         unsafe { dlsym(std::ptr::null_mut(), symbol.as_ptr().cast()) }
-    })
+    };
+    // SAFETY: Envoy's ABI is ours (the caller), so each symbol has the
+    // declared signature.
+    unsafe { install(&resolve) }
 }
 
 /// Points every callback at a stand-in for Envoy (the unit tests' fake):
@@ -197,7 +204,8 @@ pub unsafe fn resolve_callbacks() -> Result<(), &'static str> {
 pub unsafe fn install_stand_in(
     resolve: &dyn Fn(&'static str) -> *mut c_void,
 ) -> Result<(), &'static str> {
-    install(resolve)
+    // SAFETY: as the caller promises.
+    unsafe { install(resolve) }
 }
 
 /// What a callback that was never resolved returns.
@@ -1013,7 +1021,8 @@ impl Config<'_> {
     /// Runs `body` with the config Envoy passed to the running hook.
     ///
     /// # Safety
-    /// `ptr` is the config pointer Envoy passed to the hook being run.
+    /// `ptr` is the config pointer Envoy passed to the hook being run, on
+    /// the main thread, and no other handle to it is alive (one per hook).
     pub unsafe fn in_hook<T>(
         ptr: ConfigEnvoyPtr,
         body: impl for<'cb> FnOnce(Config<'cb>) -> T,

@@ -55,7 +55,7 @@ use graceful_core::shared::host::{Attribute, Stream as _};
 use graceful_core::shared::keys::Owner;
 
 use crate::abi::{self, Stream, CONTINUE};
-use crate::copies::{Guarded, PerWorker, WorkerOf};
+use crate::copies::{PerWorker, WorkerOf};
 use crate::hooks::{code, Event};
 use crate::host::{CalloutAnswer, Ids, Native};
 use crate::timer::Timer;
@@ -180,22 +180,21 @@ struct Attempt {
 }
 
 impl ConsumerStream {
-    /// The copy of the worker the stream `h` is a hook of.
-    fn copy<'c>(&self, c: &'c Config, h: &Native) -> &'c Guarded<ConsumerCopy> {
-        c.copies.of(self.worker.get(h))
-    }
-
     /// One of the stream's hooks.
     pub fn on(&self, c: &Config, s: Stream<'_>, event: Event) -> u32 {
         let h = Native::stream(s, &c.ids);
         match event {
             Event::RequestHeaders { .. } => self.request_headers(c, &h),
-            Event::ResponseHeaders => {
-                code(c.filter.response_headers(self.copy(c, &h), &self.core, &h))
-            }
-            Event::ResponseTrailers => {
-                code(c.filter.response_trailers(self.copy(c, &h), &self.core, &h))
-            }
+            Event::ResponseHeaders => code(c.filter.response_headers(
+                c.copies.of_stream(&self.worker, &h),
+                &self.core,
+                &h,
+            )),
+            Event::ResponseTrailers => code(c.filter.response_trailers(
+                c.copies.of_stream(&self.worker, &h),
+                &self.core,
+                &h,
+            )),
             // The listener instance's stream is over. (Envoy does not call
             // this for upstream filters.)
             Event::StreamComplete => {
@@ -208,7 +207,9 @@ impl ConsumerStream {
     }
 
     fn request_headers(&self, c: &Config, h: &Native) -> u32 {
-        let next = c.filter.request_headers(self.copy(c, h), &self.core, h);
+        let next = c
+            .filter
+            .request_headers(c.copies.of_stream(&self.worker, h), &self.core, h);
         if c.filter.config().evict_on_connect_failure {
             if c.filter.is_upstream() {
                 let token = h.filter_state(STREAM_TOKEN).and_then(|b| token_of(&b));

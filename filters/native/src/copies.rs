@@ -105,6 +105,12 @@ impl<T> PerWorker<T> {
         &self.copies[worker.min(self.copies.len().saturating_sub(1))]
     }
 
+    /// The copy of the worker of the stream `h` is a hook of (asked of
+    /// Envoy once per stream, kept in `worker`).
+    pub fn of_stream(&self, worker: &WorkerOf, h: &Native) -> &Guarded<T> {
+        self.of(worker.get(h))
+    }
+
     pub fn main_thread(&self) -> &Guarded<T> {
         self.of(usize::MAX)
     }

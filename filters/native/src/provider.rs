@@ -29,7 +29,7 @@ use graceful_core::shared::host::StateCell;
 use graceful_core::shared::keys::Owner;
 
 use crate::abi::{self, Stream, StreamScheduler, CONTINUE};
-use crate::copies::{Guarded, PerWorker, WorkerOf};
+use crate::copies::{PerWorker, WorkerOf};
 use crate::hooks::{code, Event};
 use crate::host::{Ids, Native};
 use crate::timer::Timer;
@@ -71,15 +71,6 @@ impl Config {
         })
     }
 
-    /// The copy of the stream `h` is a hook of.
-    fn copy(
-        &self,
-        st: &NativeProviderStream,
-        h: &Native,
-    ) -> &Guarded<ProviderCopy<StreamScheduler>> {
-        self.copies.of(st.worker.get(h))
-    }
-
     /// The main thread's tick, over every worker's copy. The woken
     /// streams' schedulers are dropped (deleted) after their commit.
     pub fn tick(&self, envoy: &abi::Config<'_>) {
@@ -103,7 +94,7 @@ impl Config {
                 code(self.provider.request_headers(
                     &st.core,
                     &h,
-                    self.copy(st, &h),
+                    self.copies.of_stream(&st.worker, &h),
                     end_of_stream,
                     keep,
                 ))
@@ -118,7 +109,8 @@ impl Config {
                 CONTINUE
             }
             Event::StreamComplete => {
-                self.provider.stream_end(&st.core, &h, self.copy(st, &h));
+                self.provider
+                    .stream_end(&st.core, &h, self.copies.of_stream(&st.worker, &h));
                 CONTINUE
             }
         }
