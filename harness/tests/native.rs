@@ -33,9 +33,9 @@ async fn envoy_reports_the_abi_version_the_module_was_built_for() {
         .start()
         .await;
     let log = envoy.log();
-    // Before ABI 1.0 a version is only kept compatible with the next one:
-    // a mismatch is a module built for another Envoy minor (Envoy still
-    // loads it, with a warning; this fails instead).
+    // Envoy's abi.h promises only an exact match: a mismatch is a module
+    // built for another Envoy minor (Envoy alone would load it with a
+    // warning; the module refuses it, and this fails too).
     assert!(
         log.contains(MATCHED) && !log.contains("is deprecated"),
         "the module is built for ABI v0.2.0 (Envoy 1.40's abi.h); this Envoy ({}) did not confirm it: rebuild filters/native against its abi.h. Log:\n{log}",
