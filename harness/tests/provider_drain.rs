@@ -471,7 +471,7 @@ async fn with_longest_request_late_callers_are_refused_and_the_long_request_comp
                 Ok(r) => got
                     .other
                     .push(format!("{} {:?}", r.status, r.header(CLOSING))),
-                Err(e) => got.other.push(format!("{e}")),
+                Err(e) => got.other.push(e.to_string()),
             }
         }
         got

@@ -595,10 +595,10 @@ mod tests {
             (&gate(),        6 * S,         true,  Some(100 * MS), "step_timeout"),
             (&gate(),        6 * S,         true,  Some(499 * MS), "step_timeout"),
             (&gate(),        6 * S,         true,  Some(500 * MS), "quiet"),
-            (&gate(),        60 * S,        false, Some(1 * S),    "timeout"),
+            (&gate(),        60 * S,        false, Some(S),    "timeout"),
             (&short,         4 * S - 1,     false, Some(0),        "wait"),
             (&short,         4 * S,         false, Some(0),        "timeout"),
-            (&short,         4 * S,         true,  Some(1 * S),    "quiet"),
+            (&short,         4 * S,         true,  Some(S),    "quiet"),
             (&with_longest(), 3 * S,        true,  None,           "quiet"),
             (&with_longest(), 3 * S,        false, Some(100 * MS), "wait"),
             (&with_longest(), 6 * S - 1,    false, Some(0),        "wait"),
@@ -611,7 +611,7 @@ mod tests {
             (&with_longest(), 31 * S,       true,  Some(0),        "stop admitting"),
             (&with_longest(), 60 * S - 1,   false, Some(50 * S),   "stop admitting"),
             (&with_longest(), 60 * S,       false, Some(50 * S),   "timeout"),
-            (&with_longest(), 60 * S,       true,  Some(1 * S),    "quiet"),
+            (&with_longest(), 60 * S,       true,  Some(S),    "quiet"),
             (&with_longest(), 61 * S,       true,  Some(100 * MS), "timeout"),
         ];
         for (g, at, idle, ago, want) in rows {
