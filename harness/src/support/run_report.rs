@@ -233,15 +233,43 @@ const COLORS: [&str; 3] = ["#1f77b4", "#2ca02c", "#9467bd"];
 /// provider (the final answers the load generator got), in 250 ms buckets,
 /// with each shutdown's closing, drained, down and up moments marked.
 pub fn chart(runs: &[(&str, &RunReport, &[Sample])]) -> String {
-    let (w, panel_h, left, top) = (960.0, 260.0, 60.0, 30.0);
-    let plot_w = w - left - 20.0;
-    let plot_h = panel_h - top - 40.0;
-    let height = panel_h * runs.len() as f64;
+    let height = PANEL_H * runs.len() as f64;
     let mut svg = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{CHART_W}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"11\">\n<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
     );
     for (panel, (name, report, samples)) in runs.iter().enumerate() {
-        let y0 = panel as f64 * panel_h;
+        let p = Panel::new(panel, report, samples);
+        p.frame(&mut svg, &report.line(name));
+        p.time_axis(&mut svg);
+        p.shutdown_marks(&mut svg, &report.events);
+        p.provider_lines(&mut svg);
+        p.failure_line(&mut svg);
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+const CHART_W: f64 = 960.0;
+const PANEL_H: f64 = 260.0;
+const PANEL_LEFT: f64 = 60.0;
+const PANEL_TOP: f64 = 30.0;
+
+/// One run's panel of [`chart`]: its place in the drawing and its
+/// per-bucket counts.
+struct Panel {
+    y0: f64,
+    span_ms: u64,
+    plot_w: f64,
+    plot_h: f64,
+    /// Answers served per bucket, by provider p1..p3.
+    counts: Vec<[u64; 3]>,
+    failures: Vec<u64>,
+    /// The y axis' top, in requests per second.
+    max: f64,
+}
+
+impl Panel {
+    fn new(panel: usize, report: &RunReport, samples: &[Sample]) -> Panel {
         let span_ms = report.duration_ms.max(1);
         let buckets = (span_ms / BUCKET_MS + 1) as usize;
         let mut counts = vec![[0u64; 3]; buckets];
@@ -254,7 +282,6 @@ pub fn chart(runs: &[(&str, &RunReport, &[Sample])]) -> String {
                 counts[b][usize::from(s.served_by - 1)] += 1;
             }
         }
-        let per_sec = 1000.0 / BUCKET_MS as f64;
         let max = counts
             .iter()
             .flat_map(|c| c.iter())
@@ -263,107 +290,143 @@ pub fn chart(runs: &[(&str, &RunReport, &[Sample])]) -> String {
             .max()
             .unwrap_or(1)
             .max(1) as f64
-            * per_sec;
-        let x = |ms: f64| left + plot_w * ms / span_ms as f64;
-        let y = |v: f64| y0 + top + plot_h * (1.0 - v / max);
+            * Panel::PER_SEC;
+        Panel {
+            y0: panel as f64 * PANEL_H,
+            span_ms,
+            plot_w: CHART_W - PANEL_LEFT - 20.0,
+            plot_h: PANEL_H - PANEL_TOP - 40.0,
+            counts,
+            failures,
+            max,
+        }
+    }
+
+    /// Buckets per second.
+    const PER_SEC: f64 = 1000.0 / BUCKET_MS as f64;
+
+    fn x(&self, ms: f64) -> f64 {
+        PANEL_LEFT + self.plot_w * ms / self.span_ms as f64
+    }
+
+    fn y(&self, v: f64) -> f64 {
+        self.y0 + PANEL_TOP + self.plot_h * (1.0 - v / self.max)
+    }
+
+    /// The bottom of the plot.
+    fn base(&self) -> f64 {
+        self.y0 + PANEL_TOP + self.plot_h
+    }
+
+    /// The title, the axes and the y scale.
+    fn frame(&self, svg: &mut String, title: &str) {
+        let (left, top) = (PANEL_LEFT, self.y0 + PANEL_TOP);
         svg.push_str(&format!(
             "<text x=\"{left}\" y=\"{}\" font-size=\"12\" font-weight=\"bold\">{}</text>\n",
-            y0 + 18.0,
-            escape(&report.line(name))
+            self.y0 + 18.0,
+            escape(title)
         ));
         svg.push_str(&format!(
-            "<line x1=\"{left}\" y1=\"{}\" x2=\"{left}\" y2=\"{}\" stroke=\"#333\"/>\n<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#333\"/>\n",
-            y0 + top,
-            y0 + top + plot_h,
-            y0 + top + plot_h,
-            left + plot_w,
-            y0 + top + plot_h
+            "<line x1=\"{left}\" y1=\"{top}\" x2=\"{left}\" y2=\"{}\" stroke=\"#333\"/>\n<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#333\"/>\n",
+            self.base(),
+            self.base(),
+            left + self.plot_w,
+            self.base()
         ));
         svg.push_str(&format!(
             "<text x=\"5\" y=\"{}\">{:.0}/s</text>\n<text x=\"5\" y=\"{}\">0</text>\n",
-            y0 + top + 8.0,
-            max,
-            y0 + top + plot_h
+            top + 8.0,
+            self.max,
+            self.base()
         ));
+    }
+
+    /// A label every 5 s.
+    fn time_axis(&self, svg: &mut String) {
         let mut sec = 0;
-        while sec * 1000 <= span_ms {
+        while sec * 1000 <= self.span_ms {
             if sec % 5 == 0 {
                 svg.push_str(&format!(
                     "<text x=\"{:.1}\" y=\"{}\">{sec}s</text>\n",
-                    x(sec as f64 * 1000.0) - 6.0,
-                    y0 + top + plot_h + 14.0
+                    self.x(sec as f64 * 1000.0) - 6.0,
+                    self.base() + 14.0
                 ));
             }
             sec += 1;
         }
-        for e in &report.events {
-            for (ms, color, label) in [
+    }
+
+    /// Each shutdown's closing, drained, SIGTERM and back moments.
+    fn shutdown_marks(&self, svg: &mut String, events: &[ProviderEvents]) {
+        let top = self.y0 + PANEL_TOP;
+        for e in events {
+            for (row, (ms, color, label)) in [
                 (e.closing_ms, "#ff7f0e", "closing"),
                 (e.drained_ms, "#8c564b", "drained"),
                 (e.down_ms, "#d62728", "SIGTERM"),
                 (e.up_ms, "#17becf", "back"),
-            ] {
-                let xm = x(ms as f64);
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let xm = self.x(ms as f64);
                 svg.push_str(&format!(
-                    "<line x1=\"{xm:.1}\" y1=\"{}\" x2=\"{xm:.1}\" y2=\"{}\" stroke=\"{color}\" stroke-dasharray=\"4 3\"/>\n<text x=\"{:.1}\" y=\"{}\" fill=\"{color}\" font-size=\"9\">p{} {label}</text>\n",
-                    y0 + top,
-                    y0 + top + plot_h,
+                    "<line x1=\"{xm:.1}\" y1=\"{top}\" x2=\"{xm:.1}\" y2=\"{}\" stroke=\"{color}\" stroke-dasharray=\"4 3\"/>\n<text x=\"{:.1}\" y=\"{}\" fill=\"{color}\" font-size=\"9\">p{} {label}</text>\n",
+                    self.base(),
                     xm + 2.0,
-                    y0 + top + 10.0 + 10.0 * (["closing", "drained", "SIGTERM", "back"].iter().position(|l| *l == label).unwrap_or(0) as f64),
+                    top + 10.0 + 10.0 * row as f64,
                     e.provider
                 ));
             }
         }
-        for p in 0..3 {
-            let points: Vec<String> = counts
-                .iter()
-                .enumerate()
-                .map(|(b, c)| {
-                    format!(
-                        "{:.1},{:.1}",
-                        x((b as u64 * BUCKET_MS) as f64),
-                        y(c[p] as f64 * per_sec)
-                    )
-                })
-                .collect();
+    }
+
+    /// `points` per bucket as a polyline's points.
+    fn polyline_points(&self, per_bucket: impl Iterator<Item = u64>) -> String {
+        per_bucket
+            .enumerate()
+            .map(|(b, n)| {
+                format!(
+                    "{:.1},{:.1}",
+                    self.x((b as u64 * BUCKET_MS) as f64),
+                    self.y(n as f64 * Panel::PER_SEC)
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" ")
+    }
+
+    /// Each provider's answers per second, with its legend.
+    fn provider_lines(&self, svg: &mut String) {
+        for (p, color) in COLORS.iter().enumerate() {
             svg.push_str(&format!(
-                "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"1.5\" points=\"{}\"/>\n",
-                COLORS[p],
-                points.join(" ")
+                "<polyline fill=\"none\" stroke=\"{color}\" stroke-width=\"1.5\" points=\"{}\"/>\n",
+                self.polyline_points(self.counts.iter().map(|c| c[p]))
             ));
             svg.push_str(&format!(
-                "<text x=\"{}\" y=\"{}\" fill=\"{}\">provider p{}</text>\n",
-                left + plot_w - 250.0 + 80.0 * p as f64,
-                y0 + panel_h - 8.0,
-                COLORS[p],
+                "<text x=\"{}\" y=\"{}\" fill=\"{color}\">provider p{}</text>\n",
+                PANEL_LEFT + self.plot_w - 250.0 + 80.0 * p as f64,
+                self.y0 + PANEL_H - 8.0,
                 p + 1
             ));
         }
-        if failures.iter().any(|&f| f > 0) {
-            let points: Vec<String> = failures
-                .iter()
-                .enumerate()
-                .map(|(b, f)| {
-                    format!(
-                        "{:.1},{:.1}",
-                        x((b as u64 * BUCKET_MS) as f64),
-                        y(*f as f64 * per_sec)
-                    )
-                })
-                .collect();
-            svg.push_str(&format!(
-                "<polyline fill=\"none\" stroke=\"#d62728\" stroke-width=\"2\" points=\"{}\"/>\n",
-                points.join(" ")
-            ));
-            svg.push_str(&format!(
-                "<text x=\"{}\" y=\"{}\" fill=\"#d62728\">failed</text>\n",
-                left,
-                y0 + panel_h - 8.0
-            ));
-        }
     }
-    svg.push_str("</svg>\n");
-    svg
+
+    /// Failed requests per second, where there are any.
+    fn failure_line(&self, svg: &mut String) {
+        if self.failures.iter().all(|&f| f == 0) {
+            return;
+        }
+        svg.push_str(&format!(
+            "<polyline fill=\"none\" stroke=\"#d62728\" stroke-width=\"2\" points=\"{}\"/>\n",
+            self.polyline_points(self.failures.iter().copied())
+        ));
+        svg.push_str(&format!(
+            "<text x=\"{}\" y=\"{}\" fill=\"#d62728\">failed</text>\n",
+            PANEL_LEFT,
+            self.y0 + PANEL_H - 8.0
+        ));
+    }
 }
 
 /// An SVG path's `d` through `points` (already in the drawing's
