@@ -41,17 +41,20 @@
 //!
 //! With no acceptable host in a cluster, steering lists every tombstoned
 //! member but those confirmed last (the last resort). When one of them that
-//! said closing answers as a new instance, its generation restarted: the
-//! other closing tombstones of the cluster confirmed before the newest (the
-//! rest of what the last resort listed) go on trial, and steering tries
-//! each, first in an override list of its own with acceptable hosts after
-//! it, until it answers.
+//! said closing answers as a new instance, its generation restarted, and
+//! it took at most `span` (its last closing mark to that answer) to come
+//! back: every other closing tombstone of the cluster confirmed before the
+//! newest (the rest of what the last resort listed) goes on trial from its
+//! own confirmation + `span` (at once if that has passed), so a host is
+//! tried no sooner after its last mark than its sibling took to restart.
+//! Steering tries a host on trial first in an override list of its own,
+//! acceptable hosts after it, until it answers.
 //!
-//! | tombstone of the cluster | a last-resort answer readmits another host | result |
-//! |---|---|---|
-//! | live, closing, confirmed before the cluster's newest | yes | on trial |
-//! | live, closing, confirmed with the newest | yes | unchanged (it just said closing) |
-//! | live, connect failure | yes | unchanged (the panic floor tries those) |
+//! | tombstone of the cluster (readmitted: `r`) | result |
+//! |---|---|
+//! | live, closing, confirmed before the cluster's newest | on trial from max(now, confirmed + now − r's confirmed) |
+//! | live, closing, confirmed with the newest | unchanged (it just said closing) |
+//! | live, connect failure, or on trial already | unchanged (the panic floor tries refused ones) |
 //!
 //! A trial ends with the host's next answer: a new instance readmits it, a
 //! closing mark takes it off trial (confirmed now, so it is the newest); a
@@ -82,7 +85,7 @@ pub const EXTEND_GRANULARITY_US: u64 = 1_000_000;
 /// reads and writes for none), version 2 every other.
 const VERSION_EMPTY: u8 = 1;
 const VERSION: u8 = 2;
-/// Bit of an entry's cause byte: on trial.
+/// Bit of an entry's cause byte: on trial (its start follows, u64 LE).
 const TRIAL_BIT: u8 = 0x80;
 /// Bounds on stored strings: an `ip:port`, an instance id, a cluster name.
 const MAX_ADDRESS: usize = 64;
@@ -112,9 +115,10 @@ pub struct Tombstone {
     /// mark written, or the last refusal for a connect failure.
     pub confirmed_us: u64,
     pub cause: Cause,
-    /// A last resort that listed it readmitted another host of its
-    /// cluster: steering tries it until it answers ([`Tombstones::vouch`]).
-    pub trial: bool,
+    /// On trial from this time (µs): a last resort that listed it
+    /// readmitted another host of its cluster, and steering tries it from
+    /// then until it answers ([`Tombstones::vouch`]).
+    pub trial: Option<u64>,
 }
 
 /// What a response (or a failed attempt) said about a host.
@@ -255,7 +259,7 @@ impl Tombstones {
                 // cause; on a host on trial, it ends the trial.
                 let new_instance =
                     instance.is_some_and(|i| t.instance != i) || t.cause != Cause::Closing;
-                new_instance || t.trial || extends(t, ttls.closing)
+                new_instance || t.trial.is_some() || extends(t, ttls.closing)
             }),
             Observation::ConnectFailure { address, .. } => self
                 .get_live(address, now_us)
@@ -288,7 +292,7 @@ impl Tombstones {
                     expires_us: now_us.saturating_add(micros(ttls.closing)),
                     confirmed_us: now_us,
                     cause: Cause::Closing,
-                    trial: false,
+                    trial: None,
                 });
                 Change::Evicted
             }
@@ -302,7 +306,7 @@ impl Tombstones {
                     expires_us: now_us.saturating_add(micros(ttls.failure)),
                     confirmed_us: now_us,
                     cause: Cause::ConnectFailure,
-                    trial: false,
+                    trial: None,
                 });
                 Change::Evicted
             }
@@ -318,20 +322,20 @@ impl Tombstones {
                         t.expires_us = now_us.saturating_add(micros(ttls.closing));
                         t.confirmed_us = now_us;
                         t.cause = Cause::Closing;
-                        t.trial = false;
+                        t.trial = None;
                         Change::Evicted
                     }
                     Observation::Closing { instance, .. } => {
                         // Learning the instance or that the host is closing
                         // (not just unreachable), or ending a trial, is a
                         // change worth storing even when the expiry stays.
-                        let mut learned = t.cause != Cause::Closing || t.trial;
+                        let mut learned = t.cause != Cause::Closing || t.trial.is_some();
                         if t.instance.is_empty() {
                             t.instance = bounded(instance.unwrap_or(""), MAX_INSTANCE);
                             learned |= !t.instance.is_empty();
                         }
                         t.cause = Cause::Closing;
-                        t.trial = false;
+                        t.trial = None;
                         let change = match extend(t, now_us.saturating_add(micros(ttls.closing))) {
                             Change::Unchanged if learned => Change::Extended,
                             change => change,
@@ -380,11 +384,13 @@ impl Tombstones {
     }
 
     /// A last resort of `cluster` (no acceptable host) had a host that said
-    /// closing answer as a new instance: puts on trial every other live
-    /// closing tombstone of the cluster confirmed before its newest (what
-    /// that last resort listed beside it). Returns how many went on trial
+    /// closing, last confirmed at `readmitted_confirmed_us`, answer as a
+    /// new instance at `now_us`: puts on trial every other live closing
+    /// tombstone of the cluster confirmed before its newest (what that last
+    /// resort listed beside it), each from its own confirmation plus the
+    /// time that host took to come back. Returns how many went on trial
     /// (0: nothing changed). See the module's table.
-    pub fn vouch(&mut self, cluster: &str, now_us: u64) -> usize {
+    pub fn vouch(&mut self, cluster: &str, readmitted_confirmed_us: u64, now_us: u64) -> usize {
         let of_cluster = |t: &&Tombstone| t.cluster == cluster && t.expires_us > now_us;
         let Some(newest) = self
             .entries
@@ -395,15 +401,16 @@ impl Tombstones {
         else {
             return 0;
         };
+        let span = now_us.saturating_sub(readmitted_confirmed_us);
         let mut put = 0;
         for t in &mut self.entries {
             if t.cluster == cluster
                 && t.expires_us > now_us
                 && t.cause == Cause::Closing
                 && t.confirmed_us < newest
-                && !t.trial
+                && t.trial.is_none()
             {
-                t.trial = true;
+                t.trial = Some(t.confirmed_us.saturating_add(span).max(now_us));
                 put += 1;
             }
         }
@@ -428,7 +435,8 @@ impl Tombstones {
 
     /// Layout: version u8 (2), count u32 LE, then per entry: expires_us and
     /// confirmed_us (u64 LE), the cause u8 (1 closing, 2 connect failure;
-    /// bit 0x80 set: on trial), then address, instance (u8 length +
+    /// bit 0x80 set: on trial, from the u64 LE that follows), then
+    /// address, instance (u8 length +
     /// bytes each) and cluster (u8 length + bytes). Then, only if there
     /// are warming entries: their count u32 LE, and per entry since_us and
     /// until_us (u64 LE), address and cluster (u8 length + bytes). The
@@ -450,7 +458,13 @@ impl Tombstones {
                 Cause::Closing => 1,
                 Cause::ConnectFailure => 2,
             };
-            out.push(if t.trial { cause | TRIAL_BIT } else { cause });
+            match t.trial {
+                Some(from) => {
+                    out.push(cause | TRIAL_BIT);
+                    out.extend_from_slice(&from.to_le_bytes());
+                }
+                None => out.push(cause),
+            }
             for s in [&t.address, &t.instance, &t.cluster] {
                 // Lengths are bounded at insertion, well under 256.
                 out.push(s.len() as u8);
@@ -492,6 +506,11 @@ impl Tombstones {
                 2 => Cause::ConnectFailure,
                 _ => return None,
             };
+            let trial = if byte & TRIAL_BIT != 0 {
+                Some(u64::from_le_bytes(r.take(8)?.try_into().ok()?))
+            } else {
+                None
+            };
             let address = r.string()?;
             let instance = r.string()?;
             let cluster = r.string()?;
@@ -502,7 +521,7 @@ impl Tombstones {
                 expires_us,
                 confirmed_us,
                 cause,
-                trial: byte & TRIAL_BIT != 0,
+                trial,
             });
         }
         let mut warming = Vec::new();
@@ -716,33 +735,35 @@ mod tests {
         if let Some(x) = t.entries.iter_mut().find(|e| e.address == "x:1") {
             x.cluster = "other".into();
         }
-        // b:1 answers a last resort as a new instance.
+        // b:1 (confirmed at 1 s) answers a last resort as a new instance at
+        // 4 s: it took 3 s to come back.
         t.observe(&answered("b:1", Some("new")), &TTLS, 4 * S, 8);
-        assert_eq!(t.vouch("svc", 4 * S), 2);
-        let on_trial: Vec<&str> = t
+        assert_eq!(t.vouch("svc", S, 4 * S), 2);
+        let on_trial: Vec<(&str, Option<u64>)> = t
             .entries()
             .iter()
-            .filter(|e| e.trial)
-            .map(|e| e.address.as_str())
+            .filter(|e| e.trial.is_some())
+            .map(|e| (e.address.as_str(), e.trial))
             .collect();
         assert_eq!(
             on_trial,
-            ["a:1", "c:1"],
-            "not d (confirmed last), e (refused) or another cluster's"
+            [("a:1", Some(4 * S)), ("c:1", Some(5 * S))],
+            "a at once, c 3 s after its mark; not d (confirmed last), e (refused) or another \
+             cluster's"
         );
-        assert_eq!(t.vouch("svc", 4 * S), 0, "nothing more");
+        assert_eq!(t.vouch("svc", S, 4 * S), 0, "nothing more");
         assert_eq!(Tombstones::decode(&t.encode()), Some(t.clone()));
         // A refusal keeps the trial; a closing mark ends it, even one that
         // adds no life, and is written.
         t.observe(&failure("a:1"), &TTLS, 5 * S, 8);
-        assert!(t.get_live("a:1", 5 * S).unwrap().trial);
+        assert!(t.get_live("a:1", 5 * S).unwrap().trial.is_some());
         assert!(t.worth_writing(&closing("a:1", Some("old")), &TTLS, 5 * S));
         assert_eq!(
             t.observe(&closing("a:1", Some("old")), &TTLS, 5 * S, 8),
             Change::Extended
         );
         let a = t.get_live("a:1", 5 * S).unwrap();
-        assert_eq!((a.trial, a.confirmed_us), (false, 5 * S));
+        assert_eq!((a.trial, a.confirmed_us), (None, 5 * S));
         // A new instance readmits as ever.
         assert_eq!(
             t.observe(&answered("c:1", Some("new")), &TTLS, 5 * S, 8),

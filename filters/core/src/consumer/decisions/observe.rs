@@ -212,13 +212,15 @@ impl Consumer {
         let ttls = self.ttls;
         let result = update(store, keys::TOMBSTONES.name, |bytes| {
             let mut list = bytes.and_then(Tombstones::decode).unwrap_or_default();
+            // When the host readmitted now last said closing, if it did.
             let said_closing = list
                 .get_live(obs.address(), now)
-                .is_some_and(|t| t.cause == Cause::Closing);
+                .filter(|t| t.cause == Cause::Closing)
+                .map(|t| t.confirmed_us);
             let change = list.observe(obs, &ttls, now, max);
-            let tried = match vouching {
-                Some(cluster) if change == Change::Readmitted && said_closing => {
-                    list.vouch(cluster, now)
+            let tried = match (vouching, said_closing) {
+                (Some(cluster), Some(confirmed)) if change == Change::Readmitted => {
+                    list.vouch(cluster, confirmed, now)
                 }
                 _ => 0,
             };

@@ -292,6 +292,10 @@ pub fn plan(
     let mut concerned = false;
     for t in tombstones.live(now_us) {
         until = until.min(t.expires_us);
+        // A trial still to start changes the plan when it starts.
+        if let Some(from) = t.trial.filter(|&f| f > now_us) {
+            until = until.min(from);
+        }
         concerned |= t.cluster == cluster;
         // The first entry for an address stands, as a scan would find it.
         dead.entry(t.address.as_str()).or_insert(t);
@@ -357,7 +361,9 @@ pub fn plan(
         .iter()
         .filter_map(|a| {
             let t = tombstone_of(a)?;
-            t.trial.then_some((t.confirmed_us, *a))
+            t.trial
+                .is_some_and(|from| from <= now_us)
+                .then_some((t.confirmed_us, *a))
         })
         .collect();
     vouched.sort_unstable();
@@ -839,8 +845,9 @@ mod tests {
     fn hosts_on_trial_are_tried_beside_acceptable_ones_longest_confirmed_first() {
         let m = members(&["a:1", "b:1", "c:1", "d:1"]);
         let mut t = confirmed_in_turn(&["a:1", "b:1", "c:1", "d:1"]);
-        // b:1 answered a last resort as a new instance: a and c go on
-        // trial, d (the newest) does not.
+        // b:1, last confirmed at 1 s, answered a last resort as a new
+        // instance at 4 s: a (confirmed before it) is on trial at once, c
+        // from 2 s + the 3 s b took, d (the newest) not at all.
         t.observe(
             &Observation::Answered {
                 address: "b:1",
@@ -850,13 +857,18 @@ mod tests {
             4_000_000,
             64,
         );
-        assert_eq!(t.vouch("svc", 4_000_000), 2);
+        assert_eq!(t.vouch("svc", 1_000_000, 4_000_000), 2);
         let rules = Rules {
             panic_threshold: 0,
             ..RULES
         };
         assert_eq!(
-            plan(&m, &t, "svc", 4_000_000, &rules).0,
+            plan(&m, &t, "svc", 4_000_000, &rules),
+            (tried(&["b:1"], &["a:1"]), 5_000_000),
+            "made again when c:1's trial starts"
+        );
+        assert_eq!(
+            plan(&m, &t, "svc", 5_000_000, &rules).0,
             tried(&["b:1"], &["a:1", "c:1"])
         );
     }
