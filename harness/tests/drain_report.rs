@@ -329,7 +329,7 @@ async fn a_quiet_pass_says_so_and_1000_callers_and_forged_names_keep_it_bounded(
     // 1,000 + the broken-names caller + 40 forged names, less those shown.
     assert_eq!(report["peers_dropped"], 1_000 + 1 + 40 - 32, "{report:#}");
     assert!(
-        peers.iter().all(|p| p.as_object().unwrap().len() == 5),
+        peers.iter().all(|p| p.as_object().unwrap().len() == 6),
         "{report:#}"
     );
     let broken = peer(&report, "127.0.0.9", None);
