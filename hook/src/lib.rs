@@ -9,7 +9,13 @@
 //! graceful-hook prestop [--admin URL]... [WAIT]      preStop through Envoy's admin
 //! graceful-hook prestop http://SIDECAR:PORT [WAIT]   preStop through graceful_drain's listener
 //! graceful-hook install DIR                          copy this binary to DIR/graceful-hook
+//! graceful-hook front [--resolve NAME:PORT]... [--front http://IP:PORT]... [--wait 25s] [--settle 0s]
+//!                                                    preStop of a backend with no sidecar
 //! ```
+//!
+//! `front` is the acknowledged drain behind fronts that run
+//! graceful_consumer's `front` section: see [`front`](crate::front) for its
+//! table.
 //!
 //! Through the admin (Istio's sidecar, where no hook reaches a listener):
 //! `POST /healthcheck/fail` starts closing (graceful_drain polls the admin
@@ -39,6 +45,9 @@
 //! | `prestop URL` | `drained` answers 200 | 0 |
 //! | `prestop URL` | any other answer (429, 503, garbage): asks again until WAIT | 1 at WAIT |
 //! | `prestop URL` | nothing listens at URL | 0 at once |
+//! | `front` | every front told acknowledged | 0 |
+//! | `front` | not all by `--wait` | 1, naming each front that did not |
+//! | `front` | no front answered (nothing listens, DNS empty) | 0 at once |
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -46,6 +55,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use graceful_core::shared::duration::{format_duration, parse_duration};
+
+pub mod front;
+pub use front::{Front, Resolve, SystemResolver};
 
 /// Where Istio's bootstrap puts Envoy's admin (`{{ .localhost }}`).
 pub const DEFAULT_ADMINS: [&str; 2] = ["http://127.0.0.1:15000", "http://[::1]:15000"];
@@ -79,13 +91,18 @@ pub enum Hook {
     Install {
         dir: String,
     },
+    /// The acknowledged drain of a backend with no sidecar.
+    Front(Front),
 }
 
-pub const USAGE: &str = "usage: graceful-hook ready [--admin URL]... [--require-admin]\n       graceful-hook prestop [--admin URL]... [WAIT]\n       graceful-hook prestop http://SIDECAR:PORT [WAIT]\n       graceful-hook install DIR";
+pub const USAGE: &str = "usage: graceful-hook ready [--admin URL]... [--require-admin]\n       graceful-hook prestop [--admin URL]... [WAIT]\n       graceful-hook prestop http://SIDECAR:PORT [WAIT]\n       graceful-hook install DIR\n       graceful-hook front [--resolve NAME:PORT]... [--front http://IP:PORT]... [--wait 25s] [--settle 0s]";
 
 /// Parses the arguments after the program name.
 pub fn parse(args: &[String]) -> Result<Hook, String> {
     let (command, rest) = args.split_first().ok_or("no command")?;
+    if command == "front" {
+        return front::parse(rest).map(Hook::Front);
+    }
     let mut admins = Vec::new();
     let mut positional = Vec::new();
     let mut require_admin = false;
@@ -142,7 +159,7 @@ pub fn parse(args: &[String]) -> Result<Hook, String> {
 }
 
 /// Runs a parsed hook; its lines start with the command (`ready:`,
-/// `prestop:`, `install:`).
+/// `prestop:`, `install:`; `front`'s with `graceful-hook front:`).
 pub fn run(hook: &Hook) -> ExitCode {
     match hook {
         Hook::Ready {
@@ -152,6 +169,7 @@ pub fn run(hook: &Hook) -> ExitCode {
         Hook::PrestopAdmin { admins, wait } => prestop_admin(admins, *wait),
         Hook::PrestopSidecar { base, wait } => prestop_sidecar(base, *wait),
         Hook::Install { dir } => install(dir),
+        Hook::Front(args) => front::front(args),
     }
 }
 
