@@ -35,7 +35,9 @@
 //!
 //! A resolution that cannot be answered (`Try again`, `Temporary failure`,
 //! `Non-recoverable`: a DNS server down) keeps the name's last addresses:
-//! a front is dropped only when DNS says it is gone. `--settle D` adds a
+//! a front is dropped only when DNS says it is gone. Resolution runs on its
+//! own thread, so a resolver that holds a question never holds the hook
+//! past `--wait` (then exit 1: nothing is known either way). `--settle D` adds a
 //! fixed wait after, for fronts that cannot acknowledge (a waypoint).
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -649,6 +651,23 @@ pub(crate) fn front_with(
     }
     table.finished = true;
     shared.changed.notify_all();
+    if table.rounds == 0 {
+        // The resolver never answered (a DNS server that holds every
+        // question): nothing is known either way.
+        return (
+            ExitCode::FAILURE,
+            format!(
+                "graceful-hook front: no resolution of {} answered by the {} deadline",
+                args.resolve
+                    .iter()
+                    .chain(&args.fronts)
+                    .cloned()
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                format_duration(args.wait)
+            ),
+        );
+    }
     summary(&table, start.elapsed(), args.wait)
 }
 
@@ -1160,6 +1179,30 @@ mod tests {
         let took = started.elapsed();
         assert!(took >= Duration::from_millis(400), "{took:?}");
         assert!(took < Duration::from_millis(400 + 900), "{took:?}");
+    }
+
+    /// A resolver that never answers: each question is held.
+    #[derive(Debug)]
+    struct Hangs;
+
+    impl Resolve for Hangs {
+        fn resolve(&self, _: &str) -> Result<Vec<SocketAddr>, String> {
+            std::thread::sleep(Duration::from_secs(30));
+            Err("held".into())
+        }
+    }
+
+    #[test]
+    fn a_resolver_that_never_answers_ends_at_the_deadline_and_says_so() {
+        let wait = Duration::from_millis(300);
+        let started = Instant::now();
+        let (code, line) = front_with(&ask(&["fronts:19091"], &[], wait), Arc::new(Hangs), FAST);
+        assert_eq!(code, ExitCode::FAILURE, "{line}");
+        assert!(started.elapsed() < wait + Duration::from_secs(1));
+        assert_eq!(
+            line,
+            "graceful-hook front: no resolution of fronts:19091 answered by the 300ms deadline"
+        );
     }
 
     #[test]
