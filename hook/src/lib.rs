@@ -14,7 +14,7 @@
 //! ```
 //!
 //! `front` is the acknowledged drain behind fronts that run
-//! graceful_consumer's `front` section: see [`front`](crate::front) for its
+//! graceful_consumer's `front` section: see [`front`] for its
 //! table.
 //!
 //! Through the admin (Istio's sidecar, where no hook reaches a listener):
