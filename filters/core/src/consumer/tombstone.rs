@@ -25,7 +25,7 @@
 //! | none or expired           | connect failure                    | new: expires now + failure ttl, confirmed now (evicted) | yes |
 //! | none or expired           | answered                           | none                                         | no      |
 //! | live, instance I          | closing, instance I or unknown     | expiry pushed to now + ttl if later, confirmed now | if ≥ 1 s later |
-//! | live, instance I          | closing, instance J ≠ I            | replaced by J's, now + ttl (evicted)         | yes     |
+//! | live, instance I          | closing, instance J ≠ I            | replaced by J's, now + ttl, confirmed now, off trial (evicted) | yes |
 //! | live, connect failure     | closing (instance I or unknown)    | cause closing, instance learned, confirmed now, expiry as above (extended) | yes |
 //! | live, on trial            | closing (instance I or unknown)    | off trial, confirmed now, expiry as above (extended) | yes |
 //! | live, connect failure     | connect failure                    | expiry pushed to now + failure ttl if later, confirmed now | if ≥ 1 s later |
@@ -50,7 +50,7 @@
 //! Steering tries a host on trial first in an override list of its own,
 //! acceptable hosts after it, until it answers.
 //!
-//! | tombstone of the cluster (readmitted: `r`) | result |
+//! | tombstone of the cluster, when a last resort's answer readmits `r` (a host that said closing) | result |
 //! |---|---|
 //! | live, closing, confirmed before the cluster's newest | on trial from max(now, confirmed + now − r's confirmed) |
 //! | live, closing, confirmed with the newest | unchanged (it just said closing) |
