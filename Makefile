@@ -342,6 +342,7 @@ bench-tools: ## install what make bench drives the load with and counts under: w
 lint: wasm-target ## rustfmt check, the core's room layout (docs/architecture.md), clippy (native, with the core's schema feature, and wasm) with warnings as errors, and the schemas and configuration reference up to date
 	$(CARGO) fmt --all --check
 	python3 tools/check_core_layout.py --self-test
+	python3 tools/check_fn_length.py --self-test
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p graceful-core --all-targets --features schema -- -D warnings
 	$(MAKE) --no-print-directory schema-fresh

@@ -254,18 +254,7 @@ impl ConsumerConfig {
     /// Parses and validates the plugin configuration bytes.
     pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
         let dto: ConsumerDto = read_dto(bytes, &["readmit_slow_start"])?;
-        let mut closing_headers: Vec<String> = Vec::new();
-        match dto.closing_headers {
-            None => closing_headers.extend(DEFAULT_CLOSING_HEADERS.iter().map(|s| s.to_string())),
-            Some(list) => {
-                for (i, name) in list.iter().enumerate() {
-                    let name = header_name(&format!("closing_headers[{i}]"), name)?;
-                    if !closing_headers.contains(&name) {
-                        closing_headers.push(name);
-                    }
-                }
-            }
-        }
+        let closing_headers = closing_headers(dto.closing_headers.as_deref())?;
         let instance_header = optional_header_name(
             "instance_header",
             dto.instance_header.as_deref(),
@@ -317,29 +306,8 @@ impl ConsumerConfig {
                 DEFAULT_FAILURE_TOMBSTONE_TTL,
             )?,
         )?;
-        let membership_refresh = duration(
-            "membership_refresh",
-            dto.membership_refresh.as_deref(),
-            DEFAULT_MEMBERSHIP_REFRESH,
-        )?;
-        if membership_refresh < Duration::from_millis(100)
-            || membership_refresh > Duration::from_secs(3600)
-        {
-            return Err(ConfigError::new(
-                "membership_refresh",
-                "must be between 100ms and 1h",
-            ));
-        }
-        let max_tombstones = match dto.max_tombstones {
-            None => DEFAULT_MAX_TOMBSTONES,
-            Some(n) if (1..=MAX_MAX_TOMBSTONES).contains(&n) => n as u32,
-            Some(n) => {
-                return Err(ConfigError::new(
-                    "max_tombstones",
-                    format!("{n} is out of range 1..={MAX_MAX_TOMBSTONES}"),
-                ))
-            }
-        };
+        let membership_refresh = membership_refresh(dto.membership_refresh.as_deref())?;
+        let max_tombstones = max_tombstones(dto.max_tombstones)?;
         let admin_cluster = match dto.admin_cluster {
             None => None,
             Some(name) => Some(cluster_name("admin_cluster", &name)?),
@@ -348,18 +316,7 @@ impl ConsumerConfig {
             Some("") => None,
             other => Some(url_path("probe_path", other.unwrap_or(DEFAULT_PROBE_PATH))?),
         };
-        let panic_threshold = match dto.panic_threshold {
-            None => DEFAULT_PANIC_THRESHOLD,
-            Some(n) => u8::try_from(n)
-                .ok()
-                .filter(|n| *n <= MAX_PANIC_THRESHOLD)
-                .ok_or_else(|| {
-                    ConfigError::new(
-                        "panic_threshold",
-                        format!("{n} is out of range 0..=100 (percent)"),
-                    )
-                })?,
-        };
+        let panic_threshold = panic_threshold(dto.panic_threshold)?;
         let readmit_slow_start = match dto.readmit_slow_start {
             None => None,
             Some(ss) => Some(slow_start(&ss)?),
@@ -379,6 +336,66 @@ impl ConsumerConfig {
             consumer_header,
             readmit_slow_start,
         })
+    }
+}
+
+/// `closing_headers`: the defaults when absent, else each name validated, in
+/// order, the first of any repeated name kept.
+fn closing_headers(list: Option<&[String]>) -> Result<Vec<String>, ConfigError> {
+    let mut closing_headers: Vec<String> = Vec::new();
+    match list {
+        None => closing_headers.extend(DEFAULT_CLOSING_HEADERS.iter().map(|s| s.to_string())),
+        Some(list) => {
+            for (i, name) in list.iter().enumerate() {
+                let name = header_name(&format!("closing_headers[{i}]"), name)?;
+                if !closing_headers.contains(&name) {
+                    closing_headers.push(name);
+                }
+            }
+        }
+    }
+    Ok(closing_headers)
+}
+
+/// `membership_refresh`: between 100ms and 1h.
+fn membership_refresh(text: Option<&str>) -> Result<Duration, ConfigError> {
+    let membership_refresh = duration("membership_refresh", text, DEFAULT_MEMBERSHIP_REFRESH)?;
+    if membership_refresh < Duration::from_millis(100)
+        || membership_refresh > Duration::from_secs(3600)
+    {
+        return Err(ConfigError::new(
+            "membership_refresh",
+            "must be between 100ms and 1h",
+        ));
+    }
+    Ok(membership_refresh)
+}
+
+/// `max_tombstones`: in 1..=[`MAX_MAX_TOMBSTONES`].
+fn max_tombstones(n: Option<u64>) -> Result<u32, ConfigError> {
+    match n {
+        None => Ok(DEFAULT_MAX_TOMBSTONES),
+        Some(n) if (1..=MAX_MAX_TOMBSTONES).contains(&n) => Ok(n as u32),
+        Some(n) => Err(ConfigError::new(
+            "max_tombstones",
+            format!("{n} is out of range 1..={MAX_MAX_TOMBSTONES}"),
+        )),
+    }
+}
+
+/// `panic_threshold`: a percentage, at most [`MAX_PANIC_THRESHOLD`].
+fn panic_threshold(n: Option<u64>) -> Result<u8, ConfigError> {
+    match n {
+        None => Ok(DEFAULT_PANIC_THRESHOLD),
+        Some(n) => u8::try_from(n)
+            .ok()
+            .filter(|n| *n <= MAX_PANIC_THRESHOLD)
+            .ok_or_else(|| {
+                ConfigError::new(
+                    "panic_threshold",
+                    format!("{n} is out of range 0..=100 (percent)"),
+                )
+            }),
     }
 }
 

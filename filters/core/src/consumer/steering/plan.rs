@@ -284,48 +284,10 @@ pub fn plan(
     now_us: u64,
     rules: &Rules,
 ) -> (Plan, u64) {
-    // Linear in members + tombstones: a plan is worked out again on every
-    // tombstone write, and a mesh cluster of 1,024 members beside 1,024
-    // tombstones made a member-by-tombstone scan a million comparisons.
-    let mut dead: HashMap<&str, &Tombstone> = HashMap::new();
-    let mut until = u64::MAX;
-    let mut concerned = false;
-    for t in tombstones.live(now_us) {
-        until = until.min(t.expires_us);
-        // A trial still to start changes the plan when it starts.
-        if let Some(from) = t.trial.filter(|&f| f > now_us) {
-            until = until.min(from);
-        }
-        concerned |= t.cluster == cluster;
-        // The first entry for an address stands, as a scan would find it.
-        dead.entry(t.address.as_str()).or_insert(t);
-    }
-    concerned |= members
-        .iter()
-        .any(|m| dead.contains_key(m.address.as_str()));
-    // Readmitted hosts ramping up keep their cluster steered until their
-    // window ends; the plan is made again at each step of their weight.
-    let mut warming: HashMap<&str, u8> = HashMap::new();
-    if let Some(ss) = &rules.slow_start {
-        let step = micros(ss.window / u32::from(FULL_WEIGHT)).max(50_000);
-        for w in tombstones.warming(now_us) {
-            if dead.contains_key(w.address.as_str()) {
-                continue;
-            }
-            let elapsed = std::time::Duration::from_micros(now_us.saturating_sub(w.since_us));
-            let slots = (ss.weight(elapsed) * f64::from(FULL_WEIGHT)).round();
-            // At least one slot: a share below 5% is 5%.
-            let slots = (slots as u8).clamp(1, FULL_WEIGHT);
-            if warming.insert(w.address.as_str(), slots).is_none() {
-                until = until.min(w.until_us).min(now_us.saturating_add(step));
-                concerned |= w.cluster == cluster;
-            }
-        }
-        concerned |= members
-            .iter()
-            .any(|m| warming.contains_key(m.address.as_str()));
-    }
-    if !concerned {
+    let (dead, until, dead_concern) = dead_hosts(members, tombstones, cluster, now_us);
+    let (warming, until, warming_concern) =
+        warming_hosts(members, tombstones, &dead, cluster, now_us, until, rules);
+    if !(dead_concern || warming_concern) {
         return (Plan::LeaveAlone, until);
     }
     let tombstone_of = |address: &str| dead.get(address).copied();
@@ -385,15 +347,7 @@ pub fn plan(
                 .map(|(_, a)| a.to_string()),
         );
     }
-    let weights: Vec<u8> = acceptable
-        .iter()
-        .map(|a| warming.get(a).copied().unwrap_or(FULL_WEIGHT))
-        .collect();
-    let weights = if weights.iter().all(|w| *w == FULL_WEIGHT) {
-        Vec::new()
-    } else {
-        weights
-    };
+    let weights = weights_of(&acceptable, &warming);
     (
         Plan::Hosts {
             hosts: acceptable.into_iter().map(str::to_string).collect(),
@@ -402,6 +356,91 @@ pub fn plan(
         },
         until,
     )
+}
+
+/// [`plan()`]'s first step: the live tombstones by address (the first entry
+/// for an address stands, as a scan would find it), the earliest moment one
+/// of them changes the plan (its expiry, or a trial still to start), and
+/// whether any concerns `cluster` (its own, or one of `members`).
+///
+/// Linear in members + tombstones: a plan is worked out again on every
+/// tombstone write, and a mesh cluster of 1,024 members beside 1,024
+/// tombstones made a member-by-tombstone scan a million comparisons.
+fn dead_hosts<'t>(
+    members: &[Member],
+    tombstones: &'t Tombstones,
+    cluster: &str,
+    now_us: u64,
+) -> (HashMap<&'t str, &'t Tombstone>, u64, bool) {
+    let mut dead: HashMap<&str, &Tombstone> = HashMap::new();
+    let mut until = u64::MAX;
+    let mut concerned = false;
+    for t in tombstones.live(now_us) {
+        until = until.min(t.expires_us);
+        // A trial still to start changes the plan when it starts.
+        if let Some(from) = t.trial.filter(|&f| f > now_us) {
+            until = until.min(from);
+        }
+        concerned |= t.cluster == cluster;
+        // The first entry for an address stands, as a scan would find it.
+        dead.entry(t.address.as_str()).or_insert(t);
+    }
+    concerned |= members
+        .iter()
+        .any(|m| dead.contains_key(m.address.as_str()));
+    (dead, until, concerned)
+}
+
+/// [`plan()`]'s second step: readmitted hosts ramping up (not tombstoned
+/// again) and their weight in slots, `until` brought forward to the end of
+/// their window or the next step of their weight, and whether any concerns
+/// `cluster`. Readmitted hosts keep their cluster steered until their window
+/// ends; the plan is made again at each step of their weight.
+fn warming_hosts<'t>(
+    members: &[Member],
+    tombstones: &'t Tombstones,
+    dead: &HashMap<&str, &Tombstone>,
+    cluster: &str,
+    now_us: u64,
+    mut until: u64,
+    rules: &Rules,
+) -> (HashMap<&'t str, u8>, u64, bool) {
+    let mut warming: HashMap<&str, u8> = HashMap::new();
+    let mut concerned = false;
+    if let Some(ss) = &rules.slow_start {
+        let step = micros(ss.window / u32::from(FULL_WEIGHT)).max(50_000);
+        for w in tombstones.warming(now_us) {
+            if dead.contains_key(w.address.as_str()) {
+                continue;
+            }
+            let elapsed = std::time::Duration::from_micros(now_us.saturating_sub(w.since_us));
+            let slots = (ss.weight(elapsed) * f64::from(FULL_WEIGHT)).round();
+            // At least one slot: a share below 5% is 5%.
+            let slots = (slots as u8).clamp(1, FULL_WEIGHT);
+            if warming.insert(w.address.as_str(), slots).is_none() {
+                until = until.min(w.until_us).min(now_us.saturating_add(step));
+                concerned |= w.cluster == cluster;
+            }
+        }
+        concerned |= members
+            .iter()
+            .any(|m| warming.contains_key(m.address.as_str()));
+    }
+    (warming, until, concerned)
+}
+
+/// Each acceptable host's weight in slots (full unless ramping up); empty
+/// when every one is full.
+fn weights_of(acceptable: &[&str], warming: &HashMap<&str, u8>) -> Vec<u8> {
+    let weights: Vec<u8> = acceptable
+        .iter()
+        .map(|a| warming.get(a).copied().unwrap_or(FULL_WEIGHT))
+        .collect();
+    if weights.iter().all(|w| *w == FULL_WEIGHT) {
+        Vec::new()
+    } else {
+        weights
+    }
 }
 
 #[cfg(test)]
