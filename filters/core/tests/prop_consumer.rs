@@ -218,8 +218,9 @@ proptest! {
         // written), and the whole script (at most 32 attempts) stays within
         // the minute an observed member is listed after its last answer.
         let at = |i: usize| S + 1_200_000 * i as u64;
-        // Per host, the model of its tombstone: (closing, expires at).
-        let mut tomb: Vec<Option<(bool, u64)>> = vec![None; hosts];
+        // Per host, the model of its tombstone: (closing, expires at,
+        // confirmed at), as tombstone.rs's transition table has them.
+        let mut tomb: Vec<Option<(bool, u64, u64)>> = vec![None; hosts];
         // Per host: answered unmarked at least once (observed membership).
         let mut member = vec![false; hosts];
         for (i, &(copy, host, closing)) in answers.iter().enumerate() {
@@ -233,37 +234,40 @@ proptest! {
             let now = at(i);
             p.attempt(copy, host, kind, now);
             member[host] |= kind == Kind::Answered;
-            let live = tomb[host].filter(|&(_, expires)| expires > now);
+            let live = tomb[host].filter(|&(_, expires, _)| expires > now);
             // A repeat extends a live tombstone only by a second or more
-            // (tombstone.rs: EXTEND_GRANULARITY_US), else it is not written.
-            let extended = |e: u64, ttl: u64| if now + ttl > e + S { now + ttl } else { e };
+            // (tombstone.rs: EXTEND_GRANULARITY_US), else it is not written
+            // (and confirms nothing).
+            let written = |e: u64, ttl: u64| now + ttl > e + S;
             tomb[host] = match (kind, live) {
                 // A mark on a refusal's tombstone is written whatever its
-                // expiry (the cause changes).
-                (Kind::Closing, Some((false, e))) => Some((true, e.max(now + 30 * S))),
-                (Kind::Closing, Some((true, e))) => Some((true, extended(e, 30 * S))),
-                (Kind::Closing, None) => Some((true, now + 30 * S)),
-                // A refusal extends; a closing host stays closing.
-                (Kind::Refused, Some((c, e))) => Some((c, extended(e, 5 * S))),
-                (Kind::Refused, None) => Some((false, now + 5 * S)),
+                // expiry (the cause changes), and confirms it closing.
+                (Kind::Closing, Some((false, e, _))) => Some((true, e.max(now + 30 * S), now)),
+                (Kind::Closing, Some((true, e, t))) if !written(e, 30 * S) => Some((true, e, t)),
+                (Kind::Closing, _) => Some((true, now + 30 * S, now)),
+                (Kind::Refused, Some((c, e, t))) if !written(e, 5 * S) => Some((c, e, t)),
+                // A refusal extends; a closing host stays closing, and a
+                // refusal confirms only a refusal's tombstone.
+                (Kind::Refused, Some((true, _, t))) => Some((true, now + 5 * S, t)),
+                (Kind::Refused, _) => Some((false, now + 5 * S, now)),
                 // The same instance ("one") answering readmits only a host
                 // whose instance was unknown (one that only refused).
-                (Kind::Answered, Some((true, e))) => Some((true, e)),
+                (Kind::Answered, Some((true, e, t))) => Some((true, e, t)),
                 (Kind::Answered, _) => None,
             };
         }
         let now = at(answers.len());
-        let live = |h: usize| tomb[h].filter(|&(_, e)| e > now);
+        let live = |h: usize| tomb[h].filter(|&(_, e, _)| e > now);
         // The observed membership: the hosts that answered unmarked.
         let members: Vec<usize> = (0..hosts).filter(|&h| member[h]).collect();
         let acceptable: BTreeSet<String> =
             members.iter().copied().filter(|&h| live(h).is_none()).map(address).collect();
         let floor = (members.len() * usize::from(threshold)).div_ceil(100);
-        // Refused, never closing since: confirmed at expiry minus 5 s.
+        // Refused, never closing since: by the confirmation it stores.
         let mut by_age: Vec<(u64, String)> = members
             .iter()
             .filter_map(|&h| match live(h) {
-                Some((false, e)) => Some((e - 5 * S, address(h))),
+                Some((false, _, t)) => Some((t, address(h))),
                 _ => None,
             })
             .collect();
@@ -273,9 +277,9 @@ proptest! {
             trial.extend(by_age.into_iter().take(floor - acceptable.len()).map(|(_, a)| a));
         }
         // With no acceptable member, the last resort: every tombstoned
-        // member but those confirmed last (a mark 30 s, a refusal 5 s
-        // before its expiry, as extended).
-        let confirmed = |h: usize| live(h).map(|(c, e)| e - if c { 30 * S } else { 5 * S });
+        // member but those confirmed last, by the confirmation each stores
+        // (a refusal extending a closing host's expiry confirms nothing).
+        let confirmed = |h: usize| live(h).map(|(_, _, t)| t);
         let newest = members.iter().filter_map(|&h| confirmed(h)).max().unwrap_or(0);
         let acceptable: BTreeSet<String> = if acceptable.is_empty() {
             members
