@@ -27,7 +27,7 @@ async fn envoy_stat(m: &ConsumerSidecar, name: &str) -> u64 {
 }
 
 /// One of the filter's metrics where a 0 would pass an assertion: it must
-/// exist ([`ConsumerSidecar::stat`] reads a missing one as 0).
+/// exist (in some scope; [`ConsumerSidecar::stat`] checks that too).
 async fn filter_stat(m: &ConsumerSidecar, name: &str) -> u64 {
     let scopes = m.envoy.custom_stat_scopes(name).await;
     assert!(!scopes.is_empty(), "Envoy has no stat wasmcustom.{name}");

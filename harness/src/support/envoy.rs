@@ -655,9 +655,21 @@ impl Envoy {
         })
     }
 
-    /// A filter's metric (`wasmcustom.<name>`), 0 before it is first written.
+    /// A stat that must exist: panics naming it when `/stats` does not list
+    /// it (renamed, dropped by a stats matcher, its filter or listener not
+    /// loaded, the admin not answering), so a missing stat fails the test
+    /// instead of reading as 0 and passing an assertion of 0.
+    pub async fn present_stat(&self, name: &str) -> u64 {
+        self.stat(name)
+            .await
+            .unwrap_or_else(|| panic!("Envoy has no stat {name} (or its admin did not answer)"))
+    }
+
+    /// A filter's metric (`wasmcustom.<name>`): 0 until first written (each
+    /// filter defines its metrics when it loads), and a panic naming it when
+    /// Envoy has no such stat ([`Envoy::present_stat`]).
     pub async fn custom_stat(&self, name: &str) -> u64 {
-        self.stat(&format!("wasmcustom.{name}")).await.unwrap_or(0)
+        self.present_stat(&format!("wasmcustom.{name}")).await
     }
 
     /// A filter's metric in every stats scope it appears in: the root

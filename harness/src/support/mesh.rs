@@ -110,11 +110,11 @@ impl ConsumerSidecar {
     /// and with none but the closing host seen it has nothing to steer to.
     pub async fn until_membership_refreshed(&self) {
         let stat = "cluster.envoy_admin.upstream_rq_completed";
-        let before = self.envoy.stat(stat).await.unwrap_or(0);
+        let before = self.envoy.present_stat(stat).await;
         eventually(
             "a membership refresh from the admin",
             Duration::from_secs(10),
-            || async { (self.envoy.stat(stat).await.unwrap_or(0) > before).then_some(()) },
+            || async { (self.envoy.present_stat(stat).await > before).then_some(()) },
         )
         .await;
     }
@@ -124,9 +124,10 @@ impl ConsumerSidecar {
         self.ups.iter().map(Upstream::app_requests).collect()
     }
 
-    /// One of the filter's metrics (0 before it is first written). A
-    /// counter adds up over every stats scope the listener and upstream
-    /// instances write it in (two on Envoy 1.36: see
+    /// One of the filter's metrics (0 before it is first written; a panic
+    /// naming it when Envoy has no such stat in any scope, so a missing one
+    /// never reads as 0). A counter adds up over every stats scope the
+    /// listener and upstream instances write it in (two on Envoy 1.36: see
     /// [`crate::support::envoy::Envoy::custom_stat_scopes`]); a gauge is the
     /// listener's, at the root (its ticks keep it current; the upstream
     /// instance sets it only when it writes).
@@ -134,7 +135,12 @@ impl ConsumerSidecar {
         if CONSUMER_GAUGES.contains(&name) {
             return self.envoy.custom_stat(name).await;
         }
-        self.envoy.custom_stat_scopes(name).await.into_iter().sum()
+        let scopes = self.envoy.custom_stat_scopes(name).await;
+        assert!(
+            !scopes.is_empty(),
+            "Envoy has no stat wasmcustom.{name} in any scope (or its admin did not answer)"
+        );
+        scopes.into_iter().sum()
     }
 
     /// Sends single requests until one comes back with the closing mark.
