@@ -514,6 +514,88 @@ unsafe fn metric(call: MetricCall, owner: *mut c_void, id: Option<usize>, value:
     }
 }
 
+/// The metric changes of one owner, a filter's or a config's.
+struct MetricCalls {
+    increment_counter: MetricCall,
+    increment_gauge: MetricCall,
+    decrement_gauge: MetricCall,
+    set_gauge: MetricCall,
+}
+
+/// A filter's metric changes (any worker's stream).
+const STREAM_METRICS: MetricCalls = MetricCalls {
+    increment_counter: envoy_dynamic_module_callback_http_filter_increment_counter,
+    increment_gauge: envoy_dynamic_module_callback_http_filter_increment_gauge,
+    decrement_gauge: envoy_dynamic_module_callback_http_filter_decrement_gauge,
+    set_gauge: envoy_dynamic_module_callback_http_filter_set_gauge,
+};
+
+/// A config's metric changes (the main thread).
+const CONFIG_METRICS: MetricCalls = MetricCalls {
+    increment_counter: envoy_dynamic_module_callback_http_filter_config_increment_counter,
+    increment_gauge: envoy_dynamic_module_callback_http_filter_config_increment_gauge,
+    decrement_gauge: envoy_dynamic_module_callback_http_filter_config_decrement_gauge,
+    set_gauge: envoy_dynamic_module_callback_http_filter_config_set_gauge,
+};
+
+impl MetricCalls {
+    /// Adds `n` to a defined counter; nothing for an undefined one.
+    ///
+    /// # Safety
+    /// `owner` is the live pointer these calls expect, on a thread they
+    /// may be made on.
+    unsafe fn counter_add(&self, owner: *mut c_void, id: Option<usize>, n: u64) {
+        // SAFETY: as the caller promises.
+        unsafe { metric(self.increment_counter, owner, id, n) }
+    }
+
+    /// Adds `delta` (either sign) to a defined gauge.
+    ///
+    /// # Safety
+    /// As for [`MetricCalls::counter_add`].
+    unsafe fn gauge_add(&self, owner: *mut c_void, id: Option<usize>, delta: i64) {
+        let call = if delta >= 0 {
+            self.increment_gauge
+        } else {
+            self.decrement_gauge
+        };
+        // SAFETY: as the caller promises.
+        unsafe { metric(call, owner, id, delta.unsigned_abs()) }
+    }
+
+    /// Sets a defined gauge to `value`.
+    ///
+    /// # Safety
+    /// As for [`MetricCalls::counter_add`].
+    unsafe fn gauge_set(&self, owner: *mut c_void, id: Option<usize>, value: u64) {
+        // SAFETY: as the caller promises.
+        unsafe { metric(self.set_gauge, owner, id, value) }
+    }
+}
+
+/// A hook handle's metric methods (`Stream`'s, `Config`'s), through its
+/// owner's [`MetricCalls`]; the attributes given go on `gauge_add`.
+macro_rules! metric_methods {
+    ($calls:expr $(, $(#[$gauge_add_attr:meta])*)?) => {
+        pub fn counter_add(&self, id: Option<usize>, n: u64) {
+            // SAFETY: the pointer Envoy passed to the running hook, used on
+            // its thread (`in_hook`): the owner these calls expect.
+            unsafe { $calls.counter_add(self.ptr, id, n) }
+        }
+
+        $($(#[$gauge_add_attr])*)?
+        pub fn gauge_add(&self, id: Option<usize>, delta: i64) {
+            // SAFETY: as in `counter_add`.
+            unsafe { $calls.gauge_add(self.ptr, id, delta) }
+        }
+
+        pub fn gauge_set(&self, id: Option<usize>, value: u64) {
+            // SAFETY: as in `counter_add`.
+            unsafe { $calls.gauge_set(self.ptr, id, value) }
+        }
+    };
+}
+
 /// Every metric definition has this shape: (config, name, label names,
 /// label count, id out).
 type DefineCall =
@@ -912,39 +994,7 @@ impl<'cb> Stream<'cb> {
         ok.then(|| String::from_utf8_lossy(unsafe { envoy_bytes(&self.hook, out) }).into_owned())
     }
 
-    pub fn counter_add(&self, id: Option<usize>, n: u64) {
-        // SAFETY: a valid filter pointer for the filter-level call.
-        unsafe {
-            metric(
-                envoy_dynamic_module_callback_http_filter_increment_counter,
-                self.ptr,
-                id,
-                n,
-            )
-        }
-    }
-
-    pub fn gauge_add(&self, id: Option<usize>, delta: i64) {
-        let call: MetricCall = if delta >= 0 {
-            envoy_dynamic_module_callback_http_filter_increment_gauge
-        } else {
-            envoy_dynamic_module_callback_http_filter_decrement_gauge
-        };
-        // SAFETY: a valid filter pointer for the filter-level call.
-        unsafe { metric(call, self.ptr, id, delta.unsigned_abs()) }
-    }
-
-    pub fn gauge_set(&self, id: Option<usize>, value: u64) {
-        // SAFETY: a valid filter pointer for the filter-level call.
-        unsafe {
-            metric(
-                envoy_dynamic_module_callback_http_filter_set_gauge,
-                self.ptr,
-                id,
-                value,
-            )
-        }
-    }
+    metric_methods!(STREAM_METRICS);
 
     /// A scheduler that brings work back to this stream's worker
     /// (`on_http_filter_scheduled`), from any thread, for as long as it is
@@ -1070,41 +1120,11 @@ impl<'cb> Config<'cb> {
         unsafe { envoy_dynamic_module_callback_get_concurrency() }
     }
 
-    pub fn counter_add(&self, id: Option<usize>, n: u64) {
-        // SAFETY: a valid config pointer, on the main thread.
-        unsafe {
-            metric(
-                envoy_dynamic_module_callback_http_filter_config_increment_counter,
-                self.ptr,
-                id,
-                n,
-            )
-        }
-    }
-
-    /// Adds `delta` to a gauge, as a worker's stream does: never a set from
-    /// the module's count, which would race the workers' adds.
-    pub fn gauge_add(&self, id: Option<usize>, delta: i64) {
-        let call: MetricCall = if delta >= 0 {
-            envoy_dynamic_module_callback_http_filter_config_increment_gauge
-        } else {
-            envoy_dynamic_module_callback_http_filter_config_decrement_gauge
-        };
-        // SAFETY: a valid config pointer, on the main thread.
-        unsafe { metric(call, self.ptr, id, delta.unsigned_abs()) }
-    }
-
-    pub fn gauge_set(&self, id: Option<usize>, value: u64) {
-        // SAFETY: a valid config pointer, on the main thread.
-        unsafe {
-            metric(
-                envoy_dynamic_module_callback_http_filter_config_set_gauge,
-                self.ptr,
-                id,
-                value,
-            )
-        }
-    }
+    metric_methods!(
+        CONFIG_METRICS,
+        /// Adds `delta` to a gauge, as a worker's stream does: never a set
+        /// from the module's count, which would race the workers' adds.
+    );
 
     /// A scheduler that brings work to the main thread
     /// (`on_http_filter_config_scheduled`), from any thread.

@@ -561,6 +561,21 @@ extern "C" fn set_gauge(
     stream_stat("gauge=", f, id, v)
 }
 
+/// Records a config-level stat write `op` on `c`'s list.
+fn config_stat(op: &'static str, c: ConfigEnvoyPtr, id: usize, value: u64) -> MetricsResult {
+    // SAFETY: live fake.
+    lock(&unsafe { config(c) }.stats).push((op, id, value));
+    0
+}
+
+/// A config-level gauge write: the hook due inside it runs first, then
+/// Envoy's value changes and the write is recorded.
+fn config_gauge(op: &'static str, c: ConfigEnvoyPtr, id: usize, value: u64) -> MetricsResult {
+    config_gauge_write();
+    gauge_change(op, id, value);
+    config_stat(op, c, id, value)
+}
+
 extern "C" fn config_increment_counter(
     c: ConfigEnvoyPtr,
     id: usize,
@@ -568,9 +583,7 @@ extern "C" fn config_increment_counter(
     _n: usize,
     v: u64,
 ) -> MetricsResult {
-    // SAFETY: live fake.
-    lock(&unsafe { config(c) }.stats).push(("counter+", id, v));
-    0
+    config_stat("counter+", c, id, v)
 }
 
 extern "C" fn config_increment_gauge(
@@ -580,11 +593,7 @@ extern "C" fn config_increment_gauge(
     _n: usize,
     v: u64,
 ) -> MetricsResult {
-    config_gauge_write();
-    gauge_change("gauge+", id, v);
-    // SAFETY: live fake.
-    lock(&unsafe { config(c) }.stats).push(("gauge+", id, v));
-    0
+    config_gauge("gauge+", c, id, v)
 }
 
 extern "C" fn config_decrement_gauge(
@@ -594,11 +603,7 @@ extern "C" fn config_decrement_gauge(
     _n: usize,
     v: u64,
 ) -> MetricsResult {
-    config_gauge_write();
-    gauge_change("gauge-", id, v);
-    // SAFETY: live fake.
-    lock(&unsafe { config(c) }.stats).push(("gauge-", id, v));
-    0
+    config_gauge("gauge-", c, id, v)
 }
 
 extern "C" fn config_set_gauge(
@@ -608,11 +613,7 @@ extern "C" fn config_set_gauge(
     _n: usize,
     v: u64,
 ) -> MetricsResult {
-    config_gauge_write();
-    gauge_change("gauge=", id, v);
-    // SAFETY: live fake.
-    lock(&unsafe { config(c) }.stats).push(("gauge=", id, v));
-    0
+    config_gauge("gauge=", c, id, v)
 }
 
 fn new_scheduler(commits: Arc<Mutex<Vec<u64>>>) -> *mut c_void {
