@@ -70,6 +70,33 @@ async fn status(s: &Sidecar) -> Status {
     mesh::status(s.inbound).await
 }
 
+/// A sidecar `name` with drain config `cfg`, a request of `delay_ms` in
+/// flight on it (counted), then closing started: the sidecar, that
+/// request, and when closing started.
+async fn closing_with_one_in_flight(
+    name: &str,
+    cfg: &str,
+    delay_ms: u64,
+) -> (
+    Sidecar,
+    tokio::task::JoinHandle<Result<client::Response, String>>,
+    Instant,
+) {
+    let (s, _) = sidecar(name, cfg, "{}").await;
+    let inbound = s.inbound;
+    let request =
+        tokio::spawn(async move { client::get(inbound, &format!("/delay/{delay_ms}")).await });
+    eventually(
+        "request in flight counted",
+        Duration::from_secs(5),
+        || async { (status(&s).await.inflight_inbound == 1).then_some(()) },
+    )
+    .await;
+    let started = Instant::now();
+    mesh::start_closing(s.inbound).await;
+    (s, request, started)
+}
+
 async fn inflight_gauge_is_zero(envoy: &Envoy) {
     eventually(
         "graceful_provider_inflight back to 0",
@@ -342,14 +369,7 @@ async fn it_starts_closing_on_envoy_healthcheck_fail() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn it_forces_the_gate_at_step_timeout_while_requests_keep_arriving_and_counts_it() {
     let cfg = r#"{"consumer_update_wait":"200ms","quiet_window":"100ms","step_timeout":"500ms","timeout":"60s"}"#;
-    let (s, _) = sidecar("step-timeout", cfg, "{}").await;
-    let slow = tokio::spawn(client::get(s.inbound, "/delay/4000"));
-    eventually("slow request counted", Duration::from_secs(5), || async {
-        (status(&s).await.inflight_inbound == 1).then_some(())
-    })
-    .await;
-    let started = Instant::now();
-    mesh::start_closing(s.inbound).await;
+    let (s, slow, started) = closing_with_one_in_flight("step-timeout", cfg, 4000).await;
     // A caller that ignores the mark keeps arriving every 20 ms: arrivals
     // never stop, so step_timeout ends the wait.
     let inbound = s.inbound;
@@ -397,14 +417,7 @@ async fn with_longest_request_a_request_in_flight_after_arrivals_stopped_is_wait
     // else arrives: with longest_request set the gate waits for it
     // (timeout is the bound), quiet.
     let cfg = r#"{"consumer_update_wait":"200ms","quiet_window":"100ms","step_timeout":"500ms","timeout":"60s","longest_request":"5s"}"#;
-    let (s, _) = sidecar("step-arrivals-stopped", cfg, "{}").await;
-    let slow = tokio::spawn(client::get(s.inbound, "/delay/2500"));
-    eventually("slow request counted", Duration::from_secs(5), || async {
-        (status(&s).await.inflight_inbound == 1).then_some(())
-    })
-    .await;
-    let started = Instant::now();
-    mesh::start_closing(s.inbound).await;
+    let (s, slow, started) = closing_with_one_in_flight("step-arrivals-stopped", cfg, 2500).await;
     let r = client::get(s.inbound, "/graceful/drained?wait=10s")
         .await
         .unwrap();
@@ -438,14 +451,7 @@ async fn with_longest_request_late_callers_are_refused_and_the_long_request_comp
     // 2 s the caller gets the marked 503 (admission stopped), the long
     // request completes, and the gate passes quiet after it.
     let cfg = r#"{"consumer_update_wait":"1s","quiet_window":"500ms","step_timeout":"1s","longest_request":"10s"}"#;
-    let (s, _) = sidecar("longest-late-callers", cfg, "{}").await;
-    let long = tokio::spawn(client::get(s.inbound, "/delay/10000"));
-    eventually("long request counted", Duration::from_secs(5), || async {
-        (status(&s).await.inflight_inbound == 1).then_some(())
-    })
-    .await;
-    let started = Instant::now();
-    mesh::start_closing(s.inbound).await;
+    let (s, long, started) = closing_with_one_in_flight("longest-late-callers", cfg, 10000).await;
     let inbound = s.inbound;
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let stopped = stop.clone();

@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use graceful_harness::products::bench::{median, start_upstream, FilterSet, WrkResult};
+use graceful_harness::products::bench::{
+    median, parse_or_exit, start_upstream, FilterSet, WrkResult,
+};
 use graceful_harness::products::bench_mesh::{
     admin_latency, mesh_paired, mesh_pairs, mesh_result, mesh_round, mesh_sets, paired_proxies,
     write_cds, AdminLatency, MeshEnvoy, MeshRound, PairedProxy, SetRounds, ENDPOINTS_PER_CLUSTER,
@@ -278,13 +280,7 @@ fn print_paired(results: &[MeshEnvoy], paired_rounds: usize) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
-    let flags = match parse_flags(std::env::args().skip(1)) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-    };
+    let flags = parse_or_exit(parse_flags(std::env::args().skip(1)));
     let envoys = envoys();
     if envoys.is_empty() {
         eprintln!("bench-mesh: BENCH_MESH_ENVOYS names no Envoy (version=path,...)");

@@ -16,8 +16,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use graceful_harness::products::bench::{
-    chart, dead_hosts, filter_sets, round_order, start_proxy, start_upstream, unqueued, wrk,
-    wrk_with_cpu, FilterSet, Paired, SetResult, WrkResult,
+    chart, dead_hosts, filter_sets, parse_or_exit, round_order, start_proxy, start_upstream,
+    unqueued, wrk, wrk_with_cpu, FilterSet, Paired, SetResult, WrkResult,
 };
 use graceful_harness::products::bench_count::committed_counts;
 use graceful_harness::products::demo::{run, DemoConfig, Mode};
@@ -399,13 +399,7 @@ fn write_results(out: &Results, svg: String) -> std::io::Result<()> {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
-    let flags = match parse_flags(std::env::args().skip(1)) {
-        Ok(f) => f,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-    };
+    let flags = parse_or_exit(parse_flags(std::env::args().skip(1)));
     let (upstream, upstream_addrs) = start_upstream().await;
     let sets: Vec<_> = filter_sets()
         .into_iter()

@@ -21,6 +21,15 @@ use crate::support::client;
 use crate::support::envoy::{eventually, wasm_dir, Envoy, EnvoySpec};
 use crate::support::procfs::cpu_us;
 
+/// What a bench binary's flag parser made of its arguments; on a usage
+/// error, the message on stderr and exit status 2.
+pub fn parse_or_exit<T>(parsed: Result<T, String>) -> T {
+    parsed.unwrap_or_else(|e| {
+        eprintln!("{e}");
+        std::process::exit(2)
+    })
+}
+
 /// A filter chain to measure.
 #[derive(Debug, Clone)]
 pub struct FilterSet {
