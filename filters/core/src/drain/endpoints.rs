@@ -332,13 +332,9 @@ impl<W> Waiters<W> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_stamp_adds_the_published_identity_and_the_address() {
+    /// Publishes instance `i-1`'s identity, as the filter does at start.
+    fn publish_identity(store: &crate::shared::store::MemStore) {
         use crate::shared::store::SharedStore;
-        let store = crate::shared::store::MemStore::new();
-        let reply = Reply::ready(Phase::Serving);
-        let bare = Stamp::read(&store, None);
-        assert_eq!(bare.headers(&reply).len(), reply.headers.len());
         store
             .set(
                 crate::shared::keys::IDENTITY.name,
@@ -346,6 +342,15 @@ mod tests {
                 0,
             )
             .unwrap();
+    }
+
+    #[test]
+    fn a_stamp_adds_the_published_identity_and_the_address() {
+        let store = crate::shared::store::MemStore::new();
+        let reply = Reply::ready(Phase::Serving);
+        let bare = Stamp::read(&store, None);
+        assert_eq!(bare.headers(&reply).len(), reply.headers.len());
+        publish_identity(&store);
         let stamp = Stamp::read(&store, Some("10.0.0.1:80".into()));
         let h = stamp.headers(&reply);
         assert_eq!(
@@ -359,15 +364,8 @@ mod tests {
 
     #[test]
     fn a_403_says_only_forbidden_and_carries_no_identity_or_address() {
-        use crate::shared::store::SharedStore;
         let store = crate::shared::store::MemStore::new();
-        store
-            .set(
-                crate::shared::keys::IDENTITY.name,
-                &crate::shared::instance::encode_identity("x-graceful-instance", "i-1"),
-                0,
-            )
-            .unwrap();
+        publish_identity(&store);
         let stamp = Stamp::read(&store, Some("10.0.0.1:80".into()));
         let reply = Reply::forbidden();
         assert_eq!((reply.status, reply.body.as_str()), (403, "forbidden"));

@@ -23,6 +23,11 @@ fn peer(addr: &str, consumer: Option<&str>) -> PeerId {
     PeerId::new(Some(addr.as_bytes()), consumer.map(str::as_bytes))
 }
 
+/// The report of what `store` holds at `now`, 32 peers at the most.
+fn report_at(store: &MemStore, now: u64) -> Report {
+    Report::build(&Inputs::read(store).unwrap(), &gate(), 32, now)
+}
+
 fn json(r: &Report) -> serde_json::Value {
     serde_json::from_str(&r.to_json()).unwrap()
 }
@@ -161,7 +166,7 @@ fn the_max_covers_rare_long_requests_timed_while_serving_but_never_sampled() {
     pending.merge_into(&store).unwrap();
     crate::drain::record::start_closing(&store, T0).unwrap();
     crate::drain::record::pass(&store, GatePass::Quiet, T0 + S).unwrap();
-    let r = Report::build(&Inputs::read(&store).unwrap(), &gate(), 32, T0 + 2 * S);
+    let r = report_at(&store, T0 + 2 * S);
     assert_eq!(r.request_ms.max, Some(1_500.0));
     assert_eq!(r.request_ms.p99, Some(2.0), "the percentiles stay sampled");
     let rec = r.recommended.unwrap();
@@ -179,24 +184,14 @@ fn the_max_covers_rare_long_requests_timed_while_serving_but_never_sampled() {
 fn a_quiet_pass_says_so_and_the_timeout_is_named_when_it_forced() {
     let store = MemStore::default();
     shutdown(&store, None);
-    let v = json(&Report::build(
-        &Inputs::read(&store).unwrap(),
-        &gate(),
-        32,
-        T0 + 4 * S,
-    ));
+    let v = json(&report_at(&store, T0 + 4 * S));
     assert_eq!(
         (v["forced"].clone(), v["forced_by"].clone()),
         (false.into(), serde_json::Value::Null)
     );
     let store = MemStore::default();
     shutdown(&store, Some(GatePass::Timeout));
-    let v = json(&Report::build(
-        &Inputs::read(&store).unwrap(),
-        &gate(),
-        32,
-        T0 + 4 * S,
-    ));
+    let v = json(&report_at(&store, T0 + 4 * S));
     assert_eq!(v["forced_by"], "timeout");
 }
 
@@ -217,7 +212,7 @@ fn it_shows_at_most_max_peers_and_counts_the_rest() {
         }
         pending.merge_into(&store).unwrap();
     }
-    let r = Report::build(&Inputs::read(&store).unwrap(), &gate(), 32, T0 + S);
+    let r = report_at(&store, T0 + S);
     assert_eq!(r.peers.len(), 32);
     assert_eq!(r.peers_dropped, 1000 - 32);
     assert!(r.peers.windows(2).all(|w| w[0].requests >= w[1].requests));
@@ -249,7 +244,7 @@ fn forged_consumer_values_cannot_break_the_json() {
         durations: PendingDurations::default(),
     };
     report.merge_into(&store).unwrap();
-    let r = Report::build(&Inputs::read(&store).unwrap(), &gate(), 32, T0 + S);
+    let r = report_at(&store, T0 + S);
     let v = json(&r);
     for p in v["peers"].as_array().unwrap() {
         assert_eq!(p.as_object().unwrap().len(), 6, "{p}");
@@ -303,12 +298,7 @@ fn refused_late_arrivals_are_counted_and_their_callers_named() {
         .add(peer("10.0.0.3:5000", Some("c-1")), true, false, T0 + MS);
     pending.merge_into(&store).unwrap();
     crate::drain::record::pass(&store, GatePass::Quiet, T0 + 11 * S).unwrap();
-    let v = json(&Report::build(
-        &Inputs::read(&store).unwrap(),
-        &gate(),
-        32,
-        T0 + 12 * S,
-    ));
+    let v = json(&report_at(&store, T0 + 12 * S));
     assert_eq!(
         (
             v["requests_after_closing"].clone(),
