@@ -13,6 +13,8 @@ import re
 import sys
 import tempfile
 
+from check_report import report
+
 MAX_LINES = 120
 ROOTS = ("harness/src", "filters")
 # Build outputs and fuzz corpora are not source.
@@ -188,12 +190,14 @@ def main():
     repo = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
     paths = args or [os.path.join(repo, r) for r in ROOTS]
     long = check(paths)
-    for path, line, name, length in long:
-        print(f"{os.path.relpath(path, repo)}:{line}: fn {name} is {length} lines (at most {MAX_LINES})")
-    if long:
-        print(f"{len(long)} function(s) over {MAX_LINES} lines: split each into named steps")
-        sys.exit(1)
-    print(f"{', '.join(ROOTS) if not args else ', '.join(args)}: no function over {MAX_LINES} lines")
+    report(
+        [
+            f"{os.path.relpath(path, repo)}:{line}: fn {name} is {length} lines (at most {MAX_LINES})"
+            for path, line, name, length in long
+        ],
+        f"{len(long)} function(s) over {MAX_LINES} lines: split each into named steps",
+        f"{', '.join(ROOTS) if not args else ', '.join(args)}: no function over {MAX_LINES} lines",
+    )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ import re
 import sys
 import tempfile
 
+from check_report import report
+
 ROOT = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 # Folders that hold no Markdown of ours: build outputs, installed tools.
 SKIPPED = {".git", "target", ".venv", "node_modules"}
@@ -213,12 +215,11 @@ def main():
         self_test()
     files = markdown_files(ROOT)
     problems, checked = check(ROOT)
-    for p in problems:
-        print(p)
-    if problems:
-        print(f"{len(problems)} problem(s) with the links of {len(files)} Markdown files")
-        sys.exit(1)
-    print(f"links: all {checked} relative links and anchors in {len(files)} Markdown files resolve")
+    report(
+        problems,
+        f"{len(problems)} problem(s) with the links of {len(files)} Markdown files",
+        f"links: all {checked} relative links and anchors in {len(files)} Markdown files resolve",
+    )
 
 
 if __name__ == "__main__":
