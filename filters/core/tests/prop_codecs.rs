@@ -10,6 +10,9 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
+use graceful_core::consumer::front::{
+    host_ip, Event, FrontHosts, Health, Limits, ENTRY_LEN, MAX_HOSTS_CEILING,
+};
 use graceful_core::consumer::steering::{
     admin_clusters_path, AdminSource, ClusterSet, Membership, MAX_CLUSTERS, MAX_MEMBERS,
 };
@@ -112,6 +115,56 @@ fn observe_all(list: &[(u8, String, String, Option<String>)], max: usize) -> Tom
             },
         };
         t.observe(&obs, &TTLS, i as u64 * 1_000_000, max);
+    }
+    t
+}
+
+/// An event about one of a few hosts (IPv4 and IPv6), and the µs since
+/// the one before.
+fn front_event() -> impl Strategy<Value = (u8, Event, u64)> {
+    let event = prop_oneof![
+        Just(Event::Closing),
+        Just(Event::Serving),
+        prop::sample::select(vec![Health::Healthy, Health::Draining, Health::Other])
+            .prop_map(Event::Listed),
+        Just(Event::Left),
+        any::<u16>().prop_map(|epoch| Event::Steered { epoch }),
+        Just(Event::Unsteerable),
+        (
+            prop::option::of(prop_oneof![3 => Just(0u32), 2 => 1u32..5, 1 => any::<u32>()]),
+            any::<bool>()
+        )
+            .prop_map(|(active, guard_clear)| Event::Read {
+                active,
+                guard_clear
+            }),
+        Just(Event::Attempt),
+    ];
+    (0u8..6, event, prop_oneof![0u64..200_000, 0u64..200_000_000])
+}
+
+fn front_ip(n: u8) -> Ipv6Addr {
+    if n.is_multiple_of(2) {
+        host_ip(IpAddr::V4(Ipv4Addr::new(10, 0, 0, n)))
+    } else {
+        Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, u16::from(n))
+    }
+}
+
+fn front_limits(max_hosts: usize) -> Limits {
+    Limits {
+        closing_ttl: Duration::from_secs(120),
+        poll: Duration::from_millis(100),
+        max_hosts,
+    }
+}
+
+fn apply_all(list: &[(u8, Event, u64)], max_hosts: usize) -> FrontHosts {
+    let mut t = FrontHosts::default();
+    let mut now = SEEN_AT;
+    for (n, event, step) in list {
+        now += step;
+        t.apply(front_ip(*n), *event, now, &front_limits(max_hosts));
     }
     t
 }
@@ -240,6 +293,38 @@ proptest! {
     ) {
         if let Some(t) = Tombstones::decode(&b) {
             prop_assert_eq!(t.encode(), b);
+        }
+    }
+
+    // ---- the front's host table ------------------------------------------
+
+    #[test]
+    fn front_hosts_decode_never_panics_and_accepts_only_what_encode_writes(b in bytes(400)) {
+        if let Some(t) = FrontHosts::decode(&b) {
+            prop_assert_eq!(t.encode(), b);
+        }
+    }
+
+    #[test]
+    fn front_hosts_from_any_events_round_trip_within_the_bound(
+        list in prop::collection::vec(front_event(), 0..40),
+        max_hosts in 1usize..5,
+    ) {
+        let t = apply_all(&list, max_hosts);
+        let bytes = t.encode();
+        prop_assert!(t.hosts().len() <= max_hosts);
+        prop_assert_eq!(bytes.len(), 3 + ENTRY_LEN * t.hosts().len());
+        prop_assert_eq!(FrontHosts::decode(&bytes), Some(t));
+    }
+
+    #[test]
+    fn front_hosts_decode_accepts_only_what_encode_writes_near_valid_values(
+        b in (prop::collection::vec(front_event(), 1..20), 1usize..5)
+            .prop_flat_map(|(list, max)| near(apply_all(&list, max).encode()))
+    ) {
+        if let Some(t) = FrontHosts::decode(&b) {
+            prop_assert_eq!(t.encode(), b);
+            prop_assert!(t.hosts().len() <= MAX_HOSTS_CEILING);
         }
     }
 
