@@ -137,6 +137,12 @@ struct Recording {
 /// ones).
 #[derive(Debug, Default)]
 pub struct ProviderStream {
+    /// Its request headers came through this filter. A response to a
+    /// request that never did is a filter's before it (graceful_drain's
+    /// own answers, its 403 above all): neither stamped nor marked here, on
+    /// either delivery (a wasm context never entered gets no response
+    /// callback; the native module's filter does).
+    saw_request: Cell<bool>,
     /// In the in-flight count: leaves it once.
     counted: Cell<bool>,
     /// The closing mark was counted for this response.
@@ -231,6 +237,7 @@ impl Provider {
         ends_in_headers: bool,
         waiter: impl FnOnce() -> (u32, W),
     ) -> Action {
+        st.saw_request.set(true);
         match gate::admit(
             &HostMetrics(s),
             self.config.reject_when_drained,
@@ -421,6 +428,9 @@ impl Provider {
     }
 
     pub fn response_headers(&self, st: &ProviderStream, s: &impl Stream) -> Action {
+        if !st.saw_request.get() {
+            return Action::Continue;
+        }
         let cfg = &self.config;
         if let Some(h) = &cfg.instance_header {
             s.set_header(Map::ResponseHeaders, h, &self.instance_id);
@@ -445,7 +455,8 @@ impl Provider {
     /// in its headers only: creating trailers there would need the body
     /// callback, entered for every chunk of every response.
     pub fn response_trailers(&self, st: &ProviderStream, s: &impl Stream) -> Action {
-        if self.closing_now(s)
+        if st.saw_request.get()
+            && self.closing_now(s)
             && s.set_header(Map::ResponseTrailers, &self.config.closing_header, "true")
         {
             Self::note_marked(st, s);
@@ -591,6 +602,7 @@ mod tests {
         );
         h.metric_set(Metric::DrainPhase, 1);
         let st = ProviderStream::default();
+        p.request_headers(&st, &h, &copy(), true, || (1, ()));
         p.response_headers(&st, &h);
         p.response_trailers(&st, &h);
         assert_eq!(
@@ -609,6 +621,27 @@ mod tests {
             Some("true")
         );
         assert_eq!(h.metric(Metric::ProviderClosingMarked), 1);
+    }
+
+    #[test]
+    fn a_reply_to_a_request_it_never_saw_is_neither_stamped_nor_marked() {
+        // graceful_drain's own answers (its 403 to an outsider above all)
+        // reach the native provider's response hooks without its request
+        // hook having run: they leave as drain wrote them.
+        let h = MockHost::new();
+        let p = provider(&h, "");
+        h.metric_set(Metric::DrainPhase, 1);
+        let st = ProviderStream::default();
+        p.response_headers(&st, &h);
+        p.response_trailers(&st, &h);
+        for name in ["x-graceful-instance", "x-graceful-closing"] {
+            assert_eq!(h.header_text(Map::ResponseHeaders, name), None, "{name}");
+        }
+        assert_eq!(
+            h.header_text(Map::ResponseTrailers, "x-graceful-closing"),
+            None
+        );
+        assert_eq!(h.metric(Metric::ProviderClosingMarked), 0);
     }
 
     #[test]
