@@ -139,9 +139,7 @@ enum Answer {
 /// every VM copy configures, and a line per copy would bury it. A store
 /// that fails logs it anyway (a notice is cheap to repeat).
 fn log_notice_once(h: &(impl Host + ?Sized), notice: &str) {
-    let hash = notice.bytes().fold(0xcbf2_9ce4_8422_2325u64, |acc, b| {
-        (acc ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let hash = crate::shared::store::fnv1a(notice.as_bytes());
     let mine = update(h.store(), keys::CONFIG_NOTICE.name, |bytes| {
         match bytes.and_then(crate::shared::store::read_u64) {
             Some(seen) if seen == hash => (None, false),

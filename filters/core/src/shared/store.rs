@@ -243,6 +243,14 @@ pub fn take_lease(
 }
 
 /// Reads an 8-byte little-endian u64; None for any other length.
+/// FNV-1a of `bytes`: a hash stable across VM copies, workers and builds,
+/// for values kept in shared data (a dropped peer, a logged notice).
+pub fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
 pub fn read_u64(bytes: &[u8]) -> Option<u64> {
     Some(u64::from_le_bytes(bytes.try_into().ok()?))
 }

@@ -76,9 +76,7 @@ impl PeerId {
     fn hash(&self) -> u64 {
         let mut bytes = Vec::new();
         self.encode(&mut bytes);
-        bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
-        })
+        crate::shared::store::fnv1a(&bytes)
     }
 
     fn encode(&self, out: &mut Vec<u8>) {
