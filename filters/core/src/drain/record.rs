@@ -108,6 +108,14 @@ pub struct GateTimings {
     pub longest_request: Option<Duration>,
 }
 
+impl GateTimings {
+    /// Closing time (µs) at which `step_timeout` runs out: it forces the
+    /// gate, or with `longest_request` stops admission.
+    fn step_deadline_us(&self) -> u64 {
+        micros(self.consumer_update_wait).saturating_add(micros(self.step_timeout))
+    }
+}
+
 /// Why the gate passed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum GatePass {
@@ -203,8 +211,7 @@ impl InstanceRecord {
     pub fn stops_admitting(&self, gate: &GateTimings, seen: &Seen, now_us: u64) -> bool {
         self.phase == Phase::Closing
             && gate.longest_request.is_some()
-            && now_us.saturating_sub(self.closing_since_us)
-                >= micros(gate.consumer_update_wait).saturating_add(micros(gate.step_timeout))
+            && now_us.saturating_sub(self.closing_since_us) >= gate.step_deadline_us()
             && !InstanceRecord::is_quiet(seen, gate.quiet_window, now_us)
     }
 
@@ -225,10 +232,7 @@ impl InstanceRecord {
             Some(GatePass::Quiet)
         } else if elapsed >= micros(gate.timeout) {
             Some(GatePass::Timeout)
-        } else if gate.longest_request.is_none()
-            && elapsed
-                >= micros(gate.consumer_update_wait).saturating_add(micros(gate.step_timeout))
-        {
+        } else if gate.longest_request.is_none() && elapsed >= gate.step_deadline_us() {
             Some(GatePass::StepTimeout)
         } else {
             None
