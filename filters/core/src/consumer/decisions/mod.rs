@@ -111,6 +111,7 @@
 //! `observe.rs` (what a response says: tombstone writes, readmissions,
 //! observed membership), `refresh.rs` (the periodic work).
 
+pub mod front;
 mod observe;
 mod refresh;
 mod signal;
