@@ -4,7 +4,7 @@
 //! drain**.
 //!
 //! ```text
-//! graceful-hook front [--resolve NAME:PORT]... [--front http://IP:PORT]... [--wait 25s] [--settle 0s]
+//! graceful-hook front [--resolve NAME:PORT]... [--front http://IP:PORT]... [--wait 25s] [--settle 0s] [--source IP]
 //! ```
 //!
 //! Every address of each `NAME` (a headless Service selecting the fronts'
@@ -39,9 +39,17 @@
 //! own thread, so a resolver that holds a question never holds the hook
 //! past `--wait` (then exit 1: nothing is known either way). `--settle D` adds a
 //! fixed wait after, for fronts that cannot acknowledge (a waypoint).
+//!
+//! `--source IP` sends every request from that local address (the client
+//! socket is bound to it before it connects), for a host with several
+//! addresses where the front must see the one it knows the host by; the
+//! default is the system's choice. Fronts of the other address family are
+//! then unreachable from it. An address this host does not have ends the
+//! run at once, exit 1, naming it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::process::ExitCode;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -49,7 +57,7 @@ use std::time::{Duration, Instant};
 use graceful_core::shared::duration::{format_duration, parse_duration};
 use serde_json::Value;
 
-use crate::{authority, http, Failure, REQUEST_TIMEOUT};
+use crate::{answer_complete, authority, http, Failure, REQUEST_TIMEOUT};
 
 const DEFAULT_WAIT: Duration = Duration::from_secs(25);
 /// The longest `drained?wait=` asked: a front holds a poll at most 60 s.
@@ -68,6 +76,9 @@ pub struct Front {
     pub fronts: Vec<String>,
     pub wait: Duration,
     pub settle: Duration,
+    /// The local address every request leaves from (`--source`); None:
+    /// the system's choice.
+    pub source: Option<IpAddr>,
 }
 
 /// Parses the arguments after `front`; each error names its flag.
@@ -77,6 +88,7 @@ pub(crate) fn parse(rest: &[String]) -> Result<Front, String> {
         fronts: Vec::new(),
         wait: DEFAULT_WAIT,
         settle: Duration::ZERO,
+        source: None,
     };
     let (mut wait, mut settle) = (None, None);
     let mut it = rest.iter();
@@ -87,6 +99,7 @@ pub(crate) fn parse(rest: &[String]) -> Result<Front, String> {
                 .ok_or_else(|| match flag.as_str() {
                     "--resolve" => "--resolve needs NAME:PORT".to_string(),
                     "--front" => "--front needs a URL (http://IP:PORT)".to_string(),
+                    "--source" => "--source needs an IP address".to_string(),
                     f => format!("{f} needs a duration (\"25s\")"),
                 })
         };
@@ -100,6 +113,17 @@ pub(crate) fn parse(rest: &[String]) -> Result<Front, String> {
                 let v = value()?;
                 authority(v).map_err(|e| format!("--front {e}"))?;
                 front.fronts.push(v.clone());
+            }
+            "--source" => {
+                let v = value()?;
+                let ip = v
+                    .trim_start_matches('[')
+                    .trim_end_matches(']')
+                    .parse::<IpAddr>()
+                    .map_err(|_| format!("--source {v:?}: expected an IP address"))?;
+                if front.source.replace(ip).is_some() {
+                    return Err("--source given twice".into());
+                }
             }
             "--wait" | "--settle" => {
                 let v = value()?;
@@ -348,6 +372,8 @@ struct Shared {
     start: Instant,
     deadline: Instant,
     timing: Timing,
+    /// `--source`: where every request leaves from.
+    source: Option<IpAddr>,
 }
 
 impl Shared {
@@ -436,9 +462,9 @@ fn tell_and_wait(shared: Arc<Shared>, addr: SocketAddr, worker: u64) {
         let answer = if told {
             let wait = LONG_POLL.min(left);
             let path = format!("{DRAINED}?wait={}", format_duration(wait));
-            http("GET", &url, &path, wait + LONG_POLL_SLACK)
+            exchange(shared.source, "GET", &url, &path, wait + LONG_POLL_SLACK)
         } else {
-            http("POST", &url, CLOSING, REQUEST_TIMEOUT)
+            exchange(shared.source, "POST", &url, CLOSING, REQUEST_TIMEOUT)
         };
         let next = if told {
             after_drained(&answer)
@@ -505,6 +531,91 @@ fn tell_and_wait(shared: Arc<Shared>, addr: SocketAddr, worker: u64) {
             return;
         }
     }
+}
+
+/// One request to a front: [`http`] from the system's choice of address,
+/// or from `source`.
+fn exchange(
+    source: Option<IpAddr>,
+    method: &str,
+    url: &str,
+    path: &str,
+    read_budget: Duration,
+) -> Result<(u16, String), Failure> {
+    match source {
+        None => http(method, url, path, read_budget),
+        Some(ip) => http_from(ip, method, url, path, read_budget),
+    }
+}
+
+/// A TCP socket bound to `source` (any port), not connected yet.
+fn bound_socket(source: IpAddr) -> std::io::Result<socket2::Socket> {
+    let local = SocketAddr::new(source, 0);
+    let socket = socket2::Socket::new(
+        socket2::Domain::for_address(local),
+        socket2::Type::STREAM,
+        Some(socket2::Protocol::TCP),
+    )?;
+    socket.bind(&local.into())?;
+    Ok(socket)
+}
+
+/// [`http`], its connection bound to `source` before it connects: the
+/// same request (`connection: close`) and the same reading of the answer
+/// (to its `content-length`). Only the front's addresses of `source`'s
+/// family are tried.
+fn http_from(
+    source: IpAddr,
+    method: &str,
+    url: &str,
+    path: &str,
+    read_budget: Duration,
+) -> Result<(u16, String), Failure> {
+    let authority = authority(url).map_err(Failure::Unreachable)?;
+    let addrs: Vec<SocketAddr> = authority
+        .to_socket_addrs()
+        .map_err(|e| Failure::Unreachable(format!("{authority}: {e}")))?
+        .filter(|a| a.is_ipv4() == source.is_ipv4())
+        .collect();
+    let connect = |addr: &SocketAddr| -> std::io::Result<TcpStream> {
+        let socket = bound_socket(source)?;
+        socket.connect_timeout(&(*addr).into(), REQUEST_TIMEOUT)?;
+        Ok(socket.into())
+    };
+    let mut stream = addrs
+        .iter()
+        .find_map(|a| connect(a).ok())
+        .ok_or_else(|| Failure::Unreachable(format!("{authority}: no connection from {source}")))?;
+    let answer = (|| -> std::io::Result<Vec<u8>> {
+        stream.set_read_timeout(Some(read_budget))?;
+        stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
+        let request = format!(
+            "{method} {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+        );
+        stream.write_all(request.as_bytes())?;
+        let mut answer = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !answer_complete(&answer) {
+            let n = stream.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            answer.extend_from_slice(&buf[..n]);
+        }
+        Ok(answer)
+    })()
+    .map_err(|e| Failure::Answer(format!("{authority}: {e}")))?;
+    let answer = String::from_utf8_lossy(&answer);
+    let status = answer
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| Failure::Answer(format!("{authority}: no HTTP status in the answer")))?;
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, body)| body)
+        .to_string();
+    Ok((status, body))
 }
 
 /// Resolves every name each `resolve_every` (the `--front`s once), adding
@@ -615,6 +726,18 @@ pub(crate) fn front_with(
     resolver: Arc<dyn Resolve>,
     timing: Timing,
 ) -> (ExitCode, String) {
+    if let Some(ip) = args.source {
+        // Not an address of this host: every request would fail the same
+        // way, and the fronts would never hear of the closing.
+        if let Err(e) = bound_socket(ip) {
+            return (
+                ExitCode::FAILURE,
+                format!(
+                    "graceful-hook front: --source {ip} cannot be bound ({e}): returned at once"
+                ),
+            );
+        }
+    }
     let start = Instant::now();
     let shared = Arc::new(Shared {
         table: Mutex::new(Table::default()),
@@ -622,6 +745,7 @@ pub(crate) fn front_with(
         start,
         deadline: start + args.wait,
         timing,
+        source: args.source,
     });
     let s = shared.clone();
     let a = args.clone();
@@ -845,6 +969,8 @@ mod tests {
         addr: SocketAddr,
         url: String,
         asked: Arc<Mutex<Vec<String>>>,
+        /// The source address of each connection, in order.
+        peers: Arc<Mutex<Vec<IpAddr>>>,
     }
 
     impl StandIn {
@@ -854,11 +980,16 @@ mod tests {
             let addr = listener.local_addr().ok()?;
             let asked = Arc::new(Mutex::new(Vec::new()));
             let log = asked.clone();
+            let peers = Arc::new(Mutex::new(Vec::new()));
+            let peer_log = peers.clone();
             let closed_at: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
             let forgot = Arc::new(AtomicBool::new(false));
             std::thread::spawn(move || {
                 for conn in listener.incoming() {
                     let Ok(mut conn) = conn else { return };
+                    if let Ok(peer) = conn.peer_addr() {
+                        peer_log.lock().unwrap().push(peer.ip());
+                    }
                     let line = request_line(&mut conn);
                     log.lock().unwrap().push(line.clone());
                     if line.starts_with("POST /graceful/front/closing ") {
@@ -886,6 +1017,7 @@ mod tests {
                 addr,
                 url: format!("http://{addr}"),
                 asked,
+                peers,
             })
         }
 
@@ -976,6 +1108,7 @@ mod tests {
             fronts: fronts.iter().map(|f| f.url.clone()).collect(),
             wait,
             settle: Duration::ZERO,
+            source: None,
         }
     }
 
@@ -1003,6 +1136,7 @@ mod tests {
                 fronts: vec!["http://10.0.1.4:19091".into(), "http://[fd00::4]:19091".into()],
                 wait: Duration::from_secs(40),
                 settle: Duration::from_secs(2),
+                source: None,
             })
         );
         assert_eq!(
@@ -1012,6 +1146,7 @@ mod tests {
                 fronts: vec![],
                 wait: DEFAULT_WAIT,
                 settle: Duration::ZERO,
+                source: None,
             }))
         );
     }
@@ -1057,10 +1192,108 @@ mod tests {
             ),
             ("front --front http://a:1 25s", "flags only"),
             ("front --resolve --wait 5s", "--resolve needs NAME:PORT"),
+            (
+                "front --front http://a:1 --source",
+                "--source needs an IP address",
+            ),
+            (
+                "front --front http://a:1 --source pod.local",
+                "--source \"pod.local\": expected an IP address",
+            ),
+            (
+                "front --front http://a:1 --source 10.0.0.1 --source 10.0.0.2",
+                "--source given twice",
+            ),
         ] {
             let e = crate::parse(&args(line)).expect_err(line);
             assert!(e.contains(says), "{line:?}: {e}");
         }
+    }
+
+    #[test]
+    fn source_is_parsed_as_an_ip_of_either_family() {
+        let parsed = |line: &str| parse(&args(line)).map(|f| f.source);
+        assert_eq!(
+            parsed("--front http://a:1 --source 127.0.0.3"),
+            Ok(Some("127.0.0.3".parse().unwrap()))
+        );
+        assert_eq!(
+            parsed("--source fd00::4 --front http://a:1"),
+            Ok(Some("fd00::4".parse().unwrap()))
+        );
+        assert_eq!(
+            parsed("--front http://a:1 --source [fd00::4]"),
+            Ok(Some("fd00::4".parse().unwrap()))
+        );
+        assert_eq!(parsed("--front http://a:1"), Ok(None));
+    }
+
+    #[test]
+    fn every_request_leaves_from_the_source_address() {
+        // 127.0.0.0/8 is all loopback on Linux: 127.0.0.3 is an address of
+        // this host that the system never picks to reach 127.0.0.1.
+        let front = StandIn::start(
+            "127.0.0.1",
+            Script {
+                ack_after: Some(Duration::from_millis(100)),
+                ..ACKS
+            },
+        )
+        .unwrap();
+        let source: IpAddr = "127.0.0.3".parse().unwrap();
+        let mut asked = ask(&[], &[&front], Duration::from_secs(10));
+        asked.source = Some(source);
+        let (code, line) = front_with(&asked, no_names(), FAST);
+        assert_eq!(code, ExitCode::SUCCESS, "{line}");
+        assert!(line.contains("1 of 1 fronts acknowledged"), "{line}");
+        let peers = front.peers.lock().unwrap().clone();
+        assert!(peers.len() >= 2, "closing and drained: {peers:?}");
+        assert!(peers.iter().all(|p| *p == source), "{peers:?}");
+        // Without it, the system's choice: 127.0.0.1 to 127.0.0.1.
+        let other = StandIn::start("127.0.0.1", ACKS).unwrap();
+        let (code, line) = front_with(
+            &ask(&[], &[&other], Duration::from_secs(10)),
+            no_names(),
+            FAST,
+        );
+        assert_eq!(code, ExitCode::SUCCESS, "{line}");
+        let peers = other.peers.lock().unwrap().clone();
+        assert!(
+            !peers.is_empty() && peers.iter().all(|p| *p == IpAddr::from([127, 0, 0, 1])),
+            "{peers:?}"
+        );
+    }
+
+    #[test]
+    fn a_source_this_host_does_not_have_ends_it_at_once_naming_it() {
+        let front = StandIn::start("127.0.0.1", ACKS).unwrap();
+        let mut asked = ask(&[], &[&front], Duration::from_secs(30));
+        // TEST-NET-1 (RFC 5737): no host has it.
+        asked.source = Some("192.0.2.7".parse().unwrap());
+        let started = Instant::now();
+        let (code, line) = front_with(&asked, no_names(), FAST);
+        assert_eq!(code, ExitCode::FAILURE, "{line}");
+        assert!(started.elapsed() < Duration::from_millis(900));
+        assert!(
+            line.starts_with("graceful-hook front: --source 192.0.2.7 cannot be bound ("),
+            "{line}"
+        );
+        assert_eq!(front.closings(), 0, "told nothing");
+    }
+
+    #[test]
+    fn a_front_of_the_other_family_is_none_there_from_the_source() {
+        let Some(v6) = StandIn::start("::1", ACKS) else {
+            return; // no IPv6 here
+        };
+        let v4 = StandIn::start("127.0.0.1", ACKS).unwrap();
+        let mut asked = ask(&[], &[&v6, &v4], Duration::from_secs(10));
+        asked.source = Some("127.0.0.3".parse().unwrap());
+        let (code, line) = front_with(&asked, no_names(), FAST);
+        assert_eq!(code, ExitCode::SUCCESS, "{line}");
+        assert!(line.contains("1 of 1 fronts acknowledged"), "{line}");
+        assert!(line.contains("::1: none there"), "{line}");
+        assert_eq!(v6.closings(), 0);
     }
 
     #[test]
@@ -1152,6 +1385,7 @@ mod tests {
             ],
             wait: Duration::from_secs(30),
             settle: Duration::ZERO,
+            source: None,
         };
         let started = Instant::now();
         let (code, line) = front_with(&args, names, Timing::default());
@@ -1173,6 +1407,7 @@ mod tests {
             fronts: vec![format!("http://127.0.0.1:{}", free_port("127.0.0.1"))],
             wait: Duration::from_secs(30),
             settle: Duration::from_millis(400),
+            source: None,
         };
         let started = Instant::now();
         assert_eq!(front(&args), ExitCode::SUCCESS);
@@ -1374,6 +1609,7 @@ mod tests {
             fronts: vec![url],
             wait: Duration::from_millis(500),
             settle: Duration::ZERO,
+            source: None,
         };
         let (code, line) = front_with(&args, no_names(), FAST);
         assert_eq!(code, ExitCode::FAILURE, "{line}");
