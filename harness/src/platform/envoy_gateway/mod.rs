@@ -6,7 +6,11 @@
 //! route's retries and the cluster's load balancing from the
 //! BackendTrafficPolicy, the EnvoyPatchPolicy's JSON patches applied to the
 //! cluster ([`apply_patch_policy`], on [`json_patch`]), and an Envoy config
-//! shaped as a gateway's around them ([`gateway_config`]).
+//! shaped as a gateway's around them ([`gateway_config`]). For backends with
+//! no sidecar ([`FrontExample`], `front-drain.yaml`): the Gateway's HTTP
+//! listener, named as Envoy Gateway names it ([`xds_listener_name`]), with
+//! its HCM in `default_filter_chain`, patched by the control port's
+//! EnvoyPatchPolicy ([`apply_patches`] with [`LISTENER_TYPE`]).
 //! `tests/examples_envoy_gateway.rs` hands the result to a real Envoy.
 //!
 //! What differs from a gateway: the module is read from `dist/` (Envoy
@@ -28,8 +32,33 @@ use crate::support::envoy::{repo_root, wasm_dir};
 pub const EXAMPLE: &str = "examples/envoy-gateway/extension-policy.yaml";
 /// The EnvoyPatchPolicy, the optional alternative to the BackendTrafficPolicy's override.
 pub const PATCH: &str = "examples/envoy-gateway/envoy-patch-policy.yaml";
+/// Backends with no sidecar: the EnvoyExtensionPolicy with `front`, the
+/// control port's EnvoyPatchPolicy, the headless Service of the proxy pods
+/// and a backend Deployment with its Service.
+pub const FRONT: &str = "examples/envoy-gateway/front-drain.yaml";
 /// The xDS type of the resources the EnvoyPatchPolicy patches.
 pub const CLUSTER_TYPE: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
+/// The xDS type of the listener the control port's EnvoyPatchPolicy patches.
+pub const LISTENER_TYPE: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
+/// The name of the Gateway's HTTP listener (`spec.listeners[].name`) the
+/// examples assume.
+pub const HTTP_SECTION: &str = "http";
+/// The Gateway listener's port the examples assume.
+pub const HTTP_PORT: u32 = 80;
+/// The labels Envoy Gateway puts on a Gateway's proxy pods, whose values
+/// are the Gateway's name and namespace (internal/gatewayapi/translator.go,
+/// `OwningGatewayNameLabel`, `OwningGatewayNamespaceLabel`); its own
+/// Service selects the pods by them and by [`ENVOY_APP_LABELS`]
+/// (internal/infrastructure/kubernetes/proxy/resource_provider.go,
+/// `Service()`, `stableSelector()`).
+pub const OWNING_GATEWAY_NAME: &str = "gateway.envoyproxy.io/owning-gateway-name";
+pub const OWNING_GATEWAY_NAMESPACE: &str = "gateway.envoyproxy.io/owning-gateway-namespace";
+/// internal/infrastructure/kubernetes/proxy/resource.go, `EnvoyAppLabel`.
+pub const ENVOY_APP_LABELS: [(&str, &str); 3] = [
+    ("app.kubernetes.io/name", "envoy"),
+    ("app.kubernetes.io/component", "proxy"),
+    ("app.kubernetes.io/managed-by", "envoy-gateway"),
+];
 /// The cluster Envoy Gateway's bootstrap points at the proxy's admin
 /// (internal/xds/bootstrap/bootstrap.yaml.tpl, 127.0.0.1:19000).
 pub const ADMIN_CLUSTER: &str = "prometheus_stats";
@@ -112,6 +141,162 @@ impl Example {
         ConsumerConfig::from_json(config.to_string().as_bytes())
             .unwrap_or_else(|e| panic!("EnvoyExtensionPolicy wasm[0].config: {e}"))
     }
+
+    /// The Gateway the EnvoyPatchPolicy attaches to.
+    pub fn gateway(&self) -> &str {
+        str_field(
+            &self.epp["spec"]["targetRef"]["name"],
+            "EnvoyPatchPolicy targetRef.name",
+        )
+    }
+
+    /// The name of the Gateway's HTTP listener in xDS (the name scheme
+    /// Envoy Gateway v1.9 uses by default).
+    pub fn http_listener(&self) -> String {
+        xds_listener_name(
+            self.namespace(),
+            self.gateway(),
+            HTTP_SECTION,
+            HTTP_PORT,
+            false,
+        )
+    }
+
+    /// The same example with the EnvoyExtensionPolicy of `front-drain.yaml`
+    /// in place of its own (the same name: applying that file replaces it).
+    pub fn with_front(&self, front: &FrontExample) -> Example {
+        Example {
+            eep: front.eep.clone(),
+            ..self.clone()
+        }
+    }
+}
+
+/// `front-drain.yaml`, as a user would apply it beside the [`Example`].
+#[derive(Debug, Clone)]
+pub struct FrontExample {
+    /// EnvoyExtensionPolicy: the example's, with `front`.
+    pub eep: Value,
+    /// EnvoyPatchPolicy: the control port on the Gateway's HTTP listener.
+    pub epp: Value,
+    /// The headless Service selecting the Gateway's proxy pods.
+    pub fronts: Value,
+    /// The backend with no sidecar, and its Service.
+    pub deployment: Value,
+    pub service: Value,
+}
+
+impl FrontExample {
+    /// Reads [`FRONT`]; panics if a document is missing or doubled.
+    pub fn load() -> FrontExample {
+        let docs = documents(FRONT);
+        assert_eq!(docs.len(), 5, "{FRONT}: five documents");
+        let services: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "Service").collect();
+        assert_eq!(services.len(), 2, "{FRONT}: two Services");
+        let (fronts, service): (Vec<&Value>, Vec<&Value>) = services
+            .into_iter()
+            .partition(|s| s["spec"]["clusterIP"] == "None");
+        assert_eq!(
+            (fronts.len(), service.len()),
+            (1, 1),
+            "{FRONT}: one headless Service (the proxy pods) and one for the backend"
+        );
+        FrontExample {
+            eep: one(&docs, "EnvoyExtensionPolicy"),
+            epp: one(&docs, "EnvoyPatchPolicy"),
+            fronts: fronts[0].clone(),
+            deployment: one(&docs, "Deployment"),
+            service: service[0].clone(),
+        }
+    }
+
+    /// The public listener's plugin configuration, parsed as the filter parses it.
+    pub fn public_config(&self) -> ConsumerConfig {
+        let config = &self.eep["spec"]["wasm"][0]["config"];
+        ConsumerConfig::from_json(config.to_string().as_bytes())
+            .unwrap_or_else(|e| panic!("{FRONT}: EnvoyExtensionPolicy wasm[0].config: {e}"))
+    }
+
+    /// The entries of the EnvoyPatchPolicy, in order.
+    pub fn entries(&self) -> Vec<Value> {
+        self.epp["spec"]["jsonPatches"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// The one entry whose operation is `op` (and, for `replace`, whose
+    /// path ends with `suffix`).
+    pub fn entry(&self, op: &str, suffix: &str) -> Value {
+        let found: Vec<Value> = self
+            .entries()
+            .into_iter()
+            .filter(|e| {
+                e["operation"]["op"] == op
+                    && e["operation"]["path"]
+                        .as_str()
+                        .is_some_and(|p| p.ends_with(suffix))
+            })
+            .collect();
+        assert_eq!(
+            found.len(),
+            1,
+            "{FRONT}: one `{op}` entry ending {suffix:?}"
+        );
+        found[0]["operation"].clone()
+    }
+
+    /// The control listener's plugin configuration (entry `replace
+    /// .../configuration/value`), as JSON.
+    pub fn control_config_json(&self) -> Value {
+        let op = self.entry("replace", "/configuration/value");
+        let text = str_field(&op["value"], "the control configuration");
+        serde_json::from_str(text)
+            .unwrap_or_else(|e| panic!("{FRONT}: the control configuration is not JSON: {e}"))
+    }
+
+    /// The control listener's plugin configuration, parsed as the filter parses it.
+    pub fn control_config(&self) -> ConsumerConfig {
+        ConsumerConfig::from_json(self.control_config_json().to_string().as_bytes())
+            .unwrap_or_else(|e| panic!("{FRONT}: the control configuration: {e}"))
+    }
+
+    /// The control port: the added address's, which the filter chain matches.
+    pub fn control_port(&self) -> u16 {
+        let op = self.entry("add", "/additional_addresses/-");
+        let port = op["value"]["address"]["socket_address"]["port_value"]
+            .as_u64()
+            .and_then(|p| u16::try_from(p).ok())
+            .unwrap_or_else(|| panic!("{FRONT}: no control port in {op}"));
+        let chain = self.entry("add", "/filter_chains/0");
+        assert_eq!(
+            chain["value"]["filter_chain_match"]["destination_port"],
+            u64::from(port),
+            "{FRONT}: the filter chain matches the added address's port"
+        );
+        port
+    }
+
+    /// The EnvoyPatchPolicy with the control port made `port` (the address
+    /// and the chain's match), for a test that cannot bind the example's.
+    pub fn epp_on_port(&self, port: u16) -> Value {
+        let from = self.control_port();
+        let mut epp = self.epp.clone();
+        for e in epp["spec"]["jsonPatches"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            let value = &mut e["operation"]["value"];
+            if value["address"]["socket_address"]["port_value"] == u64::from(from) {
+                value["address"]["socket_address"]["port_value"] = json!(port);
+            }
+            if value["filter_chain_match"]["destination_port"] == u64::from(from) {
+                value["filter_chain_match"]["destination_port"] = json!(port);
+            }
+        }
+        epp
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -121,6 +306,24 @@ impl Example {
 /// of one rule of an HTTPRoute.
 pub fn rule_cluster(namespace: &str, route: &str, rule: usize) -> String {
     format!("httproute/{namespace}/{route}/rule/{rule}")
+}
+
+/// internal/xds/translator/listener.go, xdsListenerName: a Gateway
+/// listener's xDS listener, `<namespace>/<gateway>/<listener>` (the IR
+/// listener's name), or `tcp-<port>` with the v2 naming scheme
+/// (`xdsNameSchemeV2`).
+pub fn xds_listener_name(
+    namespace: &str,
+    gateway: &str,
+    section: &str,
+    port: u32,
+    v2: bool,
+) -> String {
+    if v2 {
+        format!("tcp-{port}")
+    } else {
+        format!("{namespace}/{gateway}/{section}")
+    }
 }
 
 /// internal/gatewayapi/envoyextensionpolicy.go, irConfigNameForWasm: the
@@ -296,22 +499,27 @@ pub fn gateway_config(ex: &Example, cluster: Value, admin_port: u16, listen_port
         filter_name,
         json!({"@type": "type.googleapis.com/envoy.config.route.v3.FilterConfig", "config": {}}),
     );
+    let listener = ex.http_listener();
     json!({
         "node": {"id": "envoy-gateway-example", "cluster": "envoy-gateway-example"},
         "admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin_port}}},
         "static_resources": {
             "listeners": [{
-                "name": "default/eg/http",
+                "name": listener,
                 "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen_port}},
-                "filter_chains": [{"filters": [{
+                // listener.go, addHCMToXDSListener: a plain HTTP listener's
+                // HCM is the default filter chain, named as the listener
+                // (httpListenerDefaultFilterChainName).
+                "default_filter_chain": {"name": listener, "filters": [{
                     "name": "envoy.filters.network.http_connection_manager",
                     "typed_config": {
                         "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
                         "stat_prefix": "http-10080",
+                        "use_remote_address": true,
                         "route_config": {
-                            "name": "default/eg/http",
+                            "name": listener,
                             "virtual_hosts": [{
-                                "name": "default/eg/http/*",
+                                "name": format!("{listener}/*"),
                                 "domains": ["*"],
                                 "routes": [{
                                     "name": format!("{cluster_name}/match/0/*"),
@@ -326,7 +534,7 @@ pub fn gateway_config(ex: &Example, cluster: Value, admin_port: u16, listen_port
                             {"name": "envoy.filters.http.router", "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
                         ],
                     },
-                }]}],
+                }]},
             }],
             "clusters": [
                 cluster,
@@ -356,9 +564,42 @@ pub fn over_xds(config: &Value, xds: std::net::SocketAddr) -> crate::support::xd
     let node = str_field(&config["node"]["id"], "node id").to_string();
     let mut ads = AdsConfig::split_to(config.clone(), &node, xds, &[]);
     ads.clusters_over_cds(&[ADMIN_CLUSTER]);
-    ads.routes_over_rds(&crate::support::xds::ads_source());
+    let source = crate::support::xds::ads_source();
+    ads.routes_over_rds(&source);
+    default_chain_routes_over_rds(&mut ads, &source);
     ads.delta_through("xds_cluster");
     ads
+}
+
+/// What `AdsConfig::routes_over_rds` does for `filter_chains`, for the
+/// `default_filter_chain` Envoy Gateway puts a plain HTTP listener's HCM
+/// in: its inline `route_config` goes to RDS under its name
+/// (`makeConfigSource`, `routeConfigName`).
+fn default_chain_routes_over_rds(ads: &mut crate::support::xds::AdsConfig, source: &Value) {
+    for listener in &mut ads.listeners {
+        let filters = listener
+            .get_mut("default_filter_chain")
+            .and_then(|c| c.get_mut("filters"))
+            .and_then(Value::as_array_mut);
+        for filter in filters.into_iter().flatten() {
+            let Some(hcm) = filter
+                .get_mut("typed_config")
+                .and_then(Value::as_object_mut)
+            else {
+                continue;
+            };
+            let Some(mut route) = hcm.remove("route_config") else {
+                continue;
+            };
+            let name = route["name"].clone();
+            route["@type"] = json!(crate::support::xds::ROUTE);
+            ads.routes.push(route);
+            hcm.insert(
+                "rds".into(),
+                json!({"config_source": source, "route_config_name": name}),
+            );
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -369,23 +610,42 @@ pub fn over_xds(config: &Value, xds: std::net::SocketAddr) -> crate::support::xd
 /// ones; an entry that fails is skipped (its error goes to the policy's
 /// status) and the others still apply. Returns the errors, by entry index.
 pub fn apply_patch_policy(epp: &Value, cluster: &mut Value) -> Vec<(usize, String)> {
-    let name = str_field(&cluster["name"], "cluster name").to_string();
+    apply_patches(epp, CLUSTER_TYPE, cluster)
+}
+
+/// [`apply_patch_policy`] for a resource of any xDS type `type_url` (its
+/// `name` matched against each entry's), as internal/xds/translator/
+/// jsonpatch.go, processJSONPatches, applies each entry: on the resource
+/// as it stands after the previous ones, skipped on an error. What this
+/// does not check: Envoy Gateway's protojson round trip and proto
+/// validation of each step (the harness hands the result to Envoy instead).
+pub fn apply_patches(epp: &Value, type_url: &str, resource: &mut Value) -> Vec<(usize, String)> {
+    let name = str_field(&resource["name"], "resource name").to_string();
     let mut errors = Vec::new();
     let entries = epp["spec"]["jsonPatches"]
         .as_array()
         .cloned()
         .unwrap_or_default();
     for (i, entry) in entries.iter().enumerate() {
-        if entry["type"] != CLUSTER_TYPE || entry["name"] != name.as_str() {
+        if entry["type"] != type_url || entry["name"] != name.as_str() {
             continue;
         }
-        let mut next = cluster.clone();
+        let mut next = resource.clone();
         match json_patch::apply_operation(&mut next, &entry["operation"]) {
-            Ok(()) => *cluster = next,
+            Ok(()) => *resource = next,
             Err(e) => errors.push((i, e)),
         }
     }
     errors
+}
+
+/// The listener named `name` in `config` (a [`gateway_config`]'s static
+/// listeners, or the `listeners` of an [`over_xds`]).
+pub fn listener_mut<'a>(listeners: &'a mut Value, name: &str) -> &'a mut Value {
+    listeners
+        .as_array_mut()
+        .and_then(|l| l.iter_mut().find(|l| l["name"] == name))
+        .unwrap_or_else(|| panic!("no listener {name}"))
 }
 
 #[cfg(test)]
@@ -409,6 +669,128 @@ mod tests {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    #[test]
+    fn the_http_listener_is_named_and_shaped_as_envoy_gateway_does() {
+        assert_eq!(
+            xds_listener_name("shop", "gw", "http", 80, false),
+            "shop/gw/http"
+        );
+        assert_eq!(xds_listener_name("shop", "gw", "http", 80, true), "tcp-80");
+        let ex = Example::load();
+        assert_eq!(ex.http_listener(), "default/eg/http");
+        let config = gateway_config(&ex, json!({"name": "c"}), 1, 2);
+        let l = &config["static_resources"]["listeners"][0];
+        assert_eq!(l["name"], "default/eg/http");
+        assert!(l.get("filter_chains").is_none(), "{l}");
+        let chain = &l["default_filter_chain"];
+        assert_eq!(chain["name"], "default/eg/http");
+        let hcm = &chain["filters"][0]["typed_config"];
+        assert_eq!(hcm["use_remote_address"], true);
+        assert_eq!(
+            hcm["http_filters"][0]["name"],
+            format!("envoy.filters.http.wasm/{}", wasm_name(&ex.eep, 0))
+        );
+    }
+
+    /// The Gateway's listener with `front-drain.yaml`'s policies, and the
+    /// patch's errors.
+    fn front_listener(insert_first: Option<Value>) -> (Value, Value, Vec<(usize, String)>) {
+        let front = FrontExample::load();
+        let ex = Example::load().with_front(&front);
+        let mut config = gateway_config(&ex, json!({"name": "c"}), 1, 2);
+        let listener = listener_mut(
+            &mut config["static_resources"]["listeners"],
+            &ex.http_listener(),
+        );
+        if let Some(filter) = insert_first {
+            let op = json!({"op": "add", "path": "/default_filter_chain/filters/0/typed_config/http_filters/0", "value": filter});
+            json_patch::apply_operation(listener, &op).unwrap();
+        }
+        let public = listener["default_filter_chain"].clone();
+        let errors = apply_patches(&front.epp, LISTENER_TYPE, listener);
+        (listener.clone(), public, errors)
+    }
+
+    #[test]
+    fn the_front_patch_copies_the_listeners_own_filter_onto_the_control_port() {
+        let front = FrontExample::load();
+        let (listener, public, errors) = front_listener(None);
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(
+            listener["default_filter_chain"], public,
+            "the public chain is left as it was"
+        );
+        assert_eq!(
+            listener["additional_addresses"],
+            json!([{"address": {"socket_address": {"address": "0.0.0.0", "port_value": 19091}}}])
+        );
+        let chains = listener["filter_chains"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(chains.len(), 1, "{listener}");
+        assert_eq!(
+            chains[0]["filter_chain_match"],
+            json!({"destination_port": 19091})
+        );
+        let hcm = &chains[0]["filters"][0]["typed_config"];
+        let filters = hcm["http_filters"].as_array().cloned().unwrap_or_default();
+        let names: Vec<&str> = filters.iter().filter_map(|f| f["name"].as_str()).collect();
+        let original = &public["filters"][0]["typed_config"]["http_filters"][0];
+        assert_eq!(
+            names,
+            [
+                str_field(&original["name"], "name"),
+                "envoy.filters.http.router"
+            ]
+        );
+        let copy = &filters[0];
+        assert_eq!(copy["disabled"], false, "on, with no route to enable it");
+        let (c, o) = (
+            &copy["typed_config"]["config"],
+            &original["typed_config"]["config"],
+        );
+        // One VM: the same vm_id, code and root; its own configuration.
+        assert_eq!(c["vm_config"], o["vm_config"]);
+        for same in ["name", "root_id", "fail_open"] {
+            assert_eq!(c[same], o[same], "{same}");
+        }
+        assert_eq!(
+            c["configuration"]["@type"],
+            "type.googleapis.com/google.protobuf.StringValue"
+        );
+        let control: Value =
+            serde_json::from_str(str_field(&c["configuration"]["value"], "value")).unwrap();
+        assert_eq!(control, front.control_config_json());
+        assert_eq!(control["front"]["serve_endpoints"], true);
+        // The route there is a 404, whatever the path.
+        let routes = &hcm["route_config"]["virtual_hosts"][0]["routes"];
+        assert_eq!(
+            routes,
+            &json!([{"match": {"prefix": "/"}, "direct_response": {"status": 404}}])
+        );
+        assert_eq!(hcm["use_remote_address"], true);
+        assert_eq!(hcm["xff_num_trusted_hops"], 0);
+        assert!(hcm.get("original_ip_detection_extensions").is_none());
+    }
+
+    #[test]
+    fn another_filter_before_it_fails_the_test_entry_and_the_copy_stays_off() {
+        // Another policy's filter first (CORS sorts before wasm,
+        // httpfilters.go): the copy takes it, the two replaces find no
+        // wasm config to change, and the status names entry 0.
+        let cors = json!({"name": "envoy.filters.http.cors", "typed_config": {
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.cors.v3.Cors"}});
+        let (listener, _, errors) = front_listener(Some(cors));
+        assert_eq!(
+            errors.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+            [0, 4, 5],
+            "{errors:?}"
+        );
+        let copied = &listener["filter_chains"][0]["filters"][0]["typed_config"]["http_filters"][0];
+        assert_eq!(copied["name"], "envoy.filters.http.cors");
     }
 
     #[test]
