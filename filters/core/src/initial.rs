@@ -4,6 +4,7 @@
 //! [`crate::shared::keys`] depends on no codec while the codecs name their keys
 //! there.
 
+use crate::consumer::front::FrontHosts;
 use crate::consumer::steering::{ClusterSet, Membership};
 use crate::consumer::tombstone::Tombstones;
 use crate::drain::record::InstanceRecord;
@@ -26,15 +27,22 @@ pub fn value(key: &Key) -> Option<Vec<u8>> {
         Encoding::U8 => vec![0],
         Encoding::PeerTable => PeerTable::default().encode(),
         Encoding::DurationRing => DurationRing::default().encode(),
+        Encoding::FrontHosts => FrontHosts::default().encode(),
         Encoding::InstanceId | Encoding::Identity => return None,
     })
 }
 
-/// The keys `filter` creates in `on_configure`, with their initial values,
-/// for [`crate::shared::store::ensure_all`].
+/// The keys `filter` always creates in `on_configure`, with their initial
+/// values, for [`crate::shared::store::ensure_all`].
 pub fn values(filter: Owner) -> Vec<(&'static str, Vec<u8>)> {
+    values_with(filter, None)
+}
+
+/// The keys `filter` creates when configured with `field`
+/// ([`crate::shared::keys::Key::only_with`]; None: those it always creates).
+pub fn values_with(filter: Owner, field: Option<&str>) -> Vec<(&'static str, Vec<u8>)> {
     ALL.iter()
-        .filter(|k| k.created_by.contains(&filter))
+        .filter(|k| k.created_by.contains(&filter) && k.only_with == field)
         .filter_map(|k| Some((k.name, value(k)?)))
         .collect()
 }
@@ -46,7 +54,16 @@ pub fn create_keys(
     h: &impl crate::shared::host::Host,
     filter: crate::shared::keys::Owner,
 ) -> Result<(), String> {
-    crate::shared::store::ensure_all(h.store(), &values(filter))
+    create_keys_with(h, filter, None)
+}
+
+/// [`create_keys`] for the keys that config `field` needs.
+pub fn create_keys_with(
+    h: &impl crate::shared::host::Host,
+    filter: crate::shared::keys::Owner,
+    field: Option<&str>,
+) -> Result<(), String> {
+    crate::shared::store::ensure_all(h.store(), &values_with(filter, field))
         .map_err(|(key, e)| format!("cannot initialise shared data {key:?}: {e:?}"))
 }
 
@@ -70,6 +87,7 @@ mod tests {
                 Encoding::U8 => v == [0],
                 Encoding::PeerTable => PeerTable::decode(&v) == Some(PeerTable::default()),
                 Encoding::DurationRing => DurationRing::decode(&v) == Some(DurationRing::default()),
+                Encoding::FrontHosts => FrontHosts::decode(&v) == Some(FrontHosts::default()),
                 Encoding::InstanceId | Encoding::Identity => false,
             };
             assert!(empty, "{}", k.name);
@@ -111,5 +129,19 @@ mod tests {
                 "graceful.v1.consumer.admin_source",
             ]
         );
+        let front: Vec<&str> = values_with(Consumer, Some(crate::shared::keys::FRONT_FIELD))
+            .into_iter()
+            .map(|(k, _)| k)
+            .collect();
+        assert_eq!(
+            front,
+            [
+                "graceful.v1.front.hosts",
+                "graceful.v1.front.hosts.gen",
+                "graceful.v1.front.poll_lease",
+                "graceful.v1.front.waiters",
+            ]
+        );
+        assert!(values_with(Drain, Some("front")).is_empty());
     }
 }

@@ -88,6 +88,11 @@ fn the_registry_holds_exactly_the_documented_keys() {
             DurationRing,
             &[Provider],
         ),
+        // Created only with graceful_consumer's `front` (Key::only_with).
+        ("graceful.v1.front.hosts", Consumer, FrontHosts, &[Consumer]),
+        ("graceful.v1.front.hosts.gen", Consumer, U64, &[Consumer]),
+        ("graceful.v1.front.poll_lease", Consumer, U64, &[Consumer]),
+        ("graceful.v1.front.waiters", Consumer, U64, &[Consumer]),
     ];
     let got: Vec<(&str, Owner, Encoding, &[Owner])> = ALL
         .iter()
@@ -124,6 +129,8 @@ fn initial_values_are_the_documented_bytes() {
             "graceful.v1.consumer.tombstones" => Some(vec![1, 0, 0, 0, 0]),
             "graceful.v1.consumer.members" | "graceful.v1.consumer.observed" => Some(vec![3, 0, 0]),
             "graceful.v1.consumer.clusters" => Some(vec![1]),
+            // version 1, no hosts.
+            "graceful.v1.front.hosts" => Some(vec![1, 0, 0]),
             _ => zero.clone(),
         };
         assert_eq!(value, want, "{name}");

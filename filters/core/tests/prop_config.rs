@@ -10,7 +10,10 @@
 
 use std::time::Duration;
 
-use graceful_core::consumer::config::{ConsumerConfig, SlowStart, MAX_MAX_TOMBSTONES};
+use graceful_core::consumer::config::{
+    ConsumerConfig, FrontConfig, SlowStart, MAX_FRONT_MAX_WAITERS, MAX_HOSTS_CEILING,
+    MAX_MAX_TOMBSTONES,
+};
 use graceful_core::drain::config::{
     CloseConnections, DrainConfig, OnDrained, Paths, MAX_MAX_WAITERS, MAX_ON_DRAINED_TIMEOUT,
 };
@@ -324,12 +327,39 @@ fn consumer() -> impl Strategy<Value = ConsumerConfig> {
                 panic_threshold,
                 consumer_header,
                 readmit_slow_start: None,
+                front: None,
             },
         );
-    (configs, prop::option::of(slow_start())).prop_map(|(c, readmit_slow_start)| ConsumerConfig {
-        readmit_slow_start,
-        ..c
-    })
+    (
+        configs,
+        prop::option::of(slow_start()),
+        prop::option::of(front()),
+    )
+        .prop_map(|(c, readmit_slow_start, front)| ConsumerConfig {
+            readmit_slow_start,
+            // `front` requires `admin_cluster`.
+            front: front.filter(|_| c.admin_cluster.is_some()),
+            ..c
+        })
+}
+
+fn front() -> impl Strategy<Value = FrontConfig> {
+    (
+        any::<bool>(),
+        ms(1..=MAX_MS),
+        ms(10..=10_000),
+        1..=MAX_HOSTS_CEILING,
+        0..=MAX_FRONT_MAX_WAITERS as u32,
+    )
+        .prop_map(
+            |(serve_endpoints, closing_ttl, poll, max_hosts, max_waiters)| FrontConfig {
+                serve_endpoints,
+                closing_ttl,
+                poll,
+                max_hosts,
+                max_waiters,
+            },
+        )
 }
 
 fn slow_start() -> impl Strategy<Value = SlowStart> {
@@ -363,6 +393,15 @@ fn consumer_json(c: &ConsumerConfig, mask: u64) -> Value {
             "window": format_duration(ss.window),
             "aggression": ss.aggression,
             "min_weight_percent": ss.min_weight_percent,
+        });
+    }
+    if let Some(f) = &c.front {
+        v["front"] = json!({
+            "serve_endpoints": f.serve_endpoints,
+            "closing_ttl": format_duration(f.closing_ttl),
+            "poll": format_duration(f.poll),
+            "max_hosts": f.max_hosts,
+            "max_waiters": f.max_waiters,
         });
     }
     v

@@ -37,6 +37,19 @@ const MAX_PANIC_THRESHOLD: u8 = 100;
 /// `min_weight_percent` 10).
 pub const DEFAULT_SLOW_START_AGGRESSION: f64 = 1.0;
 pub const DEFAULT_SLOW_START_MIN_WEIGHT_PERCENT: u8 = 10;
+/// `front.closing_ttl` unless configured: past it a host still listed
+/// `HEALTHY` is a restart the front was not told of.
+pub const DEFAULT_FRONT_CLOSING_TTL: Duration = Duration::from_secs(120);
+/// `front.poll` unless configured: how often one copy reads `rq_active`
+/// while a host is not acknowledged.
+pub const DEFAULT_FRONT_POLL: Duration = Duration::from_millis(100);
+pub const MIN_FRONT_POLL: Duration = Duration::from_millis(10);
+pub const MAX_FRONT_POLL: Duration = Duration::from_secs(10);
+/// `front.max_waiters` unless configured.
+pub const DEFAULT_FRONT_MAX_WAITERS: u32 = 64;
+/// Upper bound for `front.max_waiters`: each is a held downstream stream.
+pub const MAX_FRONT_MAX_WAITERS: u64 = 10_000;
+pub use crate::consumer::front::{DEFAULT_MAX_HOSTS as DEFAULT_FRONT_MAX_HOSTS, MAX_HOSTS_CEILING};
 
 /// `readmit_slow_start`: how a readmitted host's share ramps up, as
 /// Envoy's `slow_start_config` ramps a new host's weight: the weight is the
@@ -116,6 +129,34 @@ pub struct ConsumerConfig {
     /// How a readmitted host's share ramps up; None (the default): it takes
     /// its full share at once.
     pub readmit_slow_start: Option<SlowStart>,
+    /// The front-proxy role (docs/design/front-proxy-drain.md); None: off.
+    /// Only the listener instance acts on it.
+    pub front: Option<FrontConfig>,
+}
+
+/// `front`: the front-proxy role's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FrontConfig {
+    /// This listener answers `{prefix}/front/...` (a listener the public
+    /// does not reach).
+    pub serve_endpoints: bool,
+    pub closing_ttl: Duration,
+    /// 10ms to 10s.
+    pub poll: Duration,
+    /// 1 to [`MAX_HOSTS_CEILING`].
+    pub max_hosts: usize,
+    pub max_waiters: u32,
+}
+
+impl FrontConfig {
+    /// The limits the host table's transitions read.
+    pub fn limits(&self) -> crate::consumer::front::Limits {
+        crate::consumer::front::Limits {
+            closing_ttl: self.closing_ttl,
+            poll: self.poll,
+            max_hosts: self.max_hosts,
+        }
+    }
 }
 
 /// The configuration as written. Its doc comments and `schemars`
@@ -194,6 +235,38 @@ struct ConsumerDto {
     /// out (the default), it takes its full share at once. While a host ramps, every request to its
     /// cluster is steered.
     readmit_slow_start: Option<SlowStartDto>,
+    /// (added) The front-proxy role, for backends with no sidecar behind this Envoy: a host closes
+    /// itself (`POST /graceful/front/closing` from its own address), is steered away from on every
+    /// worker, and is told once nothing of this Envoy's is in flight to it (`GET
+    /// /graceful/front/drained?wait=`). Needs `admin_cluster`. Only the listener instance acts on
+    /// it; the upstream instance ignores it.
+    front: Option<FrontDto>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default, deny_unknown_fields)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema), schemars(inline))]
+struct FrontDto {
+    /// Answer the front endpoints (`/graceful/front/closing`, `drained`, `serving`, `status`) on
+    /// this listener: set it only on a listener the public does not reach. Elsewhere those paths
+    /// are forwarded like any request.
+    #[cfg_attr(feature = "schema", schemars(extend("default" = false)))]
+    serve_endpoints: Option<bool>,
+    /// How long a closing host stays steered away from without a new `closing`: past it, a host
+    /// listed `HEALTHY` is serving again (a restart this Envoy was not told of).
+    #[cfg_attr(feature = "schema", schemars(with = "PositiveDurationText", extend("default" = contract_duration(DEFAULT_FRONT_CLOSING_TTL))))]
+    closing_ttl: Option<String>,
+    /// How often one VM copy reads each closing host's requests in flight (`rq_active`) from the
+    /// admin's `/clusters`, while a host is not acknowledged: 10ms to 10s.
+    #[cfg_attr(feature = "schema", schemars(with = "DurationText", extend("default" = contract_duration(DEFAULT_FRONT_POLL))))]
+    poll: Option<String>,
+    /// Bound on hosts kept closing at once per Envoy; past it, the oldest acknowledged is
+    /// forgotten, and with none, `closing` answers 503.
+    #[cfg_attr(feature = "schema", schemars(range(min = 1, max = MAX_HOSTS_CEILING), extend("default" = DEFAULT_FRONT_MAX_HOSTS)))]
+    max_hosts: Option<u64>,
+    /// Bound on `drained?wait=` requests held at once per Envoy; more get 429.
+    #[cfg_attr(feature = "schema", schemars(range(max = MAX_FRONT_MAX_WAITERS), extend("default" = DEFAULT_FRONT_MAX_WAITERS)))]
+    max_waiters: Option<u64>,
 }
 
 #[derive(Deserialize)]
@@ -222,6 +295,18 @@ const MEMBERSHIP_REFRESH_RANGE: ParserOnlyRule = ParserOnlyRule {
 };
 
 #[cfg(feature = "schema")]
+const FRONT_POLL_RANGE: ParserOnlyRule = ParserOnlyRule {
+    name: "front_poll_range",
+    rule: "`front.poll` is between 10ms and 10s.",
+};
+
+#[cfg(feature = "schema")]
+const FRONT_NEEDS_ADMIN: ParserOnlyRule = ParserOnlyRule {
+    name: "front_needs_admin_cluster",
+    rule: "`front` requires `admin_cluster`.",
+};
+
+#[cfg(feature = "schema")]
 const DISTINCT_HEADERS: ParserOnlyRule = ParserOnlyRule {
     name: "distinct_headers",
     rule: "`override_host_header` must differ from `closing_headers` and `instance_header`, and `consumer_header` (unless `\"\"`) from all three, compared case-insensitively.",
@@ -238,6 +323,8 @@ impl ConsumerConfig {
             CLUSTER_NAME_BYTES,
             MEMBERSHIP_REFRESH_RANGE,
             DISTINCT_HEADERS,
+            FRONT_POLL_RANGE,
+            FRONT_NEEDS_ADMIN,
         ])
     }
 }
@@ -253,7 +340,7 @@ fn positive(field: &str, d: Duration) -> Result<Duration, ConfigError> {
 impl ConsumerConfig {
     /// Parses and validates the plugin configuration bytes.
     pub fn from_json(bytes: &[u8]) -> Result<Self, ConfigError> {
-        let dto: ConsumerDto = read_dto(bytes, &["readmit_slow_start"])?;
+        let dto: ConsumerDto = read_dto(bytes, &["readmit_slow_start", "front"])?;
         let closing_headers = closing_headers(dto.closing_headers.as_deref())?;
         let instance_header = optional_header_name(
             "instance_header",
@@ -321,6 +408,14 @@ impl ConsumerConfig {
             None => None,
             Some(ss) => Some(slow_start(&ss)?),
         };
+        let front = match &dto.front {
+            None => None,
+            Some(_) if admin_cluster.is_none() => return Err(ConfigError::new(
+                "front",
+                "requires admin_cluster (membership, health and requests in flight come from it)",
+            )),
+            Some(f) => Some(front(f)?),
+        };
         Ok(ConsumerConfig {
             closing_headers,
             instance_header,
@@ -335,8 +430,57 @@ impl ConsumerConfig {
             panic_threshold,
             consumer_header,
             readmit_slow_start,
+            front,
         })
     }
+}
+
+/// `front`'s fields, each refused naming `front.<field>`.
+fn front(dto: &FrontDto) -> Result<FrontConfig, ConfigError> {
+    let closing_ttl = positive(
+        "front.closing_ttl",
+        duration(
+            "front.closing_ttl",
+            dto.closing_ttl.as_deref(),
+            DEFAULT_FRONT_CLOSING_TTL,
+        )?,
+    )?;
+    let poll = duration("front.poll", dto.poll.as_deref(), DEFAULT_FRONT_POLL)?;
+    if !(MIN_FRONT_POLL..=MAX_FRONT_POLL).contains(&poll) {
+        return Err(ConfigError::new(
+            "front.poll",
+            "must be between 10ms and 10s",
+        ));
+    }
+    let max_hosts = match dto.max_hosts {
+        None => DEFAULT_FRONT_MAX_HOSTS,
+        Some(n) => usize::try_from(n)
+            .ok()
+            .filter(|n| (1..=MAX_HOSTS_CEILING).contains(n))
+            .ok_or_else(|| {
+                ConfigError::new(
+                    "front.max_hosts",
+                    format!("{n} is out of range 1..={MAX_HOSTS_CEILING}"),
+                )
+            })?,
+    };
+    let max_waiters = match dto.max_waiters {
+        None => DEFAULT_FRONT_MAX_WAITERS,
+        Some(n) if n <= MAX_FRONT_MAX_WAITERS => n as u32,
+        Some(n) => {
+            return Err(ConfigError::new(
+                "front.max_waiters",
+                format!("{n} is out of range 0..={MAX_FRONT_MAX_WAITERS}"),
+            ))
+        }
+    };
+    Ok(FrontConfig {
+        serve_endpoints: dto.serve_endpoints.unwrap_or(false),
+        closing_ttl,
+        poll,
+        max_hosts,
+        max_waiters,
+    })
 }
 
 /// `closing_headers`: the defaults when absent, else each name validated, in
@@ -451,6 +595,109 @@ mod tests {
         assert_eq!(cfg.panic_threshold, 50);
         assert_eq!(cfg.consumer_header.as_deref(), Some("x-graceful-consumer"));
         assert_eq!(cfg.readmit_slow_start, None, "off unless asked, as Envoy's");
+        assert_eq!(cfg.front, None, "the front role is off unless asked");
+    }
+
+    #[test]
+    fn front_reads_its_defaults_and_every_field() {
+        let cfg = ConsumerConfig::from_json(br#"{"admin_cluster":"admin","front":{}}"#).unwrap();
+        assert_eq!(
+            cfg.front,
+            Some(FrontConfig {
+                serve_endpoints: false,
+                closing_ttl: Duration::from_secs(120),
+                poll: Duration::from_millis(100),
+                max_hosts: 256,
+                max_waiters: 64,
+            })
+        );
+        let cfg = ConsumerConfig::from_json(
+            br#"{"admin_cluster":"admin","front":{"serve_endpoints":true,"closing_ttl":"30s",
+                "poll":"10ms","max_hosts":1024,"max_waiters":0}}"#,
+        )
+        .unwrap();
+        let front = cfg.front.unwrap();
+        assert!(front.serve_endpoints);
+        assert_eq!(front.closing_ttl, Duration::from_secs(30));
+        assert_eq!(front.poll, Duration::from_millis(10));
+        assert_eq!((front.max_hosts, front.max_waiters), (1024, 0));
+        let limits = front.limits();
+        assert_eq!((limits.poll, limits.max_hosts), (front.poll, 1024));
+        let cfg = ConsumerConfig::from_json(br#"{"admin_cluster":"admin","front":{"poll":"10s"}}"#)
+            .unwrap();
+        assert_eq!(cfg.front.unwrap().poll, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn front_errors_name_the_field() {
+        let cases = [
+            (r#"{"front":{}}"#, "front", "requires admin_cluster"),
+            (
+                r#"{"front":{"serve_endpoints":true}}"#,
+                "front",
+                "requires admin_cluster",
+            ),
+            (
+                r#"{"admin_cluster":"a","front":true}"#,
+                "front",
+                "JSON object",
+            ),
+            (
+                r#"{"admin_cluster":"a","front":{"serve_endpoints":"yes"}}"#,
+                "front.serve_endpoints",
+                "invalid type",
+            ),
+            (
+                r#"{"admin_cluster":"a","front":{"closing_ttl":"0s"}}"#,
+                "front.closing_ttl",
+                "above 0s",
+            ),
+            (
+                r#"{"admin_cluster":"a","front":{"closing_ttl":"120"}}"#,
+                "front.closing_ttl",
+                "missing unit",
+            ),
+            (
+                r#"{"admin_cluster":"a","front":{"poll":"9ms"}}"#,
+                "front.poll",
+                "between 10ms and 10s",
+            ),
+            (
+                r#"{"admin_cluster":"a","front":{"poll":"11s"}}"#,
+                "front.poll",
+                "between 10ms and 10s",
+            ),
+            (
+                r#"{"admin_cluster":"a","front":{"max_hosts":0}}"#,
+                "front.max_hosts",
+                "out of range",
+            ),
+            (
+                r#"{"admin_cluster":"a","front":{"max_hosts":1025}}"#,
+                "front.max_hosts",
+                "out of range",
+            ),
+            (
+                r#"{"admin_cluster":"a","front":{"max_waiters":10001}}"#,
+                "front.max_waiters",
+                "out of range",
+            ),
+            (
+                r#"{"admin_cluster":"a","front":{"max_waiters":-1}}"#,
+                "front.max_waiters",
+                "invalid",
+            ),
+            (
+                r#"{"admin_cluster":"a","front":{"hosts":1}}"#,
+                "front.hosts",
+                "unknown field",
+            ),
+        ];
+        for (json, field, reason) in cases {
+            let err = ConsumerConfig::from_json(json.as_bytes()).unwrap_err();
+            assert_eq!(err.field, field, "{json}: {err}");
+            assert!(err.reason.contains(reason), "{json}: {err}");
+        }
     }
 
     #[test]

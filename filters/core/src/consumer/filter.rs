@@ -11,6 +11,14 @@
 //! | stream end | in flight −1 if counted | an attempt with no response and a transport failure reason: connect failure |
 //! | tick | notices unannounced writes; refreshes membership and probes tombstoned hosts (one copy per `membership_refresh`, by lease) | none |
 //! | call answered | admin `/clusters` or a probe's answer | none |
+//! | request headers, `front.serve_endpoints` | first, [`ConsumerFilter::front_request_headers`]: a `/graceful/front/` endpoint is answered or held, and goes no further | none |
+//! | tick, `front` | then [`ConsumerFilter::front_tick`]: the host table refreshed, long-polls answered, one copy per `front.poll` (by lease) reads the admin's view and `rq_active` | none |
+//! | call answered, `front` | first, [`ConsumerFilter::front_call_answered`]: the front's `/clusters` answer | none |
+//! | a held front long-poll woken, its stream ended | [`ConsumerFilter::front_answer_woken`], [`ConsumerFilter::front_release`] | none |
+//!
+//! The front rows are [`crate::consumer::front::serve`]'s (its own table
+//! says what each does); the configuration creates the front's shared keys
+//! for the listener instance only, which alone acts on `front`.
 
 use std::cell::{Cell, RefCell, RefMut};
 use std::collections::HashMap;
@@ -23,7 +31,7 @@ use crate::shared::headers;
 use crate::shared::host::{
     Action, Attribute, CallResponse, Host, HttpCall, Map, StateCell, Stream,
 };
-use crate::shared::keys::Owner;
+use crate::shared::keys::{self, Owner};
 use crate::shared::metrics::Metric;
 
 /// One configured consumer (a listener's, or a cluster's upstream filter).
@@ -50,6 +58,10 @@ pub struct ConsumerCopy {
 impl ConsumerCopy {
     pub fn core(&self) -> &Consumer {
         &self.core
+    }
+
+    pub fn core_mut(&mut self) -> &mut Consumer {
+        &mut self.core
     }
 }
 
@@ -145,7 +157,6 @@ impl Exchange for Fixed {
     }
 }
 
-/// Carries out the core's effects, in order.
 /// Whether an attempt that got no response headers failed to connect: a
 /// refused connection leaves a transport failure reason; a timed-out one
 /// (a host cut off the network) leaves none, but the pool answered it with
@@ -160,7 +171,8 @@ fn failed_to_connect(s: &impl Stream) -> bool {
             && s.attribute(Attribute::UpstreamLocalAddress).is_none())
 }
 
-fn carry_out(h: &(impl Host + ?Sized), effects: Vec<Effect>) {
+/// Carries out the core's effects, in order.
+pub(crate) fn carry_out(h: &(impl Host + ?Sized), effects: Vec<Effect>) {
     for effect in effects {
         match effect {
             Effect::Set(metric, value) => h.metric_set(metric, value),
@@ -180,6 +192,9 @@ impl ConsumerFilter {
     pub fn configure(h: &impl Host, json: &[u8], upstream: bool) -> Result<ConsumerFilter, String> {
         let config = ConsumerConfig::from_json(json).map_err(|e| e.to_string())?;
         crate::initial::create_keys(h, Owner::Consumer)?;
+        if config.front.is_some() && !upstream {
+            crate::initial::create_keys_with(h, Owner::Consumer, Some(keys::FRONT_FIELD))?;
+        }
         let rejected: Vec<&str> = [Metric::ConsumerInflight, Metric::ConsumerGeneration]
             .into_iter()
             .filter(|m| !h.metric_is_kept(*m))

@@ -312,9 +312,16 @@ impl<W> Waiters<W> {
     /// Takes the streams to answer now: all of them once drained, else those
     /// whose wait ran out.
     pub fn take_due(&mut self, drained: bool, now_us: u64) -> Vec<(u32, W)> {
+        self.take_due_by(now_us, |_| drained)
+    }
+
+    /// Takes the streams to answer now: those `ready` says are (the front's
+    /// long-polls each wait for their own host), and those whose wait ran
+    /// out.
+    pub fn take_due_by(&mut self, now_us: u64, mut ready: impl FnMut(&W) -> bool) -> Vec<(u32, W)> {
         let (due, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held)
             .into_iter()
-            .partition(|(_, _, deadline)| drained || now_us >= *deadline);
+            .partition(|(_, wake, deadline)| now_us >= *deadline || ready(wake));
         self.held = keep;
         due.into_iter().map(|(id, wake, _)| (id, wake)).collect()
     }
@@ -557,5 +564,16 @@ mod tests {
         assert!(!w.release(4));
         assert_eq!(w.take_due(true, 0), vec![(3, 'c')]);
         assert!(w.is_empty());
+    }
+
+    #[test]
+    fn waiters_resolve_each_by_its_own_readiness_or_deadline() {
+        let mut w = Waiters::default();
+        w.hold(1, 'a', 100);
+        w.hold(2, 'b', 200);
+        w.hold(3, 'c', 300);
+        assert_eq!(w.take_due_by(0, |c| *c == 'b'), vec![(2, 'b')]);
+        assert_eq!(w.take_due_by(100, |_| false), vec![(1, 'a')]);
+        assert_eq!(w.len(), 1);
     }
 }

@@ -8,6 +8,10 @@
 //! (never read-modify-written) have no initial value and are left absent
 //! until written.
 //!
+//! A key whose [`Key::only_with`] names a config field is created only by
+//! a filter configured with that field (graceful_consumer's `front`): an
+//! Envoy that does not use the role keeps none of its memory.
+//!
 //! The names and encodings are documented in docs/design/shared-data.md and must not
 //! change. Adding a key is one entry here (and in [`ALL`]) plus the test
 //! that pins the exact set.
@@ -44,6 +48,8 @@ pub enum Encoding {
     InstanceId,
     /// [`crate::shared::instance::encode_identity`]: `<header name>\n<instance id>`.
     Identity,
+    /// [`crate::consumer::front::FrontHosts::encode`].
+    FrontHosts,
 }
 
 /// One shared-data key.
@@ -55,6 +61,9 @@ pub struct Key {
     /// The filters that create it at configure time (none: written whole,
     /// so it may stay absent).
     pub created_by: &'static [Owner],
+    /// The config field without which the filters in `created_by` do not
+    /// create it (None: they always do).
+    pub only_with: Option<&'static str>,
 }
 
 const fn key(
@@ -68,8 +77,20 @@ const fn key(
         owner,
         encoding,
         created_by,
+        only_with: None,
     }
 }
+
+/// A key graceful_consumer creates only when `front` is configured.
+const fn front_key(name: &'static str, encoding: Encoding) -> Key {
+    Key {
+        only_with: Some(FRONT_FIELD),
+        ..key(name, Consumer, encoding, &[Consumer])
+    }
+}
+
+/// graceful_consumer's config field that creates the front role's keys.
+pub const FRONT_FIELD: &str = "front";
 
 use Owner::{Consumer, Drain, Provider};
 
@@ -204,6 +225,18 @@ pub const REPORT_DURATIONS: Key = key(
     &[Provider],
 );
 
+/// The front role's host table (docs/design/front-proxy-drain.md §7).
+pub const FRONT_HOSTS: Key = front_key("graceful.v1.front.hosts", Encoding::FrontHosts);
+/// Bumped after every write of [`FRONT_HOSTS`]: a copy decodes the table
+/// again only when it moved.
+pub const FRONT_HOSTS_GEN: Key = front_key("graceful.v1.front.hosts.gen", Encoding::U64);
+/// Lease: one VM copy per `front.poll` reads `rq_active` and the admin's
+/// view of the closing hosts.
+pub const FRONT_POLL_LEASE: Key = front_key("graceful.v1.front.poll_lease", Encoding::U64);
+/// `drained?wait=` long-polls of the front held across the process
+/// (bounded by `front.max_waiters`).
+pub const FRONT_WAITERS: Key = front_key("graceful.v1.front.waiters", Encoding::U64);
+
 /// Every key, in the order filters create them.
 pub const ALL: &[Key] = &[
     RECORD,
@@ -224,6 +257,10 @@ pub const ALL: &[Key] = &[
     CONFIG_NOTICE,
     REPORT_PEERS,
     REPORT_DURATIONS,
+    FRONT_HOSTS,
+    FRONT_HOSTS_GEN,
+    FRONT_POLL_LEASE,
+    FRONT_WAITERS,
 ];
 
 #[cfg(test)]
@@ -240,5 +277,26 @@ mod tests {
                 k.name
             );
         }
+    }
+
+    #[test]
+    fn only_the_front_keys_wait_for_their_field() {
+        let front: Vec<&str> = ALL
+            .iter()
+            .filter(|k| k.only_with == Some(FRONT_FIELD))
+            .map(|k| k.name)
+            .collect();
+        assert_eq!(
+            front,
+            [
+                "graceful.v1.front.hosts",
+                "graceful.v1.front.hosts.gen",
+                "graceful.v1.front.poll_lease",
+                "graceful.v1.front.waiters"
+            ]
+        );
+        assert!(ALL
+            .iter()
+            .all(|k| k.only_with.is_none() || k.owner == Consumer));
     }
 }

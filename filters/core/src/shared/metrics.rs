@@ -66,13 +66,22 @@ pub enum Metric {
     /// The change signal: bumped after every shared write the other copies
     /// must see ([`crate::consumer::decisions`]).
     ConsumerGeneration,
+    /// The front role's hosts not serving (its table's entries).
+    FrontClosing,
+    /// Hosts the front acknowledged (nothing of this Envoy's in flight).
+    FrontAcknowledged,
+    /// Attempts seen at a host after its acknowledgement.
+    FrontLate,
+    /// Front endpoint requests refused (untrusted peer, not a member,
+    /// another host's address).
+    FrontRefused,
 }
 
 use Kind::{Counter, Gauge};
 use Owner::{Consumer, Drain, Provider};
 
 impl Metric {
-    pub const ALL: [Metric; 21] = [
+    pub const ALL: [Metric; 25] = [
         Metric::ProviderInflight,
         Metric::ProviderStarted,
         Metric::ProviderClosingMarked,
@@ -94,6 +103,10 @@ impl Metric {
         Metric::ConsumerSteered,
         Metric::ConsumerReadmitted,
         Metric::ConsumerGeneration,
+        Metric::FrontClosing,
+        Metric::FrontAcknowledged,
+        Metric::FrontLate,
+        Metric::FrontRefused,
     ];
 
     /// Its place in [`Metric::ALL`] (for tables indexed by metric).
@@ -131,6 +144,13 @@ impl Metric {
             Metric::ConsumerSteered => ("graceful_consumer_steered", Counter, Consumer, &[]),
             Metric::ConsumerReadmitted => ("graceful_consumer_readmitted", Counter, Consumer, &[]),
             Metric::ConsumerGeneration => ("graceful_consumer_generation", Counter, Consumer, &[]),
+            // The front role's: graceful_consumer's, defined with its other
+            // metrics (before its config is read, so whether or not `front`
+            // is configured).
+            Metric::FrontClosing => ("graceful_front_closing", Gauge, Consumer, &[]),
+            Metric::FrontAcknowledged => ("graceful_front_acknowledged", Counter, Consumer, &[]),
+            Metric::FrontLate => ("graceful_front_late", Counter, Consumer, &[]),
+            Metric::FrontRefused => ("graceful_front_refused", Counter, Consumer, &[]),
         }
     }
 
@@ -286,7 +306,16 @@ mod tests {
             ]
         );
         assert_eq!(names(Consumer, true), names(Consumer, false));
-        assert_eq!(names(Consumer, false).len(), 8);
+        assert_eq!(names(Consumer, false).len(), 12);
+        assert_eq!(
+            names(Consumer, false)[8..],
+            [
+                "graceful_front_closing",
+                "graceful_front_acknowledged",
+                "graceful_front_late",
+                "graceful_front_refused",
+            ]
+        );
         assert_eq!(
             names(Drain, false),
             [

@@ -2,9 +2,11 @@
 //! docs/design/front-proxy-drain.md §7): a host is an IP (every member at
 //! it: a pod leaves whole), kept IPv4-mapped in 16 bytes. All of a
 //! process's hosts live in one bounded value ([`FrontHosts`], encoded by
-//! [`FrontHosts::encode`]) meant for `graceful.v1.front.hosts`; nothing
-//! reads or writes that key yet (no glue, no config: the slice that wires
-//! the role registers the key).
+//! [`FrontHosts::encode`]) kept in `graceful.v1.front.hosts`, which
+//! graceful_consumer creates when `front` is configured. [`endpoints`]
+//! says what each front endpoint answers; [`serve`] runs the role over the
+//! host traits (the endpoints, the poll of `/clusters`, the held
+//! long-polls), for the glue to call.
 //!
 //! A host with no entry is **serving**; the states stored are closing,
 //! steered and acknowledged. [`FrontHosts::apply`] is the only way in: it
@@ -55,11 +57,14 @@
 //! `u32::MAX`; a read is stored at most `u32::MAX - 1`.
 
 mod codec;
+pub mod endpoints;
+pub mod serve;
 mod status;
 #[cfg(test)]
 mod tests;
 
 pub use codec::{ENTRY_LEN, MAX_HOSTS_CEILING, VERSION};
+pub use serve::FrontCopy;
 pub use status::FrontStatus;
 
 use std::net::{IpAddr, Ipv6Addr};

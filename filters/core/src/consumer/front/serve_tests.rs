@@ -1,0 +1,403 @@
+//! The front role through the mock host: who is answered, what the table
+//! becomes, and the held long-polls.
+
+use std::cell::RefCell;
+use std::time::Duration;
+
+use super::*;
+use crate::shared::mock::{MockAnswer, MockHost, SentReply};
+
+const FRONT: &str = r#"{"admin_cluster":"admin","front":{"serve_endpoints":true,"max_waiters":1}}"#;
+const HOST: &str = "10.0.0.7";
+
+struct Front {
+    h: MockHost,
+    f: ConsumerFilter,
+    copy: RefCell<ConsumerCopy>,
+    front: RefCell<FrontCopy>,
+}
+
+fn front(json: &str, upstream: bool) -> Front {
+    let h = MockHost::new();
+    let f = match ConsumerFilter::configure(&h, json.as_bytes(), upstream) {
+        Ok(f) => f,
+        Err(e) => panic!("configure: {e}"),
+    };
+    let copy = RefCell::new(f.new_copy());
+    Front {
+        h,
+        f,
+        copy,
+        front: RefCell::default(),
+    }
+}
+
+fn ip(text: &str) -> Ipv6Addr {
+    host_ip(text.parse().unwrap())
+}
+
+impl Front {
+    /// A request from `source` (`ip:port`); the reply sent, if any, and
+    /// what the filter said.
+    fn ask(&self, method: &str, path: &str, source: &str) -> (Option<Action>, Option<SentReply>) {
+        self.h.take_replies();
+        self.h
+            .set_map(Map::RequestHeaders, &[(":method", method), (":path", path)]);
+        self.h.set_attribute(Attribute::SourceAddress, source);
+        let next = self
+            .f
+            .front_request_headers(&self.front, &self.copy, &self.h, || (7, ()));
+        (next, self.h.take_replies().pop())
+    }
+
+    fn asked_by_host(&self, method: &str, path: &str) -> SentReply {
+        match self.ask(method, path, &format!("{HOST}:41000")) {
+            (Some(Action::Stop), Some(reply)) => reply,
+            other => panic!("{method} {path}: {other:?}"),
+        }
+    }
+
+    /// Writes `events` about `host` into the table, as a tick would.
+    fn write(&self, host: &str, events: &[Event]) {
+        let fc = self.f.config().front.unwrap();
+        let events: Vec<(Ipv6Addr, Event)> = events.iter().map(|e| (ip(host), *e)).collect();
+        write_events(self.h.store(), &events, self.h.now_us(), &fc).unwrap();
+    }
+
+    /// The table in shared data.
+    fn table(&self) -> FrontHosts {
+        let (bytes, _) = self.h.store().get(FRONT_HOSTS.name).unwrap().unwrap();
+        FrontHosts::decode(&bytes).unwrap()
+    }
+
+    fn tick(&self) -> Vec<u32> {
+        self.f
+            .front_tick(&self.front, &self.copy, &self.h, |_, _| {})
+            .into_iter()
+            .map(|(id, ())| id)
+            .collect()
+    }
+
+    /// The host as the admin lists it `DRAINING`: known to the front.
+    fn draining(&self) {
+        self.write(HOST, &[Event::Listed(Health::Draining)]);
+    }
+
+    /// The host closing, steered, then read idle twice a poll apart.
+    fn acknowledged(&self) {
+        let idle = Event::Read {
+            active: Some(0),
+            guard_clear: true,
+        };
+        self.write(
+            HOST,
+            &[
+                Event::Listed(Health::Draining),
+                Event::Steered { epoch: 0 },
+                idle,
+            ],
+        );
+        self.h.advance(Duration::from_millis(100));
+        self.write(HOST, &[idle]);
+    }
+}
+
+fn json(reply: &SentReply) -> serde_json::Value {
+    serde_json::from_slice(&reply.body).unwrap()
+}
+
+#[test]
+fn the_front_keys_exist_only_where_the_listener_instance_has_front() {
+    let with = front(FRONT, false);
+    assert_eq!(with.table(), FrontHosts::default());
+    for key in [FRONT_HOSTS_GEN, FRONT_POLL_LEASE, FRONT_WAITERS] {
+        assert!(
+            with.h.store().get(key.name).unwrap().is_some(),
+            "{}",
+            key.name
+        );
+    }
+    for (json, upstream) in [("", false), (FRONT, true)] {
+        let without = front(json, upstream);
+        assert_eq!(without.h.store().get(FRONT_HOSTS.name).unwrap(), None);
+        // The upstream instance accepts `front` and ignores it: no
+        // endpoint, no tick.
+        assert_eq!(
+            without.ask("POST", "/graceful/front/closing", "10.0.0.7:41000"),
+            (None, None)
+        );
+        assert!(without.tick().is_empty());
+        assert!(without.h.calls().is_empty());
+    }
+}
+
+#[test]
+fn no_endpoint_is_answered_without_serve_endpoints() {
+    let f = front(r#"{"admin_cluster":"admin","front":{}}"#, false);
+    for (m, p) in [
+        ("POST", "/graceful/front/closing"),
+        ("GET", "/graceful/front/drained?wait=1s"),
+        ("POST", "/graceful/front/serving"),
+        ("GET", "/graceful/front/status"),
+    ] {
+        assert_eq!(f.ask(m, p, "10.0.0.7:41000"), (None, None), "{m} {p}");
+    }
+    assert_eq!(f.h.metric(Metric::FrontRefused), 0);
+}
+
+#[test]
+fn other_paths_pass_on_as_today() {
+    let f = front(FRONT, false);
+    for p in ["/", "/graceful/closing", "/graceful/front/x"] {
+        assert_eq!(f.ask("POST", p, "10.0.0.7:41000"), (None, None), "{p}");
+    }
+}
+
+#[test]
+fn a_forwarded_address_a_non_member_and_another_host_are_refused_and_change_nothing() {
+    let f = front(FRONT, false);
+    f.draining();
+    let before = f.table();
+    // Port 0: Envoy took the address from x-forwarded-for.
+    let forwarded = f
+        .ask("POST", "/graceful/front/closing", "10.0.0.7:0")
+        .1
+        .unwrap();
+    assert_eq!(
+        (forwarded.status, json(&forwarded)["refused"].as_str()),
+        (403, Some("untrusted_peer"))
+    );
+    // The peer equal to the last x-forwarded-for entry, port and all.
+    f.h.set_attribute(Attribute::SourceAddress, "10.0.0.7:41000");
+    f.h.set_request_header("x-forwarded-for", "10.0.0.7:41000");
+    let spoofed =
+        f.f.front_request_headers(&f.front, &f.copy, &f.h, || (7, ()));
+    assert_eq!(spoofed, Some(Action::Stop));
+    assert_eq!(f.h.take_replies().pop().unwrap().status, 403);
+    let stranger = f
+        .ask("POST", "/graceful/front/closing", "10.9.9.9:41000")
+        .1
+        .unwrap();
+    assert_eq!(
+        (stranger.status, json(&stranger)["refused"].as_str()),
+        (403, Some("not_a_member"))
+    );
+    let other = f
+        .ask(
+            "POST",
+            "/graceful/front/closing?host=10.0.0.8",
+            "10.0.0.7:41000",
+        )
+        .1
+        .unwrap();
+    assert_eq!(
+        (other.status, json(&other)["refused"].as_str()),
+        (403, Some("not_your_address"))
+    );
+    assert_eq!(f.h.metric(Metric::FrontRefused), 4);
+    assert_eq!(f.table(), before, "nothing written");
+    assert_eq!(f.h.logs_containing("refused").len(), 1, "one line a minute");
+}
+
+#[test]
+fn closing_from_a_known_host_answers_202_and_writes_the_table() {
+    let f = front(FRONT, false);
+    f.draining();
+    let gen = read_key_u64(f.h.store(), FRONT_HOSTS_GEN.name);
+    let reply = f.asked_by_host("POST", "/graceful/front/closing?host=10.0.0.7");
+    assert_eq!(reply.status, 202);
+    let body = json(&reply);
+    assert_eq!(body["state"], "closing");
+    assert_eq!(body["source"], serde_json::json!(["host", "draining"]));
+    assert_eq!(body["late"], 0);
+    let entry = f.table().get(ip(HOST)).cloned().unwrap();
+    assert_eq!(
+        entry.sources,
+        crate::consumer::front::source::HOST | crate::consumer::front::source::DRAINING
+    );
+    assert!(
+        read_key_u64(f.h.store(), FRONT_HOSTS_GEN.name) > gen,
+        ".gen bumped"
+    );
+    assert_eq!(f.h.metric(Metric::FrontClosing), 1);
+    // Idempotent.
+    assert_eq!(
+        f.asked_by_host("POST", "/graceful/front/closing").status,
+        202
+    );
+    assert_eq!(f.table().hosts().len(), 1);
+}
+
+#[test]
+fn drained_answers_409_when_serving_and_holds_until_acknowledged() {
+    let f = front(FRONT, false);
+    f.draining();
+    let status = f.asked_by_host("GET", "/graceful/front/status");
+    assert_eq!(
+        (status.status, json(&status)["state"].as_str()),
+        (200, Some("closing"))
+    );
+    // No wait: 503 with the status.
+    assert_eq!(
+        f.asked_by_host("GET", "/graceful/front/drained").status,
+        503
+    );
+    let held = f.ask("GET", "/graceful/front/drained?wait=10s", "10.0.0.7:41000");
+    assert_eq!(held, (Some(Action::Stop), None), "held");
+    assert_eq!(f.front.borrow().held(), 1);
+    assert!(f.tick().is_empty(), "not acknowledged yet");
+    f.acknowledged();
+    assert_eq!(f.tick(), [7]);
+    f.f.front_answer_woken(&f.front, &f.h, 7);
+    let reply = f.h.take_replies().pop().unwrap();
+    assert_eq!(reply.status, 200);
+    let body = json(&reply);
+    assert_eq!(body["state"], "acknowledged");
+    assert_eq!(body["inflight_at_closing"], 0);
+    assert_eq!(body["steered_after_ms"], 0);
+    assert_eq!(body["last_active_ms"], 0);
+    assert_eq!(body["late"], 0);
+    assert_eq!(read_key_u64(f.h.store(), FRONT_WAITERS.name), Some(0));
+    // Acknowledged already: answered at once.
+    assert_eq!(
+        f.asked_by_host("GET", "/graceful/front/drained?wait=10s")
+            .status,
+        200
+    );
+}
+
+#[test]
+fn a_held_long_poll_gets_503_at_its_wait_and_429_past_max_waiters() {
+    let f = front(FRONT, false);
+    f.draining();
+    assert_eq!(
+        f.ask("GET", "/graceful/front/drained?wait=1s", "10.0.0.7:41000"),
+        (Some(Action::Stop), None)
+    );
+    let over = f.asked_by_host("GET", "/graceful/front/drained?wait=1s");
+    assert_eq!(
+        (over.status, json(&over)["refused"].as_str()),
+        (429, Some("too_many_waiters"))
+    );
+    f.h.advance(Duration::from_secs(1));
+    assert_eq!(f.tick(), [7]);
+    f.f.front_answer_woken(&f.front, &f.h, 7);
+    let reply = f.h.take_replies().pop().unwrap();
+    assert_eq!(reply.status, 503);
+    // Closing, or steered if the poll found an acceptable host elsewhere.
+    assert!(matches!(
+        json(&reply)["state"].as_str(),
+        Some("closing" | "steered")
+    ));
+    // A client that went away frees its slot.
+    f.ask("GET", "/graceful/front/drained?wait=1s", "10.0.0.7:41000");
+    f.f.front_release(&mut f.front.borrow_mut(), &f.h, 7);
+    assert_eq!(read_key_u64(f.h.store(), FRONT_WAITERS.name), Some(0));
+}
+
+#[test]
+fn serving_lifts_the_host_and_answers_a_held_poll_409() {
+    let f = front(FRONT, false);
+    f.draining();
+    f.ask("GET", "/graceful/front/drained?wait=10s", "10.0.0.7:41000");
+    let reply = f.asked_by_host("POST", "/graceful/front/serving");
+    assert_eq!(
+        (reply.status, json(&reply)["state"].as_str()),
+        (202, Some("serving"))
+    );
+    assert_eq!(f.table(), FrontHosts::default());
+    assert_eq!(f.h.metric(Metric::FrontClosing), 0);
+    assert_eq!(f.tick(), [7]);
+    f.f.front_answer_woken(&f.front, &f.h, 7);
+    assert_eq!(f.h.take_replies().pop().unwrap().status, 409);
+    // Not known any more: a non-member again.
+    assert_eq!(
+        f.asked_by_host("GET", "/graceful/front/drained").status,
+        403
+    );
+}
+
+#[test]
+fn wrong_methods_and_bad_parameters_are_answered_not_forwarded() {
+    let f = front(FRONT, false);
+    let m = f.asked_by_host("GET", "/graceful/front/closing");
+    assert_eq!((m.status, m.header("allow")), (405, Some("POST")));
+    assert_eq!(
+        f.asked_by_host("GET", "/graceful/front/drained?wait=10")
+            .status,
+        400
+    );
+}
+
+#[test]
+fn the_lease_holder_asks_clusters_while_a_host_is_not_acknowledged() {
+    let f = front(FRONT, false);
+    f.tick();
+    assert!(f.h.calls().is_empty(), "nothing closing: no call");
+    f.draining();
+    f.h.advance(Duration::from_millis(100));
+    f.tick();
+    let calls = f.h.take_calls();
+    assert_eq!(calls.len(), 1);
+    assert_eq!(calls[0].cluster, "admin");
+    assert!(calls[0]
+        .header(":path")
+        .unwrap()
+        .starts_with("/clusters?format=json"));
+    // One call in flight at a time; the lease keeps the next poll a poll away.
+    f.tick();
+    assert!(f.h.calls().is_empty());
+    let token = calls[0].token;
+    let answered = f.f.front_call_answered(
+        &f.front,
+        &f.copy,
+        &f.h,
+        token,
+        &MockAnswer::status("200", r#"{"cluster_statuses":[]}"#),
+    );
+    assert!(answered);
+    assert!(!f
+        .f
+        .front_call_answered(&f.front, &f.copy, &f.h, token, &MockAnswer::failed()));
+}
+
+#[test]
+fn a_late_read_counts_and_an_acknowledgement_is_counted_once() {
+    let f = front(FRONT, false);
+    let idle = Event::Read {
+        active: Some(0),
+        guard_clear: true,
+    };
+    let fc = f.f.config().front.unwrap();
+    f.draining();
+    let events = [(ip(HOST), Event::Steered { epoch: 0 }), (ip(HOST), idle)];
+    f.f.front_write(&fc, &f.front, &f.copy, &f.h, &events, f.h.now_us())
+        .unwrap();
+    f.h.advance(Duration::from_millis(100));
+    f.f.front_write(
+        &fc,
+        &f.front,
+        &f.copy,
+        &f.h,
+        &[(ip(HOST), idle)],
+        f.h.now_us(),
+    )
+    .unwrap();
+    assert_eq!(f.h.metric(Metric::FrontAcknowledged), 1);
+    let busy = Event::Read {
+        active: Some(2),
+        guard_clear: true,
+    };
+    f.f.front_write(
+        &fc,
+        &f.front,
+        &f.copy,
+        &f.h,
+        &[(ip(HOST), busy)],
+        f.h.now_us(),
+    )
+    .unwrap();
+    assert_eq!(f.h.metric(Metric::FrontLate), 1);
+    assert_eq!(f.table().get(ip(HOST)).unwrap().late, 1);
+    assert_eq!(f.h.logs_containing("acknowledged").len(), 1);
+}
