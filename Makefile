@@ -17,7 +17,7 @@ ENVOY_VERSION := 1.40.0
 # OLDEST_SUITES on the oldest; make test-envoy ENVOY_AT=<version> runs every suite.
 ENVOY_MINORS := 1.36.4 1.37.0 1.38.2 1.39.3 $(ENVOY_VERSION)
 ENVOY_OLDEST := $(firstword $(ENVOY_MINORS))
-OLDEST_SUITES := provider_drain consumer istio_sidecar drain_report scale_down xds
+OLDEST_SUITES := provider_drain consumer istio_sidecar drain_report scale_down xds front
 ENVOY_AT ?= $(ENVOY_OLDEST)
 # The newest wheel the native module refuses (another dynamic-module ABI:
 # v0.1.0, where the module is built for 1.40's v0.2.0): the native suite shows
@@ -29,7 +29,7 @@ envoy_at = $(VENV)/envoys/$(1)/envoy
 e2e_env_at = GRACEFUL_ENVOY=$(CURDIR)/$(call envoy_at,$(1)) GRACEFUL_DIST=$(CURDIR)/dist DEMO_APP=$(CURDIR)/target/debug/demo-app
 VENV := .venv
 ENVOY := $(VENV)/envoy
-TEMPLATES := $(wildcard envoy/*-sidecar.yaml envoy/bench-*.yaml) envoy/l4-balancer.yaml
+TEMPLATES := $(wildcard envoy/*-sidecar.yaml envoy/bench-*.yaml) envoy/l4-balancer.yaml envoy/front-proxy.yaml
 RENDERED := $(patsubst envoy/%.yaml,target/envoy/%.yaml,$(TEMPLATES))
 COMPOSE_CONFIGS := envoy/compose/provider-1.yaml envoy/compose/provider-2.yaml envoy/compose/provider-3.yaml envoy/compose/consumer.yaml
 CARGO ?= cargo
@@ -162,8 +162,9 @@ validate-envoy: build native envoy render ## envoy --mode validate on every ship
 	@for f in $(RENDERED) $(COMPOSE_CONFIGS) $(wildcard envoy/native/*.yaml); do echo "validate $$f"; $(ENVOY) --mode validate -c $$f --log-level warn >/dev/null || exit 1; done
 
 .PHONY: native-configs
-native-configs: ## regenerate envoy/native/*.yaml (the sidecar templates with the native module) from the templates
+native-configs: ## regenerate envoy/native/*.yaml (the sidecar and front-proxy templates with the native module) from the templates
 	$(CARGO) run --quiet --profile test -p graceful-harness --bin native_configs
+	$(CARGO) run --quiet --profile test -p graceful-harness --bin front_native_config
 
 .PHONY: compose
 compose: ## regenerate the docker harness (envoy/docker-compose.yaml, envoy/compose/) from the templates
@@ -370,7 +371,7 @@ e2e: build native native-panic-probe envoy $(call envoy_at,$(ENVOY_TOO_OLD_FOR_N
 
 # The suites that exercise the filters' behaviour, again on the native
 # module (Istio, Envoy Gateway and the docker harness deliver wasm only).
-NATIVE_SUITES := provider_drain consumer faults hostile demo drain_report scale_down xds prometheus
+NATIVE_SUITES := provider_drain consumer faults hostile demo drain_report scale_down xds prometheus front
 
 .PHONY: e2e-native
 e2e-native: native envoy xds-tools ## the behaviour suites again on the native module (GRACEFUL_DELIVERY=native); its own suite (ABI version, configs, a caught panic) is harness/tests/native.rs in make e2e

@@ -3,13 +3,15 @@
 //! paths ([`envoy`]), the wasm or native delivery ([`native`]), the
 //! template renderer ([`render`]), the test upstream ([`upstream`]), HTTP
 //! clients ([`client`]), a consumer sidecar in front of test upstreams
-//! ([`mesh`]), the open-loop load generator ([`load`]), what a rolling run
+//! ([`mesh`]), front proxies in front of backends with no sidecar
+//! ([`front`]), the open-loop load generator ([`load`]), what a rolling run
 //! reports ([`run_report`]), what `/proc` says of a process
 //! ([`procfs`]), a wall clock stepped in one Envoy alone
 //! ([`wall_step`]) and config over a real xDS stream ([`xds`]).
 
 pub mod client;
 pub mod envoy;
+pub mod front;
 pub mod load;
 pub mod logged;
 pub mod mesh;
