@@ -5,8 +5,11 @@
 //!   apiVersion;
 //! - every document of a built-in Kubernetes API group validates strictly
 //!   (unknown fields refused) with `kubernetes-validate` against several
-//!   Kubernetes versions; documents of other groups (Istio, Envoy Gateway,
-//!   Gateway API) are listed, not validated here;
+//!   Kubernetes versions (the Envoy Gateway front-drain backend and Services
+//!   among them); documents of other groups (Istio, Envoy Gateway, Gateway
+//!   API) are listed, not validated by it; every Istio WasmPlugin (the
+//!   ambient waypoint's among them) is held to the fields and values of
+//!   istio/api's `WasmPlugin` instead;
 //! - the Kubernetes example wires readiness and both preStop hooks to the
 //!   endpoints graceful_drain serves, on the port its Envoy config listens on,
 //!   each hook from an address graceful_drain answers: an `exec` hook inside
@@ -29,6 +32,11 @@ use graceful_harness::support::envoy::repo_root;
 use serde_yaml::Value;
 
 const KUBERNETES_MANIFEST: &str = "examples/kubernetes/provider.yaml";
+/// Envoy Gateway's backends with no sidecar: a Deployment and two Services
+/// (validated here), its policies (checked in examples_envoy_gateway.rs).
+const FRONT_DRAIN: &str = "examples/envoy-gateway/front-drain.yaml";
+/// The WasmPlugin for an ambient waypoint (checked below with the others).
+const WAYPOINT_PLUGIN: &str = "examples/istio/waypoint-wasmplugin.yaml";
 const KUBERNETES_README: &str = "examples/kubernetes/README.md";
 const DRAIN_CONFIG_FILE: &str = "examples/kubernetes/drain-config.json";
 const ENVOY_TEMPLATE: &str = "envoy/provider-sidecar.yaml";
@@ -332,6 +340,22 @@ fn it_validates_every_kubernetes_document_strictly() {
         assert!(
             has(&built_in, KUBERNETES_MANIFEST, kind),
             "no {kind} from {KUBERNETES_MANIFEST} among the documents to validate"
+        );
+    }
+    for kind in ["Deployment", "Service"] {
+        assert!(
+            has(&built_in, FRONT_DRAIN, kind),
+            "no {kind} from {FRONT_DRAIN} among the documents to validate"
+        );
+    }
+    for (path, kind) in [
+        (FRONT_DRAIN, "EnvoyExtensionPolicy"),
+        (FRONT_DRAIN, "EnvoyPatchPolicy"),
+        (WAYPOINT_PLUGIN, "WasmPlugin"),
+    ] {
+        assert!(
+            has(&custom, path, kind),
+            "no {kind} from {path} among the custom resources"
         );
     }
     for kind in ["WasmPlugin", "EnvoyExtensionPolicy"] {
@@ -976,4 +1000,119 @@ fn the_analysis_template_reads_as_argo_rollouts_defines_it_and_every_arg_it_uses
             m.name
         );
     }
+}
+
+/// istio/api `extensions/v1alpha1/wasm.proto`, `WasmPlugin`: its fields as
+/// the CRD names them, and the values of its enums.
+const WASMPLUGIN_FIELDS: &[&str] = &[
+    "selector",
+    "targetRef",
+    "targetRefs",
+    "url",
+    "sha256",
+    "imagePullPolicy",
+    "imagePullSecret",
+    "verificationKey",
+    "pluginConfig",
+    "pluginName",
+    "phase",
+    "priority",
+    "failStrategy",
+    "vmConfig",
+    "match",
+    "type",
+];
+const WASMPLUGIN_ENUMS: &[(&str, &[&str])] = &[
+    (
+        "imagePullPolicy",
+        &["UNSPECIFIED_POLICY", "IfNotPresent", "Always"],
+    ),
+    ("phase", &["UNSPECIFIED_PHASE", "AUTHN", "AUTHZ", "STATS"]),
+    ("failStrategy", &["FAIL_CLOSE", "FAIL_OPEN", "FAIL_RELOAD"]),
+    ("type", &["UNSPECIFIED_PLUGIN_TYPE", "HTTP", "NETWORK"]),
+];
+
+/// kubernetes-validate has no schema for Istio's CRDs: every WasmPlugin is
+/// held here to the fields and values istio/api defines, to its "at most
+/// one of the selector and targetRefs", and to the attachments `targetRefs`
+/// takes (a Gateway of the Gateway API in the same namespace, which is how
+/// a waypoint is reached; a waypoint ignores `selector` policies).
+#[test]
+fn every_wasmplugin_has_only_the_fields_istio_defines() {
+    let plugins: Vec<Doc> = all_documents()
+        .into_iter()
+        .filter(|d| d.kind() == "WasmPlugin")
+        .collect();
+    assert!(
+        plugins.iter().any(|d| d.path == WAYPOINT_PLUGIN),
+        "no WasmPlugin from {WAYPOINT_PLUGIN}"
+    );
+    for d in &plugins {
+        let label = d.label();
+        assert_eq!(d.api_version(), "extensions.istio.io/v1alpha1", "{label}");
+        let spec = d.value["spec"]
+            .as_mapping()
+            .unwrap_or_else(|| panic!("{label}: no spec"));
+        for key in spec.keys() {
+            let key = key.as_str().unwrap_or_default();
+            assert!(
+                WASMPLUGIN_FIELDS.contains(&key),
+                "{label}: spec.{key} is not a WasmPlugin field"
+            );
+        }
+        for (field, values) in WASMPLUGIN_ENUMS {
+            if let Some(v) = spec.get(*field) {
+                let v = v.as_str().unwrap_or_default();
+                assert!(
+                    values.contains(&v),
+                    "{label}: {field}: {v:?} is none of {values:?}"
+                );
+            }
+        }
+        let attached = ["selector", "targetRef", "targetRefs"]
+            .iter()
+            .filter(|f| spec.contains_key(**f))
+            .count();
+        assert!(
+            attached <= 1,
+            "{label}: at most one of selector and targetRefs"
+        );
+        let url = d.value["spec"]["url"].as_str().unwrap_or_default();
+        assert!(
+            ["oci://", "http://", "https://", "file://"]
+                .iter()
+                .any(|s| url.starts_with(s)),
+            "{label}: url {url:?}"
+        );
+        let name = d.value["spec"]["pluginName"].as_str().unwrap_or_default();
+        assert!(!name.is_empty() && name.len() <= 256, "{label}: pluginName");
+        if let Some(refs) = d.value["spec"]["targetRefs"].as_sequence() {
+            assert!(!refs.is_empty() && refs.len() <= 16, "{label}: targetRefs");
+            for r in refs {
+                assert_eq!(r["kind"].as_str(), Some("Gateway"), "{label}: {r:?}");
+                assert_eq!(
+                    r["group"].as_str(),
+                    Some("gateway.networking.k8s.io"),
+                    "{label}: {r:?}"
+                );
+                assert!(r["name"].as_str().is_some_and(|n| !n.is_empty()), "{label}");
+            }
+        }
+    }
+    // The waypoint's: attached by targetRefs, an HTTP filter, no `match`
+    // (a waypoint's traffic has no sidecar direction), no front section.
+    let waypoint = plugins
+        .iter()
+        .find(|d| d.path == WAYPOINT_PLUGIN)
+        .map(|d| &d.value["spec"])
+        .unwrap_or_else(|| panic!("{WAYPOINT_PLUGIN}"));
+    assert!(waypoint["targetRefs"].is_sequence());
+    assert_eq!(waypoint["type"].as_str(), Some("HTTP"));
+    assert!(waypoint.get("match").is_none() && waypoint.get("selector").is_none());
+    assert_eq!(waypoint["pluginName"].as_str(), Some("graceful_consumer"));
+    assert_eq!(waypoint["failStrategy"].as_str(), Some("FAIL_OPEN"));
+    assert!(
+        waypoint["pluginConfig"].get("front").is_none(),
+        "a waypoint cannot serve the front endpoints: it never sees a pod's address"
+    );
 }
