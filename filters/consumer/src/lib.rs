@@ -2,13 +2,20 @@
 //! [`graceful_core::consumer::filter`] forwarded from the SDK's, over the
 //! guest host. What each callback reads, and why that is enough, is the
 //! per-request protocol in [`graceful_core::consumer::decisions`].
+//!
+//! With `front` (the listener instance), each VM copy also keeps a
+//! [`FrontCopy`]: its held `drained?wait=` long-polls are answered from
+//! the root's tick through their context, made effective, as graceful_drain
+//! answers its own; the front's `/clusters` answer comes to the root.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
 
 use graceful_core::consumer::decisions::upstream_from_vm_config;
 use graceful_core::consumer::filter::{ConsumerCopy, ConsumerFilter, ConsumerStream};
+use graceful_core::consumer::front::FrontCopy;
+use graceful_core::shared::host::StateCell;
 use graceful_core::shared::keys::Owner;
 use graceful_guest::{action, CallAnswer, Guest};
 use proxy_wasm::hostcalls;
@@ -30,6 +37,8 @@ struct Shared {
     host: Guest,
     /// This VM copy's caches, observations and calls.
     copy: RefCell<ConsumerCopy>,
+    /// This VM copy's front table, held long-polls and `/clusters` call.
+    front: RefCell<FrontCopy>,
 }
 
 struct ConsumerRoot {
@@ -47,8 +56,13 @@ impl Context for ConsumerRoot {
         _trailers: usize,
     ) {
         if let Some(s) = &self.shared {
-            s.filter
-                .call_answered(&s.copy, &s.host, token, &CallAnswer { body_size });
+            let answer = CallAnswer { body_size };
+            if !s
+                .filter
+                .front_call_answered(&s.front, &s.copy, &s.host, token, &answer)
+            {
+                s.filter.call_answered(&s.copy, &s.host, token, &answer);
+            }
         }
     }
 }
@@ -91,24 +105,45 @@ impl RootContext for ConsumerRoot {
         // to one per membership_refresh): a tick announces the upstream
         // instance's writes where its stats scope is not this one (Envoy
         // 1.36, see Consumer::notice_unannounced).
+        // With `front`, at most `front.poll` too: the poll's lease and the
+        // held long-polls' answers wait for a tick.
         if !self.upstream {
-            graceful_guest::set_tick_period(filter.config().membership_refresh.min(TICK_AT_MOST));
+            let mut period = filter.config().membership_refresh.min(TICK_AT_MOST);
+            if let Some(front) = &filter.config().front {
+                period = period.min(front.poll);
+            }
+            graceful_guest::set_tick_period(period);
         }
         let copy = RefCell::new(filter.new_copy());
-        self.shared = Some(Rc::new(Shared { filter, host, copy }));
+        self.shared = Some(Rc::new(Shared {
+            filter,
+            host,
+            copy,
+            front: RefCell::default(),
+        }));
         true
     }
 
     fn on_tick(&mut self) {
-        if let Some(s) = &self.shared {
-            s.filter.tick(&s.copy, &s.host);
+        let Some(s) = &self.shared else {
+            return;
+        };
+        s.filter.tick(&s.copy, &s.host);
+        for (context_id, ()) in s.filter.front_tick(&s.front, &s.copy, &s.host, |_, _| {}) {
+            // The stream may have gone meanwhile: then the host refuses the
+            // context and there is nobody to answer.
+            if hostcalls::set_effective_context(context_id).is_ok() {
+                s.filter.front_answer_woken(&s.front, &s.host, context_id);
+            }
         }
     }
 
-    fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+    fn create_http_context(&self, context_id: u32) -> Option<Box<dyn HttpContext>> {
         Some(Box::new(WasmStream {
             shared: self.shared.clone(),
             stream: ConsumerStream::default(),
+            context_id,
+            held: Cell::new(false),
         }))
     }
 
@@ -120,15 +155,30 @@ impl RootContext for ConsumerRoot {
 struct WasmStream {
     shared: Option<Rc<Shared>>,
     stream: ConsumerStream,
+    context_id: u32,
+    /// A front long-poll held by this copy: its slot is freed at the end.
+    held: Cell<bool>,
 }
 
 impl Context for WasmStream {}
 
 impl HttpContext for WasmStream {
     fn on_http_request_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
-        self.shared.as_ref().map_or(Action::Continue, |s| {
-            action(s.filter.request_headers(&s.copy, &self.stream, &s.host))
-        })
+        let Some(s) = &self.shared else {
+            return Action::Continue;
+        };
+        let (id, held) = (self.context_id, &self.held);
+        let hold = || {
+            held.set(true);
+            (id, ())
+        };
+        if let Some(next) = s
+            .filter
+            .front_request_headers(&s.front, &s.copy, &s.host, hold)
+        {
+            return action(next);
+        }
+        action(s.filter.request_headers(&s.copy, &self.stream, &s.host))
     }
 
     fn on_http_response_headers(&mut self, _headers: usize, _end_of_stream: bool) -> Action {
@@ -150,6 +200,10 @@ impl Drop for WasmStream {
         if let Some(s) = &self.shared {
             s.filter.stream_end(&self.stream, &s.host);
             s.filter.attempt_done(&s.copy, &self.stream, &s.host);
+            if self.held.get() {
+                let id = self.context_id;
+                s.front.with(|f| s.filter.front_release(f, &s.host, id));
+            }
         }
     }
 }

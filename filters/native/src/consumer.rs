@@ -10,6 +10,7 @@
 //! | `graceful_consumer` with VM configuration `upstream` | `filter_name: graceful_consumer:upstream` |
 //! | an attempt that failed to connect: `on_done` with a transport failure reason | an attempt that ended without response headers (below) |
 //! | a probe that could not connect: its attempt's `on_done` | the probe callout's answer carries no `:status` |
+//! | `front`: a `FrontCopy` per VM copy, held long-polls answered from its tick through their context | one `FrontCopy` for the config (workers answer endpoints, the main thread ticks), each held long-poll woken by committing its stream's scheduler; the timer ticks every `front.poll` at most |
 //!
 //! Envoy 1.40 calls no hook with a filter pointer when an upstream filter's
 //! attempt ends without response headers (`stream_complete` is not called
@@ -47,15 +48,16 @@
 use std::cell::{Cell, RefCell};
 use std::collections::HashSet;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use graceful_core::consumer::filter::{ConsumerCopy, ConsumerFilter, ConsumerStream as Core};
-use graceful_core::shared::host::{Attribute, Stream as _};
+use graceful_core::consumer::front::FrontCopy;
+use graceful_core::shared::host::{Attribute, StateCell, Stream as _};
 use graceful_core::shared::keys::Owner;
 
-use crate::abi::{self, Stream, CONTINUE};
-use crate::copies::{PerWorker, WorkerOf};
+use crate::abi::{self, Stream, StreamScheduler, CONTINUE};
+use crate::copies::{Guarded, PerWorker, WorkerOf};
 use crate::hooks::{code, Event};
 use crate::host::{CalloutAnswer, Ids, Native};
 use crate::timer::Timer;
@@ -65,6 +67,12 @@ pub const STREAM_TOKEN: &str = "graceful.consumer.stream";
 
 /// The next stream token: unique in the process (2^64 streams).
 static NEXT_TOKEN: AtomicU64 = AtomicU64::new(1);
+
+/// A held front long-poll's stream scheduler's only event.
+const EVENT_ANSWER: u64 = 1;
+
+/// The next front long-poll id.
+static NEXT_WAITER: AtomicU32 = AtomicU32::new(1);
 
 /// An upstream instance has been configured in this process: from then on
 /// the listener instance's streams carry tokens (never cleared: a config
@@ -112,6 +120,9 @@ pub struct Config {
     ids: Ids,
     /// One per worker, then the main thread's.
     copies: PerWorker<ConsumerCopy>,
+    /// The front role's one copy (rebuilt after a panic, `copies.rs`): its
+    /// long-polls' wake handles are their streams' schedulers, owned here.
+    front: Guarded<FrontCopy<StreamScheduler>>,
     /// Membership refreshes and probes are the listener instance's.
     _timer: Option<Timer>,
 }
@@ -133,29 +144,49 @@ impl Config {
             UPSTREAM_CONFIGURED.store(true, Relaxed);
             None
         } else {
-            let period = filter.config().membership_refresh;
+            // With `front`, every `front.poll` at most: the poll's lease and
+            // the held long-polls' answers wait for a tick (the membership
+            // refresh keeps to its own period by lease).
+            let mut period = filter.config().membership_refresh;
+            if let Some(front) = &filter.config().front {
+                period = period.min(front.poll);
+            }
             Some(Timer::start(envoy, "graceful-consumer", period)?)
         };
         Ok(Config {
             filter,
             ids,
             copies,
+            front: Guarded::new(FrontCopy::default),
             _timer: timer,
         })
     }
 
-    /// The membership timer's tick, on the main thread.
+    /// The timer's tick, on the main thread: the consumer's, then the
+    /// front's (a woken long-poll's scheduler is dropped, deleted, after
+    /// its commit).
     pub fn tick(&self, envoy: &abi::Config<'_>) {
         let h = Native::config(envoy, &self.ids);
-        self.filter.tick(self.copies.main_thread(), &h);
+        let copy = self.copies.main_thread();
+        self.filter.tick(copy, &h);
+        self.filter
+            .front_tick(&self.front, copy, &h, |_, scheduler| {
+                scheduler.commit(EVENT_ANSWER)
+            });
     }
 
-    /// An answer to a membership refresh or a probe (main thread).
+    /// An answer to a membership refresh, a probe or the front's
+    /// `/clusters` call (main thread).
     pub fn callout_done(&self, envoy: &abi::Config<'_>, id: u64, answer: &CalloutAnswer) {
         let h = Native::config(envoy, &self.ids);
         let token = u32::try_from(id).unwrap_or(u32::MAX);
-        self.filter
-            .call_answered(self.copies.main_thread(), &h, token, answer);
+        let copy = self.copies.main_thread();
+        if !self
+            .filter
+            .front_call_answered(&self.front, copy, &h, token, answer)
+        {
+            self.filter.call_answered(copy, &h, token, answer);
+        }
     }
 }
 
@@ -169,6 +200,8 @@ pub struct ConsumerStream {
     live: Cell<Option<u64>>,
     /// The worker the stream runs on, once asked.
     worker: WorkerOf,
+    /// A held front long-poll's id.
+    waiting: Cell<Option<u32>>,
 }
 
 /// An upstream attempt: where it went, for which request.
@@ -202,11 +235,26 @@ impl ConsumerStream {
                 c.filter.stream_end(&self.core, &h);
                 CONTINUE
             }
-            Event::Scheduled => CONTINUE,
+            // The tick woke this stream's front long-poll.
+            Event::Scheduled => {
+                if let Some(id) = self.waiting.get() {
+                    c.filter.front_answer_woken(&c.front, &h, id);
+                }
+                CONTINUE
+            }
         }
     }
 
     fn request_headers(&self, c: &Config, h: &Native) -> u32 {
+        let copy = c.copies.of_stream(&self.worker, h);
+        let hold = || {
+            let id = NEXT_WAITER.fetch_add(1, Relaxed);
+            self.waiting.set(Some(id));
+            (id, h.scheduler())
+        };
+        if let Some(next) = c.filter.front_request_headers(&c.front, copy, h, hold) {
+            return code(next);
+        }
         let next = c
             .filter
             .request_headers(c.copies.of_stream(&self.worker, h), &self.core, h);
@@ -245,6 +293,10 @@ impl ConsumerStream {
     pub fn destroy(&self, c: &Config) {
         self.leave_live();
         let h = Native::detached(&c.ids);
+        // A front long-poll not answered yet frees its slot and scheduler.
+        if let Some(id) = self.waiting.take() {
+            c.front.with(|f| c.filter.front_release(f, &h, id));
+        }
         c.filter.stream_end(&self.core, &h);
         let Some(a) = self.attempt.take() else {
             return;

@@ -374,6 +374,93 @@ fn an_outsider_reads_no_drain_endpoint_and_holds_no_scheduler() {
     f.destroy();
 }
 
+/// Writes the front's host table with `host` closing (the admin lists it
+/// `DRAINING`), then, with `acknowledged`, steered and read idle twice a
+/// poll apart, as the lease holder's polls would, and bumps `.gen`.
+fn front_table(host: &str, acknowledged: bool) {
+    use graceful_core::consumer::front::{host_ip, Event, FrontHosts, Health, Limits};
+    use graceful_core::shared::keys::{FRONT_HOSTS, FRONT_HOSTS_GEN};
+    use graceful_core::shared::store::{add_bounded, SharedStore};
+    let limits = Limits {
+        closing_ttl: Duration::from_secs(120),
+        poll: Duration::from_millis(10),
+        max_hosts: 256,
+    };
+    let ip = host_ip(host.parse().unwrap());
+    let now = crate::clock::monotonic_us();
+    let mut table = FrontHosts::default();
+    table.apply(ip, Event::Listed(Health::Draining), now, &limits);
+    if acknowledged {
+        let idle = Event::Read {
+            active: Some(0),
+            guard_clear: true,
+        };
+        table.apply(ip, Event::Steered { epoch: 0 }, now, &limits);
+        table.apply(ip, idle, now, &limits);
+        table.apply(ip, idle, now + 10_000, &limits);
+    }
+    let store = &crate::host::STORE;
+    store.set(FRONT_HOSTS.name, &table.encode(), 0).unwrap();
+    add_bounded(store, FRONT_HOSTS_GEN.name, 1, u64::MAX).unwrap();
+}
+
+#[test]
+fn a_front_long_poll_is_held_woken_by_a_tick_once_acknowledged_and_answered_200() {
+    let _world = fake_envoy::world();
+    let front = Loaded::new(
+        "graceful_consumer",
+        r#"{"admin_cluster":"envoy_admin","front":{"serve_endpoints":true,"poll":"10ms"}}"#,
+    )
+    .expect("configured");
+    front_table("10.77.0.7", false);
+    let live_before = fake_envoy::live_schedulers();
+    let s = get("/graceful/front/drained?wait=30s");
+    s.set_attribute(abi::ATTR_SOURCE_ADDRESS, "10.77.0.7:41000");
+    let f = front.filter();
+    assert_eq!(f.request_headers(&s), STOP_ITERATION);
+    assert!(s.sent.borrow().is_none(), "held, not answered");
+    assert_eq!(fake_envoy::live_schedulers(), live_before + 1);
+    front.tick();
+    assert!(
+        s.commits.lock().unwrap().is_empty(),
+        "woken before acknowledged"
+    );
+
+    front_table("10.77.0.7", true);
+    front.tick();
+    assert_eq!(*s.commits.lock().unwrap(), [1]);
+    assert_eq!(
+        fake_envoy::live_schedulers(),
+        live_before,
+        "the woken stream's scheduler was not deleted"
+    );
+    f.scheduled(&s);
+    let sent = s.sent.borrow().clone().expect("answered when woken");
+    assert_eq!(sent.status, 200);
+    let body = String::from_utf8_lossy(&sent.body);
+    assert!(body.contains(r#""state":"acknowledged""#), "{body}");
+    assert!(body.contains(r#""late":0"#), "{body}");
+    f.destroy();
+
+    // A listener without serve_endpoints answers none of them.
+    let public = Loaded::new(
+        "graceful_consumer",
+        r#"{"admin_cluster":"envoy_admin","front":{}}"#,
+    )
+    .expect("configured");
+    let s = get("/graceful/front/status");
+    s.set_attribute(abi::ATTR_SOURCE_ADDRESS, "10.77.0.7:41000");
+    let f = public.filter();
+    assert_eq!(f.request_headers(&s), CONTINUE);
+    assert!(s.sent.borrow().is_none());
+    f.destroy();
+    assert!(
+        fake_envoy::misuse().is_empty(),
+        "{:?}",
+        fake_envoy::misuse()
+    );
+}
+
 /// A listener stream and one upstream attempt of it, sharing filter state
 /// as a request's `StreamInfo` is shared.
 fn request_and_attempt(host: &str) -> (FakeStream, FakeStream) {
