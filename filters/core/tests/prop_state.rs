@@ -12,7 +12,7 @@ use graceful_core::consumer::steering::{
     plan, probe_observation, probe_targets, Member, Membership, Rules, Steering,
     MAX_OVERRIDE_HOSTS, MAX_PROBES,
 };
-use graceful_core::consumer::tombstone::{Change, Observation, Tombstones, Ttls};
+use graceful_core::consumer::tombstone::{Cause, Change, Observation, Tombstones, Ttls};
 use graceful_core::drain::endpoints::Waiters;
 use graceful_core::drain::record::{self, InstanceRecord};
 use graceful_core::shared::store::{add_bounded, take_lease, update, MemStore, SharedStore};
@@ -34,7 +34,14 @@ enum Obs {
     Closing(usize, Option<usize>),
     Failure(usize),
     Answered(usize, Option<usize>),
+    /// The host told the front it is closing (announced, for [`ANNOUNCED_US`]).
+    Announced(usize),
+    /// The host said `serving`: its announced tombstone lifted.
+    Lifted(usize),
 }
+
+/// How long an announced tombstone lives here (a front's `closing_ttl`).
+const ANNOUNCED_US: u64 = 120 * S;
 
 const ADDRESSES: [&str; 6] = [
     "10.0.0.1:80",
@@ -56,6 +63,7 @@ fn obs() -> impl Strategy<Value = Obs> {
     ]
 }
 
+/// The observation `o` is; the front's events are none (see [`apply`]).
 fn observation(o: &Obs) -> Observation<'static> {
     let inst = |i: &Option<usize>| i.map(|i| INSTANCES[i]);
     match o {
@@ -72,12 +80,46 @@ fn observation(o: &Obs) -> Observation<'static> {
             address: ADDRESSES[*a],
             instance: inst(i),
         },
+        // Not observations ([`apply`] takes them apart): an answer without
+        // an id stands in.
+        Obs::Announced(a) | Obs::Lifted(a) => Observation::Answered {
+            address: ADDRESSES[*a],
+            instance: None,
+        },
     }
 }
 
 fn address_of(o: &Obs) -> &'static str {
     match o {
-        Obs::Closing(a, _) | Obs::Failure(a) | Obs::Answered(a, _) => ADDRESSES[*a],
+        Obs::Closing(a, _)
+        | Obs::Failure(a)
+        | Obs::Answered(a, _)
+        | Obs::Announced(a)
+        | Obs::Lifted(a) => ADDRESSES[*a],
+    }
+}
+
+/// Observations and the front's events alike.
+fn event() -> impl Strategy<Value = Obs> {
+    let addr = 0..ADDRESSES.len();
+    prop_oneof![
+        4 => obs(),
+        1 => addr.clone().prop_map(Obs::Announced),
+        1 => addr.prop_map(Obs::Lifted),
+    ]
+}
+
+/// Applies `o` to `list` as the consumer would: an observation, or the
+/// front's announce or lift (a lift that removed something is a
+/// readmission here).
+fn apply(list: &mut Tombstones, o: &Obs, ttls: &Ttls, now: u64, max: usize) -> Change {
+    match o {
+        Obs::Announced(a) => list.announce("svc", ADDRESSES[*a], now, now + ANNOUNCED_US, max),
+        Obs::Lifted(a) => match list.lift_announced(now, |x| x == ADDRESSES[*a]) {
+            0 => Change::Unchanged,
+            _ => Change::Readmitted,
+        },
+        o => list.observe(&observation(o), ttls, now, max),
     }
 }
 
@@ -89,13 +131,16 @@ fn ttls() -> impl Strategy<Value = Ttls> {
     })
 }
 
+/// Members, about 1 in 10 listed `DRAINING` (so not usable), 1 in 10
+/// otherwise unusable.
 fn members() -> impl Strategy<Value = Vec<Member>> {
-    prop::collection::vec((0..ADDRESSES.len(), prop::bool::weighted(0.8)), 0..8).prop_map(|v| {
+    prop::collection::vec((0..ADDRESSES.len(), 0u8..10), 0..8).prop_map(|v| {
         v.into_iter()
-            .map(|(a, usable)| Member {
+            .map(|(a, health)| Member {
                 priority: 0,
                 address: ADDRESSES[a].to_string(),
-                usable,
+                usable: health >= 2,
+                draining: health == 0,
                 seen_s: 0,
             })
             .collect()
@@ -109,7 +154,7 @@ proptest! {
     fn tombstones_keep_their_rules_under_any_observations(
         ttls in ttls(),
         max in 1usize..5,
-        steps in prop::collection::vec((0..10 * S, obs()), 1..50),
+        steps in prop::collection::vec((0..10 * S, event()), 1..50),
     ) {
         let mut list = Tombstones::default();
         let mut now = 0;
@@ -118,7 +163,7 @@ proptest! {
             let before = list.clone();
             let address = address_of(o);
             let live_before = before.get_live(address, now).cloned();
-            let change = list.observe(&observation(o), &ttls, now, max);
+            let change = apply(&mut list, o, &ttls, now, max);
             let after = list.get_live(address, now);
             prop_assert!(list.entries().len() <= max.max(before.entries().len()));
             if change != Change::Unchanged {
@@ -134,8 +179,12 @@ proptest! {
             match change {
                 Change::Unchanged => prop_assert_eq!(&list, &before, "{:?} said Unchanged but changed the list", o),
                 Change::Readmitted => {
-                    prop_assert!(matches!(o, Obs::Answered(_, Some(_))));
+                    prop_assert!(matches!(o, Obs::Answered(_, Some(_)) | Obs::Lifted(_)));
                     prop_assert!(live_before.is_some() && after.is_none());
+                    // Only a lift ends an announced tombstone; a lift ends
+                    // nothing else.
+                    let announced = live_before.as_ref().is_some_and(|t| t.cause == Cause::Announced);
+                    prop_assert_eq!(announced, matches!(o, Obs::Lifted(_)), "{:?} readmitted {:?}", o, live_before);
                 }
                 Change::Extended => {
                     let (old, new) = (live_before.clone().unwrap(), after.unwrap());
@@ -148,16 +197,29 @@ proptest! {
                 }
                 Change::Evicted => {
                     prop_assert!(!matches!(o, Obs::Answered(..)));
+                    prop_assert!(!matches!(o, Obs::Lifted(_)));
                     match after {
                         Some(t) => {
-                            let ttl = if matches!(o, Obs::Failure(_)) { ttls.failure } else { ttls.closing };
-                            prop_assert_eq!(t.expires_us, now + us(ttl));
+                            let ttl = match o {
+                                Obs::Failure(_) => us(ttls.failure),
+                                Obs::Announced(_) => ANNOUNCED_US,
+                                _ => us(ttls.closing),
+                            };
+                            prop_assert_eq!(t.expires_us, now + ttl);
                         }
                         // Evicted but not kept: the list was full of entries
                         // expiring no earlier.
                         None => prop_assert_eq!(list.entries().len(), max),
                     }
                 }
+            }
+            // An announced tombstone keeps its cause through any
+            // observation; an announce always leaves one.
+            if live_before.as_ref().is_some_and(|t| t.cause == Cause::Announced) && !matches!(o, Obs::Lifted(_)) {
+                prop_assert_eq!(after.map(|t| t.cause), Some(Cause::Announced), "{:?}", o);
+            }
+            if matches!(o, Obs::Announced(_)) && after.is_some() {
+                prop_assert_eq!(after.map(|t| (t.cause, t.trial)), Some((Cause::Announced, None)));
             }
             if let (Obs::Answered(_, None), Some(t)) = (o, &live_before) {
                 prop_assert!(
@@ -193,29 +255,63 @@ proptest! {
         }
     }
 
+    #[test]
+    fn an_announced_host_stays_evicted_until_lifted_or_expired_whatever_it_answers(
+        ttls in ttls(),
+        later in prop::collection::vec((0..5 * S, obs()), 0..30),
+        lift_at in prop::option::of(0usize..30),
+    ) {
+        let mut list = Tombstones::default();
+        let addr = ADDRESSES[0];
+        list.announce("svc", addr, 0, ANNOUNCED_US, 16);
+        let mut now = 0;
+        for (i, (dt, o)) in later.iter().enumerate() {
+            now += dt;
+            if lift_at == Some(i) {
+                prop_assert_eq!(list.lift_announced(now, |a| a == addr), 1);
+                prop_assert!(list.get_live(addr, now).is_none());
+                return Ok(());
+            }
+            list.observe(&observation(o), &ttls, now, 16);
+            // As if a last resort's answer readmitted another host.
+            list.vouch("svc", 0, now);
+            if now >= ANNOUNCED_US {
+                return Ok(());
+            }
+            prop_assert!(
+                probe_targets(&list, &Membership::default(), now).iter().all(|t| t.address != addr),
+                "an announced host probed"
+            );
+            let t = list.get_live(addr, now);
+            prop_assert!(t.is_some_and(|t| t.cause == Cause::Announced && t.trial.is_none()), "{:?} after {:?}", t, o);
+        }
+    }
+
     // ---- steering ---------------------------------------------------------
 
     #[test]
     fn steering_names_only_usable_live_members_rotating_over_all_of_them(
         members in members(),
-        tomb in prop::collection::vec((0..ADDRESSES.len(), prop::bool::ANY), 0..4),
+        tomb in prop::collection::vec((0..ADDRESSES.len(), 0u8..3), 0..4),
         ask_other_cluster in any::<bool>(),
         now in 0..40 * S,
         rotation in any::<usize>(),
     ) {
         let mut list = Tombstones::default();
-        for (a, closing) in &tomb {
-            let o = if *closing {
-                Observation::Closing { cluster: "svc", address: ADDRESSES[*a], instance: Some("i") }
-            } else {
-                Observation::ConnectFailure { cluster: "svc", address: ADDRESSES[*a] }
+        for (a, cause) in &tomb {
+            let ttls = Ttls { closing: Duration::from_secs(30), failure: Duration::from_secs(5), warming: None };
+            let address = ADDRESSES[*a];
+            match cause {
+                0 => list.observe(&Observation::Closing { cluster: "svc", address, instance: Some("i") }, &ttls, 0, 64),
+                1 => list.observe(&Observation::ConnectFailure { cluster: "svc", address }, &ttls, 0, 64),
+                _ => list.announce("svc", address, 0, 20 * S, 64),
             };
-            list.observe(&o, &Ttls { closing: Duration::from_secs(30), failure: Duration::from_secs(5), warming: None }, 0, 64);
         }
         let cluster = if ask_other_cluster { "other" } else { "svc" };
         let live: Vec<&str> = list.live(now).map(|t| t.address.as_str()).collect();
+        // A member listed `DRAINING` steers its cluster as a tombstone does.
         let concerned = (!live.is_empty() && cluster == "svc")
-            || members.iter().any(|m| live.contains(&m.address.as_str()));
+            || members.iter().any(|m| live.contains(&m.address.as_str()) || m.draining);
         let mut acceptable: Vec<&str> = Vec::new();
         for m in &members {
             if m.usable && !live.contains(&m.address.as_str()) && !acceptable.contains(&m.address.as_str()) {
@@ -235,6 +331,8 @@ proptest! {
                 prop_assert_eq!(named[0], acceptable[rotation % acceptable.len()]);
                 for (i, n) in named.iter().enumerate() {
                     prop_assert!(acceptable.contains(n), "{n} named");
+                    // (An address listed twice may be usable once.)
+                    prop_assert!(!members.iter().filter(|m| m.address == *n).all(|m| m.draining), "{n} is draining");
                     prop_assert!(!named[..i].contains(n), "{n} twice");
                 }
             }
@@ -275,13 +373,17 @@ proptest! {
 
     #[test]
     fn probe_targets_are_live_member_tombstones_and_bounded(
-        tomb in prop::collection::vec((0..ADDRESSES.len(), 0u64..3), 0..ADDRESSES.len()),
+        tomb in prop::collection::vec((0..ADDRESSES.len(), 0u64..4), 0..ADDRESSES.len()),
         known in prop::option::of(prop::collection::vec(0..ADDRESSES.len(), 0..6)),
         now in 0..40 * S,
     ) {
         let mut list = Tombstones::default();
         for (a, c) in &tomb {
-            let cluster = ["svc", "", "other"][*c as usize];
+            let cluster = ["svc", "", "other", "svc"][*c as usize];
+            if *c == 3 {
+                list.announce(cluster, ADDRESSES[*a], 0, 30 * S, 64);
+                continue;
+            }
             list.observe(
                 &Observation::Closing { cluster, address: ADDRESSES[*a], instance: Some("i") },
                 &Ttls { closing: Duration::from_secs(30), failure: Duration::from_secs(5), warming: None },
@@ -300,13 +402,14 @@ proptest! {
         prop_assert!(targets.len() <= MAX_PROBES);
         for t in &targets {
             prop_assert!(t.expires_us > now && !t.cluster.is_empty());
+            prop_assert!(t.cause != Cause::Announced, "an announced host probed");
             if let (Some(known), "svc") = (&known, t.cluster.as_str()) {
                 prop_assert!(known.iter().any(|a| ADDRESSES[*a] == t.address));
             }
         }
         let expected = list
             .live(now)
-            .filter(|t| !t.cluster.is_empty())
+            .filter(|t| !t.cluster.is_empty() && t.cause != Cause::Announced)
             .filter(|t| t.cluster != "svc" || known.as_ref().is_none_or(|k| k.iter().any(|a| ADDRESSES[*a] == t.address)))
             .count();
         prop_assert_eq!(targets.len(), expected.min(MAX_PROBES));

@@ -34,6 +34,30 @@
 //! | live, instance unknown    | answered by any instance           | removed (readmitted: it answers again)       | yes     |
 //! | live, instance I          | answered by I, or without an id    | kept                                         | no      |
 //!
+//! # Announced tombstones (the front-proxy role)
+//!
+//! A host with no sidecar tells a front Envoy it is closing
+//! ([`Tombstones::announce`], docs/design/front-proxy-drain.md §2). Such a
+//! host answers without an instance id while it drains, so no answer may
+//! lift its tombstone: only the host's own `serving`
+//! ([`Tombstones::lift_announced`]) or the expiry does.
+//!
+//! | tombstone for the address | event                              | result                                       | written |
+//! |---------------------------|------------------------------------|----------------------------------------------|---------|
+//! | none or expired           | announced until U                  | new: cause announced, expires U, confirmed now (evicted) | yes |
+//! | live, closing or connect failure | announced until U           | cause announced, off trial, expires at the later of its own and U, confirmed now (extended) | yes |
+//! | live, announced           | announced until U                  | expiry pushed to U if later, confirmed now   | if ≥ 1 s later |
+//! | live, announced           | closing (any instance, or unknown) | cause kept; expiry pushed to now + ttl if later, confirmed now | if ≥ 1 s later |
+//! | live, announced           | connect failure                    | cause kept; expiry pushed to now + failure ttl if later; confirmed kept | if ≥ 1 s later |
+//! | live, announced           | answered (any instance, new or not, or without an id; a probe's answer too) | kept | no |
+//! | live, announced           | lifted (`serving`)                 | removed                                      | yes     |
+//! | live, closing or connect failure | lifted                      | kept (only announced tombstones are lifted)  | no      |
+//!
+//! An announced tombstone is never probed ([`crate::consumer::steering::probe_targets`]:
+//! nothing a probe answers could lift it) and never put on trial
+//! ([`Tombstones::vouch`] takes closing tombstones only; the panic floor
+//! only refused ones).
+//!
 //! After every change, expired entries are dropped, and if more than
 //! `max_tombstones` remain, those expiring first are dropped.
 //!
@@ -99,6 +123,9 @@ pub enum Cause {
     Closing,
     /// Connecting to it failed, or the connection dropped before a response.
     ConnectFailure,
+    /// The host told this front Envoy it is closing (the front-proxy role):
+    /// no answer lifts it, only [`Tombstones::lift_announced`] or expiry.
+    Announced,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -249,8 +276,18 @@ impl Tombstones {
         match obs {
             Observation::Answered { address, instance } => {
                 self.get_live(address, now_us).is_some_and(|t| {
-                    instance.is_some_and(|i| t.instance.is_empty() || t.instance != i)
+                    t.cause != Cause::Announced
+                        && instance.is_some_and(|i| t.instance.is_empty() || t.instance != i)
                 })
+            }
+            Observation::Closing { address, .. }
+                if self
+                    .get_live(address, now_us)
+                    .is_some_and(|t| t.cause == Cause::Announced) =>
+            {
+                // The cause stays announced: only more life is news.
+                self.get_live(address, now_us)
+                    .is_some_and(|t| extends(t, ttls.closing))
             }
             Observation::Closing {
                 address, instance, ..
@@ -310,77 +347,91 @@ impl Tombstones {
                 });
                 Change::Evicted
             }
-            (Some(i), obs) => {
-                let Some(t) = self.entries.get_mut(i) else {
-                    return Change::Unchanged;
-                };
-                match obs {
-                    Observation::Closing {
-                        instance: Some(j), ..
-                    } if !t.instance.is_empty() && t.instance != *j => {
-                        t.instance = bounded(j, MAX_INSTANCE);
-                        t.expires_us = now_us.saturating_add(micros(ttls.closing));
-                        t.confirmed_us = now_us;
-                        t.cause = Cause::Closing;
-                        t.trial = None;
-                        Change::Evicted
-                    }
-                    Observation::Closing { instance, .. } => {
-                        // Learning the instance or that the host is closing
-                        // (not just unreachable), or ending a trial, is a
-                        // change worth storing even when the expiry stays.
-                        let mut learned = t.cause != Cause::Closing || t.trial.is_some();
-                        if t.instance.is_empty() {
-                            t.instance = bounded(instance.unwrap_or(""), MAX_INSTANCE);
-                            learned |= !t.instance.is_empty();
-                        }
-                        t.cause = Cause::Closing;
-                        t.trial = None;
-                        let change = match extend(t, now_us.saturating_add(micros(ttls.closing))) {
-                            Change::Unchanged if learned => Change::Extended,
-                            change => change,
-                        };
-                        if change != Change::Unchanged {
-                            t.confirmed_us = now_us;
-                        }
-                        change
-                    }
-                    Observation::ConnectFailure { .. } => {
-                        let change = extend(t, now_us.saturating_add(micros(ttls.failure)));
-                        // A refusal confirms a refusal, not a closing mark.
-                        if change != Change::Unchanged && t.cause == Cause::ConnectFailure {
-                            t.confirmed_us = now_us;
-                        }
-                        change
-                    }
-                    Observation::Answered { instance, .. } => {
-                        let new_instance = match instance {
-                            Some(j) => t.instance.is_empty() || t.instance != *j,
-                            None => false,
-                        };
-                        if new_instance {
-                            let t = self.entries.remove(i);
-                            if let Some(window) = ttls.warming {
-                                self.warming.retain(|w| w.address != t.address);
-                                self.warming.push(Warming {
-                                    since_us: now_us,
-                                    until_us: now_us.saturating_add(micros(window)),
-                                    address: t.address,
-                                    cluster: t.cluster,
-                                });
-                            }
-                            Change::Readmitted
-                        } else {
-                            Change::Unchanged
-                        }
-                    }
-                }
-            }
+            (Some(i), obs) => self.observe_live(i, obs, ttls, now_us),
         };
         if change != Change::Unchanged {
             self.compact(now_us, max);
         }
         change
+    }
+
+    /// [`Tombstones::observe`] for an address with a live tombstone, the
+    /// `i`-th entry (the module's tables: every row but "none or expired").
+    fn observe_live(&mut self, i: usize, obs: &Observation, ttls: &Ttls, now_us: u64) -> Change {
+        let Some(t) = self.entries.get_mut(i) else {
+            return Change::Unchanged;
+        };
+        match obs {
+            // An announced tombstone keeps its cause whatever the
+            // host answers; a mark confirms it and may extend it.
+            Observation::Closing { .. } if t.cause == Cause::Announced => {
+                let change = extend(t, now_us.saturating_add(micros(ttls.closing)));
+                if change != Change::Unchanged {
+                    t.confirmed_us = now_us;
+                }
+                change
+            }
+            Observation::Answered { .. } if t.cause == Cause::Announced => Change::Unchanged,
+            Observation::Closing {
+                instance: Some(j), ..
+            } if !t.instance.is_empty() && t.instance != *j => {
+                t.instance = bounded(j, MAX_INSTANCE);
+                t.expires_us = now_us.saturating_add(micros(ttls.closing));
+                t.confirmed_us = now_us;
+                t.cause = Cause::Closing;
+                t.trial = None;
+                Change::Evicted
+            }
+            Observation::Closing { instance, .. } => {
+                // Learning the instance or that the host is closing
+                // (not just unreachable), or ending a trial, is a
+                // change worth storing even when the expiry stays.
+                let mut learned = t.cause != Cause::Closing || t.trial.is_some();
+                if t.instance.is_empty() {
+                    t.instance = bounded(instance.unwrap_or(""), MAX_INSTANCE);
+                    learned |= !t.instance.is_empty();
+                }
+                t.cause = Cause::Closing;
+                t.trial = None;
+                let change = match extend(t, now_us.saturating_add(micros(ttls.closing))) {
+                    Change::Unchanged if learned => Change::Extended,
+                    change => change,
+                };
+                if change != Change::Unchanged {
+                    t.confirmed_us = now_us;
+                }
+                change
+            }
+            Observation::ConnectFailure { .. } => {
+                let change = extend(t, now_us.saturating_add(micros(ttls.failure)));
+                // A refusal confirms a refusal, not a closing mark.
+                if change != Change::Unchanged && t.cause == Cause::ConnectFailure {
+                    t.confirmed_us = now_us;
+                }
+                change
+            }
+            Observation::Answered { instance, .. } => {
+                let new_instance = match instance {
+                    Some(j) => t.instance.is_empty() || t.instance != *j,
+                    None => false,
+                };
+                if new_instance {
+                    let t = self.entries.remove(i);
+                    if let Some(window) = ttls.warming {
+                        self.warming.retain(|w| w.address != t.address);
+                        self.warming.push(Warming {
+                            since_us: now_us,
+                            until_us: now_us.saturating_add(micros(window)),
+                            address: t.address,
+                            cluster: t.cluster,
+                        });
+                    }
+                    Change::Readmitted
+                } else {
+                    Change::Unchanged
+                }
+            }
+        }
     }
 
     /// A last resort of `cluster` (no acceptable host) had a host that said
@@ -417,6 +468,78 @@ impl Tombstones {
         put
     }
 
+    /// The host at `address` (reached through `cluster`) told this front
+    /// it is closing: tombstones it with the announced cause until
+    /// `until_us` (see the module's announced table); `max` bounds the
+    /// entries kept. [`Change::Unchanged`]: nothing worth a write.
+    pub fn announce(
+        &mut self,
+        cluster: &str,
+        address: &str,
+        now_us: u64,
+        until_us: u64,
+        max: usize,
+    ) -> Change {
+        let live = self
+            .entries
+            .iter_mut()
+            .find(|t| t.address == address && t.expires_us > now_us);
+        let change = match live {
+            None => {
+                self.entries.retain(|t| t.address != address);
+                self.warming.retain(|w| w.address != address);
+                self.entries.push(Tombstone {
+                    address: bounded(address, MAX_ADDRESS),
+                    cluster: bounded(cluster, MAX_CLUSTER),
+                    instance: String::new(),
+                    expires_us: until_us,
+                    confirmed_us: now_us,
+                    cause: Cause::Announced,
+                    trial: None,
+                });
+                Change::Evicted
+            }
+            Some(t) if t.cause == Cause::Announced => {
+                if until_us > t.expires_us.saturating_add(EXTEND_GRANULARITY_US) {
+                    t.expires_us = until_us;
+                    t.confirmed_us = now_us;
+                    Change::Extended
+                } else {
+                    Change::Unchanged
+                }
+            }
+            Some(t) => {
+                // What the host said of itself outranks a mark or a refusal:
+                // from now on no answer lifts it.
+                t.cause = Cause::Announced;
+                t.trial = None;
+                t.expires_us = t.expires_us.max(until_us);
+                t.confirmed_us = now_us;
+                Change::Extended
+            }
+        };
+        if change != Change::Unchanged {
+            self.compact(now_us, max);
+        }
+        change
+    }
+
+    /// Removes the live announced tombstones whose address `is_lifted`
+    /// accepts (the host said `serving`, or came back); tombstones of other
+    /// causes stay. Returns how many were removed (0: nothing to write).
+    pub fn lift_announced(&mut self, now_us: u64, is_lifted: impl Fn(&str) -> bool) -> usize {
+        let before = self.entries.len();
+        self.entries.retain(|t| {
+            !(t.cause == Cause::Announced && t.expires_us > now_us && is_lifted(&t.address))
+        });
+        let lifted = before - self.entries.len();
+        if lifted > 0 {
+            // As after every change: what expired goes (nothing is over max).
+            self.compact(now_us, usize::MAX);
+        }
+        lifted
+    }
+
     /// Drops expired entries, then the earliest-expiring ones beyond `max`
     /// (tombstones and warming entries bounded apart: `max` each).
     pub fn compact(&mut self, now_us: u64, max: usize) {
@@ -434,8 +557,8 @@ impl Tombstones {
     }
 
     /// Layout: version u8 (2), count u32 LE, then per entry: expires_us and
-    /// confirmed_us (u64 LE), the cause u8 (1 closing, 2 connect failure;
-    /// bit 0x80 set: on trial, from the u64 LE that follows), then
+    /// confirmed_us (u64 LE), the cause u8 (1 closing, 2 connect failure,
+    /// 3 announced; bit 0x80 set: on trial, from the u64 LE that follows), then
     /// address, instance (u8 length +
     /// bytes each) and cluster (u8 length + bytes). Then, only if there
     /// are warming entries: their count u32 LE, and per entry since_us and
@@ -443,7 +566,11 @@ impl Tombstones {
     /// empty list is version 1's `[1, 0, 0, 0, 0]`, as every build writes
     /// it. A build from before version 2 reads any other list as
     /// unreadable (and keeps its cached one), as a build from before
-    /// `readmit_slow_start` reads one with warming entries.
+    /// `readmit_slow_start` reads one with warming entries, and one from
+    /// before the announced cause one holding an announced tombstone (the
+    /// layout is otherwise the same, so the version stays 2: every copy in
+    /// one Envoy runs one build, and an older one would read either form
+    /// as unreadable alike).
     pub fn encode(&self) -> Vec<u8> {
         if self.entries.is_empty() && self.warming.is_empty() {
             return vec![VERSION_EMPTY, 0, 0, 0, 0];
@@ -457,6 +584,7 @@ impl Tombstones {
             let cause = match t.cause {
                 Cause::Closing => 1,
                 Cause::ConnectFailure => 2,
+                Cause::Announced => 3,
             };
             match t.trial {
                 Some(from) => {
@@ -504,6 +632,7 @@ impl Tombstones {
             let cause = match byte & !TRIAL_BIT {
                 1 => Cause::Closing,
                 2 => Cause::ConnectFailure,
+                3 => Cause::Announced,
                 _ => return None,
             };
             let trial = if byte & TRIAL_BIT != 0 {
@@ -769,6 +898,143 @@ mod tests {
             t.observe(&answered("c:1", Some("new")), &TTLS, 5 * S, 8),
             Change::Readmitted
         );
+    }
+
+    /// `address` announced at `now` for 120 s.
+    fn announce(t: &mut Tombstones, address: &str, now: u64) -> Change {
+        t.announce("svc", address, now, now + 120 * S, 8)
+    }
+
+    #[test]
+    fn no_answer_lifts_an_announced_tombstone() {
+        let mut t = Tombstones::default();
+        assert_eq!(announce(&mut t, "h:1", 0), Change::Evicted);
+        for obs in [
+            answered("h:1", Some("new")),
+            answered("h:1", Some("other")),
+            answered("h:1", None),
+        ] {
+            assert!(!t.worth_writing(&obs, &TTLS, S), "{obs:?}");
+            assert_eq!(t.observe(&obs, &TTLS, S, 8), Change::Unchanged, "{obs:?}");
+        }
+        let ts = t.get_live("h:1", S).unwrap();
+        assert_eq!((ts.cause, ts.expires_us), (Cause::Announced, 120 * S));
+        assert!(t.get_live("h:1", 120 * S).is_none(), "expiry ends it");
+    }
+
+    #[test]
+    fn a_mark_or_a_refusal_on_an_announced_tombstone_keeps_its_cause() {
+        let ttls = Ttls {
+            closing: Duration::from_secs(300),
+            failure: Duration::from_secs(400),
+            warming: None,
+        };
+        let mut t = Tombstones::default();
+        announce(&mut t, "h:1", 0);
+        // Within the announced expiry: nothing new, nothing written.
+        assert!(!t.worth_writing(&closing("h:1", Some("i")), &TTLS, S));
+        assert_eq!(
+            t.observe(&closing("h:1", Some("i")), &TTLS, S, 8),
+            Change::Unchanged
+        );
+        // Past it: extended, still announced, no instance learned.
+        assert!(t.worth_writing(&closing("h:1", Some("i")), &ttls, S));
+        assert_eq!(
+            t.observe(&closing("h:1", Some("i")), &ttls, S, 8),
+            Change::Extended
+        );
+        let ts = t.get_live("h:1", S).unwrap().clone();
+        assert_eq!(
+            (
+                ts.cause,
+                ts.expires_us,
+                ts.confirmed_us,
+                ts.instance.as_str()
+            ),
+            (Cause::Announced, 301 * S, S, "")
+        );
+        assert_eq!(
+            t.observe(&failure("h:1"), &ttls, 2 * S, 8),
+            Change::Extended
+        );
+        let ts = t.get_live("h:1", 2 * S).unwrap();
+        assert_eq!(
+            (ts.cause, ts.expires_us, ts.confirmed_us),
+            (Cause::Announced, 402 * S, S),
+            "a refusal confirms nothing"
+        );
+        assert_eq!(Tombstones::decode(&t.encode()), Some(t));
+    }
+
+    #[test]
+    fn announcing_takes_over_a_tombstone_of_another_cause_and_repeats_only_by_a_second() {
+        let mut t = Tombstones::default();
+        t.observe(&closing("h:1", Some("i")), &TTLS, 0, 8);
+        t.observe(&failure("r:1"), &TTLS, 0, 8);
+        assert_eq!(announce(&mut t, "h:1", S), Change::Extended);
+        assert_eq!(announce(&mut t, "r:1", S), Change::Extended);
+        for a in ["h:1", "r:1"] {
+            let ts = t.get_live(a, S).unwrap();
+            assert_eq!(
+                (ts.cause, ts.expires_us, ts.confirmed_us),
+                (Cause::Announced, 121 * S, S)
+            );
+        }
+        assert_eq!(
+            t.get_live("h:1", S).unwrap().instance,
+            "i",
+            "the instance is kept"
+        );
+        assert_eq!(announce(&mut t, "h:1", S + S / 2), Change::Unchanged);
+        assert_eq!(announce(&mut t, "h:1", 3 * S), Change::Extended);
+        assert_eq!(t.get_live("h:1", 0).unwrap().expires_us, 123 * S);
+        // A new instance answering is still no readmission.
+        assert_eq!(
+            t.observe(&answered("h:1", Some("new")), &TTLS, 4 * S, 8),
+            Change::Unchanged
+        );
+    }
+
+    #[test]
+    fn only_lifting_removes_announced_tombstones_and_only_those() {
+        let mut t = Tombstones::default();
+        announce(&mut t, "10.0.0.1:80", 0);
+        announce(&mut t, "10.0.0.1:81", 0);
+        announce(&mut t, "10.0.0.2:80", 0);
+        t.observe(&closing("10.0.0.1:82", Some("i")), &TTLS, 0, 8);
+        let at_1 = |a: &str| a.starts_with("10.0.0.1:");
+        assert_eq!(t.lift_announced(S, at_1), 2);
+        let left: Vec<&str> = t.live(S).map(|e| e.address.as_str()).collect();
+        assert_eq!(
+            left,
+            ["10.0.0.2:80", "10.0.0.1:82"],
+            "the closing mark stays"
+        );
+        assert_eq!(t.lift_announced(S, at_1), 0, "nothing left to lift");
+    }
+
+    #[test]
+    fn an_announced_tombstone_is_never_put_on_trial() {
+        let mut t = Tombstones::default();
+        announce(&mut t, "a:1", 0);
+        t.observe(&closing("b:1", Some("old")), &TTLS, S, 8);
+        t.observe(&closing("c:1", Some("old")), &TTLS, 2 * S, 8);
+        t.observe(&closing("d:1", Some("old")), &TTLS, 3 * S, 8);
+        t.observe(&answered("b:1", Some("new")), &TTLS, 4 * S, 8);
+        assert_eq!(t.vouch("svc", S, 4 * S), 1, "c:1 only");
+        assert_eq!(t.get_live("a:1", 4 * S).unwrap().trial, None);
+    }
+
+    #[test]
+    fn announced_tombstones_round_trip_and_cause_3_is_the_only_new_byte() {
+        let mut t = Tombstones::default();
+        announce(&mut t, "h:1", 0);
+        let bytes = t.encode();
+        assert_eq!((bytes[0], bytes[5 + 16]), (2, 3));
+        assert_eq!(Tombstones::decode(&bytes), Some(t));
+        let mut unknown = bytes;
+        unknown[5 + 16] = 4;
+        assert_eq!(Tombstones::decode(&unknown), None);
     }
 
     #[test]

@@ -52,7 +52,9 @@
 //!   tombstone never comes back to life without a write, which bumps the
 //!   generation and is decoded again).
 //! - **The route's cluster** and the steering plan only while tombstones
-//!   may be live (the plan is kept until a generation it was made from
+//!   may be live, or the admin's membership lists a member `DRAINING`
+//!   (a flag worked out once per change of that membership; such a
+//!   cluster is steered with no tombstone) (the plan is kept until a generation it was made from
 //!   moves or a tombstone in it expires, so a steered request costs a
 //!   rotation, not a scan; where the admin lists the cluster, observed
 //!   membership is not one of those generations).
@@ -280,6 +282,9 @@ pub struct Consumer {
     /// has passed it (nothing in the list can be live until it changes).
     live_until: u64,
     members: Cached<Membership>,
+    /// The cached admin membership lists a member `DRAINING` (worked out
+    /// once per change of it: such a cluster is steered).
+    members_draining: bool,
     /// Addresses that answered, as every copy saw them (without admin).
     shared_observed: Cached<Membership>,
     /// Addresses this copy saw answer (and told the others about).
@@ -386,6 +391,7 @@ impl Consumer {
             tombstones: Cached::new(),
             live_until: 0,
             members: Cached::new(),
+            members_draining: false,
             shared_observed: Cached::keeping_bytes(),
             observed: Observed::default(),
             responses: 0,

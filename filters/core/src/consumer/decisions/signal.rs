@@ -219,12 +219,16 @@ impl Consumer {
     /// Brings the cached admin membership up to date (reads only if
     /// stale); true if it changed.
     pub(super) fn refresh_members(&mut self, store: &dyn SharedStore) -> bool {
-        self.members.refresh(
+        let changed = self.members.refresh(
             store,
             keys::MEMBERS_GEN.name,
             keys::MEMBERS.name,
             Membership::decode,
-        )
+        );
+        if changed {
+            self.members_draining = self.members.value.any_draining();
+        }
+        changed
     }
 
     /// Brings the cached tombstones up to date (reads only if stale).

@@ -36,9 +36,10 @@ impl Consumer {
     ) -> Option<&str> {
         self.sync(signal);
         self.refresh_tombstones(store);
-        // Past this, one tombstone at least is live: the clock is before
-        // the latest expiry in the list (no count of the live ones needed).
-        if !self.may_be_live(x) {
+        // Past this, one tombstone at least is live (the clock is before
+        // the latest expiry in the list: no count of the live ones needed),
+        // or the admin lists a member `DRAINING`.
+        if !self.may_be_live(x) && !self.admin_lists_draining() {
             return None;
         }
         let now = x.now();
@@ -108,11 +109,7 @@ impl Consumer {
         });
         if !fresh {
             let members = self.members(store, cluster, now);
-            let rules = Rules {
-                ttls: self.ttls,
-                panic_threshold: self.config.panic_threshold,
-                slow_start: self.config.readmit_slow_start,
-            };
+            let rules = self.rules();
             let (plan, until_us) = plan(&members, &self.tombstones.value, cluster, now, &rules);
             let last_resort = match &plan {
                 Plan::Hosts { hosts, .. } => {
@@ -133,6 +130,25 @@ impl Consumer {
             });
         }
         self.plan.as_ref().map(|cached| &cached.rotations)
+    }
+
+    /// What shapes this copy's plans beside membership and tombstones.
+    pub(super) fn rules(&self) -> Rules {
+        Rules {
+            ttls: self.ttls,
+            panic_threshold: self.config.panic_threshold,
+            slow_start: self.config.readmit_slow_start,
+        }
+    }
+
+    /// Whether the admin's membership, as this copy last read it, lists a
+    /// member `DRAINING`: then its cluster is steered with no tombstone
+    /// live ([`plan()`]). Reads nothing: a request's reads stay what they
+    /// were, and the membership is read again where it was (a response's
+    /// observation, the refresh, the front's calls), so a change reaches
+    /// steering a response later. Once steering, the plan reads it anyway.
+    fn admin_lists_draining(&self) -> bool {
+        self.config.admin_cluster.is_some() && self.members_draining
     }
 
     /// Whether the plan this copy steers `cluster` by is a last resort.

@@ -1,5 +1,7 @@
+use super::front::FrontHostView;
 use super::*;
 use crate::consumer::config::ConsumerConfig;
+use crate::consumer::tombstone::Cause;
 use crate::shared::keys;
 use crate::shared::metrics::{Kind, Metric};
 use crate::shared::store::{self, add_bounded, MemStore, SharedStore};
@@ -1539,4 +1541,326 @@ fn the_cached_observed_membership_is_what_was_read_or_written_whatever_a_write_m
         assert!(now.seen_lately("svc", host, S + 2), "{host} in {now:?}");
     }
     assert_eq!(c[0].shared_observed.value, now);
+}
+
+// ---- the front-proxy role ------------------------------------------------
+
+/// The process's shared data as the mock host holds it, with the
+/// consumer's keys, and `n` copies configured with an admin cluster.
+fn front_copies(n: usize) -> (crate::shared::mock::MockStore, Vec<Consumer>) {
+    let store = crate::shared::mock::MockStore::default();
+    store::ensure_all(&store, &crate::initial::values(keys::Owner::Consumer)).unwrap();
+    let json = r#"{"admin_cluster":"admin"}"#;
+    let copies = (0..n).map(|_| Consumer::new(config(json), false)).collect();
+    (store, copies)
+}
+
+/// Writes the admin's membership from a `/clusters` answer listing, per
+/// cluster, `(ip:port, eds health)`, as the refresh would.
+fn admin_lists(store: &dyn SharedStore, clusters: &[(&str, &[(&str, &str)])]) {
+    let statuses: Vec<String> = clusters
+        .iter()
+        .map(|(name, hosts)| {
+            let hosts: Vec<String> = hosts
+                .iter()
+                .map(|(a, health)| {
+                    let (ip, port) = a.rsplit_once(':').unwrap();
+                    let ip = ip.trim_start_matches('[').trim_end_matches(']');
+                    format!(
+                        r#"{{"address":{{"socket_address":{{"address":"{ip}","port_value":{port}}}}},"health_status":{{"eds_health_status":"{health}"}}}}"#
+                    )
+                })
+                .collect();
+            format!(r#"{{"name":"{name}","host_statuses":[{}]}}"#, hosts.join(","))
+        })
+        .collect();
+    let body = format!(r#"{{"cluster_statuses":[{}]}}"#, statuses.join(","));
+    let names: Vec<&str> = clusters.iter().map(|(n, _)| *n).collect();
+    let m = Membership::from_admin_json(body.as_bytes(), &names).unwrap();
+    store.set(keys::MEMBERS.name, &m.encode(), 0).unwrap();
+    add_bounded(store, keys::MEMBERS_GEN.name, 1, u64::MAX).unwrap();
+    carry(&[Effect::Add(Metric::ConsumerGeneration, 1)]);
+}
+
+fn ip(s: &str) -> std::net::Ipv6Addr {
+    crate::consumer::front::host_ip(s.parse().unwrap())
+}
+
+const SVC_AND_OTHER: [(&str, &[(&str, &str)]); 2] = [
+    (
+        "svc",
+        &[
+            ("10.0.0.1:80", "HEALTHY"),
+            ("10.0.0.2:80", "HEALTHY"),
+            ("10.0.0.3:80", "HEALTHY"),
+        ],
+    ),
+    (
+        "other",
+        &[("10.0.0.2:90", "HEALTHY"), ("10.0.0.4:90", "HEALTHY")],
+    ),
+];
+
+#[test]
+fn an_announced_host_is_steered_from_by_every_copy_until_it_says_serving() {
+    let (store, mut c) = front_copies(2);
+    admin_lists(&store, &SVC_AND_OTHER);
+    let host = ip("10.0.0.2");
+    assert_eq!(
+        c[0].front_members_at(&store, host),
+        [
+            ("svc".to_string(), "10.0.0.2:80".to_string()),
+            ("other".to_string(), "10.0.0.2:90".to_string())
+        ]
+    );
+    assert!(c[0].front_members_at(&store, ip("10.0.0.9")).is_empty());
+    let fx = c[0].announce_closing(&store, host, S, 120 * S).unwrap();
+    carry(&fx);
+    assert!(
+        fx.contains(&Effect::Add(Metric::ConsumerGeneration, 1)),
+        "{fx:?}"
+    );
+    assert!(
+        fx.contains(&Effect::Add(Metric::ConsumerEvictions, 2)),
+        "{fx:?}"
+    );
+    assert!(
+        fx.contains(&Effect::Set(Metric::ConsumerTombstones, 2)),
+        "{fx:?}"
+    );
+    let tombstones_gen = store.get(keys::TOMBSTONES_GEN.name).unwrap().unwrap().0;
+    assert_eq!(store::read_u64(&tombstones_gen), Some(1), "one write");
+    // The other copy steers away from its next request, in both clusters.
+    assert_eq!(
+        steer(&mut c[1], &store, "svc", 2 * S).as_deref(),
+        Some("10.0.0.3:80,10.0.0.1:80")
+    );
+    assert_eq!(
+        steer(&mut c[1], &store, "other", 2 * S).as_deref(),
+        Some("10.0.0.4:90")
+    );
+    // No answer lifts it: not a new instance, not one without an id.
+    for instance in ["new", "other"] {
+        let fx = observe(
+            &mut c[1],
+            &store,
+            ok(instance),
+            "10.0.0.2:80",
+            Part::Headers,
+            3 * S,
+        );
+        assert!(
+            !fx.contains(&Effect::Add(Metric::ConsumerReadmitted, 1)),
+            "{fx:?}"
+        );
+    }
+    let fx = observe(
+        &mut c[1],
+        &store,
+        closing("old"),
+        "10.0.0.2:80",
+        Part::Headers,
+        3 * S,
+    );
+    assert!(
+        !fx.iter()
+            .any(|e| matches!(e, Effect::Add(Metric::ConsumerEvictions, _))),
+        "{fx:?}"
+    );
+    assert!(c[1]
+        .tombstones
+        .value
+        .get_live("10.0.0.2:80", 3 * S)
+        .is_some_and(|t| t.cause == Cause::Announced));
+    // Nor is it probed.
+    let members = &c[1].members.value;
+    assert!(
+        crate::consumer::steering::probe_targets(&c[1].tombstones.value, members, 3 * S).is_empty()
+    );
+    // Again within a second: nothing written.
+    assert_eq!(
+        c[0].announce_closing(&store, host, S + S / 2, 120 * S),
+        Ok(Vec::new())
+    );
+    // The host says serving: lifted, every copy stops steering.
+    let fx = c[0].lift_announced(&store, host, 4 * S).unwrap();
+    carry(&fx);
+    assert!(
+        fx.contains(&Effect::Add(Metric::ConsumerReadmitted, 2)),
+        "{fx:?}"
+    );
+    assert_eq!(steer(&mut c[1], &store, "svc", 5 * S), None);
+    assert_eq!(
+        c[0].lift_announced(&store, host, 5 * S),
+        Ok(Vec::new()),
+        "nothing left"
+    );
+}
+
+#[test]
+fn the_front_view_says_listed_draining_healthy_and_steerable_per_ip() {
+    let (store, mut c) = front_copies(1);
+    admin_lists(
+        &store,
+        &[
+            (
+                "svc",
+                &[
+                    ("10.0.0.1:80", "HEALTHY"),
+                    ("10.0.0.2:80", "DRAINING"),
+                    ("10.0.0.3:80", "HEALTHY"),
+                    ("[fd00::5]:80", "UNHEALTHY"),
+                ],
+            ),
+            ("alone", &[("10.0.0.6:80", "DRAINING")]),
+        ],
+    );
+    let asked = [
+        ip("10.0.0.1"),
+        ip("10.0.0.2"),
+        ip("10.0.0.3"),
+        ip("fd00::5"),
+        ip("10.0.0.6"),
+        ip("10.0.0.9"),
+    ];
+    c[0].announce_closing(&store, ip("10.0.0.3"), S, 120 * S)
+        .map(|fx| carry(&fx))
+        .unwrap();
+    let view = c[0].front_view(&store, &asked, 2 * S);
+    let v = |healthy, draining, listed, steerable| FrontHostView {
+        listed,
+        draining,
+        healthy,
+        steerable,
+    };
+    // (healthy, draining, listed, steerable)
+    assert_eq!(
+        view[&ip("10.0.0.1")],
+        v(true, false, true, false),
+        "svc's only acceptable host"
+    );
+    assert_eq!(
+        view[&ip("10.0.0.2")],
+        v(false, true, true, true),
+        "DRAINING: steered to 10.0.0.1"
+    );
+    assert_eq!(
+        view[&ip("10.0.0.3")],
+        v(true, false, true, true),
+        "announced, still listed HEALTHY"
+    );
+    assert_eq!(
+        view[&ip("fd00::5")],
+        v(false, false, true, true),
+        "unusable: never listed"
+    );
+    assert_eq!(
+        view[&ip("10.0.0.6")],
+        v(false, true, true, false),
+        "no acceptable host in its cluster"
+    );
+    assert_eq!(
+        view[&ip("10.0.0.9")],
+        v(false, false, false, true),
+        "not listed: nothing can pick it"
+    );
+    assert_eq!(
+        c[0].front_draining(&store),
+        [ip("10.0.0.2"), ip("10.0.0.6")]
+    );
+    // The last resort is no steering: every host of svc announced.
+    for h in ["10.0.0.1", "10.0.0.2"] {
+        c[0].announce_closing(&store, ip(h), 3 * S, 120 * S)
+            .map(|fx| carry(&fx))
+            .unwrap();
+    }
+    let view = c[0].front_view(&store, &asked, 4 * S);
+    assert!(asked[..4].iter().all(|a| !view[a].steerable), "{view:?}");
+}
+
+#[test]
+fn a_draining_member_steers_its_cluster_with_no_tombstone() {
+    let (store, mut c) = front_copies(2);
+    admin_lists(
+        &store,
+        &[(
+            "svc",
+            &[("10.0.0.1:80", "HEALTHY"), ("10.0.0.2:80", "DRAINING")],
+        )],
+    );
+    // A copy reads the membership at its responses (the first is sampled
+    // and reads nothing), then steers from its next request.
+    assert_eq!(steer(&mut c[0], &store, "svc", S), None, "not read yet");
+    for _ in 0..2 {
+        observe(&mut c[0], &store, ok("i"), "10.0.0.1:80", Part::Headers, S);
+    }
+    assert_eq!(
+        steer(&mut c[0], &store, "svc", S).as_deref(),
+        Some("10.0.0.1:80")
+    );
+    // The front's own calls read it too.
+    assert_eq!(c[1].front_draining(&store), [ip("10.0.0.2")]);
+    assert_eq!(
+        steer(&mut c[1], &store, "svc", S).as_deref(),
+        Some("10.0.0.1:80")
+    );
+    // Listed HEALTHY again: the balancer decides.
+    admin_lists(
+        &store,
+        &[(
+            "svc",
+            &[("10.0.0.1:80", "HEALTHY"), ("10.0.0.2:80", "HEALTHY")],
+        )],
+    );
+    observe(
+        &mut c[0],
+        &store,
+        ok("i"),
+        "10.0.0.1:80",
+        Part::Headers,
+        2 * S,
+    );
+    assert_eq!(steer(&mut c[0], &store, "svc", 2 * S), None);
+}
+
+#[test]
+fn a_failed_announce_is_an_error_and_changes_nothing() {
+    let (store, mut c) = front_copies(1);
+    admin_lists(&store, &SVC_AND_OTHER);
+    let refusing = Refusing(&store, keys::TOMBSTONES.name);
+    let err = c[0].announce_closing(&refusing, ip("10.0.0.2"), S, 120 * S);
+    assert!(err.is_err(), "{err:?}");
+    assert_eq!(steer(&mut c[0], &store, "svc", S), None);
+}
+
+/// A store that refuses writes to one key.
+struct Refusing<'a>(&'a dyn SharedStore, &'static str);
+impl SharedStore for Refusing<'_> {
+    fn get(&self, key: &str) -> Result<Option<store::Versioned>, store::StoreError> {
+        self.0.get(key)
+    }
+    fn set(&self, key: &str, value: &[u8], cas: u32) -> Result<(), store::StoreError> {
+        if key == self.1 {
+            return Err(store::StoreError::Host(1));
+        }
+        self.0.set(key, value, cas)
+    }
+}
+
+#[test]
+fn member_ips_are_the_fronts_host_keys_and_rq_active_is_read_per_ip() {
+    for a in ["10.0.0.1:80", "[::ffff:10.0.0.1]:80", "[fd00::3]:8080"] {
+        let socket: std::net::SocketAddr = a.parse().unwrap();
+        assert_eq!(
+            crate::consumer::steering::member_ip(a),
+            Some(crate::consumer::front::host_ip(socket.ip())),
+            "{a}"
+        );
+    }
+    let body = br#"{"cluster_statuses":[{"name":"svc","host_statuses":[
+        {"address":{"socket_address":{"address":"10.0.0.1","port_value":80}},"stats":[{"value":"2","name":"rq_active","type":"GAUGE"}]},
+        {"address":{"socket_address":{"address":"fd00::3","port_value":80}},"stats":[{"value":"5","name":"rq_total"}]}]}]}"#;
+    let active = front::parse_rq_active(body).unwrap();
+    assert_eq!((active[&ip("10.0.0.1")], active[&ip("fd00::3")]), (2, 0));
+    assert_eq!(front::parse_rq_active(b"not json"), None);
 }

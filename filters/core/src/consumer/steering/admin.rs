@@ -33,6 +33,9 @@
 //! | `Clusters` | none in time, fewer in a row; or another refusal | `Clusters` |
 //! | `ConfigDump` | any | `ConfigDump` (for the Envoy's life) |
 
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv6Addr};
+
 use serde::Deserialize;
 
 use super::membership::{host_address, Member, Membership, MAX_CLUSTERS, MAX_MEMBERS};
@@ -118,7 +121,14 @@ impl AdminSource {
                         .host_statuses
                         .iter()
                         .filter_map(|h| {
-                            member(h.address.as_ref(), h.health_status.usable(), h.priority)
+                            let health = &h.health_status;
+                            let eds = health.eds_health_status.as_deref();
+                            member(
+                                h.address.as_ref(),
+                                health.usable(),
+                                is_draining(eds),
+                                h.priority,
+                            )
                         })
                         .take(MAX_MEMBERS)
                         .collect();
@@ -139,9 +149,11 @@ impl AdminSource {
                             .iter()
                             .flat_map(|l| l.lb_endpoints.iter().map(move |e| (l.priority, e)))
                             .filter_map(|(priority, e)| {
+                                let status = e.health_status.as_deref();
                                 member(
                                     e.endpoint.address.as_ref(),
-                                    eds_status_usable(e.health_status.as_deref()),
+                                    eds_status_usable(status),
+                                    is_draining(status),
                                     priority,
                                 )
                             })
@@ -161,11 +173,17 @@ impl AdminSource {
 
 /// A host of either answer as a member; None without an IP socket
 /// address.
-fn member(address: Option<&AdminAddress>, usable: bool, priority: u32) -> Option<Member> {
+fn member(
+    address: Option<&AdminAddress>,
+    usable: bool,
+    draining: bool,
+    priority: u32,
+) -> Option<Member> {
     let sock = address?.socket_address.as_ref()?;
     Some(Member {
         address: host_address(&sock.address, sock.port_value)?,
         usable,
+        draining,
         seen_s: 0,
         priority: u8::try_from(priority).unwrap_or(u8::MAX),
     })
@@ -176,6 +194,64 @@ fn member(address: Option<&AdminAddress>, usable: bool, priority: u32) -> Option
 /// pick the host.
 fn eds_status_usable(status: Option<&str>) -> bool {
     matches!(status, None | Some("HEALTHY" | "DEGRADED" | "UNKNOWN"))
+}
+
+/// Whether an EDS health status (either answer's spelling) is `DRAINING`:
+/// kept apart from `usable` (a `DRAINING` member is not usable either), as
+/// the control plane's word that the host is leaving (Envoy Gateway's for
+/// a terminating endpoint).
+fn is_draining(status: Option<&str>) -> bool {
+    status == Some("DRAINING")
+}
+
+/// Per-IP requests in flight (each host's `rq_active` stat, summed over
+/// the clusters and ports at the IP, IPv4 mapped) from a
+/// `/clusters?format=json` answer. Every IP listed has an entry: Envoy
+/// leaves a zero stat out (1.40), or lists its name without a value
+/// (proto3 JSON omits a zero `uint64`), so absent reads 0. None when the
+/// body is not a `/clusters` answer (no `cluster_statuses`: a config dump
+/// or an error would otherwise read as every host gone), or an `rq_active`
+/// value is not a count (a host must never read 0 by mistake: 0 is what
+/// lets a front acknowledge a drain).
+pub fn rq_active_by_ip(body: &[u8]) -> Option<HashMap<Ipv6Addr, u32>> {
+    let parsed: StatsClusters = serde_json::from_slice(body).ok()?;
+    let mut active: HashMap<Ipv6Addr, u32> = HashMap::new();
+    for host in parsed
+        .cluster_statuses
+        .iter()
+        .flat_map(|c| &c.host_statuses)
+    {
+        let Some(ip) = host
+            .address
+            .as_ref()
+            .and_then(|a| a.socket_address.as_ref())
+            .and_then(|s| s.address.parse::<IpAddr>().ok())
+        else {
+            continue;
+        };
+        let mut count: u64 = 0;
+        for stat in host.stats.iter().filter(|s| s.name == "rq_active") {
+            count = count.saturating_add(stat_value(stat.value.as_ref())?);
+        }
+        let ip = match ip {
+            IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+            IpAddr::V6(v6) => v6,
+        };
+        let sum = active.entry(ip).or_insert(0);
+        *sum = sum.saturating_add(u32::try_from(count).unwrap_or(u32::MAX));
+    }
+    Some(active)
+}
+
+/// A stat's value as proto3 JSON writes a `uint64` (a decimal string), or
+/// a number; absent is 0. None for anything else.
+fn stat_value(value: Option<&serde_json::Value>) -> Option<u64> {
+    match value {
+        None | Some(serde_json::Value::Null) => Some(0),
+        Some(serde_json::Value::String(s)) => s.parse().ok(),
+        Some(serde_json::Value::Number(n)) => n.as_u64(),
+        Some(_) => None,
+    }
 }
 
 /// The admin path that lists just `clusters` from `/clusters`.
@@ -243,6 +319,36 @@ struct AdminHost {
     /// Absent (proto3 JSON) for priority 0.
     #[serde(default)]
     priority: u32,
+}
+
+/// `/clusters?format=json` as [`rq_active_by_ip`] reads it: the clusters
+/// required (see there), each host's address and stats.
+#[derive(Deserialize)]
+struct StatsClusters {
+    cluster_statuses: Vec<StatsCluster>,
+}
+
+#[derive(Deserialize)]
+struct StatsCluster {
+    #[serde(default)]
+    host_statuses: Vec<StatsHost>,
+}
+
+#[derive(Deserialize)]
+struct StatsHost {
+    address: Option<AdminAddress>,
+    /// `envoy.admin.v3.SimpleMetric`s: `type` (absent for a counter),
+    /// `value` (a `uint64`, absent at 0), `name`.
+    #[serde(default)]
+    stats: Vec<HostStat>,
+}
+
+#[derive(Deserialize)]
+struct HostStat {
+    #[serde(default)]
+    name: String,
+    #[serde(default)]
+    value: Option<serde_json::Value>,
 }
 
 #[derive(Deserialize)]
@@ -376,6 +482,125 @@ mod tests {
             .unwrap();
         assert!(!only.unfiltered);
         assert!(only.membership.cluster("admin").is_some());
+    }
+
+    #[test]
+    fn draining_is_kept_apart_from_usable_in_either_answer() {
+        let dump = DUMP.replace(
+            r#""health_status": "UNHEALTHY""#,
+            r#""health_status": "DRAINING""#,
+        );
+        let answer = AdminSource::ConfigDump
+            .read(dump.as_bytes(), &[SVC])
+            .unwrap();
+        let got: Vec<(&str, bool, bool)> = answer
+            .membership
+            .cluster(SVC)
+            .unwrap()
+            .iter()
+            .map(|m| (m.address.as_str(), m.usable, m.draining))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("10.1.7.1:8080", true, false),
+                ("10.1.7.2:8080", false, true),
+                ("[fd00::3]:8080", true, false)
+            ]
+        );
+        let answer = AdminSource::Clusters
+            .read(CLUSTERS.as_bytes(), &["svc"])
+            .unwrap();
+        let draining: Vec<(&str, bool)> = answer
+            .membership
+            .cluster("svc")
+            .unwrap()
+            .iter()
+            .map(|m| (m.address.as_str(), m.draining))
+            .collect();
+        assert_eq!(
+            draining,
+            [
+                ("10.0.0.1:8080", false),
+                ("10.0.0.2:8080", true),
+                ("10.0.0.2:9090", false),
+                ("[fd00::3]:8080", false)
+            ]
+        );
+    }
+
+    /// A `/clusters?format=json` answer shaped as Envoy 1.40 writes it
+    /// (stats cut to a few; `rq_active` is a gauge, its `value` a proto3
+    /// `uint64` string, absent at 0): 10.0.0.1 with 3 in flight, 10.0.0.2
+    /// `DRAINING` with 1 on one port and 2 on another port in a second
+    /// cluster (one listed with a zero stat's name and no value), fd00::3
+    /// with none, and a pipe (no IP).
+    const CLUSTERS: &str = r#"{"cluster_statuses":[
+      {"name":"svc","added_via_api":true,"host_statuses":[
+        {"address":{"socket_address":{"address":"10.0.0.1","port_value":8080}},
+         "stats":[{"value":"3","name":"cx_active","type":"GAUGE"},{"value":"7","name":"rq_total"},{"value":"3","name":"rq_active","type":"GAUGE"}],
+         "health_status":{"eds_health_status":"HEALTHY"},"weight":1,"locality":{}},
+        {"address":{"socket_address":{"address":"10.0.0.2","port_value":8080}},
+         "stats":[{"name":"rq_error"},{"value":"1","name":"rq_active","type":"GAUGE"}],
+         "health_status":{"eds_health_status":"DRAINING"},"weight":1,"locality":{}},
+        {"address":{"socket_address":{"address":"10.0.0.2","port_value":9090}},
+         "stats":[{"value":2,"name":"rq_active","type":"GAUGE"}],
+         "health_status":{"eds_health_status":"HEALTHY"}},
+        {"address":{"socket_address":{"address":"fd00::3","port_value":8080}},
+         "stats":[{"value":"12","name":"rq_total"},{"name":"rq_active","type":"GAUGE"}],
+         "health_status":{"eds_health_status":"HEALTHY"}},
+        {"address":{"pipe":{"path":"/tmp/x"}},"stats":[{"value":"9","name":"rq_active","type":"GAUGE"}]}
+      ]},
+      {"name":"other","host_statuses":[
+        {"address":{"socket_address":{"address":"::ffff:10.0.0.1","port_value":80}}}
+      ]}
+    ]}"#;
+
+    fn v4(a: u8, b: u8, c: u8, d: u8) -> Ipv6Addr {
+        std::net::Ipv4Addr::new(a, b, c, d).to_ipv6_mapped()
+    }
+
+    #[test]
+    fn rq_active_sums_per_ip_and_an_absent_stat_reads_0() {
+        let active = rq_active_by_ip(CLUSTERS.as_bytes()).unwrap();
+        let fd00: Ipv6Addr = "fd00::3".parse().unwrap();
+        let want: HashMap<Ipv6Addr, u32> = [(v4(10, 0, 0, 1), 3), (v4(10, 0, 0, 2), 3), (fd00, 0)]
+            .into_iter()
+            .collect();
+        assert_eq!(
+            active, want,
+            "10.0.0.1 in `other` too (IPv4 mapped), with nothing in flight there"
+        );
+        assert_eq!(
+            rq_active_by_ip(br#"{"cluster_statuses":[]}"#),
+            Some(HashMap::new())
+        );
+    }
+
+    #[test]
+    fn rq_active_of_anything_but_a_clusters_answer_is_none() {
+        let bad_value = CLUSTERS.replace(
+            r#"{"value":"3","name":"rq_active""#,
+            r#"{"value":"three","name":"rq_active""#,
+        );
+        let negative = CLUSTERS.replace(
+            r#"{"value":2,"name":"rq_active""#,
+            r#"{"value":-2,"name":"rq_active""#,
+        );
+        for bad in [
+            &b""[..],
+            b"{",
+            b"\xff",
+            b"{}",
+            b"[]",
+            br#"{"cluster_statuses":7}"#,
+            DUMP.as_bytes(),
+            bad_value.as_bytes(),
+            negative.as_bytes(),
+            br#"{"cluster_statuses":[{"host_statuses":[{"stats":[{"name":"rq_active","value":{}}],"address":{"socket_address":{"address":"10.0.0.1","port_value":1}}}]}]}"#,
+        ] {
+            assert_eq!(rq_active_by_ip(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        }
     }
 
     #[test]

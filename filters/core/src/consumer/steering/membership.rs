@@ -3,11 +3,18 @@
 //! copy's own recent answers.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 /// Encoding version of [`Membership`] values (2: a last-seen time per
-/// member; 3: its priority).
+/// member; 3: its priority). A member's first byte, once its usable bit,
+/// is now a set of flags with `DRAINING` beside it: a value with no
+/// `DRAINING` member is written as before, and one with is unreadable to a
+/// build from before, as a new version would be (every copy in one Envoy
+/// runs one build), so the version stays.
 const VERSION: u8 = 3;
+/// A member's flag bits.
+const FLAG_USABLE: u8 = 1;
+const FLAG_DRAINING: u8 = 2;
 
 /// Bounds on what membership keeps.
 pub const MAX_CLUSTERS: usize = 64;
@@ -27,6 +34,11 @@ pub struct Member {
     /// Healthy (or degraded) per EDS and not failing health or outlier
     /// checks: Envoy's own load balancer would pick it.
     pub usable: bool,
+    /// The admin lists it EDS `DRAINING` (so not `usable` either): the
+    /// control plane is taking it away. Its cluster is steered while it is
+    /// listed ([`super::plan()`]); the front-proxy role reads it as the
+    /// host closing.
+    pub draining: bool,
     /// When it last answered, in seconds on the host's monotonic clock, for observed
     /// membership; 0 for the admin's (its listing is the registry's).
     pub seen_s: u32,
@@ -54,7 +66,33 @@ pub(super) fn host_address(ip: &str, port: u16) -> Option<String> {
     Some(SocketAddr::new(ip, port).to_string())
 }
 
+/// The IP of a member's `ip:port` address, IPv4 mapped into IPv6: the
+/// key the front-proxy role knows a host by (`consumer::front::host_ip`,
+/// not imported so that steering stays below the front in the import
+/// graph). None for anything but an `ip:port`.
+pub fn member_ip(address: &str) -> Option<Ipv6Addr> {
+    let socket: SocketAddr = address.parse().ok()?;
+    Some(match socket.ip() {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped(),
+        IpAddr::V6(v6) => v6,
+    })
+}
+
 impl Membership {
+    /// Every cluster known and its members, in the order read.
+    pub fn clusters(&self) -> impl Iterator<Item = (&str, &[Member])> {
+        self.clusters
+            .iter()
+            .map(|(name, members)| (name.as_str(), members.as_slice()))
+    }
+
+    /// Some member of some cluster is listed `DRAINING`.
+    pub fn any_draining(&self) -> bool {
+        self.clusters
+            .iter()
+            .any(|(_, members)| members.iter().any(|m| m.draining))
+    }
+
     /// No cluster known.
     pub fn is_empty(&self) -> bool {
         self.clusters.is_empty()
@@ -131,6 +169,7 @@ impl Membership {
         members.push(Member {
             address: address.to_string(),
             usable: true,
+            draining: false,
             seen_s: now_s,
             priority: 0,
         });
@@ -143,7 +182,8 @@ impl Membership {
     }
 
     /// Layout: version u8, cluster count u16 LE, then per cluster: name
-    /// (u8 length + bytes), host count u16 LE, per host: usable u8,
+    /// (u8 length + bytes), host count u16 LE, per host: flags u8 (1
+    /// usable, 2 draining),
     /// priority u8, last seen u32 LE (seconds), address (u8 length +
     /// bytes). Sized first: one allocation, however many members.
     pub fn encode(&self) -> Vec<u8> {
@@ -164,7 +204,8 @@ impl Membership {
             out.extend_from_slice(name.as_bytes());
             out.extend_from_slice(&(encodable_members(members).count() as u16).to_le_bytes());
             for m in encodable_members(members) {
-                out.push(u8::from(m.usable));
+                let draining = if m.draining { FLAG_DRAINING } else { 0 };
+                out.push(u8::from(m.usable) | draining);
                 out.push(m.priority);
                 out.extend_from_slice(&m.seen_s.to_le_bytes());
                 out.push(m.address.len() as u8);
@@ -205,18 +246,18 @@ impl Membership {
             let n_hosts = u16::from_le_bytes(take(2)?.try_into().ok()?);
             let mut members = Vec::new();
             for _ in 0..n_hosts {
-                let usable = match take(1)?.first()? {
-                    0 => false,
-                    1 => true,
-                    _ => return None,
-                };
+                let flags = *take(1)?.first()?;
+                if flags & !(FLAG_USABLE | FLAG_DRAINING) != 0 {
+                    return None;
+                }
                 let priority = *take(1)?.first()?;
                 let seen_s = u32::from_le_bytes(take(4)?.try_into().ok()?);
                 let len = usize::from(*take(1)?.first()?);
                 let address = String::from_utf8(take(len)?.to_vec()).ok()?;
                 members.push(Member {
                     address,
-                    usable,
+                    usable: flags & FLAG_USABLE != 0,
+                    draining: flags & FLAG_DRAINING != 0,
                     seen_s,
                     priority,
                 });
@@ -296,6 +337,7 @@ impl Observed {
                 .map(|h| Member {
                     address: h.0.clone(),
                     usable: true,
+                    draining: false,
                     seen_s: seconds(h.1),
                     priority: 0,
                 })
@@ -307,6 +349,7 @@ impl Observed {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv4Addr;
 
     const ADMIN: &str = r#"{"cluster_statuses":[
       {"name":"svc","host_statuses":[
@@ -324,17 +367,63 @@ mod tests {
         let m = Membership::from_admin_json(ADMIN.as_bytes(), &["svc"]).unwrap();
         assert_eq!(m.cluster("other"), None, "only wanted clusters kept");
         let svc = m.cluster("svc").unwrap();
-        let got: Vec<(&str, bool)> = svc.iter().map(|m| (m.address.as_str(), m.usable)).collect();
+        let got: Vec<(&str, bool, bool)> = svc
+            .iter()
+            .map(|m| (m.address.as_str(), m.usable, m.draining))
+            .collect();
         assert_eq!(
             got,
             [
-                ("127.0.0.1:18081", true),
-                ("127.0.0.2:18082", false),
-                ("[::1]:18083", false),
-                ("127.0.0.4:18084", true)
+                ("127.0.0.1:18081", true, false),
+                ("127.0.0.2:18082", false, true),
+                ("[::1]:18083", false, false),
+                ("127.0.0.4:18084", true, false)
             ]
         );
+        assert!(m.any_draining());
         assert_eq!(Membership::decode(&m.encode()), Some(m));
+    }
+
+    #[test]
+    fn a_value_written_before_draining_is_read_the_same_and_unknown_flags_are_refused() {
+        // One cluster "s", one member: usable, priority 2, seen at 7 s,
+        // as a build from before the draining flag wrote it.
+        let mut before = vec![3, 1, 0, 1, b's', 1, 0, 1, 2, 7, 0, 0, 0, 3];
+        before.extend_from_slice(b"a:1");
+        let m = Membership::decode(&before).unwrap();
+        assert_eq!(
+            m.cluster("s"),
+            Some(
+                &[Member {
+                    address: "a:1".into(),
+                    usable: true,
+                    draining: false,
+                    seen_s: 7,
+                    priority: 2,
+                }][..]
+            )
+        );
+        assert_eq!(m.encode(), before, "written the same");
+        let mut draining = before.clone();
+        draining[7] = 2;
+        let read = Membership::decode(&draining).unwrap();
+        let member = &read.cluster("s").unwrap()[0];
+        assert_eq!((member.usable, member.draining), (false, true));
+        assert_eq!(read.encode(), draining);
+        let mut unknown = before;
+        unknown[7] = 4;
+        assert_eq!(Membership::decode(&unknown), None);
+    }
+
+    #[test]
+    fn member_ips_are_ipv4_mapped() {
+        let mapped = Ipv4Addr::new(10, 0, 0, 1).to_ipv6_mapped();
+        assert_eq!(member_ip("10.0.0.1:80"), Some(mapped));
+        assert_eq!(member_ip("[::ffff:10.0.0.1]:80"), Some(mapped));
+        assert_eq!(member_ip("[fd00::3]:8080"), "fd00::3".parse().ok());
+        for bad in ["10.0.0.1", "host:80", "", "[fd00::3]"] {
+            assert_eq!(member_ip(bad), None, "{bad}");
+        }
     }
 
     #[test]

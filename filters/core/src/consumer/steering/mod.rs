@@ -30,11 +30,13 @@ pub mod plan;
 pub mod probe;
 
 pub use admin::{
-    admin_clusters_path, AdminAnswer, AdminSource, CLUSTERS_UNANSWERED_TURN, MAX_ADMIN_BODY,
+    admin_clusters_path, rq_active_by_ip, AdminAnswer, AdminSource, CLUSTERS_UNANSWERED_TURN,
+    MAX_ADMIN_BODY,
 };
 pub use clusters::ClusterSet;
 pub use membership::{
-    Member, Membership, Observed, MAX_CLUSTERS, MAX_MEMBERS, OBSERVED_WINDOW_US, SEEN_REFRESH_US,
+    member_ip, Member, Membership, Observed, MAX_CLUSTERS, MAX_MEMBERS, OBSERVED_WINDOW_US,
+    SEEN_REFRESH_US,
 };
 pub use plan::{plan, Plan, Rotations, Rules, Steering, MAX_OVERRIDE_HOSTS};
 pub use probe::{probe_observation, probe_targets, ADDRESS_HEADER, MAX_PROBES};
@@ -67,6 +69,7 @@ pub(crate) mod testing {
             .map(|a| Member {
                 address: a.to_string(),
                 usable: true,
+                draining: false,
                 seen_s: 0,
                 priority: 0,
             })

@@ -1,5 +1,6 @@
 //! Which hosts requests to a cluster may go to while it has live
-//! tombstones, and the override header of one request.
+//! tombstones or a member the admin lists `DRAINING`, and the override
+//! header of one request.
 
 use std::collections::{HashMap, HashSet};
 
@@ -269,6 +270,14 @@ impl Rules {
 /// Confirmation times are the ones each tombstone stores, so no pair of
 /// TTLs can make a host that just said closing look old.
 ///
+/// `DRAINING` members and announced tombstones (the front-proxy role):
+/// a member the admin lists `DRAINING` steers its cluster as a live
+/// tombstone does, and is never listed (it is not usable: neither an
+/// acceptable host, nor tried below the floor, nor a last resort). An
+/// announced tombstone is a tombstone whose host said it is closing: never
+/// tried below the floor or on trial, listed only in a last resort, as a
+/// closing mark's is.
+///
 /// A restarted generation: once a last resort's request reaches a new
 /// instance where a host said closing, the rest of that last resort is on
 /// trial ([`Tombstones::vouch`]): each is tried as a refused host below the
@@ -287,7 +296,10 @@ pub fn plan(
     let (dead, until, dead_concern) = dead_hosts(members, tombstones, cluster, now_us);
     let (warming, until, warming_concern) =
         warming_hosts(members, tombstones, &dead, cluster, now_us, until, rules);
-    if !(dead_concern || warming_concern) {
+    // Left alone, the balancer keeps a `DRAINING` host out only until panic
+    // engages for another reason, then picks it (envoy#46800).
+    let draining_concern = members.iter().any(|m| m.draining);
+    if !(dead_concern || warming_concern || draining_concern) {
         return (Plan::LeaveAlone, until);
     }
     let tombstone_of = |address: &str| dead.get(address).copied();
@@ -545,6 +557,109 @@ mod tests {
                 weights: Vec::new(),
             },
             "the other zone is neither tried nor listed"
+        );
+    }
+
+    /// `addrs` as members, those in `draining` listed `DRAINING` (so not
+    /// usable), as the admin reads them.
+    fn with_draining(addrs: &[&str], draining: &[&str]) -> Vec<Member> {
+        members(addrs)
+            .into_iter()
+            .map(|m| {
+                let d = draining.contains(&m.address.as_str());
+                Member {
+                    usable: !d,
+                    draining: d,
+                    ..m
+                }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_draining_member_steers_its_cluster_and_is_never_listed() {
+        let m = with_draining(&["a:1", "b:1", "c:1"], &["b:1"]);
+        assert_eq!(
+            plan(&m, &Tombstones::default(), "svc", 0, &RULES),
+            (Plan::hosts(["a:1", "c:1"]), u64::MAX),
+            "no tombstone, yet steered: held until membership changes"
+        );
+        assert_eq!(
+            plan(
+                &members(&["a:1", "b:1"]),
+                &Tombstones::default(),
+                "svc",
+                0,
+                &RULES
+            )
+            .0,
+            Plan::LeaveAlone,
+            "without one, the balancer decides as before"
+        );
+        // Below the panic floor, with the rest refused: a refused host is
+        // tried, the draining one never.
+        let m = with_draining(&["a:1", "b:1", "c:1", "d:1"], &["d:1"]);
+        let t = refused_in_turn(&["b:1", "c:1"]);
+        let every = Rules {
+            panic_threshold: 100,
+            ..RULES
+        };
+        assert_eq!(
+            plan(&m, &t, "svc", 1_500_000, &every).0,
+            tried(&["a:1"], &["b:1", "c:1"])
+        );
+        // Every member draining: nothing acceptable and no last resort, so
+        // the balancer decides (as when every host closed at once).
+        let all = with_draining(&["a:1", "b:1"], &["a:1", "b:1"]);
+        assert_eq!(
+            plan(&all, &Tombstones::default(), "svc", 0, &RULES)
+                .0
+                .steering(0),
+            Steering::NoneLeft
+        );
+    }
+
+    /// `addrs` announced closing in turn, the i-th at i seconds, for 120 s.
+    fn announced_in_turn(addrs: &[&str]) -> Tombstones {
+        let mut t = Tombstones::default();
+        for (i, a) in addrs.iter().enumerate() {
+            let at = i as u64 * 1_000_000;
+            t.announce("svc", a, at, at + 120_000_000, 64);
+        }
+        t
+    }
+
+    #[test]
+    fn an_announced_host_is_never_listed_while_an_acceptable_host_is_known() {
+        let m = members(&["a:1", "b:1", "c:1", "d:1"]);
+        for threshold in [0, 50, 100] {
+            let rules = Rules {
+                panic_threshold: threshold,
+                ..RULES
+            };
+            let t = announced_in_turn(&["a:1", "b:1", "c:1"]);
+            assert_eq!(
+                plan(&m, &t, "svc", 3_000_000, &rules).0,
+                Plan::hosts(["d:1"]),
+                "panic_threshold {threshold}"
+            );
+        }
+        // Announced after refusing: its refusal no longer gets it tried.
+        let mut t = refused_in_turn(&["a:1", "b:1", "c:1"]);
+        t.announce("svc", "a:1", 3_000_000, 123_000_000, 64);
+        let every = Rules {
+            panic_threshold: 100,
+            ..RULES
+        };
+        assert_eq!(
+            plan(&m, &t, "svc", 3_500_000, &every).0,
+            tried(&["d:1"], &["b:1", "c:1"])
+        );
+        // No acceptable host: the last resort, as for closing marks.
+        let t = announced_in_turn(&["a:1", "b:1", "c:1", "d:1"]);
+        assert_eq!(
+            plan(&m, &t, "svc", 3_000_000, &RULES).0,
+            Plan::hosts(["a:1", "b:1", "c:1"])
         );
     }
 

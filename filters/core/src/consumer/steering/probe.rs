@@ -1,7 +1,7 @@
 //! Probing tombstoned hosts for a new instance.
 
 use super::Membership;
-use crate::consumer::tombstone::{Observation, Tombstone, Tombstones};
+use crate::consumer::tombstone::{Cause, Observation, Tombstone, Tombstones};
 
 /// Response header in which graceful_drain echoes the address (`ip:port`)
 /// it was reached at.
@@ -11,7 +11,9 @@ pub const MAX_PROBES: usize = 16;
 
 /// Live tombstones worth probing: a cluster to send through, and, when the
 /// cluster's membership is known, the address still a member (otherwise
-/// override_host would send the probe elsewhere).
+/// override_host would send the probe elsewhere). Never an announced one:
+/// no answer lifts it, and a probe would be a request sent to a host that
+/// said it is closing.
 pub fn probe_targets<'a>(
     tombstones: &'a Tombstones,
     membership: &Membership,
@@ -19,7 +21,7 @@ pub fn probe_targets<'a>(
 ) -> Vec<&'a Tombstone> {
     tombstones
         .live(now_us)
-        .filter(|t| !t.cluster.is_empty())
+        .filter(|t| !t.cluster.is_empty() && t.cause != Cause::Announced)
         .filter(|t| {
             membership
                 .cluster(&t.cluster)
@@ -81,6 +83,21 @@ mod tests {
             "neither address is a member"
         );
         assert!(probe_targets(&t, &none, 30_000_000).is_empty(), "expired");
+    }
+
+    #[test]
+    fn announced_hosts_are_never_probed_and_a_probe_answer_does_not_lift_them() {
+        let mut t = tombstoned(&["a:1"]);
+        t.announce("svc", "b:1", 0, 120_000_000, 64);
+        let none = Membership::default();
+        let targets: Vec<&str> = probe_targets(&t, &none, 0)
+            .iter()
+            .map(|t| t.address.as_str())
+            .collect();
+        assert_eq!(targets, ["a:1"]);
+        let answer = probe_observation("b:1", Some(b"200"), Some(b"b:1"), Some("new"));
+        assert_eq!(t.observe(&answer.unwrap(), &TTLS, 1, 64), Change::Unchanged);
+        assert!(t.get_live("b:1", 1).is_some());
     }
 
     #[test]
