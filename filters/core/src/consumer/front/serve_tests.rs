@@ -401,3 +401,130 @@ fn a_late_read_counts_and_an_acknowledgement_is_counted_once() {
     assert_eq!(f.table().get(ip(HOST)).unwrap().late, 1);
     assert_eq!(f.h.logs_containing("acknowledged").len(), 1);
 }
+
+const CLUSTER: &str = "outbound|8080||backend";
+
+/// `/clusters` listing 10.0.0.7 and 10.0.0.8 in [`CLUSTER`], 10.0.0.7
+/// with `active` requests in flight (absent at 0, as Envoy omits it).
+fn clusters(active: u32) -> String {
+    let stats = if active > 0 {
+        format!(r#", "stats": [{{"name": "rq_active", "value": "{active}"}}]"#)
+    } else {
+        String::new()
+    };
+    format!(
+        r#"{{"cluster_statuses": [{{"name": "{CLUSTER}", "host_statuses": [
+            {{"address": {{"socket_address": {{"address": "10.0.0.7", "port_value": 8080}}}}{stats}}},
+            {{"address": {{"socket_address": {{"address": "10.0.0.8", "port_value": 8080}}}}}}]}}]}}"#
+    )
+}
+
+impl Front {
+    /// One request routed to [`CLUSTER`]; the override list it was given.
+    fn route_one(&self) -> Option<String> {
+        let st = crate::consumer::filter::ConsumerStream::default();
+        self.h.set_map(Map::RequestHeaders, &[(":path", "/")]);
+        self.h.set_attribute(Attribute::ClusterName, CLUSTER);
+        self.f.request_headers(&self.copy, &st, &self.h);
+        let list = self
+            .h
+            .header_text(Map::RequestHeaders, "x-graceful-override-host");
+        // An answer: the cluster is recorded as routed to.
+        self.h
+            .set_attribute(Attribute::UpstreamAddress, "10.0.0.8:8080");
+        self.h.set_map(Map::ResponseHeaders, &[(":status", "200")]);
+        self.f.response_headers(&self.copy, &st, &self.h);
+        self.f.stream_end(&st, &self.h);
+        list
+    }
+
+    /// The consumer's membership refresh, answered with [`clusters`].
+    fn refresh_membership(&self) {
+        self.h.advance(Duration::from_secs(1));
+        self.f.tick(&self.copy, &self.h);
+        let calls = self.h.take_calls();
+        let admin = calls.iter().find(|c| c.cluster == "admin").unwrap();
+        self.f.call_answered(
+            &self.copy,
+            &self.h,
+            admin.token,
+            &MockAnswer::status("200", &clusters(0)),
+        );
+    }
+
+    /// The front's tick a poll later, its `/clusters` answered with
+    /// `active` requests in flight at the host.
+    fn poll(&self, active: u32) -> Vec<u32> {
+        self.h.advance(Duration::from_millis(100));
+        let woken = self.tick();
+        for call in self.h.take_calls() {
+            let answer = MockAnswer::status("200", &clusters(active));
+            let f = &self.f;
+            assert!(f.front_call_answered(&self.front, &self.copy, &self.h, call.token, &answer));
+        }
+        woken
+    }
+}
+
+/// The whole role over the consumer's real decisions: a member closes,
+/// every request is steered away at once, its long-poll is held while a
+/// request is in flight to it, answered 200 two idle reads a poll apart.
+#[test]
+fn a_member_closes_is_steered_away_from_and_acknowledged_once_idle() {
+    let f = front(FRONT, false);
+    f.route_one();
+    f.refresh_membership();
+    let reply = f.asked_by_host("POST", "/graceful/front/closing");
+    assert_eq!(reply.status, 202, "{}", reply.body_text());
+    assert_eq!(json(&reply)["source"], serde_json::json!(["host"]));
+    assert_eq!(
+        f.route_one().as_deref(),
+        Some("10.0.0.8:8080"),
+        "steered away"
+    );
+    assert!(f.h.metric(Metric::ConsumerTombstones) >= 1);
+    f.ask("GET", "/graceful/front/drained?wait=10s", "10.0.0.7:41000");
+    assert!(f.poll(2).is_empty(), "2 in flight");
+    assert_eq!(f.table().get(ip(HOST)).unwrap().state, State::Steered);
+    assert!(f.poll(0).is_empty(), "one idle read");
+    f.poll(0);
+    let woken = f.poll(0);
+    assert_eq!(woken, [7], "{:?}", f.table());
+    f.f.front_answer_woken(&f.front, &f.h, 7);
+    let reply = f.h.take_replies().pop().unwrap();
+    assert_eq!(reply.status, 200);
+    let body = json(&reply);
+    assert_eq!(body["inflight_at_closing"], 2);
+    assert_eq!(body["late"], 0);
+    assert_eq!(f.h.metric(Metric::FrontAcknowledged), 1);
+    // Serving again: readmitted, its share back.
+    assert_eq!(
+        f.asked_by_host("POST", "/graceful/front/serving").status,
+        202
+    );
+    assert_eq!(f.h.metric(Metric::ConsumerReadmitted), 1);
+}
+
+#[test]
+fn a_member_listed_draining_closes_without_any_request() {
+    let f = front(FRONT, false);
+    f.route_one();
+    f.refresh_membership();
+    f.h.advance(Duration::from_secs(1));
+    f.f.tick(&f.copy, &f.h);
+    let calls = f.h.take_calls();
+    let admin = calls.iter().find(|c| c.cluster == "admin").unwrap();
+    let draining = clusters(0).replace(
+        r#""port_value": 8080}}}"#,
+        r#""port_value": 8080}}, "health_status": {"eds_health_status": "DRAINING"}}"#,
+    );
+    f.f.call_answered(
+        &f.copy,
+        &f.h,
+        admin.token,
+        &MockAnswer::status("200", &draining),
+    );
+    f.poll(0);
+    let entry = f.table().get(ip(HOST)).cloned();
+    assert!(entry.is_some_and(|e| e.sources & crate::consumer::front::source::DRAINING != 0));
+}
