@@ -83,9 +83,10 @@ fn net_string() -> impl Strategy<Value = String> {
     ]
 }
 
+/// An observation (kinds 0-2), or the front's announce (3) or lift (4).
 fn observation() -> impl Strategy<Value = (u8, String, String, Option<String>)> {
     (
-        0u8..3,
+        0u8..5,
         net_string(),
         net_string(),
         prop::option::of(net_string()),
@@ -102,6 +103,18 @@ const TTLS: Ttls = Ttls {
 fn observe_all(list: &[(u8, String, String, Option<String>)], max: usize) -> Tombstones {
     let mut t = Tombstones::default();
     for (i, (kind, address, cluster, instance)) in list.iter().enumerate() {
+        let now = i as u64 * 1_000_000;
+        match kind {
+            3 => {
+                t.announce(cluster, address, now, now + 120_000_000, max);
+                continue;
+            }
+            4 => {
+                t.lift_announced(now, |a| a == address);
+                continue;
+            }
+            _ => {}
+        }
         let obs = match kind {
             0 => Observation::Closing {
                 cluster,
@@ -114,7 +127,7 @@ fn observe_all(list: &[(u8, String, String, Option<String>)], max: usize) -> Tom
                 instance: instance.as_deref(),
             },
         };
-        t.observe(&obs, &TTLS, i as u64 * 1_000_000, max);
+        t.observe(&obs, &TTLS, now, max);
     }
     t
 }
@@ -179,8 +192,9 @@ fn ip_text() -> impl Strategy<Value = String> {
 
 /// One host of an admin `/clusters?format=json` answer, and what the
 /// membership should make of it: its `ip:port` if it has an IP socket
-/// address, and whether Envoy's load balancer would use it.
-fn admin_host() -> impl Strategy<Value = (Value, Option<(String, bool)>)> {
+/// address, whether Envoy's load balancer would use it, and whether it is
+/// `DRAINING`.
+fn admin_host() -> impl Strategy<Value = (Value, Option<(String, bool, bool)>)> {
     (
         ip_text(),
         any::<u16>(),
@@ -209,12 +223,13 @@ fn admin_host() -> impl Strategy<Value = (Value, Option<(String, bool)>)> {
             }
             let usable = matches!(eds, None | Some("HEALTHY" | "DEGRADED" | "UNKNOWN"))
                 && !flags.iter().any(|f| *f);
+            let draining = eds == Some("DRAINING");
             let parsed = ip.parse::<IpAddr>().ok();
             match shape {
                 // An IP socket address.
                 0 | 1 => (
                     json!({"address": {"socket_address": {"address": ip, "port_value": port}}, "health_status": health, "weight": 1}),
-                    parsed.map(|ip| (SocketAddr::new(ip, port).to_string(), usable)),
+                    parsed.map(|ip| (SocketAddr::new(ip, port).to_string(), usable, draining)),
                 ),
                 // A pipe, or no address at all: skipped.
                 2 => (
@@ -419,12 +434,12 @@ proptest! {
                 prop_assert!(m.cluster(name).is_none());
                 continue;
             };
-            let expected: Vec<(String, bool)> = hosts.iter().filter_map(|(_, e)| e.clone()).collect();
-            let got: Vec<(String, bool)> = m
+            let expected: Vec<(String, bool, bool)> = hosts.iter().filter_map(|(_, e)| e.clone()).collect();
+            let got: Vec<(String, bool, bool)> = m
                 .cluster(name)
                 .unwrap()
                 .iter()
-                .map(|x| (x.address.clone(), x.usable))
+                .map(|x| (x.address.clone(), x.usable, x.draining))
                 .collect();
             prop_assert_eq!(got, expected);
         }
