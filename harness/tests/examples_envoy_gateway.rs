@@ -14,27 +14,38 @@
 //!   with Envoy's message;
 //! - that Envoy, started for real in front of two test upstreams, steers
 //!   every request away from the one that answered `x-graceful-closing`,
-//!   and without override_host on the cluster it does not.
+//!   and without override_host on the cluster it does not;
+//! - backends with no sidecar (`front-drain.yaml`): the documents agree
+//!   with one another, with the example and with Envoy Gateway's names; the
+//!   Gateway's listener patched by the control port's EnvoyPatchPolicy
+//!   passes `envoy --mode validate`, and started for real the control port
+//!   answers the front endpoints (403 to an address that is no member, 202
+//!   to a member's) while the public port routes the same paths to the
+//!   backend, never to the filter.
 //!
 //! What differs from a gateway: see `platform::envoy_gateway`.
 
 use std::fs;
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
 
 use graceful_core::consumer::config::ConsumerConfig;
+use graceful_core::shared::duration::parse_duration;
 use graceful_harness::platform::envoy_gateway::{
-    self, apply_patch_policy, json_patch::apply_operation, str_field, Example, ADMIN_CLUSTER,
-    CLUSTER_TYPE, EXAMPLE,
+    self, apply_patch_policy, apply_patches, json_patch::apply_operation, listener_mut, str_field,
+    Example, FrontExample, ADMIN_CLUSTER, CLUSTER_TYPE, ENVOY_APP_LABELS, EXAMPLE, FRONT,
+    LISTENER_TYPE, OWNING_GATEWAY_NAME, OWNING_GATEWAY_NAMESPACE,
 };
-use graceful_harness::support::client::{load, Conn};
+use graceful_harness::support::client::{load, Conn, Response};
 use graceful_harness::support::envoy::{
-    envoy_binary, eventually, listener_stats, load_assignment, repo_root, scratch_path, write_eds,
-    Envoy, EnvoySpec,
+    candidate_port, envoy_binary, eventually, listener_stats, load_assignment, repo_root,
+    scratch_path, write_eds, Envoy, EnvoySpec,
 };
-use graceful_harness::support::upstream::Upstream;
+use graceful_harness::support::upstream::{hook_binary, AppConfig, Upstream};
 use graceful_harness::support::xds::{self, XdsServer};
 use serde_json::{json, Value};
 
@@ -373,12 +384,45 @@ struct Gateway {
     ups: Vec<Upstream>,
 }
 
+/// What a [`Gateway`] runs besides its cluster.
+struct Shape {
+    /// The policies as applied.
+    ex: Example,
+    /// One upstream at each address (instances a1, b1).
+    ips: [Ipv4Addr; 2],
+    /// An EnvoyPatchPolicy for the Gateway's HTTP listener, applied to the
+    /// listener as Envoy Gateway serves it (its routes over RDS).
+    listener_patch: Option<Value>,
+}
+
+impl Shape {
+    /// `extension-policy.yaml` (and `envoy-patch-policy.yaml`), both
+    /// upstreams on 127.0.0.1.
+    fn example() -> Shape {
+        Shape {
+            ex: Example::load(),
+            ips: [Ipv4Addr::LOCALHOST; 2],
+            listener_patch: None,
+        }
+    }
+}
+
 impl Gateway {
     async fn start(name: &str, cluster: impl FnOnce(&Example, &str, &Path) -> Value) -> Gateway {
-        let ex = Example::load();
+        Gateway::start_shaped(name, Shape::example(), cluster).await
+    }
+
+    async fn start_shaped(
+        name: &str,
+        shape: Shape,
+        cluster: impl FnOnce(&Example, &str, &Path) -> Value,
+    ) -> Gateway {
+        let ex = shape.ex;
         let mut ups = Vec::new();
-        for id in ["a1", "b1"] {
-            let u = Upstream::start().await;
+        for (id, ip) in ["a1", "b1"].into_iter().zip(shape.ips) {
+            let u = Upstream::start_with(SocketAddr::from((ip, 0)), AppConfig::default())
+                .await
+                .unwrap_or_else(|e| panic!("upstream on {ip}: {e}"));
             u.set_instance(id);
             ups.push(u);
         }
@@ -402,7 +446,12 @@ impl Gateway {
         let config =
             envoy_gateway::gateway_config(&ex, cluster(&ex, &cluster_name, &eds), admin, listen);
         let ads = envoy_gateway::over_xds(&config, xds.address());
-        let resources = ads.resources();
+        let mut resources = ads.resources();
+        if let Some(epp) = &shape.listener_patch {
+            let listener = listener_mut(&mut resources[xds::LISTENER], &ex.http_listener());
+            let errors = apply_patches(epp, LISTENER_TYPE, listener);
+            assert!(errors.is_empty(), "the listener patch: {errors:?}");
+        }
         let mut first = resources.clone();
         first[xds::ENDPOINTS] = json!([xds::cluster_load_assignment(&cluster_name, &addrs)]);
         xds.push(&first);
@@ -412,7 +461,7 @@ impl Gateway {
         )
         .unwrap_or_else(|e| panic!("{}: {e}", config_path.display()));
         let envoy = spec.start().await;
-        let listener = envoy.listener("default/eg/http").await;
+        let listener = envoy.listener(&ex.http_listener()).await;
         let gw = Gateway {
             envoy,
             xds,
@@ -767,4 +816,506 @@ async fn a_rolling_update_over_envoy_gateways_pushes_fails_nothing_and_shares_th
         others_after_first, 0,
         "a push resent more than endpoints:\n{log}"
     );
+}
+
+// ---------------------------------------------------------------------------
+// Backends with no sidecar: front-drain.yaml
+
+/// The front endpoints (design §4), each as a backend's hook calls it.
+const FRONT_ENDPOINTS: [(&str, &str); 4] = [
+    ("POST", "/graceful/front/closing"),
+    ("GET", "/graceful/front/drained?wait=1s"),
+    ("POST", "/graceful/front/serving"),
+    ("GET", "/graceful/front/status"),
+];
+/// Where Envoy Gateway runs a Gateway's proxy pods: its own namespace
+/// (the Helm chart's), unless GatewayNamespace mode puts them beside the
+/// Gateway.
+const PROXY_NAMESPACE: &str = "envoy-gateway-system";
+/// Time the backend's app gets to exit after SIGTERM, once the hook has
+/// returned, within the grace period.
+const APP_EXIT: Duration = Duration::from_secs(5);
+
+/// The named container of a pod template.
+fn container<'a>(list: &'a Value, name: &str) -> &'a Value {
+    list.as_array()
+        .and_then(|l| l.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no container {name} in {list}"))
+}
+
+/// The value after `flag` in a command line.
+fn flag<'a>(command: &'a [&'a str], flag: &str) -> &'a str {
+    command
+        .iter()
+        .position(|a| *a == flag)
+        .and_then(|i| command.get(i + 1))
+        .copied()
+        .unwrap_or_else(|| panic!("{flag} missing from {command:?}"))
+}
+
+#[test]
+fn front_drain_agrees_with_the_example_envoy_gateway_and_the_filter() {
+    let front = FrontExample::load();
+    let command = check_front(&Example::load(), &front);
+
+    // The built hook takes the command as written; resolving finds no
+    // front here (no cluster DNS), so it returns at once: fail open.
+    let hook = hook_binary();
+    let out = Command::new(&hook)
+        .args(&command[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("{} ({e}): cargo build -p graceful-hook", hook.display()));
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && said.contains("no front answered"),
+        "{:?}: {}{said}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The README's renaming (its `cp` and `sed` lines, run by `sh` on a copy
+/// of the folder) leaves the documents agreeing with one another under the
+/// new names.
+#[test]
+fn the_readmes_renaming_keeps_front_drain_consistent() {
+    let readme = fs::read_to_string(repo_root().join("examples/envoy-gateway/README.md")).unwrap();
+    let lines: Vec<&str> = readme.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.starts_with("cp -r examples/envoy-gateway my-gateway"))
+        .unwrap_or_else(|| panic!("README.md: no `cp -r examples/envoy-gateway my-gateway`"));
+    let script: Vec<&str> = lines[start..]
+        .iter()
+        .take_while(|l| !l.starts_with("```"))
+        .copied()
+        .collect();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("eg-renamed");
+    let _ = fs::remove_dir_all(&dir);
+    let copied = dir.join("examples/envoy-gateway");
+    fs::create_dir_all(dir.join("examples")).unwrap();
+    let cp = Command::new("cp")
+        .arg("-r")
+        .arg(repo_root().join("examples/envoy-gateway"))
+        .arg(&copied)
+        .status()
+        .unwrap();
+    assert!(cp.success());
+    let out = Command::new("sh")
+        .arg("-ec")
+        .arg(script.join("\n"))
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The renamed folder in the example's place.
+    fs::remove_dir_all(&copied).unwrap();
+    fs::rename(dir.join("my-gateway"), &copied).unwrap();
+    let ex = Example::load_from(&dir);
+    let front = FrontExample::load_from(&dir);
+    assert_eq!(
+        (ex.namespace(), ex.route(), ex.gateway()),
+        ("my-ns", "my-route", "my-gateway")
+    );
+    assert_eq!(ex.http_listener(), "my-ns/my-gateway/http");
+    check_front(&ex, &front);
+}
+
+/// What must agree in `front-drain.yaml` (or its renamed copy): with the
+/// example, with Envoy Gateway's names, and within itself. Returns the
+/// backend's preStop command.
+fn check_front(ex: &Example, front: &FrontExample) -> Vec<String> {
+    let ns = ex.namespace().to_string();
+
+    // The EnvoyExtensionPolicy is the example's (the same name: it replaces
+    // it) with `front: {}`.
+    let mut expected = ex.eep.clone();
+    expected["spec"]["wasm"][0]["config"]["front"] = json!({});
+    assert_eq!(
+        front.eep, expected,
+        "{FRONT}'s EnvoyExtensionPolicy is {EXAMPLE}'s with `front: {{}}`, nothing else"
+    );
+    let public = front.public_config();
+    let public_front = public
+        .front
+        .unwrap_or_else(|| panic!("{FRONT}: the public config has no front role"));
+    assert!(
+        !public_front.serve_endpoints,
+        "the public listener must not answer the front endpoints"
+    );
+    assert_eq!(public.admin_cluster.as_deref(), Some(ADMIN_CLUSTER));
+
+    // The control configuration is the same with serve_endpoints.
+    let mut control_json = ex.eep["spec"]["wasm"][0]["config"].clone();
+    control_json["front"] = json!({"serve_endpoints": true});
+    assert_eq!(
+        front.control_config_json(),
+        control_json,
+        "the copy's configuration is the policy's with front.serve_endpoints: true"
+    );
+    let control = front.control_config();
+    assert!(control.front.is_some_and(|f| f.serve_endpoints));
+    assert_eq!(
+        control.front.map(|f| f.limits()),
+        public.front.map(|f| f.limits()),
+        "one table, one set of limits"
+    );
+
+    // The EnvoyPatchPolicy: the Gateway's HTTP listener, as Envoy Gateway
+    // names it; the filter it copies is the policy's own.
+    assert_eq!(front.epp["apiVersion"], EG_API);
+    assert_eq!(front.epp["metadata"]["namespace"], ns.as_str());
+    assert_eq!(front.epp["spec"]["type"], "JSONPatch");
+    assert_eq!(
+        front.epp["spec"]["targetRef"], ex.epp["spec"]["targetRef"],
+        "the Gateway {EXAMPLE}'s patch names"
+    );
+    let listener = ex.http_listener();
+    for e in front.entries() {
+        assert_eq!(e["type"], LISTENER_TYPE, "{e}");
+        assert_eq!(e["name"], listener.as_str(), "{e}");
+    }
+    let filter_name = format!(
+        "envoy.filters.http.wasm/{}",
+        envoy_gateway::wasm_name(&front.eep, 0)
+    );
+    let test = front.entry("test", "/name");
+    assert_eq!(test["value"], filter_name.as_str());
+    let copy = front.entry("copy", "/http_filters/0");
+    assert_eq!(
+        format!("{}/name", str_field(&copy["from"], "copy.from")),
+        str_field(&test["path"], "test.path"),
+        "the test entry checks the filter the copy takes"
+    );
+    assert!(str_field(&copy["from"], "from").starts_with("/default_filter_chain/"));
+    let port = front.control_port();
+
+    // The headless Service: every proxy pod of that Gateway, by the labels
+    // Envoy Gateway gives them, on the control port.
+    let fronts = &front.fronts;
+    assert_eq!(fronts["metadata"]["namespace"], PROXY_NAMESPACE);
+    assert_eq!(
+        fronts["spec"]["clusterIP"], "None",
+        "headless: one address per pod"
+    );
+    let selector = &fronts["spec"]["selector"];
+    assert_eq!(selector[OWNING_GATEWAY_NAME], ex.gateway());
+    assert_eq!(selector[OWNING_GATEWAY_NAMESPACE], ns.as_str());
+    for (k, v) in ENVOY_APP_LABELS {
+        assert_eq!(selector[k], v, "{k}");
+    }
+    assert_eq!(fronts["spec"]["ports"][0]["port"], u64::from(port));
+
+    // The backend: no sidecar, the hook installed by an init container into
+    // an emptyDir the app mounts, preStop `graceful-hook front` resolving
+    // the headless Service on the control port, within the grace period.
+    let pod = &front.deployment["spec"]["template"]["spec"];
+    let containers = pod["containers"].as_array().cloned().unwrap_or_default();
+    assert_eq!(containers.len(), 1, "the app alone: no sidecar");
+    let app = container(&pod["containers"], "app");
+    let init = container(&pod["initContainers"], "graceful-hook");
+    let volume = str_field(&init["volumeMounts"][0]["name"], "init volume");
+    let dir = str_field(&init["volumeMounts"][0]["mountPath"], "init mountPath");
+    assert_eq!(init["command"], json!(["/graceful-hook", "install", dir]));
+    assert!(
+        pod["volumes"].as_array().is_some_and(|v| v
+            .iter()
+            .any(|v| v["name"] == volume && v["emptyDir"].is_object())),
+        "an emptyDir named {volume}"
+    );
+    let mount = app["volumeMounts"]
+        .as_array()
+        .and_then(|m| m.iter().find(|m| m["name"] == volume))
+        .unwrap_or_else(|| panic!("the app does not mount {volume}"));
+    let command: Vec<&str> = app["lifecycle"]["preStop"]["exec"]["command"]
+        .as_array()
+        .map(|c| c.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        command.first().copied(),
+        Some(
+            format!(
+                "{}/graceful-hook",
+                str_field(&mount["mountPath"], "mountPath")
+            )
+            .as_str()
+        )
+    );
+    assert_eq!(command.get(1), Some(&"front"));
+    let fqdn = format!(
+        "{}.{}.svc.cluster.local:{port}",
+        str_field(&fronts["metadata"]["name"], "name"),
+        PROXY_NAMESPACE
+    );
+    assert_eq!(flag(&command, "--resolve"), fqdn);
+    let wait = parse_duration(flag(&command, "--wait")).unwrap_or_else(|e| panic!("{e}"));
+    let grace = Duration::from_secs(
+        pod["terminationGracePeriodSeconds"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no terminationGracePeriodSeconds")),
+    );
+    assert!(
+        grace >= wait + APP_EXIT,
+        "the grace period ({grace:?}) counts the hook's wait ({wait:?}) and the app's exit ({APP_EXIT:?})"
+    );
+    // The backend's Service selects it, on the app's port.
+    assert_eq!(
+        front.service["spec"]["selector"],
+        front.deployment["spec"]["selector"]["matchLabels"]
+    );
+    assert_eq!(
+        front.service["spec"]["ports"][0]["targetPort"],
+        app["ports"][0]["containerPort"]
+    );
+    command.iter().map(|a| a.to_string()).collect()
+}
+
+/// The gateway's config with `front-drain.yaml` applied: the policy's
+/// filter with `front`, the listener patched for the control port.
+fn front_config(front: &FrontExample, epp: &Value, eds: &Path) -> (Example, Value) {
+    let ex = Example::load().with_front(front);
+    let name = envoy_gateway::rule_cluster(ex.namespace(), ex.route(), 0);
+    let cluster = envoy_gateway::cluster(
+        &name,
+        eds,
+        envoy_gateway::load_balancing_policy(Some(&ex.btp["spec"]["loadBalancer"])),
+    );
+    let mut config = envoy_gateway::gateway_config(&ex, cluster, 9901, 10080);
+    let listener = listener_mut(
+        &mut config["static_resources"]["listeners"],
+        &ex.http_listener(),
+    );
+    let errors = apply_patches(epp, LISTENER_TYPE, listener);
+    assert!(errors.is_empty(), "{errors:?}");
+    (ex, config)
+}
+
+#[test]
+fn envoy_accepts_the_gateways_listener_with_the_control_port() {
+    let front = FrontExample::load();
+    let ex = Example::load();
+    let name = envoy_gateway::rule_cluster(ex.namespace(), ex.route(), 0);
+    let eds = scratch_eds(
+        "eg-front-validate",
+        &name,
+        &["127.0.0.1:18081".parse().unwrap()],
+    );
+    let (_, config) = front_config(&front, &front.epp, &eds);
+    assert_accepted("eg-front", &config);
+
+    // Envoy loads the copy's configuration too: a control configuration
+    // the filter refuses fails the listener, naming the field.
+    let mut bad = front.epp.clone();
+    for e in bad["spec"]["jsonPatches"]
+        .as_array_mut()
+        .into_iter()
+        .flatten()
+    {
+        let op = &mut e["operation"];
+        if op["path"]
+            .as_str()
+            .is_some_and(|p| p.ends_with("/configuration/value"))
+        {
+            op["value"] = json!(r#"{"front":{"serve_endpoints":true}}"#);
+        }
+    }
+    let (_, config) = front_config(&front, &bad, &eds);
+    let (ok, printed) = validate("eg-front-no-admin", &config);
+    assert!(!ok, "front without admin_cluster was accepted:\n{printed}");
+    assert!(printed.contains("admin_cluster"), "{printed}");
+}
+
+/// One request from `from` on a fresh connection.
+async fn ask(addr: SocketAddr, from: IpAddr, method: &str, path: &str) -> Response {
+    let mut conn = Conn::http1_from(addr, from)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    conn.send(method, path, &[], Bytes::new())
+        .await
+        .unwrap_or_else(|e| panic!("{method} {path} from {from}: {e}"))
+}
+
+/// Slow requests (1.5 s) through the public port, one more at a time,
+/// until one is in flight at upstream `index`; each task gives its answer
+/// and when it ended.
+async fn slow_requests_until_one_reaches(
+    gw: &Gateway,
+    index: usize,
+) -> Vec<tokio::task::JoinHandle<(Response, Instant)>> {
+    let before = gw.ups[index].app_requests();
+    let mut tasks = Vec::new();
+    for _ in 0..20 {
+        let listener = gw.listener;
+        tasks.push(tokio::spawn(async move {
+            let mut conn = Conn::http1(listener)
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            let r = conn
+                .get("/delay/1500")
+                .await
+                .unwrap_or_else(|e| panic!("{e}"));
+            (r, Instant::now())
+        }));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if gw.ups[index].app_requests() > before {
+            return tasks;
+        }
+    }
+    panic!("20 slow requests and none reached upstream {index}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_control_port_answers_the_front_endpoints_and_the_public_port_routes_them() {
+    let front = FrontExample::load();
+    // The example's port may be taken here: the same patch on a port of
+    // this test's.
+    let port = candidate_port();
+    let closing = Ipv4Addr::new(127, 0, 0, 3);
+    let outsider = IpAddr::from([127, 0, 0, 2]);
+    let shape = Shape {
+        ex: Example::load().with_front(&front),
+        ips: [closing, Ipv4Addr::LOCALHOST],
+        listener_patch: Some(front.epp_on_port(port)),
+    };
+    let gw = Gateway::start_shaped("eg-front", shape, |ex, name, eds| {
+        envoy_gateway::cluster(
+            name,
+            eds,
+            envoy_gateway::load_balancing_policy(Some(&ex.btp["spec"]["loadBalancer"])),
+        )
+    })
+    .await;
+    let control = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    gw.warm(4, 10).await;
+    gw.until_members_read().await;
+
+    // The public port: each endpoint, even from a member's address, is a
+    // request like any other, answered by a backend through the route.
+    let before: u64 = gw.ups.iter().map(Upstream::requests).sum();
+    for (method, path) in FRONT_ENDPOINTS {
+        let r = ask(gw.listener, IpAddr::V4(closing), method, path).await;
+        assert_eq!(
+            (r.status, r.text().as_str()),
+            (200, "ok\n"),
+            "{method} {path} on the public port"
+        );
+        assert!(
+            r.header("x-graceful-instance").is_some(),
+            "{method} {path} on the public port was not answered by a backend"
+        );
+    }
+    let after: u64 = gw.ups.iter().map(Upstream::requests).sum();
+    assert!(after >= before + 4, "{before} -> {after}");
+
+    // The control port: its route is a 404, never a backend.
+    let r = ask(control, IpAddr::V4(closing), "GET", "/").await;
+    assert_eq!(r.status, 404);
+    assert!(r.header("x-graceful-instance").is_none());
+
+    // An address that is no member is refused, and changes nothing.
+    for (method, path) in [FRONT_ENDPOINTS[0], FRONT_ENDPOINTS[3]] {
+        let r = ask(control, outsider, method, path).await;
+        assert_eq!(
+            r.status,
+            403,
+            "{method} {path} from {outsider}: {}",
+            r.text()
+        );
+    }
+    let r = ask(control, outsider, "POST", "/graceful/front/closing").await;
+    assert!(r.text().contains("not_a_member"), "{}", r.text());
+
+    // A member's own address is told 202 while a slow request to it is
+    // in flight: from then on the public port sends it nothing, and the
+    // front acknowledges once that request has ended.
+    let slow = slow_requests_until_one_reaches(&gw, 0).await;
+    let at_closing = gw.ups[0].app_requests();
+    let r = ask(
+        control,
+        IpAddr::V4(closing),
+        "POST",
+        "/graceful/front/closing",
+    )
+    .await;
+    assert_eq!(r.status, 202, "closing from {closing}: {}", r.text());
+    eprintln!(
+        "closing from {closing} on the control port: 202 {}",
+        r.text()
+    );
+    let sent = load(gw.listener, 4, 25, "/").await;
+    assert!(sent.iter().all(|r| r.status == 200));
+    assert_eq!(
+        gw.ups[0].app_requests(),
+        at_closing,
+        "requests reached the closing backend"
+    );
+    let r = ask(
+        control,
+        IpAddr::V4(closing),
+        "GET",
+        "/graceful/front/drained?wait=10s",
+    )
+    .await;
+    let drained_at = Instant::now();
+    assert_eq!(r.status, 200, "drained: {}", r.text());
+    eprintln!("drained?wait=10s from {closing}: 200 {}", r.text());
+    let status: Value = serde_json::from_str(&r.text()).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(status["state"], "acknowledged", "{status}");
+    assert!(
+        status["inflight_at_closing"].as_u64() >= Some(1),
+        "{status}"
+    );
+    let mut waited_for = 0;
+    for task in slow {
+        let (r, ended) = task.await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(r.status, 200, "a slow request failed");
+        if r.header("x-graceful-instance").as_deref() == Some("a1") {
+            assert!(
+                ended <= drained_at,
+                "acknowledged while a request to the backend was in flight"
+            );
+            waited_for += 1;
+        }
+    }
+    assert!(waited_for >= 1);
+
+    // The backend's hook, run from its address as the example runs it,
+    // returns 0 at once: the front has acknowledged.
+    let out = Command::new(hook_binary())
+        .args(["front", "--front", &format!("http://{control}")])
+        .args(["--source", &closing.to_string(), "--wait", "10s"])
+        .output()
+        .unwrap_or_else(|e| panic!("graceful-hook ({e}): cargo build -p graceful-hook"));
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success() && said.contains("1 of 1"),
+        "{:?}: {said}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    eprintln!("{}", said.trim());
+
+    // Its `serving` lifts it: the backend is sent requests again.
+    let r = ask(
+        control,
+        IpAddr::V4(closing),
+        "POST",
+        "/graceful/front/serving",
+    )
+    .await;
+    assert_eq!(r.status, 202, "serving: {}", r.text());
+    eventually(
+        "requests reach the backend again",
+        Duration::from_secs(10),
+        || async {
+            let _ = load(gw.listener, 2, 10, "/").await;
+            (gw.ups[0].app_requests() > at_closing).then_some(())
+        },
+    )
+    .await;
 }
