@@ -5,7 +5,10 @@
 //! the panic floor only ever adds members that refused a connection (never
 //! one whose last answer said closing), longest confirmed first, up to its
 //! size, each first in a list whose other hosts are all acceptable; with no
-//! acceptable member, every tombstoned one but those confirmed last.
+//! acceptable member, every tombstoned one but those confirmed last. And in
+//! a front (admin membership, the front-proxy role): a host that announced
+//! it is closing, or that the admin lists `DRAINING`, is never named while
+//! an acceptable member is known, whatever the hosts answer.
 
 // Test code: a panic is how a property fails.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -15,9 +18,10 @@ use std::collections::BTreeSet;
 
 use graceful_core::consumer::config::ConsumerConfig;
 use graceful_core::consumer::decisions::{Consumer, Effect, Exchange, Part, Response};
+use graceful_core::consumer::steering::Membership;
 use graceful_core::shared::keys;
 use graceful_core::shared::metrics::Metric;
-use graceful_core::shared::store::{self, MemStore};
+use graceful_core::shared::store::{self, MemStore, SharedStore};
 use proptest::prelude::*;
 
 mod common;
@@ -137,6 +141,39 @@ impl Process {
             .steer(&self.store, &mut view, signal)
             .map(|list| list.split(',').map(str::to_string).collect())
             .unwrap_or_default()
+    }
+}
+
+impl Process {
+    /// The admin's membership of the cluster, as the refresh writes it:
+    /// `hosts` members, those in `draining` listed `DRAINING`.
+    fn admin_lists(&self, hosts: usize, draining: &[usize]) {
+        let statuses: Vec<String> = (0..hosts)
+            .map(|h| {
+                let health = if draining.contains(&h) { "DRAINING" } else { "HEALTHY" };
+                format!(
+                    r#"{{"address":{{"socket_address":{{"address":"10.0.0.{}","port_value":80}}}},"health_status":{{"eds_health_status":"{health}"}}}}"#,
+                    h + 1
+                )
+            })
+            .collect();
+        let body = format!(
+            r#"{{"cluster_statuses":[{{"name":"{CLUSTER}","host_statuses":[{}]}}]}}"#,
+            statuses.join(",")
+        );
+        let m = Membership::from_admin_json(body.as_bytes(), &[CLUSTER]).unwrap();
+        self.store.set(keys::MEMBERS.name, &m.encode(), 0).unwrap();
+        store::add_bounded(&self.store, keys::MEMBERS_GEN.name, 1, u64::MAX).unwrap();
+        self.carry(&[Effect::Add(Metric::ConsumerGeneration, 1)]);
+    }
+
+    /// `host` tells the front through `copy` that it is closing.
+    fn announce(&mut self, copy: usize, host: usize, now: u64) {
+        let ip = std::net::Ipv4Addr::new(10, 0, 0, host as u8 + 1).to_ipv6_mapped();
+        let effects = self.copies[copy]
+            .announce_closing(&self.store, ip, now, 120 * S)
+            .unwrap();
+        self.carry(&effects);
     }
 }
 
@@ -316,6 +353,55 @@ proptest! {
                 BTreeSet::new()
             };
             prop_assert_eq!(seen, expected, "copy {}", copy);
+        }
+    }
+    #[test]
+    fn an_announced_or_draining_host_is_never_named_while_an_acceptable_one_is_known(
+        hosts in 2usize..=6,
+        copies in 1usize..=3,
+        announced in prop::collection::btree_set(0usize..6, 0..4),
+        draining in prop::collection::btree_set(0usize..6, 0..3),
+        attempts in prop::collection::vec((0usize..3, 0usize..6, 0u8..6), 0..30),
+        threshold in 0u8..=100,
+    ) {
+        let json = format!(r#"{{"admin_cluster":"admin","panic_threshold":{threshold}}}"#);
+        let mut p = Process::new(&json, copies);
+        let draining: Vec<usize> = draining.into_iter().filter(|&h| h < hosts).collect();
+        let announced: Vec<usize> = announced.into_iter().filter(|&h| h < hosts).collect();
+        p.admin_lists(hosts, &draining);
+        for &h in &announced {
+            p.announce(0, h, S);
+        }
+        let closing = |h: usize| announced.contains(&h) || draining.contains(&h);
+        // Hosts never tombstoned: neither closing nor marked nor refused.
+        let mut clean: BTreeSet<usize> = (0..hosts).filter(|&h| !closing(h)).collect();
+        // One attempt per 1.2 s: all within the 120 s announced.
+        for (i, &(copy, host, kind)) in attempts.iter().enumerate() {
+            let (copy, host) = (copy % copies, host % hosts);
+            // Mostly answers (an instance id an announced tombstone never
+            // saw), a closing mark or a refusal now and then.
+            let kind = match kind {
+                4 => Kind::Closing,
+                5 => Kind::Refused,
+                _ => Kind::Answered,
+            };
+            if kind != Kind::Answered {
+                clean.remove(&host);
+            }
+            let now = 2 * S + 1_200_000 * i as u64;
+            p.attempt(copy, host, kind, now);
+            for c in 0..copies {
+                let list = p.next_list(c, now);
+                if clean.is_empty() {
+                    continue;
+                }
+                for h in (0..hosts).filter(|&h| closing(h)) {
+                    prop_assert!(!list.contains(&address(h)), "copy {}: {:?} names closing {}", c, list, h);
+                }
+                if !announced.is_empty() {
+                    prop_assert!(!list.is_empty(), "copy {}: announced {:?}, yet not steered", c, announced);
+                }
+            }
         }
     }
 }
