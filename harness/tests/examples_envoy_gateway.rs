@@ -1211,13 +1211,33 @@ async fn the_control_port_answers_the_front_endpoints_and_the_public_port_routes
     }
     let after: u64 = gw.ups.iter().map(Upstream::requests).sum();
     assert!(after >= before + 4, "{before} -> {after}");
+    // Nor did the filter act on them: the member is still sent requests.
+    let still = gw.ups[0].app_requests();
+    gw.warm(4, 25).await;
+    assert!(
+        gw.ups[0].app_requests() > still,
+        "a closing on the public port was acted on"
+    );
+    let r = ask(
+        control,
+        IpAddr::V4(closing),
+        "GET",
+        "/graceful/front/status",
+    )
+    .await;
+    assert_eq!(r.status, 200, "status: {}", r.text());
+    assert!(
+        r.text().contains(r#""state":"serving""#),
+        "the front's table took a public-port request: {}",
+        r.text()
+    );
 
     // The control port: its route is a 404, never a backend.
     let r = ask(control, IpAddr::V4(closing), "GET", "/").await;
     assert_eq!(r.status, 404);
     assert!(r.header("x-graceful-instance").is_none());
 
-    // An address that is no member is refused, and changes nothing.
+    // An address that is no member is refused.
     for (method, path) in [FRONT_ENDPOINTS[0], FRONT_ENDPOINTS[3]] {
         let r = ask(control, outsider, method, path).await;
         assert_eq!(
