@@ -895,7 +895,8 @@ fn the_readmes_renaming_keeps_front_drain_consistent() {
         .take_while(|l| !l.starts_with("```"))
         .copied()
         .collect();
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("eg-renamed");
+    let dir =
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("eg-renamed-{}", std::process::id()));
     let _ = fs::remove_dir_all(&dir);
     let copied = dir.join("examples/envoy-gateway");
     fs::create_dir_all(dir.join("examples")).unwrap();
@@ -929,6 +930,7 @@ fn the_readmes_renaming_keeps_front_drain_consistent() {
     );
     assert_eq!(ex.http_listener(), "my-ns/my-gateway/http");
     check_front(&ex, &front);
+    let _ = fs::remove_dir_all(&dir);
 }
 
 /// What must agree in `front-drain.yaml` (or its renamed copy): with the
