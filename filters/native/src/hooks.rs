@@ -10,7 +10,7 @@
 //! | stream's filter alive | a panic caught in one of its hooks | dead: its later hooks do nothing and continue; logged once per process |
 //! | config alive | a panic caught in its tick or callout answer | dead: its streams' hooks do nothing (requests pass without the filter), its tick and answers are ignored; logged once |
 //! | a copy of a filter's state (a worker's, the drain's) | a panic caught while its lock was held | poisoned: dropped at its next use and a fresh one built from the config in its place (`copies.rs`), never reused |
-//! | dead stream's filter, or a dead config's | `filter_destroy` | still releases what the stream holds (the provider's in-flight count and kept scheduler, the consumer's live token): nothing else frees them, and a count never left would hold the drain gate until `timeout` |
+//! | dead stream's filter, or a dead config's | `filter_destroy` | still releases what the stream holds (the provider's in-flight count and kept scheduler, the consumer's live token and held front long-poll): nothing else frees them, and a count never left would hold the drain gate until `timeout` |
 //!
 //! Every stream hook is one [`Event`] through [`dispatch`], every config
 //! hook one `ConfigEvent` through [`dispatch_config`]: the look-up, the
