@@ -296,19 +296,53 @@ async fn closing_a_backend_under_load_loses_nothing_and_is_acknowledged() {
         "{}",
         after.len()
     );
+    // Each front's own account: acknowledged, nothing seen at p2 since;
+    // front 1 had the slow request in flight at the closing and saw it end
+    // before it acknowledged.
+    let mut figures = Vec::new();
+    for (i, f) in s.fronts.iter().enumerate() {
+        let r = from(f.control, s.ip(x), "GET", STATUS, &[]).await;
+        let st = json(&r);
+        assert_eq!(
+            find_str(&st, "state"),
+            Some("acknowledged"),
+            "front {}: {r:?}",
+            i + 1
+        );
+        assert_eq!(st["late"], 0, "front {}: {r:?}", i + 1);
+        figures.push(st);
+    }
+    let front1 = &figures[0];
+    assert!(
+        front1["inflight_at_closing"].as_u64() >= Some(1),
+        "{front1}"
+    );
+    let last = front1["last_active_ms"].as_u64().unwrap_or(0);
+    let slow_left = Duration::from_millis(SLOW_MS).saturating_sub(hook.started - slow_sent);
+    assert!(
+        Duration::from_millis(last) + Duration::from_millis(300) >= slow_left,
+        "front 1 saw its last request end at {last} ms, the slow one had {slow_left:?} left: {front1}"
+    );
+    assert!(
+        front1["acknowledged_after_ms"].as_u64() >= Some(last),
+        "{front1}"
+    );
     eprintln!(
         "closing p2: {} requests, {failed} failed; before {before:?}, after the acknowledgement {after_split:?}; \
-         slow request ended {:?} after the hook started, the hook returned after {:?}; {}",
+         slow request ended {:?} after the hook started, the hook returned after {:?}; {}; fronts' status: {} | {}",
         all.len(),
         slow_ended.saturating_duration_since(hook.started),
         hook.took(),
-        hook.line
+        hook.line,
+        figures[0],
+        figures[1]
     );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn closing_another_host_or_from_outside_is_refused() {
     let s = Setup::start("front-refused").await;
+    let mut shares = Vec::new();
     let (f1, f2) = (&s.fronts[0], &s.fronts[1]);
     let outside = IpAddr::V4(Ipv4Addr::LOCALHOST);
     let (p1, p2) = (s.ip(0), s.ip(1));
@@ -323,8 +357,7 @@ async fn closing_another_host_or_from_outside_is_refused() {
             "{r:?}"
         );
     }
-    let split = served_responses(&client::load(f1.public, 6, 100, "/").await);
-    assert_shared("front 1 after an outsider's closing", split, &[0, 1, 2]);
+    shares.push(share("front 1 after an outsider's closing", f1, &[0, 1, 2]).await);
 
     // A member naming another host: 403 by `?host=`.
     let r = from(f2.control, p1, "POST", &format!("{CLOSING}?host={p2}"), &[]).await;
@@ -334,8 +367,7 @@ async fn closing_another_host_or_from_outside_is_refused() {
         Some("not_your_address"),
         "{r:?}"
     );
-    let split = served_responses(&client::load(f2.public, 6, 100, "/").await);
-    assert_shared("front 2 after ?host=", split, &[0, 1, 2]);
+    shares.push(share("front 2 after ?host=", f2, &[0, 1, 2]).await);
 
     // ... and by `x-forwarded-for`: the front takes the connection's
     // address, so p1 closes itself and p2 stays.
@@ -354,11 +386,9 @@ async fn closing_another_host_or_from_outside_is_refused() {
     )
     .await;
     assert_eq!(r.status, 200, "p1's acknowledgement: {r:?}");
-    let split = served_responses(&client::load(f1.public, 6, 100, "/").await);
-    assert_shared("front 1 with p1 closed", split, &[1, 2]);
+    shares.push(share("front 1 with p1 closed", f1, &[1, 2]).await);
     // Front 2 was told nothing.
-    let split = served_responses(&client::load(f2.public, 6, 100, "/").await);
-    assert_shared("front 2, told nothing", split, &[0, 1, 2]);
+    shares.push(share("front 2, told nothing", f2, &[0, 1, 2]).await);
 
     // The public listener answers none of the endpoints: each reaches a
     // backend, from a member's address or not, and closes nothing.
@@ -379,18 +409,25 @@ async fn closing_another_host_or_from_outside_is_refused() {
     }
     let r = from(f2.control, p2, "GET", STATUS, &[]).await;
     assert_eq!(find_str(&json(&r), "state"), Some("serving"), "p2: {r:?}");
-    let split = served_responses(&client::load(f2.public, 6, 100, "/").await);
-    assert_shared(
-        "front 2 after the public listener's calls",
-        split,
-        &[0, 1, 2],
-    );
+    shares.push(share("front 2 after the public listener's calls", f2, &[0, 1, 2]).await);
 
     // p1 says it is serving again: front 1 sends it its share.
     let r = from(f1.control, p1, "POST", SERVING, &[]).await;
     assert_eq!(r.status, 202, "{r:?}");
-    let split = served_responses(&client::load(f1.public, 6, 100, "/").await);
-    assert_shared("front 1 after p1's serving", split, &[0, 1, 2]);
+    shares.push(share("front 1 after p1's serving", f1, &[0, 1, 2]).await);
+    eprintln!("refused and forged closings, 600 requests each: {shares:?}");
+}
+
+/// 600 requests through `front`'s public listener (6 connections): each
+/// of `among` gets an even share and the others none ([`assert_shared`]).
+async fn share(
+    what: &'static str,
+    front: &FrontProxy,
+    among: &[usize],
+) -> (&'static str, [u64; 3]) {
+    let split = served_responses(&client::load(front.public, 6, 100, "/").await);
+    assert_shared(what, split, among);
+    (what, split)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
