@@ -19,10 +19,11 @@ use std::time::{Duration, Instant};
 use graceful_harness::support::client::{self, Response};
 use graceful_harness::support::envoy::{
     envoy_binary, envoy_minor, eventually, native_module, repo_root, scratch_path, wasm_dir,
+    write_eds_health,
 };
 use graceful_harness::support::front::{
     eds_for, find_str, from, hook_args, json, native_file, run_hook, until_known, Backends,
-    FrontProxy, CLOSING, DRAINED, SERVING, STATUS,
+    FrontProxy, CLOSING, CLUSTER, DRAINED, SERVING, STATUS,
 };
 use graceful_harness::support::load::{Load, Protocol, Sample};
 
@@ -46,6 +47,8 @@ const SLOW_MS: u64 = 3000;
 struct Setup {
     backends: Backends,
     fronts: [FrontProxy; 2],
+    /// The EDS file both fronts read.
+    eds: std::path::PathBuf,
 }
 
 impl Setup {
@@ -61,6 +64,7 @@ impl Setup {
         let setup = Setup {
             backends,
             fronts: [a, b],
+            eds,
         };
         for front in &setup.fronts {
             // A request routed to the cluster makes graceful_consumer read
@@ -569,6 +573,71 @@ async fn a_front_killed_mid_drain_is_named_at_the_deadline() {
         killed_at - hook.started,
         through_other.len(),
         served(&after),
+        hook.took(),
+        hook.line
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_backend_listed_draining_closes_on_every_front_and_is_acknowledged() {
+    let s = Setup::start("front-draining").await;
+    // p3, at 127.0.0.4: the control plane lists it DRAINING, as Envoy
+    // Gateway sends a terminating pod. No request from p3 yet.
+    let x = 2;
+    let listed: Vec<_> = s
+        .backends
+        .addrs()
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| (a, if i == x { "DRAINING" } else { "HEALTHY" }))
+        .collect();
+    write_eds_health(&s.eds, CLUSTER, &listed);
+    // Envoy 1.36 and 1.37: graceful_consumer reads membership from
+    // /config_dump, which lists an EDS DRAINING host as UNHEALTHY (its
+    // coarse health; seen on 1.36.4 and 1.40.0, over file-based EDS and
+    // delta ADS), so the front cannot tell DRAINING there: p3's own
+    // closing is what closes it (the hook below, either way).
+    let sees_draining = envoy_minor() >= (1, 38);
+    let mut seen = Vec::new();
+    for f in &s.fronts {
+        if !sees_draining {
+            break;
+        }
+        let st = eventually(
+            &format!("envoy {}: p3 closing by DRAINING", f.envoy.name),
+            Duration::from_secs(10),
+            || async {
+                // Membership is read from the admin as requests need it.
+                let _ = client::get(f.public, "/").await;
+                let r = from(f.control, s.ip(x), "GET", STATUS, &[]).await;
+                let st = json(&r);
+                let draining = st["source"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|v| v == "draining"));
+                (draining && st["state"] != "serving").then_some(st)
+            },
+        )
+        .await;
+        seen.push(st);
+    }
+    let split = [
+        share("front 1 with p3 DRAINING", &s.fronts[0], &[0, 1]).await,
+        share("front 2 with p3 DRAINING", &s.fronts[1], &[0, 1]).await,
+    ];
+    // p3's preStop then finds both fronts closing it already.
+    let hook = run_hook(&hook_args(&[&s.fronts[0], &s.fronts[1]], s.ip(x), "10s")).await;
+    assert_eq!(hook.code, Some(0), "{hook:?}");
+    assert!(
+        hook.line
+            .starts_with("graceful-hook front: 2 of 2 fronts acknowledged in "),
+        "{hook:?}"
+    );
+    eprintln!(
+        "p3 DRAINING: fronts' status before the hook [{}] (Envoy {:?}: DRAINING {}seen by the front); \
+         shares {split:?}; the hook returned after {:?}: {}",
+        seen.iter().map(|v| v.to_string()).collect::<Vec<_>>().join(" | "),
+        envoy_minor(),
+        if sees_draining { "" } else { "not " },
         hook.took(),
         hook.line
     );
