@@ -320,7 +320,7 @@ proptest! {
         }
         // The panic floor off: this oracle is the plain rule (the floor's is
         // prop_consumer.rs).
-        let rules = Rules { ttls: Ttls { closing: Duration::from_secs(30), failure: Duration::from_secs(5), warming: None }, panic_threshold: 0, slow_start: None };
+        let rules = Rules { ttls: Ttls { closing: Duration::from_secs(30), failure: Duration::from_secs(5), warming: None }, panic_threshold: 0, slow_start: None, steer_draining: true };
         match plan(&members, &list, cluster, now, &rules).0.steering(rotation) {
             Steering::LeaveAlone => prop_assert!(!concerned),
             Steering::NoneLeft => prop_assert!(concerned && acceptable.is_empty()),

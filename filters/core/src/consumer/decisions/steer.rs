@@ -138,6 +138,7 @@ impl Consumer {
             ttls: self.ttls,
             panic_threshold: self.config.panic_threshold,
             slow_start: self.config.readmit_slow_start,
+            steer_draining: self.config.front.is_some(),
         }
     }
 
@@ -148,7 +149,8 @@ impl Consumer {
     /// observation, the refresh, the front's calls), so a change reaches
     /// steering a response later. Once steering, the plan reads it anyway.
     fn admin_lists_draining(&self) -> bool {
-        self.config.admin_cluster.is_some() && self.members_draining
+        // The front role's only: a sidecar consumer leaves it to the balancer.
+        self.config.front.is_some() && self.config.admin_cluster.is_some() && self.members_draining
     }
 
     /// Whether the plan this copy steers `cluster` by is a last resort.

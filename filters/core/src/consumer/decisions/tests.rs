@@ -1546,11 +1546,12 @@ fn the_cached_observed_membership_is_what_was_read_or_written_whatever_a_write_m
 // ---- the front-proxy role ------------------------------------------------
 
 /// The process's shared data as the mock host holds it, with the
-/// consumer's keys, and `n` copies configured with an admin cluster.
+/// consumer's keys, and `n` copies configured with an admin cluster and
+/// `front`.
 fn front_copies(n: usize) -> (crate::shared::mock::MockStore, Vec<Consumer>) {
     let store = crate::shared::mock::MockStore::default();
     store::ensure_all(&store, &crate::initial::values(keys::Owner::Consumer)).unwrap();
-    let json = r#"{"admin_cluster":"admin"}"#;
+    let json = r#"{"admin_cluster":"admin","front":{}}"#;
     let copies = (0..n).map(|_| Consumer::new(config(json), false)).collect();
     (store, copies)
 }
@@ -1821,6 +1822,38 @@ fn a_draining_member_steers_its_cluster_with_no_tombstone() {
         2 * S,
     );
     assert_eq!(steer(&mut c[0], &store, "svc", 2 * S), None);
+}
+
+#[test]
+fn a_sidecar_consumer_leaves_a_draining_members_cluster_to_the_balancer() {
+    // The same admin and membership without `front`: as before the front
+    // role, a DRAINING member is only unusable, and its cluster is
+    // steered by tombstones alone, never naming it.
+    let (store, mut c) = copies(
+        r#"{"admin_cluster":"admin","max_tombstones":64}"#,
+        1,
+    );
+    admin_lists(
+        &store,
+        &[(
+            "svc",
+            &[
+                ("10.0.0.1:80", "HEALTHY"),
+                ("10.0.0.2:80", "DRAINING"),
+                ("10.0.0.3:80", "HEALTHY"),
+            ],
+        )],
+    );
+    for _ in 0..2 {
+        observe(&mut c[0], &store, ok("i"), "10.0.0.1:80", Part::Headers, S);
+    }
+    assert_eq!(steer(&mut c[0], &store, "svc", S), None, "LeaveAlone");
+    observe(&mut c[0], &store, closing("i"), "10.0.0.3:80", Part::Headers, S);
+    assert_eq!(
+        steer(&mut c[0], &store, "svc", S).as_deref(),
+        Some("10.0.0.1:80"),
+        "a tombstone steers, the DRAINING member never named"
+    );
 }
 
 #[test]

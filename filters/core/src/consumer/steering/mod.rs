@@ -61,6 +61,7 @@ pub(crate) mod testing {
         ttls: TTLS,
         panic_threshold: 50,
         slow_start: None,
+        steer_draining: false,
     };
 
     pub fn members(addrs: &[&str]) -> Vec<Member> {

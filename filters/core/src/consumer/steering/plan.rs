@@ -227,6 +227,10 @@ pub struct Rules {
     /// How a readmitted host ramps up (`readmit_slow_start`); None:
     /// warming entries are ignored.
     pub slow_start: Option<SlowStart>,
+    /// A member listed `DRAINING` steers its cluster (the front role only:
+    /// a sidecar consumer leaves such a cluster to the balancer, the
+    /// member folded into unusable, as before the front existed).
+    pub steer_draining: bool,
 }
 
 impl Rules {
@@ -271,8 +275,9 @@ impl Rules {
 /// TTLs can make a host that just said closing look old.
 ///
 /// `DRAINING` members and announced tombstones (the front-proxy role):
-/// a member the admin lists `DRAINING` steers its cluster as a live
-/// tombstone does, and is never listed (it is not usable: neither an
+/// with [`Rules::steer_draining`], a member the admin lists `DRAINING`
+/// steers its cluster as a live tombstone does; with or without it, it is
+/// never listed (it is not usable: neither an
 /// acceptable host, nor tried below the floor, nor a last resort). An
 /// announced tombstone is a tombstone whose host said it is closing: never
 /// tried below the floor or on trial, listed only in a last resort, as a
@@ -298,7 +303,7 @@ pub fn plan(
         warming_hosts(members, tombstones, &dead, cluster, now_us, until, rules);
     // Left alone, the balancer keeps a `DRAINING` host out only until panic
     // engages for another reason, then picks it (envoy#46800).
-    let draining_concern = members.iter().any(|m| m.draining);
+    let draining_concern = rules.steer_draining && members.iter().any(|m| m.draining);
     if !(dead_concern || warming_concern || draining_concern) {
         return (Plan::LeaveAlone, until);
     }
@@ -560,6 +565,12 @@ mod tests {
         );
     }
 
+    /// The front role's rules: `DRAINING` members steer their cluster.
+    const FRONT: Rules = Rules {
+        steer_draining: true,
+        ..RULES
+    };
+
     /// `addrs` as members, those in `draining` listed `DRAINING` (so not
     /// usable), as the admin reads them.
     fn with_draining(addrs: &[&str], draining: &[&str]) -> Vec<Member> {
@@ -580,7 +591,7 @@ mod tests {
     fn a_draining_member_steers_its_cluster_and_is_never_listed() {
         let m = with_draining(&["a:1", "b:1", "c:1"], &["b:1"]);
         assert_eq!(
-            plan(&m, &Tombstones::default(), "svc", 0, &RULES),
+            plan(&m, &Tombstones::default(), "svc", 0, &FRONT),
             (Plan::hosts(["a:1", "c:1"]), u64::MAX),
             "no tombstone, yet steered: held until membership changes"
         );
@@ -590,11 +601,21 @@ mod tests {
                 &Tombstones::default(),
                 "svc",
                 0,
-                &RULES
+                &FRONT
             )
             .0,
             Plan::LeaveAlone,
             "without one, the balancer decides as before"
+        );
+        // A sidecar consumer (no front): left to the balancer as before,
+        // the member unusable; steered by a tombstone, never listed.
+        assert_eq!(
+            plan(&m, &Tombstones::default(), "svc", 0, &RULES).0,
+            Plan::LeaveAlone
+        );
+        assert_eq!(
+            plan(&m, &tombstoned(&["a:1"]), "svc", 0, &RULES).0,
+            Plan::hosts(["c:1"])
         );
         // Below the panic floor, with the rest refused: a refused host is
         // tried, the draining one never.
@@ -602,7 +623,7 @@ mod tests {
         let t = refused_in_turn(&["b:1", "c:1"]);
         let every = Rules {
             panic_threshold: 100,
-            ..RULES
+            ..FRONT
         };
         assert_eq!(
             plan(&m, &t, "svc", 1_500_000, &every).0,
@@ -612,7 +633,7 @@ mod tests {
         // the balancer decides (as when every host closed at once).
         let all = with_draining(&["a:1", "b:1"], &["a:1", "b:1"]);
         assert_eq!(
-            plan(&all, &Tombstones::default(), "svc", 0, &RULES)
+            plan(&all, &Tombstones::default(), "svc", 0, &FRONT)
                 .0
                 .steering(0),
             Steering::NoneLeft
