@@ -265,6 +265,7 @@ pub async fn rolling_restart(
                 // The container's report line is in its log.
                 drain_report: None,
                 watch_told_ms: None,
+                last_request_end_ms: None,
                 access_log: Default::default(),
             });
             stopped.push(Stopped {

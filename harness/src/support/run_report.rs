@@ -51,6 +51,10 @@ pub struct ProviderEvents {
     /// once drained); null where the filters did not run.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drain_report: Option<serde_json::Value>,
+    /// When the last request to it ended (behind fronts, from their access
+    /// logs); null elsewhere.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_request_end_ms: Option<u64>,
     /// The access log of the instance that went down.
     #[serde(skip)]
     pub access_log: std::path::PathBuf,
