@@ -113,6 +113,10 @@ impl RootContext for ConsumerRoot {
                 period = period.min(front.poll);
             }
             graceful_guest::set_tick_period(period);
+        } else if let Some(front) = &filter.config().front {
+            // The fence's caches follow the listener's writes even where the
+            // change signal is per stats scope (upstream_tick).
+            graceful_guest::set_tick_period(front.poll);
         }
         let copy = RefCell::new(filter.new_copy());
         self.shared = Some(Rc::new(Shared {
@@ -128,6 +132,10 @@ impl RootContext for ConsumerRoot {
         let Some(s) = &self.shared else {
             return;
         };
+        if self.upstream {
+            s.filter.upstream_tick(&s.copy, &s.host);
+            return;
+        }
         s.filter.tick(&s.copy, &s.host);
         for (context_id, ()) in s.filter.front_tick(&s.front, &s.copy, &s.host, |_, _| {}) {
             // The stream may have gone meanwhile: then the host refuses the

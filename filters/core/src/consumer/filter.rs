@@ -27,9 +27,10 @@ use crate::consumer::config::ConsumerConfig;
 use crate::consumer::decisions::{
     Call, CallKind, Consumer, Effect, Exchange, Part, Response, MAX_ADMIN_BODY,
 };
+use crate::consumer::front::grace;
 use crate::shared::headers;
 use crate::shared::host::{
-    Action, Attribute, CallResponse, Host, HttpCall, Map, StateCell, Stream,
+    Action, Attribute, CallResponse, Host, HttpCall, LocalReply, Map, StateCell, Stream,
 };
 use crate::shared::keys::{self, Owner};
 use crate::shared::metrics::Metric;
@@ -73,6 +74,12 @@ pub struct ConsumerStream {
     counted: Cell<bool>,
     /// Response headers arrived.
     answered: Cell<bool>,
+    /// The upstream instance's fence answered this attempt (its host
+    /// closing): neither an answer of the host's nor a failure of it.
+    fenced: Cell<bool>,
+    /// The grace count's slot this request is in (listener instance,
+    /// `front`): leaves it once.
+    awaiting: Cell<Option<Metric>>,
     lazy: RefCell<Lazy>,
 }
 
@@ -85,8 +92,10 @@ struct Lazy {
 }
 
 impl ConsumerStream {
+    /// Response headers arrived, or the fence answered (the attempt did
+    /// not fail: nothing to tombstone at its end).
     pub fn answered(&self) -> bool {
-        self.answered.get()
+        self.answered.get() || self.fenced.get()
     }
 
     /// The host's side of this stream for the core (the clock read once
@@ -195,6 +204,18 @@ impl ConsumerFilter {
         if config.front.is_some() && !upstream {
             crate::initial::create_keys_with(h, Owner::Consumer, Some(keys::FRONT_FIELD))?;
         }
+        if config.front.is_some() && upstream {
+            // The fence runs here: the listener's acknowledgement may rely on
+            // it. Written whole (a missing key takes any write); a failure
+            // leaves the grace count to decide, which only waits longer.
+            let at = h.now_us().max(1).to_le_bytes();
+            if let Err(e) = h.store().set(keys::FRONT_FENCE.name, &at, 0) {
+                h.log(
+                    crate::shared::host::Level::Warn,
+                    &format!("front: the fence's presence not recorded ({e:?}): acknowledgements wait for the grace count"),
+                );
+            }
+        }
         let rejected: Vec<&str> = [Metric::ConsumerInflight, Metric::ConsumerGeneration]
             .into_iter()
             .filter(|m| !h.metric_is_kept(*m))
@@ -266,8 +287,16 @@ impl ConsumerFilter {
         }
         if self.upstream {
             // One stream per attempt: counting and steering are the
-            // listener instance's.
+            // listener instance's; the fence is this one's.
+            if self.config.front.is_some() {
+                return self.fence(copy, st, s);
+            }
             return Action::Continue;
+        }
+        if self.config.front.is_some() {
+            // Before the generation read that steers it (grace.rs: why).
+            st.awaiting
+                .set(grace::enter(&crate::shared::host::HostMetrics(s)));
         }
         // Counted exactly once: `stream_end` takes it out. (The gauge is
         // real: configure refused a rejected one.)
@@ -296,7 +325,12 @@ impl ConsumerFilter {
         st: &ConsumerStream,
         s: &impl Stream,
     ) -> Action {
+        if st.fenced.get() {
+            // The fence's own 503: not the host's answer.
+            return Action::Continue;
+        }
         st.answered.set(true);
+        self.grace_leave(st, s);
         self.observe(copy, st, s, Map::ResponseHeaders, Part::Headers);
         if self.upstream && copy.with(|c| c.core.take_signal_hint()) {
             s.set_header(Map::ResponseHeaders, headers::SIGNAL, "1");
@@ -350,6 +384,48 @@ impl ConsumerFilter {
         if st.counted.take() {
             h.metric_add(Metric::ConsumerInflight, -1);
         }
+        self.grace_leave(st, h);
+    }
+
+    /// Out of the grace count's slot, once.
+    fn grace_leave(&self, st: &ConsumerStream, h: &(impl Host + ?Sized)) {
+        if let Some(gauge) = st.awaiting.take() {
+            grace::leave(&crate::shared::host::HostMetrics(h), gauge);
+        }
+    }
+
+    /// The upstream instance's fence (design §3): an attempt at a host
+    /// closing (announced, or listed `DRAINING`) gets a local 503 with the
+    /// closing mark before it is sent, which the route's retry policy moves
+    /// (503 retriable, `previous_hosts`). One at an acknowledged host is
+    /// late.
+    fn fence(
+        &self,
+        copy: &impl StateCell<ConsumerCopy>,
+        st: &ConsumerStream,
+        s: &impl Stream,
+    ) -> Action {
+        let signal = s.metric_get(Metric::ConsumerGeneration);
+        let mut view = st.view(s);
+        let Some(address) = copy.with(|c| c.core.fenced(s.store(), &mut view, signal)) else {
+            return Action::Continue;
+        };
+        let now = view.now();
+        drop(view);
+        st.fenced.set(true);
+        let mark = self.config.closing_headers.first().map_or(
+            crate::consumer::config::DEFAULT_CLOSING_HEADERS[0],
+            String::as_str,
+        );
+        s.send_reply(&LocalReply {
+            status: 503,
+            headers: &[(mark, "true")],
+            body: b"graceful_consumer: host closing, attempt fenced",
+            grpc_status: None,
+            details: "graceful_consumer_fenced",
+        });
+        self.front_fenced(s, &address, now);
+        Action::Stop
     }
 
     /// As an upstream filter, an attempt ended: one that got no response
@@ -406,6 +482,17 @@ impl ConsumerFilter {
         });
         carry_out(h, effects);
         self.dispatch(copy, h, calls);
+    }
+
+    /// The upstream instance's tick, with `front` (wasm: every
+    /// `front.poll`): the fence's caches follow the listener's writes where
+    /// the two instances' change signals live in different stats scopes
+    /// (Envoy 1.36 to 1.38: see [`Consumer::notice_unannounced`]). No
+    /// refresh, no probe: those are the listener instance's.
+    pub fn upstream_tick(&self, copy: &impl StateCell<ConsumerCopy>, h: &impl Host) {
+        let signal = h.metric_get(Metric::ConsumerGeneration);
+        let effects = copy.with(|c| c.core.notice_unannounced_front(h.store(), signal));
+        carry_out(h, effects);
     }
 
     fn dispatch(&self, copy: &impl StateCell<ConsumerCopy>, h: &impl Host, calls: Vec<Call>) {

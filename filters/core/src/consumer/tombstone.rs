@@ -249,6 +249,16 @@ impl Tombstones {
         tombstones.chain(warming).max().unwrap_or(0)
     }
 
+    /// The latest expiry of an announced tombstone (0: none).
+    pub fn announced_end(&self) -> u64 {
+        self.entries
+            .iter()
+            .filter(|t| t.cause == Cause::Announced)
+            .map(|t| t.expires_us)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Live tombstones at `now_us`.
     pub fn live(&self, now_us: u64) -> impl Iterator<Item = &Tombstone> {
         self.entries.iter().filter(move |t| t.expires_us > now_us)

@@ -75,13 +75,22 @@ pub enum Metric {
     /// Front endpoint requests refused (untrusted peer, not a member,
     /// another host's address).
     FrontRefused,
+    /// The grace count's epoch (docs/design/front-proxy-drain.md §3):
+    /// advanced by a steering once the older slot reads 0.
+    FrontEpoch,
+    /// Requests of the listener instance between their request headers
+    /// and their response headers (or end), by the epoch's parity at
+    /// their start: slot 0.
+    FrontAwaiting0,
+    /// The same, slot 1.
+    FrontAwaiting1,
 }
 
 use Kind::{Counter, Gauge};
 use Owner::{Consumer, Drain, Provider};
 
 impl Metric {
-    pub const ALL: [Metric; 25] = [
+    pub const ALL: [Metric; 28] = [
         Metric::ProviderInflight,
         Metric::ProviderStarted,
         Metric::ProviderClosingMarked,
@@ -107,6 +116,9 @@ impl Metric {
         Metric::FrontAcknowledged,
         Metric::FrontLate,
         Metric::FrontRefused,
+        Metric::FrontEpoch,
+        Metric::FrontAwaiting0,
+        Metric::FrontAwaiting1,
     ];
 
     /// Its place in [`Metric::ALL`] (for tables indexed by metric).
@@ -151,6 +163,9 @@ impl Metric {
             Metric::FrontAcknowledged => ("graceful_front_acknowledged", Counter, Consumer, &[]),
             Metric::FrontLate => ("graceful_front_late", Counter, Consumer, &[]),
             Metric::FrontRefused => ("graceful_front_refused", Counter, Consumer, &[]),
+            Metric::FrontEpoch => ("graceful_front_epoch", Counter, Consumer, &[]),
+            Metric::FrontAwaiting0 => ("graceful_front_awaiting_0", Gauge, Consumer, &[]),
+            Metric::FrontAwaiting1 => ("graceful_front_awaiting_1", Gauge, Consumer, &[]),
         }
     }
 
@@ -306,7 +321,7 @@ mod tests {
             ]
         );
         assert_eq!(names(Consumer, true), names(Consumer, false));
-        assert_eq!(names(Consumer, false).len(), 12);
+        assert_eq!(names(Consumer, false).len(), 15);
         assert_eq!(
             names(Consumer, false)[8..],
             [
@@ -314,6 +329,9 @@ mod tests {
                 "graceful_front_acknowledged",
                 "graceful_front_late",
                 "graceful_front_refused",
+                "graceful_front_epoch",
+                "graceful_front_awaiting_0",
+                "graceful_front_awaiting_1",
             ]
         );
         assert_eq!(

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::net::Ipv6Addr;
 
-use super::{Consumer, Effect, Level};
+use super::{Consumer, Effect, Exchange, Level};
 use crate::consumer::steering::{member_ip, plan, rq_active_by_ip, Membership, Plan};
 use crate::consumer::tombstone::{Cause, Change, Tombstones};
 use crate::shared::keys;
@@ -205,6 +205,63 @@ impl Consumer {
             view.healthy &= view.listed;
         }
         views
+    }
+
+    /// The fence (the upstream instance with `front`, design §3): the
+    /// attempt's host when it has a live announced tombstone or is listed
+    /// `DRAINING`, else None. `upstream.address` and the clock are read only
+    /// while the cached tombstones may hold a live announced entry or the
+    /// admin's membership lists a member `DRAINING`; shared data only when
+    /// `signal` moved (the per-request protocol).
+    pub fn fenced(
+        &mut self,
+        store: &dyn SharedStore,
+        x: &mut dyn Exchange,
+        signal: Option<u64>,
+    ) -> Option<String> {
+        self.sync(signal);
+        self.refresh_tombstones(store);
+        if self.config.admin_cluster.is_some() {
+            self.refresh_members(store);
+        }
+        let draining = self.admin_lists_draining();
+        if !self.may_be_announced(x) && !draining {
+            return None;
+        }
+        let address = x.address()?;
+        let now = x.now();
+        let announced = self
+            .tombstones
+            .value
+            .get_live(&address, now)
+            .is_some_and(|t| t.cause == Cause::Announced);
+        let listed_draining = draining
+            && self
+                .members
+                .value
+                .clusters()
+                .any(|(_, ms)| ms.iter().any(|m| m.draining && m.address == address));
+        (announced || listed_draining).then_some(address)
+    }
+
+    /// [`Consumer::notice_unannounced`] for the fence: the admin's
+    /// membership too (its `DRAINING` members), whose writes are the
+    /// listener instance's.
+    pub fn notice_unannounced_front(
+        &mut self,
+        store: &dyn SharedStore,
+        signal: Option<u64>,
+    ) -> Vec<Effect> {
+        let mut effects = self.notice_unannounced(store, signal);
+        if self.config.admin_cluster.is_some() {
+            let before = self.members.gen;
+            self.members.stale();
+            self.refresh_members(store);
+            if self.members.gen != before && effects.is_empty() {
+                effects = self.announce();
+            }
+        }
+        effects
     }
 
     /// IPs of members the admin lists `DRAINING` (the front's closing by

@@ -281,6 +281,9 @@ pub struct Consumer {
     /// The latest expiry in the cached tombstone list; 0 once the clock
     /// has passed it (nothing in the list can be live until it changes).
     live_until: u64,
+    /// The latest expiry of an announced tombstone in the cached list; 0
+    /// once passed (the fence reads no address until a write).
+    announced_until: u64,
     members: Cached<Membership>,
     /// The cached admin membership lists a member `DRAINING` (worked out
     /// once per change of it: such a cluster is steered).
@@ -390,6 +393,7 @@ impl Consumer {
             own_bumps: 0,
             tombstones: Cached::new(),
             live_until: 0,
+            announced_until: 0,
             members: Cached::new(),
             members_draining: false,
             shared_observed: Cached::keeping_bytes(),

@@ -243,7 +243,20 @@ impl Consumer {
             // Warming entries too: while a readmitted host ramps up, its
             // cluster is steered.
             self.live_until = self.tombstones.value.latest_end();
+            self.announced_until = self.tombstones.value.announced_end();
         }
+    }
+
+    /// [`Consumer::may_be_live`] for announced tombstones (the fence's).
+    pub(super) fn may_be_announced(&mut self, x: &mut dyn Exchange) -> bool {
+        if self.announced_until == 0 {
+            return false;
+        }
+        if x.now() >= self.announced_until {
+            self.announced_until = 0;
+            return false;
+        }
+        true
     }
 
     /// Whether the cached list may hold a live tombstone; reads the clock

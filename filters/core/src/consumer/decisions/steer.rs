@@ -148,7 +148,7 @@ impl Consumer {
     /// were, and the membership is read again where it was (a response's
     /// observation, the refresh, the front's calls), so a change reaches
     /// steering a response later. Once steering, the plan reads it anyway.
-    fn admin_lists_draining(&self) -> bool {
+    pub(super) fn admin_lists_draining(&self) -> bool {
         // The front role's only: a sidecar consumer leaves it to the balancer.
         self.config.front.is_some() && self.config.admin_cluster.is_some() && self.members_draining
     }

@@ -1829,10 +1829,7 @@ fn a_sidecar_consumer_leaves_a_draining_members_cluster_to_the_balancer() {
     // The same admin and membership without `front`: as before the front
     // role, a DRAINING member is only unusable, and its cluster is
     // steered by tombstones alone, never naming it.
-    let (store, mut c) = copies(
-        r#"{"admin_cluster":"admin","max_tombstones":64}"#,
-        1,
-    );
+    let (store, mut c) = copies(r#"{"admin_cluster":"admin","max_tombstones":64}"#, 1);
     admin_lists(
         &store,
         &[(
@@ -1848,7 +1845,14 @@ fn a_sidecar_consumer_leaves_a_draining_members_cluster_to_the_balancer() {
         observe(&mut c[0], &store, ok("i"), "10.0.0.1:80", Part::Headers, S);
     }
     assert_eq!(steer(&mut c[0], &store, "svc", S), None, "LeaveAlone");
-    observe(&mut c[0], &store, closing("i"), "10.0.0.3:80", Part::Headers, S);
+    observe(
+        &mut c[0],
+        &store,
+        closing("i"),
+        "10.0.0.3:80",
+        Part::Headers,
+        S,
+    );
     assert_eq!(
         steer(&mut c[0], &store, "svc", S).as_deref(),
         Some("10.0.0.1:80"),

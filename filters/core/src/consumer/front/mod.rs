@@ -58,6 +58,7 @@
 
 mod codec;
 pub mod endpoints;
+pub mod grace;
 pub mod serve;
 mod status;
 #[cfg(test)]

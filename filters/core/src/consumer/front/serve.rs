@@ -22,13 +22,20 @@
 //! table (it left membership while its requests still run) is still
 //! answered: its long-poll must end in an acknowledgement, not a 403.
 //!
-//! The guard of §3 (the upstream instance's fence, or the grace count) is
-//! not built yet: every read passes `guard_clear: true` and every steering
-//! epoch 0.
+//! The guard of §3: a read's `guard_clear` is the fence's presence
+//! (`graceful.v1.front.fence`, written by an upstream instance with
+//! `front` at configure) while the host is listed in `/clusters`, else the
+//! grace count ([`super::grace`]): the slot of the requests that started
+//! before its steering reads 0. A steering records the epoch it advanced
+//! to (or the next, while the older slot is busy; a later poll advances).
+//! The fence itself is the upstream instance's
+//! ([`ConsumerFilter::request_headers`]); a fenced attempt at an
+//! acknowledged host is late ([`ConsumerFilter::front_fenced`]).
 
 use std::net::Ipv6Addr;
 
 use super::endpoints::{is_front_path, route, FrontEndpoint, FrontReply, FrontRoute, Refused};
+use super::grace;
 use super::{host_ip, Change, Event, FrontHosts, Health, State};
 use crate::consumer::config::FrontConfig;
 use crate::consumer::decisions::front::parse_rq_active;
@@ -38,10 +45,13 @@ use crate::consumer::steering::admin_clusters_path;
 use crate::drain::Waiters;
 use crate::shared::duration::micros;
 use crate::shared::headers::{ADMIN_AUTHORITY, AUTHORITY, FORWARDED_FOR, METHOD, PATH, STATUS};
+use crate::shared::host::HostMetrics;
 use crate::shared::host::{
     Action, Attribute, CallResponse, Host, HttpCall, Level, LocalReply, Map, StateCell, Stream,
 };
-use crate::shared::keys::{FRONT_HOSTS, FRONT_HOSTS_GEN, FRONT_POLL_LEASE, FRONT_WAITERS};
+use crate::shared::keys::{
+    FRONT_FENCE, FRONT_HOSTS, FRONT_HOSTS_GEN, FRONT_POLL_LEASE, FRONT_WAITERS,
+};
 use crate::shared::metrics::Metric;
 use crate::shared::net::trusted_peer_ip;
 use crate::shared::store::{add_bounded, read_u64, take_lease, update, SharedStore, UpdateError};
@@ -532,12 +542,12 @@ impl ConsumerFilter {
             .collect();
         if !table.is_empty() {
             let views = copy.with(|c| c.core_mut().front_view(store, &table, now));
+            let epoch = self.front_epoch(front, h, &views);
             for ip in &table {
                 let v = views.get(ip).cloned().unwrap_or_default();
                 events.push((*ip, listed_event(v.listed, v.draining, v.healthy)));
-                // Epoch 0: the grace count (§3) is not built yet.
                 let steered = if v.steerable {
-                    Event::Steered { epoch: 0 }
+                    Event::Steered { epoch }
                 } else {
                     Event::Unsteerable
                 };
@@ -559,6 +569,35 @@ impl ConsumerFilter {
             }
         };
         self.front_read_active(front, copy, h, &hosts);
+    }
+
+    /// The grace count's epoch a steering now advances to (stored in the
+    /// entry it steers): advanced when a host is to be steered or one
+    /// steered still waits for its advance, and the older slot reads 0;
+    /// else the next epoch, which a later poll advances to (its
+    /// acknowledgement waits for that).
+    fn front_epoch<W>(
+        &self,
+        front: &impl StateCell<FrontCopy<W>>,
+        h: &impl Host,
+        views: &std::collections::HashMap<
+            Ipv6Addr,
+            crate::consumer::decisions::front::FrontHostView,
+        >,
+    ) -> u16 {
+        let m = HostMetrics(h);
+        let epoch = h.metric_get(Metric::FrontEpoch).unwrap_or(0);
+        let wanted = front.with(|f| {
+            f.hosts.hosts().iter().any(|x| match x.state {
+                State::Closing => views.get(&x.ip).is_some_and(|v| v.steerable),
+                State::Steered => grace::ahead(x.epoch, epoch),
+                State::Acknowledged => false,
+            })
+        });
+        match wanted.then(|| grace::advance(&m)).flatten() {
+            Some(advanced) => grace::stored(advanced),
+            None => grace::stored(epoch.wrapping_add(1)),
+        }
     }
 
     /// While a host is not acknowledged, one `/clusters` call in flight:
@@ -645,17 +684,26 @@ impl ConsumerFilter {
             return true;
         };
         refresh(front, h.store());
+        // The guard (§3): the fence where one runs, while the host is in
+        // `/clusters`; else the grace slot of the requests before its
+        // steering. Read only for hosts that may be acknowledged now.
+        let fence = fence_runs(h.store());
+        let m = HostMetrics(h);
         let events: Vec<(Ipv6Addr, Event)> = front.with(|f| {
             f.hosts
                 .hosts()
                 .iter()
                 .map(|x| {
-                    let read = Event::Read {
-                        active: active.get(&x.ip).copied(),
-                        // The guard (fence / grace count, §3) is not built.
-                        guard_clear: true,
-                    };
-                    (x.ip, read)
+                    let active = active.get(&x.ip).copied();
+                    let guard_clear = x.state == State::Steered
+                        && ((fence && active.is_some()) || grace::clear(&m, x.epoch));
+                    (
+                        x.ip,
+                        Event::Read {
+                            active,
+                            guard_clear,
+                        },
+                    )
                 })
                 .collect()
         });
@@ -667,6 +715,55 @@ impl ConsumerFilter {
         }
         true
     }
+}
+
+impl ConsumerFilter {
+    /// The fence answered an attempt at `address`: one at a host the table
+    /// holds acknowledged is late (`Event::Attempt`). The table is read
+    /// only here, on a fenced attempt (rare once steering holds).
+    pub(crate) fn front_fenced(&self, h: &(impl Host + ?Sized), address: &str, now: u64) {
+        let Some(fc) = self.config().front.as_ref() else {
+            return;
+        };
+        let Some(ip) = crate::consumer::steering::member_ip(address) else {
+            return;
+        };
+        let acknowledged = h
+            .store()
+            .get(FRONT_HOSTS.name)
+            .ok()
+            .flatten()
+            .and_then(|(bytes, _)| FrontHosts::decode(&bytes))
+            .and_then(|t| t.get(ip).map(|x| x.state == State::Acknowledged))
+            .unwrap_or(false);
+        if !acknowledged {
+            return;
+        }
+        match write_events(h.store(), &[(ip, Event::Attempt)], now, fc) {
+            Ok((changes, _, _)) => {
+                if changes.iter().any(|(_, _, c)| *c == Change::Late) {
+                    h.metric_add(Metric::FrontLate, 1);
+                    h.log(
+                        Level::Warn,
+                        &format!(
+                            "front: host {} reached after its acknowledgement (an attempt fenced)",
+                            shown(ip)
+                        ),
+                    );
+                }
+            }
+            Err(e) => h.log(
+                Level::Warn,
+                &format!("front: a late attempt at {} not written: {e:?}", shown(ip)),
+            ),
+        }
+    }
+}
+
+/// Whether a fence runs in this process (an upstream instance with
+/// `front` recorded its configuration).
+fn fence_runs(store: &dyn SharedStore) -> bool {
+    read_key_u64(store, FRONT_FENCE.name).is_some_and(|at| at > 0)
 }
 
 /// What the admin's membership says of a host in the table.

@@ -528,3 +528,202 @@ fn a_member_listed_draining_closes_without_any_request() {
     let entry = f.table().get(ip(HOST)).cloned();
     assert!(entry.is_some_and(|e| e.sources & crate::consumer::front::source::DRAINING != 0));
 }
+
+/// The upstream instance on the same Envoy (shared data and stats): its
+/// filter and copy.
+fn upstream_on(f: &Front, json: &str) -> (ConsumerFilter, RefCell<ConsumerCopy>) {
+    let up = match ConsumerFilter::configure(&f.h, json.as_bytes(), true) {
+        Ok(up) => up,
+        Err(e) => panic!("configure: {e}"),
+    };
+    let copy = RefCell::new(up.new_copy());
+    (up, copy)
+}
+
+/// One attempt of the upstream instance at `address`: what it said, and
+/// the reply it sent.
+fn attempt(
+    f: &Front,
+    up: &ConsumerFilter,
+    copy: &RefCell<ConsumerCopy>,
+    address: &str,
+) -> (Action, Option<SentReply>) {
+    f.h.take_replies();
+    let st = crate::consumer::filter::ConsumerStream::default();
+    f.h.set_map(Map::RequestHeaders, &[(":path", "/")]);
+    f.h.set_attribute(Attribute::ClusterName, CLUSTER);
+    f.h.set_attribute(Attribute::UpstreamAddress, address);
+    let next = up.request_headers(copy, &st, &f.h);
+    let reply = f.h.take_replies().pop();
+    if next == Action::Stop {
+        assert!(st.answered(), "a fenced attempt is no failure of its host");
+    }
+    (next, reply)
+}
+
+const UPSTREAM_FRONT: &str = r#"{"admin_cluster":"admin","front":{}}"#;
+
+#[test]
+fn the_fence_answers_an_attempt_at_a_closing_host_503_with_the_mark_and_counts_a_late_one() {
+    let f = front(FRONT, false);
+    f.route_one();
+    f.refresh_membership();
+    let (up, ucopy) = upstream_on(&f, UPSTREAM_FRONT);
+    let fence = f.h.store().get(FRONT_FENCE.name).unwrap();
+    assert!(fence.is_some_and(|(v, _)| read_u64(&v).is_some_and(|at| at > 0)));
+    // Nothing closing: no reply, and the address not even read.
+    assert_eq!(
+        attempt(&f, &up, &ucopy, "10.0.0.7:8080"),
+        (Action::Continue, None)
+    );
+    assert_eq!(
+        f.asked_by_host("POST", "/graceful/front/closing").status,
+        202
+    );
+    let (next, reply) = attempt(&f, &up, &ucopy, "10.0.0.7:8080");
+    assert_eq!(next, Action::Stop);
+    let reply = reply.unwrap();
+    assert_eq!(reply.status, 503);
+    assert_eq!(reply.header("x-graceful-closing"), Some("true"));
+    assert_eq!(
+        f.h.metric(Metric::FrontLate),
+        0,
+        "not acknowledged: the fence at work"
+    );
+    assert_eq!(
+        attempt(&f, &up, &ucopy, "10.0.0.8:8080"),
+        (Action::Continue, None)
+    );
+    // Acknowledged: a fenced attempt there is late.
+    let idle = Event::Read {
+        active: Some(0),
+        guard_clear: true,
+    };
+    f.write(HOST, &[Event::Steered { epoch: 1 }, idle]);
+    f.h.advance(Duration::from_millis(100));
+    f.write(HOST, &[idle]);
+    assert_eq!(f.table().get(ip(HOST)).unwrap().state, State::Acknowledged);
+    assert_eq!(attempt(&f, &up, &ucopy, "10.0.0.7:8080").0, Action::Stop);
+    assert_eq!(f.h.metric(Metric::FrontLate), 1);
+    assert_eq!(f.table().get(ip(HOST)).unwrap().late, 1);
+    // Without `front` the upstream instance fences nothing.
+    let (plain, pcopy) = upstream_on(&f, r#"{"admin_cluster":"admin"}"#);
+    assert_eq!(
+        attempt(&f, &plain, &pcopy, "10.0.0.7:8080"),
+        (Action::Continue, None)
+    );
+}
+
+#[test]
+fn the_fence_answers_an_attempt_at_a_host_listed_draining() {
+    let f = front(FRONT, false);
+    f.route_one();
+    let (up, ucopy) = upstream_on(&f, UPSTREAM_FRONT);
+    f.h.advance(Duration::from_secs(1));
+    f.f.tick(&f.copy, &f.h);
+    let calls = f.h.take_calls();
+    let admin = calls.iter().find(|c| c.cluster == "admin").unwrap();
+    let draining = clusters(0).replacen(
+        r#""port_value": 8080}}}"#,
+        r#""port_value": 8080}}, "health_status": {"eds_health_status": "DRAINING"}}"#,
+        1,
+    );
+    f.f.call_answered(
+        &f.copy,
+        &f.h,
+        admin.token,
+        &MockAnswer::status("200", &draining),
+    );
+    let (next, reply) = attempt(&f, &up, &ucopy, "10.0.0.7:8080");
+    assert_eq!((next, reply.map(|r| r.status)), (Action::Stop, Some(503)));
+    assert_eq!(
+        attempt(&f, &up, &ucopy, "10.0.0.8:8080"),
+        (Action::Continue, None)
+    );
+}
+
+impl Front {
+    /// A request of the listener instance started and not answered yet.
+    fn start(&self) -> crate::consumer::filter::ConsumerStream {
+        let st = crate::consumer::filter::ConsumerStream::default();
+        self.h.set_map(Map::RequestHeaders, &[(":path", "/")]);
+        self.h.set_attribute(Attribute::ClusterName, CLUSTER);
+        self.f.request_headers(&self.copy, &st, &self.h);
+        st
+    }
+
+    /// Its response headers, from `address`, then its end.
+    fn answer(&self, st: &crate::consumer::filter::ConsumerStream, address: &str) {
+        self.h.set_attribute(Attribute::UpstreamAddress, address);
+        self.h.set_map(Map::ResponseHeaders, &[(":status", "200")]);
+        self.f.response_headers(&self.copy, st, &self.h);
+        self.f.stream_end(st, &self.h);
+    }
+
+    fn state(&self) -> State {
+        self.table().get(ip(HOST)).unwrap().state
+    }
+}
+
+#[test]
+fn without_a_fence_the_acknowledgement_waits_for_the_requests_started_before_the_steering() {
+    let f = front(FRONT, false);
+    f.route_one();
+    f.refresh_membership();
+    let slow = f.start();
+    assert_eq!(f.h.metric(Metric::FrontAwaiting0), 1);
+    assert_eq!(
+        f.asked_by_host("POST", "/graceful/front/closing").status,
+        202
+    );
+    for _ in 0..4 {
+        f.poll(0);
+    }
+    assert_eq!(f.state(), State::Steered, "{:?}", f.table());
+    assert_eq!(f.table().get(ip(HOST)).unwrap().epoch, 1);
+    assert_eq!(f.h.metric(Metric::FrontEpoch), 1);
+    // A request after the steering is in the other slot: not waited for.
+    let after = f.start();
+    assert_eq!(f.h.metric(Metric::FrontAwaiting1), 1);
+    f.answer(&slow, "10.0.0.7:8080");
+    f.f.stream_end(&slow, &f.h);
+    assert_eq!(f.h.metric(Metric::FrontAwaiting0), 0, "out once");
+    f.poll(0);
+    assert_eq!(f.state(), State::Acknowledged, "{:?}", f.table());
+    f.answer(&after, "10.0.0.8:8080");
+    assert_eq!(f.h.metric(Metric::FrontAwaiting1), 0);
+}
+
+#[test]
+fn with_a_fence_the_acknowledgement_does_not_wait_for_the_grace_count() {
+    let f = front(FRONT, false);
+    f.route_one();
+    f.refresh_membership();
+    let _fence = upstream_on(&f, UPSTREAM_FRONT);
+    let slow = f.start();
+    assert_eq!(
+        f.asked_by_host("POST", "/graceful/front/closing").status,
+        202
+    );
+    for _ in 0..4 {
+        f.poll(0);
+    }
+    assert_eq!(f.state(), State::Acknowledged, "{:?}", f.table());
+    assert_eq!(f.h.metric(Metric::FrontAwaiting0), 1);
+    f.answer(&slow, "10.0.0.8:8080");
+    assert_eq!(f.h.metric(Metric::FrontAwaiting0), 0);
+}
+
+#[test]
+fn a_sidecar_consumer_counts_no_grace() {
+    let f = front(r#"{"admin_cluster":"admin"}"#, false);
+    let st = f.start();
+    assert_eq!(
+        (
+            f.h.metric(Metric::FrontAwaiting0),
+            f.h.metric(Metric::FrontAwaiting1)
+        ),
+        (0, 0)
+    );
+    f.answer(&st, "10.0.0.8:8080");
+}
