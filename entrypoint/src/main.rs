@@ -1,15 +1,19 @@
-//! `graceful-entrypoint`: PID 1 of a container that runs an Envoy sidecar
-//! with graceful_drain and the app behind it, for platforms without preStop
-//! hooks (Docker, Compose, Nomad, ECS): they send SIGTERM, wait a grace
-//! period, then SIGKILL.
+//! `graceful-entrypoint`: PID 1 of a container, for platforms without
+//! preStop hooks (Docker, Compose, Nomad, ECS): they send SIGTERM, wait a
+//! grace period, then SIGKILL. Two shapes: a container that runs an Envoy
+//! sidecar with graceful_drain and the app behind it, and a backend with no
+//! sidecar behind front Envoys that run graceful_consumer's `front` section
+//! (`envoy/front-proxy.yaml`; `docs/design/front-proxy-drain.md`, §5).
 //!
 //! ```text
 //! graceful-entrypoint [--drain URL] [--wait 30s] [--stop-timeout 10s] \
 //!     -- envoy -c /etc/envoy.yaml --- demo-app --listen 0.0.0.0:8080
+//! graceful-entrypoint --front http://front1:19091 [--front URL]... [--front-resolve NAME:PORT]... \
+//!     [--wait 30s] [--stop-timeout 10s] -- demo-app --listen 0.0.0.0:8080
 //! ```
 //!
 //! Starts each command (`---` separates them) and then, on SIGTERM or
-//! SIGINT:
+//! SIGINT, with a sidecar (no `--front`):
 //!
 //! | step | what | on failure |
 //! |---|---|---|
@@ -17,6 +21,18 @@
 //! | 2 | `GET URL/graceful/drained?wait=WAIT`: the gate's long-poll, asked again until WAIT whatever an answer says | not drained by then: exit 1 after step 3 |
 //! | 3 | SIGTERM to each command in the order given (Envoy first: once it is gone nothing reaches the app; then the app), each SIGKILLed after `--stop-timeout` | exit 1 |
 //! | 4 | exit 0 if the gate passed quiet; 1 with one line saying why if it was forced, ran out, or a command had to be killed | |
+//!
+//! With no sidecar (`--front URL` and `--front-resolve NAME:PORT`, each
+//! repeatable, at least one; not with `--drain`), the fronts' control
+//! listeners (port 19091 in `envoy/front-proxy.yaml`), which must see this
+//! container's own address as the caller (one Compose network: they do):
+//!
+//! | step | what | on failure |
+//! |---|---|---|
+//! | 0 | once the commands have run 0.5 s: `POST /graceful/front/serving` to each front (every address of each NAME), so a container restarted on its address gets its share back at once instead of after the front's `closing_ttl` | logged; a front that does not answer has nothing to lift |
+//! | 1 | on SIGTERM: `graceful-hook front`'s sequence (the same code, its library): `POST /graceful/front/closing` to every front, long-polls of `GET /graceful/front/drained` until each acknowledged (its requests to us ended), names re-resolved every second; its one line on stdout (`graceful-hook front: 2 of 2 fronts acknowledged in 2.6s (...)`) | not every front by WAIT: the line names each, exit 1 after step 2; no front answered at all: at once (fail open) |
+//! | 2 | SIGTERM to each command in the order given, each SIGKILLed after `--stop-timeout` | exit 1 |
+//! | 3 | exit 0 if every front told acknowledged (or none answered); 1 with one line saying why otherwise | |
 //!
 //! A command that exits on its own stops the others; the entrypoint then
 //! exits with its code (1 if it died by a signal). Set the platform's grace
@@ -29,11 +45,18 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{signal, SignalKind};
 
-const USAGE: &str = "usage: graceful-entrypoint [--drain http://127.0.0.1:15006] [--wait 30s] [--stop-timeout 10s] -- CMD [ARGS..] [--- CMD [ARGS..]]..";
+const USAGE: &str = "usage: graceful-entrypoint [--drain http://127.0.0.1:15006] [--wait 30s] [--stop-timeout 10s] -- CMD [ARGS..] [--- CMD [ARGS..]]..\n       graceful-entrypoint --front http://FRONT:19091 [--front URL].. [--front-resolve NAME:PORT].. [--wait 30s] [--stop-timeout 10s] -- CMD [ARGS..] [--- CMD [ARGS..]]..";
+
+const DEFAULT_DRAIN: &str = "http://127.0.0.1:15006";
+/// How long the commands run before step 0 tells the fronts `serving`.
+const SERVING_AFTER: Duration = Duration::from_millis(500);
 
 #[derive(Debug)]
 struct Options {
     drain: String,
+    /// `--front` and `--front-resolve`, as `graceful-hook front` takes them
+    /// (its `--wait` is ours): Some for a backend with no sidecar.
+    front: Option<graceful_hook::Front>,
     wait: Duration,
     stop_timeout: Duration,
     commands: Vec<Vec<String>>,
@@ -54,11 +77,15 @@ fn parse_duration(text: &str) -> Option<Duration> {
 
 fn parse(args: &[String]) -> Result<Options, String> {
     let mut o = Options {
-        drain: "http://127.0.0.1:15006".into(),
+        drain: DEFAULT_DRAIN.into(),
+        front: None,
         wait: Duration::from_secs(30),
         stop_timeout: Duration::from_secs(10),
         commands: Vec::new(),
     };
+    // graceful-hook front's own arguments, checked by its own parser.
+    let mut front_args: Vec<String> = vec!["front".into()];
+    let mut drain_given = false;
     let mut i = 0;
     while i < args.len() {
         let flag = args[i].as_str();
@@ -75,7 +102,10 @@ fn parse(args: &[String]) -> Result<Options, String> {
                     return Err(format!("--drain {value:?}: must start with http://"));
                 }
                 o.drain = value.trim_end_matches('/').to_string();
+                drain_given = true;
             }
+            "--front" => front_args.extend(["--front".into(), value.clone()]),
+            "--front-resolve" => front_args.extend(["--resolve".into(), value.clone()]),
             "--wait" => {
                 o.wait = parse_duration(value)
                     .ok_or_else(|| format!("--wait {value:?}: e.g. 30s, 1500ms, 2m"))?
@@ -99,6 +129,23 @@ fn parse(args: &[String]) -> Result<Options, String> {
     }
     if o.commands.is_empty() {
         return Err("no command after --".into());
+    }
+    if front_args.len() > 1 {
+        if drain_given {
+            return Err(
+                "--drain with --front: a container has a sidecar (--drain) or none (--front)"
+                    .into(),
+            );
+        }
+        match graceful_hook::parse(&front_args) {
+            Ok(graceful_hook::Hook::Front(mut front)) => {
+                front.wait = o.wait;
+                o.front = Some(front);
+            }
+            // Its messages name its flags: --resolve is our --front-resolve.
+            Err(e) => return Err(e.replace("--resolve", "--front-resolve")),
+            Ok(other) => return Err(format!("not a front: {other:?}")),
+        }
     }
     Ok(o)
 }
@@ -241,6 +288,71 @@ async fn drain(o: &Options) -> bool {
     }
 }
 
+/// No sidecar, step 1: `graceful-hook front`'s run (it prints its one
+/// line); true when every front told acknowledged, or none answered.
+async fn tell_fronts(front: &graceful_hook::Front) -> bool {
+    let named: Vec<&str> = front
+        .fronts
+        .iter()
+        .chain(&front.resolve)
+        .map(String::as_str)
+        .collect();
+    log(&format!(
+        "SIGTERM: telling the fronts {} (waiting {}s at most)",
+        named.join(", "),
+        front.wait.as_secs_f64()
+    ));
+    let hook = graceful_hook::Hook::Front(front.clone());
+    tokio::task::spawn_blocking(move || graceful_hook::run(&hook) == ExitCode::SUCCESS)
+        .await
+        .unwrap_or(false)
+}
+
+/// Every front's base URL for step 0: each `--front`, and every address
+/// each `--front-resolve` name has now.
+async fn front_urls(front: &graceful_hook::Front) -> Vec<String> {
+    let mut urls: Vec<String> = front
+        .fronts
+        .iter()
+        .map(|u| u.trim_end_matches('/').to_string())
+        .collect();
+    for name in &front.resolve {
+        match tokio::net::lookup_host(name.as_str()).await {
+            Ok(addrs) => urls.extend(addrs.map(|a| format!("http://{a}"))),
+            Err(e) => log(&format!("serving: {name}: {e}")),
+        }
+    }
+    urls
+}
+
+/// No sidecar, step 0: `POST /graceful/front/serving` to every front, one
+/// line each. A front lifts only the caller's own closing, so this is
+/// harmless on a first start (nothing to lift).
+async fn serving(front: &graceful_hook::Front) {
+    for url in front_urls(front).await {
+        let said = match http(
+            "POST",
+            &url,
+            "/graceful/front/serving",
+            Duration::from_secs(2),
+        )
+        .await
+        {
+            Ok((status, body)) => {
+                let body = body.trim();
+                if body.is_empty() || body.len() > 120 {
+                    format!("{status}")
+                } else {
+                    format!("{status} {body}")
+                }
+            }
+            // Nothing listens (a front not up yet): nothing to lift there.
+            Err(e) => format!("no answer ({e})"),
+        };
+        log(&format!("{url}: serving: {said}"));
+    }
+}
+
 /// Step 3: true when every command stopped within the timeout.
 async fn stop_all(children: &mut [(String, Child)], timeout: Duration) -> bool {
     let mut clean = true;
@@ -312,7 +424,17 @@ async fn main() -> ExitCode {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };
+    // No sidecar, step 0: tell the fronts this address serves again; then
+    // nothing more until a signal.
+    let step0 = async {
+        if let Some(front) = &o.front {
+            tokio::time::sleep(SERVING_AFTER).await;
+            serving(front).await;
+        }
+        std::future::pending::<()>().await
+    };
     let outcome = tokio::select! {
+        _ = step0 => None,
         _ = term.recv() => None,
         _ = int.recv() => None,
         (i, status) = exited => Some((i, status)),
@@ -331,13 +453,20 @@ async fn main() -> ExitCode {
                 .unwrap_or(1),
         );
     }
-    let quiet = drain(&o).await;
+    let quiet = match &o.front {
+        Some(front) => tell_fronts(front).await,
+        None => drain(&o).await,
+    };
     // Envoy first (it takes no new requests once gone), then the app.
     let stopped = stop_all(&mut children, o.stop_timeout).await;
     match (quiet, stopped) {
         (true, true) => {
             log("exit 0");
             ExitCode::SUCCESS
+        }
+        (false, _) if o.front.is_some() => {
+            log("exit 1: not every front acknowledged (see the line above)");
+            ExitCode::from(1)
         }
         (false, _) => {
             log("exit 1: the drain gate did not pass quiet (see above)");
@@ -384,6 +513,69 @@ mod tests {
         assert_eq!(o.wait, Duration::from_secs(5));
         assert_eq!(o.drain, "http://h:1");
         assert_eq!(o.commands, vec![args("envoy -c x"), args("app --listen y")]);
+    }
+
+    #[test]
+    fn with_no_sidecar_it_takes_fronts_and_names_to_resolve() {
+        let o = parse(&args(
+            "--front http://front1:19091 --wait 20s --front http://10.0.0.2:19091/ --front-resolve fronts:19091 -- demo-app --listen 0.0.0.0:8080",
+        ))
+        .unwrap();
+        let front = o.front.expect("the front shape");
+        assert_eq!(
+            front.fronts,
+            ["http://front1:19091", "http://10.0.0.2:19091/"]
+        );
+        assert_eq!(front.resolve, ["fronts:19091"]);
+        assert_eq!(
+            front.wait,
+            Duration::from_secs(20),
+            "the entrypoint's --wait"
+        );
+        assert_eq!(front.settle, Duration::ZERO);
+        assert_eq!(front.source, None);
+        assert_eq!(o.commands, vec![args("demo-app --listen 0.0.0.0:8080")]);
+        // Whatever the order of --wait and the fronts.
+        let o = parse(&args("--front-resolve fronts:19091 --wait 7s -- app")).unwrap();
+        let front = o.front.unwrap();
+        assert!(front.fronts.is_empty());
+        assert_eq!(front.wait, Duration::from_secs(7));
+        // The default wait, and no front: the sidecar shape.
+        let front = parse(&args("--front http://f:1 -- app"))
+            .unwrap()
+            .front
+            .unwrap();
+        assert_eq!(front.wait, Duration::from_secs(30));
+        let o = parse(&args("-- envoy --- app")).unwrap();
+        assert!(o.front.is_none());
+        assert_eq!(o.drain, DEFAULT_DRAIN);
+    }
+
+    #[test]
+    fn it_refuses_bad_fronts_and_names_the_flag() {
+        let e = parse(&args("--front front1:19091 -- a")).unwrap_err();
+        assert!(e.starts_with("--front ") && e.contains("http://"), "{e}");
+        let e = parse(&args("--front http://f:1/graceful -- a")).unwrap_err();
+        assert!(e.starts_with("--front "), "{e}");
+        let e = parse(&args("--front-resolve fronts -- a")).unwrap_err();
+        assert!(
+            e.starts_with("--front-resolve ") && e.contains("NAME:PORT"),
+            "{e}"
+        );
+        let e = parse(&args("--front-resolve fronts:0 -- a")).unwrap_err();
+        assert!(e.starts_with("--front-resolve "), "{e}");
+        let e = parse(&args("--front-resolve :19091 -- a")).unwrap_err();
+        assert!(e.starts_with("--front-resolve "), "{e}");
+        let e = parse(&args(
+            "--drain http://127.0.0.1:15006 --front http://f:1 -- a",
+        ))
+        .unwrap_err();
+        assert!(e.contains("--drain with --front"), "{e}");
+        let e = parse(&args("--front")).unwrap_err();
+        assert!(e.contains("--front needs a value"), "{e}");
+        assert!(parse(&args("--front http://f:1 --"))
+            .unwrap_err()
+            .contains("no command"));
     }
 
     #[test]
