@@ -31,7 +31,8 @@ VENV := .venv
 ENVOY := $(VENV)/envoy
 TEMPLATES := $(wildcard envoy/*-sidecar.yaml envoy/bench-*.yaml) envoy/l4-balancer.yaml envoy/front-proxy.yaml
 RENDERED := $(patsubst envoy/%.yaml,target/envoy/%.yaml,$(TEMPLATES))
-COMPOSE_CONFIGS := envoy/compose/provider-1.yaml envoy/compose/provider-2.yaml envoy/compose/provider-3.yaml envoy/compose/consumer.yaml
+COMPOSE_CONFIGS := envoy/compose/provider-1.yaml envoy/compose/provider-2.yaml envoy/compose/provider-3.yaml envoy/compose/consumer.yaml \
+  envoy/compose/front-1.yaml envoy/compose/front-2.yaml
 CARGO ?= cargo
 # make demo SCENARIOS=today APPROACHES=graceful,sleep_3s PROTOCOL=grpc RATE=500 RESTARTS=2
 # (one cell: one scenario, one approach, one protocol). Lists are comma-separated.
@@ -167,7 +168,7 @@ native-configs: ## regenerate envoy/native/*.yaml (the sidecar and front-proxy t
 	$(CARGO) run --quiet --profile test -p graceful-harness --bin front_native_config
 
 .PHONY: compose
-compose: ## regenerate the docker harness (envoy/docker-compose.yaml, envoy/compose/) from the templates
+compose: ## regenerate the docker harness (envoy/docker-compose.yaml, its front shape envoy/docker-compose-front.yaml, envoy/compose/) from the templates
 	$(CARGO) run --quiet --profile test -p graceful-harness --bin compose
 
 # Compose: the `docker compose` plugin if the docker CLI has it, else the

@@ -4,6 +4,10 @@
 //! the grace period) is the shutdown signal, turned into the graceful
 //! sequence by graceful-entrypoint.
 //!
+//! The front shape too: `envoy/docker-compose-front.yaml`, two front Envoys
+//! before three backends with no sidecar, each the demo app under
+//! `graceful-entrypoint --front` (`a_docker_stop_behind_the_fronts_...`).
+//!
 //! Without an engine (a laptop without Docker) each test says so in one line
 //! and passes; on CI (`CI` set) a missing engine fails instead.
 
@@ -13,10 +17,12 @@ use std::time::Duration;
 
 use graceful_harness::platform::compose::{IMAGE, PROJECT};
 use graceful_harness::platform::docker::{
-    self, consumer_stat, container, docker, inspect, Rolling, CONSUMER,
+    self, consumer_stat, container, docker, fronts_acknowledged, inspect, FrontPlan, Rolling,
+    CONSUMER, FRONT,
 };
 use graceful_harness::support::client::Conn;
 use graceful_harness::support::envoy::eventually;
+use graceful_harness::support::load::Sample;
 
 /// Whether a Docker engine answers; on CI it must.
 fn engine() -> bool {
@@ -363,4 +369,193 @@ fn the_hook_image_runs_with_nothing_else_in_it() {
         "a whole binary: {} bytes",
         copied.len()
     );
+}
+
+/// The front shape up for one test (its turn taken from the mesh's tests:
+/// both load this machine), always taken down again, with every container's
+/// log printed if the test failed.
+struct FrontHarness {
+    _turn: std::sync::MutexGuard<'static, ()>,
+}
+
+impl FrontHarness {
+    async fn up() -> FrontHarness {
+        let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+        docker(&["image", "inspect", IMAGE])
+            .unwrap_or_else(|e| panic!("no image {IMAGE}: run `make images` ({e})"));
+        let h = FrontHarness { _turn: turn };
+        docker::front_up().await.unwrap_or_else(|e| panic!("{e}"));
+        h
+    }
+}
+
+impl Drop for FrontHarness {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("{}", docker::front_logs());
+        }
+        let _ = FRONT.down();
+    }
+}
+
+/// Requests each backend served among `samples` due in `[from, to)` ms.
+fn shares(samples: &[Vec<Sample>], from: u64, to: u64) -> [u64; 3] {
+    let mut n = [0; 3];
+    for s in samples.iter().flatten() {
+        if s.due_ms >= from && s.due_ms < to {
+            if let Some(slot) = usize::from(s.served_by)
+                .checked_sub(1)
+                .and_then(|i| n.get_mut(i))
+            {
+                *slot += 1;
+            }
+        }
+    }
+    n
+}
+
+/// The front shape (design §8: "docker stop of a backend under load loses
+/// nothing and waits for no sleep"): load through both fronts and slow
+/// requests in flight, `docker stop` of backend 1 (grace period 45 s, its
+/// entrypoint's --wait 20 s). Its entrypoint tells both fronts and waits
+/// for both to acknowledge; the stop takes about as long as its last request
+/// needed, well under any wait; nothing fails; the other two take its
+/// share; started again, it tells the fronts it serves and gets requests
+/// again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_docker_stop_behind_the_fronts_loses_nothing_and_waits_for_no_sleep() {
+    if !engine() {
+        return;
+    }
+    let harness = FrontHarness::up().await;
+    let plan = FrontPlan::default();
+    let run = docker::stop_backend_under_load(1, plan)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let p = usize::from(run.index) - 1;
+
+    let all: Vec<&Sample> = run.samples.iter().flatten().collect();
+    let failed = all.iter().filter(|s| !s.ok).count();
+    let slow_failed = run.slow.iter().filter(|s| s.status != 200).count();
+    // The slow requests the stopped backend was serving when the stop began.
+    let slow_there: Vec<_> = run
+        .slow
+        .iter()
+        .filter(|s| usize::from(s.served_by) == p + 1)
+        .collect();
+    let last_there_ms = slow_there.iter().map(|s| s.ended_ms).max();
+    let before = shares(&run.samples, 0, run.closing_ms);
+    let after = shares(&run.samples, run.down_ms, run.started_ms);
+    let after_total: u64 = after.iter().sum();
+    let served_after_down = run
+        .samples
+        .iter()
+        .flatten()
+        .filter(|s| usize::from(s.served_by) == p + 1 && s.due_ms >= run.closing_ms + 500)
+        .filter(|s| s.due_ms < run.started_ms)
+        .count();
+    println!(
+        "front shape: {} requests through 2 fronts, {failed} failed; {} slow ({} ms) requests, {slow_failed} failed, {} at {}; \
+         docker stop of {} took {} ms (its last slow request ended {} ms after the stop began); shares before {before:?}, \
+         between stop and start {after:?}; served again {} ms after docker start",
+        all.len(),
+        run.slow.len(),
+        plan.slow.as_millis(),
+        slow_there.len(),
+        run.service,
+        run.service,
+        run.stop_took.as_millis(),
+        last_there_ms.map_or("-".to_string(), |t| t.saturating_sub(run.closing_ms).to_string()),
+        run.back_ms - run.started_ms,
+    );
+    let graceful_lines = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("graceful"))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    };
+    println!("{} stopped: {}", run.service, graceful_lines(&run.log));
+    println!(
+        "{} started: {}",
+        run.service,
+        graceful_lines(&run.restart_log)
+    );
+
+    // Nothing lost: the load's requests and the slow ones.
+    assert_eq!(failed, 0, "failed requests through the fronts");
+    assert!(all.len() >= 1000, "only {} requests", all.len());
+    assert_eq!(slow_failed, 0, "slow requests failed: {:?}", run.slow);
+
+    // The entrypoint told both fronts and both acknowledged; exit 0.
+    for line in [
+        "SIGTERM: telling the fronts http://front1:19091, http://front2:19091",
+        "graceful-hook front: 2 of 2 fronts acknowledged in ",
+        "stopped (exit status: 0)",
+        "graceful-entrypoint: exit 0",
+    ] {
+        assert!(
+            run.log.contains(line),
+            "{}: no {line:?} in its log:\n{}",
+            run.service,
+            run.log
+        );
+    }
+    assert_eq!(fronts_acknowledged(&run.log), Some((2, 2)), "{}", run.log);
+    assert_eq!(run.exit_code, "0", "{}: exit code", run.service);
+
+    // No sleep: the stop took what its last request needed, far below its
+    // wait (20 s) and grace period (45 s).
+    assert!(
+        run.stop_took < Duration::from_secs(10),
+        "docker stop took {:?}",
+        run.stop_took
+    );
+    if let Some(last) = last_there_ms {
+        // A slow request was in flight there: the fronts acknowledged only
+        // once it ended, so the stop outlasted it.
+        let needed = Duration::from_millis(last.saturating_sub(run.closing_ms));
+        assert!(
+            run.stop_took + Duration::from_millis(300) >= needed,
+            "the stop ({:?}) returned before its last request ended ({needed:?})",
+            run.stop_took
+        );
+        assert!(
+            run.stop_took < needed + Duration::from_secs(3),
+            "the stop ({:?}) waited well past its last request ({needed:?})",
+            run.stop_took
+        );
+    }
+
+    // Before, all three served; once it was closing, the other two took
+    // its share (nothing of the load reached it from 500 ms after the stop
+    // began until it was started again).
+    assert!(before.iter().all(|&n| n > 50), "shares before: {before:?}");
+    assert_eq!(served_after_down, 0, "served after its closing: {after:?}");
+    for (i, &n) in after.iter().enumerate() {
+        if i != p {
+            assert!(
+                n * 100 >= after_total * 35 && n * 100 <= after_total * 65,
+                "p{}: {n} of {after_total} after the stop: {after:?}",
+                i + 1
+            );
+        }
+    }
+
+    // Started again: it told both fronts it serves, and gets requests.
+    assert_eq!(
+        run.restart_log.matches(": serving: 202").count(),
+        2,
+        "{}: serving told to both fronts after docker start:\n{}",
+        run.service,
+        run.restart_log
+    );
+    assert!(
+        run.back_ms - run.started_ms < 10_000,
+        "served again only {} ms after docker start",
+        run.back_ms - run.started_ms
+    );
+
+    drop(harness);
+    let left = FRONT.leftovers();
+    assert!(left.is_empty(), "left after down: {left:?}");
 }

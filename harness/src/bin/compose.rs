@@ -1,6 +1,7 @@
-//! `compose [--check]`: writes the docker harness (envoy/docker-compose.yaml
-//! and envoy/compose/*) from the templates, or with `--check` exits 1 if the
-//! committed files are not what it would write.
+//! `compose [--check]`: writes the docker harness (envoy/docker-compose.yaml,
+//! its front shape envoy/docker-compose-front.yaml, and envoy/compose/*) from
+//! the templates, or with `--check` exits 1 if the committed files are not
+//! what it would write.
 
 use std::process::ExitCode;
 

@@ -7,6 +7,17 @@
 //! committed so users need no Rust toolchain to run them; `make test` checks
 //! that they are what this generator writes (and validates the configs with
 //! `envoy --mode validate`, and parses the compose file).
+//!
+//! The front shape (`envoy/docker-compose-front.yaml`, project
+//! [`FRONT_PROJECT`]): backends with no sidecar behind front Envoys. Two
+//! fronts, each Envoy alone on `envoy/front-proxy.yaml` (rendered into
+//! `envoy/compose/front-{1,2}.yaml`, its control listener bound to the
+//! front's own address on the compose network, never published), over three
+//! backends listed by file-based EDS (`envoy/compose/backends-eds.yaml`),
+//! each a demo app alone under `graceful-entrypoint --front`: on
+//! `docker stop` it tells both fronts it is closing and waits for both to
+//! acknowledge before the app gets SIGTERM. One compose network, so each
+//! front sees a backend's own container address as the caller.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -23,6 +34,33 @@ fn provider_ip(i: usize) -> String {
 }
 /// The compose project (`-p`; Compose 1.29 has no top-level `name`).
 pub const PROJECT: &str = "graceful-wasm";
+/// The front shape's project, subnet and file (a project and network of its
+/// own: it may run beside the mesh's).
+pub const FRONT_PROJECT: &str = "graceful-wasm-front";
+pub const FRONT_SUBNET: &str = "172.29.0.0/24";
+pub const FRONT_FILE: &str = "envoy/docker-compose-front.yaml";
+/// The mesh's compose file.
+pub const FILE: &str = "envoy/docker-compose.yaml";
+fn backend_ip(i: usize) -> String {
+    format!("172.29.0.{}", 10 + i)
+}
+fn front_ip(i: usize) -> String {
+    format!("172.29.0.{}", 20 + i)
+}
+/// The fronts' public listener and admin in their containers, and the
+/// control listener (`front-proxy.yaml`'s defaults).
+const FRONT_PUBLIC_PORT: u16 = 10000;
+const FRONT_ADMIN_PORT: u16 = 9903;
+pub const FRONT_CONTROL_PORT: u16 = 19091;
+/// Where the host reaches front `i` (1-based): its public listener and
+/// its admin (the admin on loopback only).
+pub fn front_host_ports(i: usize) -> (u16, u16) {
+    let i = u16::try_from(i).unwrap_or(0);
+    (15020 + i, 9920 + i)
+}
+/// The backends' `--wait` (each front's acknowledgement) and grace period.
+pub const BACKEND_WAIT: &str = "20s";
+pub const BACKEND_GRACE: &str = "45s";
 /// The image `make images` builds with no base image to pull.
 pub const IMAGE: &str = "graceful-wasm/sidecar:local";
 
@@ -100,8 +138,99 @@ pub fn files() -> Result<Vec<(PathBuf, String)>, String> {
         ));
     }
     out.push((PathBuf::from("envoy/compose/providers-eds.yaml"), eds));
-    out.push((PathBuf::from("envoy/docker-compose.yaml"), compose_file()));
+    out.push((PathBuf::from(FILE), compose_file()));
+    let front = template("front-proxy.yaml")?;
+    for i in 1..=2 {
+        let text = render(
+            &front,
+            &values(&[
+                ("NODE_ID", format!("front-{i}")),
+                ("ADMIN_ADDRESS", "0.0.0.0".into()),
+                ("ADMIN_PORT", FRONT_ADMIN_PORT.to_string()),
+                ("LISTEN_ADDRESS", "0.0.0.0".into()),
+                ("PUBLIC_PORT", FRONT_PUBLIC_PORT.to_string()),
+                // Only the compose network reaches it: the backends.
+                ("CONTROL_ADDRESS", front_ip(i)),
+                ("CONTROL_PORT", FRONT_CONTROL_PORT.to_string()),
+                ("EDS_PATH", "envoy/compose/backends-eds.yaml".into()),
+            ]),
+        )?;
+        out.push((
+            PathBuf::from(format!("envoy/compose/front-{i}.yaml")),
+            format!("{HEADER}{text}"),
+        ));
+    }
+    let mut eds = String::from(HEADER);
+    eds.push_str(
+        "version_info: \"1\"\nresources:\n- \"@type\": type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment\n  cluster_name: backends\n  endpoints:\n  - lb_endpoints:\n",
+    );
+    for i in 1..=3 {
+        eds.push_str(&format!(
+            "    - endpoint: {{address: {{socket_address: {{address: {}, port_value: {APP_PORT}}}}}}}\n",
+            backend_ip(i)
+        ));
+    }
+    out.push((PathBuf::from("envoy/compose/backends-eds.yaml"), eds));
+    out.push((PathBuf::from(FRONT_FILE), front_compose_file()));
     Ok(out)
+}
+
+fn front_compose_file() -> String {
+    let mut s = String::from(HEADER);
+    let (public1, admin1) = front_host_ports(1);
+    let (public2, admin2) = front_host_ports(2);
+    s.push_str(&format!(
+        r#"#
+# Backends with no sidecar behind a plain front Envoy: two fronts (host ports
+# {public1} and {public2}; admins {admin1} and {admin2} on loopback), each Envoy alone on
+# envoy/front-proxy.yaml, over three backends (172.29.0.11-13:{APP_PORT}, file-based
+# EDS), each the demo app alone under graceful-entrypoint --front. On
+# `docker stop` a backend's entrypoint tells both fronts' control listeners
+# ({FRONT_CONTROL_PORT}, on the compose network only: a front knows a backend by its
+# container address) that it is closing, waits until both acknowledged (its
+# requests through them ended), then stops the app; on start it tells them it
+# serves again. Nothing is pulled ({IMAGE}, built by `make images`).
+#
+#   docker-compose -p {FRONT_PROJECT} -f envoy/docker-compose-front.yaml up -d   # or docker compose
+#   curl -si localhost:{public1}/                                  # p1, p2 or p3
+#   docker stop {FRONT_PROJECT}_backend1_1                      # compose v2: {FRONT_PROJECT}-backend1-1
+#   docker logs {FRONT_PROJECT}_backend1_1 2>&1 | grep graceful   # 2 of 2 fronts acknowledged
+networks:
+  edge:
+    ipam:
+      config: [{{subnet: "{FRONT_SUBNET}"}}]
+services:
+"#
+    ));
+    for i in 1..=3 {
+        s.push_str(&format!(
+            r#"  backend{i}:
+    image: ${{SIDECAR_IMAGE:-{IMAGE}}}
+    entrypoint: ["/usr/local/bin/graceful-entrypoint", "--front", "http://front1:{FRONT_CONTROL_PORT}", "--front", "http://front2:{FRONT_CONTROL_PORT}", "--wait", "{BACKEND_WAIT}", "--stop-timeout", "5s", "--"]
+    command: ["/usr/local/bin/demo-app", "--listen", "0.0.0.0:{APP_PORT}", "--name", "p{i}", "--latency-ms", "5"]
+    stop_grace_period: {BACKEND_GRACE}
+    networks: {{edge: {{ipv4_address: "{ip}"}}}}
+"#,
+            ip = backend_ip(i),
+        ));
+    }
+    for i in 1..=2 {
+        let (public, admin) = front_host_ports(i);
+        s.push_str(&format!(
+            r#"  front{i}:
+    image: ${{ENVOY_IMAGE:-{IMAGE}}}
+    working_dir: /work
+    volumes: ["../dist:/work/dist:ro", "./compose:/work/envoy/compose:ro"]
+    entrypoint: ["/usr/local/bin/envoy"]
+    command: ["-c", "/work/envoy/compose/front-{i}.yaml", "--concurrency", "2"]
+    networks: {{edge: {{ipv4_address: "{ip}"}}}}
+    ports: ["{public}:{FRONT_PUBLIC_PORT}", "127.0.0.1:{admin}:{FRONT_ADMIN_PORT}"]
+    depends_on: [backend1, backend2, backend3]
+"#,
+            ip = front_ip(i),
+        ));
+    }
+    s
 }
 
 fn compose_file() -> String {
