@@ -691,3 +691,78 @@ fn hooks_given_no_filter_let_the_stream_go_on() {
     none.destroy();
     assert!(s.sent.borrow().is_none());
 }
+
+/// Tombstones `address` of `cluster` as announced closing (as the front's
+/// `closing` does), and moves the change signal.
+fn announce(cluster: &str, address: &str) {
+    use graceful_core::consumer::tombstone::Tombstones;
+    use graceful_core::shared::keys::{TOMBSTONES, TOMBSTONES_GEN};
+    use graceful_core::shared::metrics::Metrics;
+    use graceful_core::shared::store::{add_bounded, update};
+    let now = crate::clock::monotonic_us();
+    let store = &crate::host::STORE;
+    update(store, TOMBSTONES.name, |bytes| {
+        let mut list = bytes.and_then(Tombstones::decode).unwrap_or_default();
+        list.announce(cluster, address, now, now + 120_000_000, 64);
+        (Some(list.encode()), ())
+    })
+    .unwrap();
+    add_bounded(store, TOMBSTONES_GEN.name, 1, u64::MAX).unwrap();
+    METRICS.add(Metric::ConsumerGeneration, 1);
+}
+
+#[test]
+fn the_upstream_instance_with_front_fences_an_attempt_at_a_host_announced_closing() {
+    let _world = fake_envoy::world();
+    let json = r#"{"admin_cluster":"envoy_admin","front":{}}"#;
+    let listener = Loaded::new("graceful_consumer", json).expect("configured");
+    let upstream = Loaded::new("graceful_consumer:upstream", json).expect("configured");
+    announce("orders", "10.77.0.9:8080");
+    let evictions = value(Metric::ConsumerEvictions);
+    let awaiting = value(Metric::FrontAwaiting0) + value(Metric::FrontAwaiting1);
+
+    let (l, a) = request_and_attempt("10.77.0.9:8080");
+    let (lf, af) = (listener.filter(), upstream.filter());
+    lf.request_headers(&l);
+    assert_eq!(
+        value(Metric::FrontAwaiting0) + value(Metric::FrontAwaiting1),
+        awaiting + 1,
+        "the listener counts the request in a grace slot"
+    );
+    assert_eq!(af.request_headers(&a), STOP_ITERATION);
+    let sent = a.sent.borrow().clone().expect("the attempt was fenced");
+    assert_eq!(sent.status, 503);
+    assert!(
+        sent.headers
+            .iter()
+            .any(|(k, v)| k == "x-graceful-closing" && v == "true"),
+        "{sent:?}"
+    );
+    af.destroy();
+    assert_eq!(
+        value(Metric::ConsumerEvictions),
+        evictions,
+        "a fenced attempt is no connect failure"
+    );
+    // Its retry at another host goes on.
+    let b = l.attempt();
+    b.set_attribute(abi::ATTR_UPSTREAM_ADDRESS, "10.77.0.10:8080");
+    b.set_cluster("orders");
+    let bf = upstream.filter();
+    assert_eq!(bf.request_headers(&b), CONTINUE);
+    assert!(b.sent.borrow().is_none());
+    bf.response_headers(&b);
+    bf.destroy();
+    lf.stream_complete(&l);
+    lf.destroy();
+    assert_eq!(
+        value(Metric::FrontAwaiting0) + value(Metric::FrontAwaiting1),
+        awaiting,
+        "out of its slot once"
+    );
+    assert!(
+        fake_envoy::misuse().is_empty(),
+        "{:?}",
+        fake_envoy::misuse()
+    );
+}
