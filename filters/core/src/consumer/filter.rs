@@ -15,10 +15,15 @@
 //! | tick, `front` | then [`ConsumerFilter::front_tick`]: the host table refreshed, long-polls answered, one copy per `front.poll` (by lease) reads the admin's view and `rq_active` | none |
 //! | call answered, `front` | first, [`ConsumerFilter::front_call_answered`]: the front's `/clusters` answer | none |
 //! | a held front long-poll woken, its stream ended | [`ConsumerFilter::front_answer_woken`], [`ConsumerFilter::front_release`] | none |
+//! | request headers, `front` | before steering: in the grace count's slot ([`crate::consumer::front::grace::enter`]: epoch read, slot +1) | the fence: the generation read, and while an announced tombstone may be live or a member is listed `DRAINING`, `upstream.address`; an attempt at such a host gets a local 503 with the closing mark and stops (at an acknowledged host: late) |
+//! | response headers or stream end, `front` | out of its slot, once | a fenced attempt's own 503 is not observed |
+//! | configure, `front` | creates the front's keys | writes `graceful.v1.front.fence` (the fence runs here) |
+//! | tick, `front` | (above) | wasm: every `front.poll`, [`ConsumerFilter::upstream_tick`]: its caches follow the listener's writes across stats scopes |
 //!
 //! The front rows are [`crate::consumer::front::serve`]'s (its own table
 //! says what each does); the configuration creates the front's shared keys
-//! for the listener instance only, which alone acts on `front`.
+//! for the listener instance only, which alone serves the endpoints and
+//! polls; the upstream instance with `front` runs the fence.
 
 use std::cell::{Cell, RefCell, RefMut};
 use std::collections::HashMap;

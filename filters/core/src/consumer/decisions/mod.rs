@@ -28,6 +28,17 @@
 //! header in request headers and reads the response's pairs; nothing else
 //! unless something happens.
 //!
+//! The front role (`front` configured) adds, per request: in the listener
+//! instance, the grace count (`graceful_front_epoch` read and a slot +1 in
+//! request headers, the slot −1 at response headers or the end:
+//! `front/grace.rs`); in the upstream instance, the fence
+//! ([`Consumer::fenced`]): `graceful_consumer_generation` read, and
+//! `upstream.address` and the clock only while the cached tombstones may
+//! hold a live announced entry (their latest expiry, as for the clock
+//! below) or the admin's membership lists a member `DRAINING`; a fenced
+//! attempt reads the front's table (is the host acknowledged? then it is
+//! late, one write). A sidecar consumer pays none of it.
+//!
 //! What is read only when something is happening, and why skipping it
 //! otherwise is safe:
 //!

@@ -27,7 +27,7 @@
 //! | closing, steered, acknowledged, sources without removed | listed `DRAINING`, sources without draining | sources gain draining | yes |
 //! | closing, steered, acknowledged | left, sources without removed | sources gain removed | yes |
 //! | closing, steered, acknowledged | listed `DRAINING` / left, the bit already set (for `DRAINING`: and not removed) | unchanged | no |
-//! | closing | a plan lists an acceptable host and not this one ([`Event::Steered`]) | steered: `steered_us` = now (the bump), `epoch` = the advanced epoch, `zero_reads` = 0 | yes |
+//! | closing | a plan lists an acceptable host and not this one ([`Event::Steered`]) | steered: `steered_us` = now (the bump), `epoch` = the grace count's epoch this steering advanced to (the next one while the older slot is busy: a later poll advances, [`grace`]), `zero_reads` = 0 | yes |
 //! | closing | no acceptable host in a cluster it is in ([`Event::Unsteerable`]) | closing: the balancer may pick it; no acknowledgement | no |
 //! | steered | no acceptable host | closing: `steered_us` = 0, `inflight_at_steering` unread, `zero_reads` = 0 (withheld until steered again) | yes |
 //! | steered, acknowledged | steered | unchanged | no |
@@ -37,11 +37,11 @@
 //! | closing | a later read of 0, or the host not listed | unchanged (only reads after the bump count) | no |
 //! | steered | a read > 0 | `zero_reads` = 0, `last_active_us` = now; `inflight_at_closing` and `inflight_at_steering` set if unread | if one was unread or `zero_reads` was > 0; else once per second at most |
 //! | steered | a read of 0, `zero_reads` 0 | `zero_reads` = 1, `last_active_us` = now (the first zero read), unread figures = 0 | yes |
-//! | steered | a read of 0, `zero_reads` > 0, at least `poll` after the first zero read, guard clear (fence up or its grace slot 0) | acknowledged: `zero_reads` + 1, `acked_us` = now, figures frozen ([`Change::Acknowledged`]: waiters woken) | yes |
+//! | steered | a read of 0, `zero_reads` > 0, at least `poll` after the first zero read, guard clear (a fence runs: `graceful.v1.front.fence` set by an upstream instance with `front`; else [`grace::clear`] for its `epoch`) | acknowledged: `zero_reads` + 1, `acked_us` = now, figures frozen ([`Change::Acknowledged`]: waiters woken) | yes |
 //! | steered | a read of 0, `zero_reads` > 0, sooner than `poll` or guard not clear | unchanged | no |
-//! | steered | it left `/clusters` (read `None`), guard clear | acknowledged: `acked_us` = now, figures frozen | yes |
+//! | steered | it left `/clusters` (read `None`), guard clear (the grace count's alone: the fence sees no attempt at a host Envoy no longer has, but not its streams) | acknowledged: `acked_us` = now, figures frozen | yes |
 //! | steered | it left `/clusters`, guard not clear | unchanged | no |
-//! | acknowledged | an attempt at it ([`Event::Attempt`]: fence hit, an answer) or a read > 0 | acknowledged, `late` + 1 ([`Change::Late`]: logged) | yes |
+//! | acknowledged | an attempt at it ([`Event::Attempt`]: the fence answered one, [`crate::consumer::filter::ConsumerFilter::front_fenced`]) or a read > 0 | acknowledged, `late` + 1 ([`Change::Late`]: logged) | yes |
 //! | acknowledged | a read of 0 or `None` | unchanged | no |
 //! | closing, steered | an attempt at it | unchanged (what was in flight, or the fence doing its work) | no |
 //! | closing, steered, acknowledged | `serving` from the host ([`Event::Serving`]) | serving: entry removed ([`Change::Serving`]: its announced tombstones removed) | yes |

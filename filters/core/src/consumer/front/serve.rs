@@ -721,7 +721,7 @@ impl ConsumerFilter {
     /// The fence answered an attempt at `address`: one at a host the table
     /// holds acknowledged is late (`Event::Attempt`). The table is read
     /// only here, on a fenced attempt (rare once steering holds).
-    pub(crate) fn front_fenced(&self, h: &(impl Host + ?Sized), address: &str, now: u64) {
+    pub fn front_fenced(&self, h: &(impl Host + ?Sized), address: &str, now: u64) {
         let Some(fc) = self.config().front.as_ref() else {
             return;
         };
