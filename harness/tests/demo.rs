@@ -113,7 +113,11 @@ async fn it_loses_no_request_in_any_scenario_of_the_matrix_with_the_filters() {
         ..short(Protocol::Http1)
     };
     let mut lines = Vec::new();
-    for s in SCENARIOS.iter().filter(|s| s.scale_down_by == 0) {
+    // Behind fronts: the test below.
+    for s in SCENARIOS
+        .iter()
+        .filter(|s| s.scale_down_by == 0 && !s.fronts)
+    {
         let (config, mode) = cell(&base, s, Approach::Graceful, Protocol::Http1);
         let (report, _) = run(&config, mode).await;
         let line = report.line(&format!("{} graceful", s.name));
@@ -144,5 +148,64 @@ async fn it_loses_no_request_in_any_scenario_of_the_matrix_with_the_filters() {
     assert!(
         report.failed > 0,
         "plain Envoy without a preStop loses POSTs: {line}"
+    );
+}
+
+/// `behind_gateway`, shortened: two fronts with the filters in front of
+/// three backends with no sidecar, each backend's preStop `graceful-hook
+/// front`. A rolling restart (with a surge) and a scale-down 3 → 1 lose
+/// nothing; no request starts at a backend after its preStop returned (both
+/// fronts acknowledged), and the preStop returned within 1 s of the last
+/// request to it ending (5% of requests take 2-5 s: those in flight at
+/// closing are waited for, not cut). Plain fronts with Envoy Gateway's
+/// `DRAINING` alone lose requests in the same run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn behind_fronts_nothing_is_lost_and_each_backend_leaves_at_its_acknowledgement() {
+    use graceful_harness::products::demo::matrix::{cell, scenario, Approach};
+    let base = DemoConfig {
+        rate: 200,
+        connections: 80,
+        ..short(Protocol::Http1)
+    };
+    for name in ["behind_gateway", "behind_gateway_scale_down"] {
+        let s = scenario(name).unwrap_or_else(|| panic!("no scenario {name}"));
+        let (config, mode) = cell(&base, s, Approach::Graceful, Protocol::Http1);
+        let (report, _) = run(&config, mode).await;
+        let line = report.line(&format!("{name} graceful"));
+        eprintln!("{line}");
+        assert_eq!(report.failed, 0, "{line}");
+        assert!(report.long_requests > 0, "the long requests ran: {line}");
+        let expected = if s.scale_down_by > 0 {
+            s.scale_down_by
+        } else {
+            config.restarts
+        };
+        assert_eq!(report.events.len(), expected, "{line}");
+        for ev in &report.events {
+            assert_eq!(
+                ev.started_after_seen,
+                Some(0),
+                "started after the acknowledgement: {ev:?}"
+            );
+            let last = ev
+                .last_request_end_ms
+                .unwrap_or_else(|| panic!("no request reached p{}: {ev:?}", ev.provider));
+            // Whole ms in the access log: its last request may read 2 ms late.
+            assert!(
+                last <= ev.drained_ms + 2 && ev.drained_ms - last.min(ev.drained_ms) <= 1_000,
+                "p{}: preStop returned at {} ms, its last request ended at {last} ms",
+                ev.provider,
+                ev.drained_ms
+            );
+        }
+    }
+    let s = scenario("behind_gateway").unwrap_or_else(|| panic!("behind_gateway"));
+    let (config, mode) = cell(&base, s, Approach::DrainingOnly, Protocol::Http1);
+    let (report, _) = run(&config, mode).await;
+    let line = report.line("behind_gateway draining_only");
+    eprintln!("{line}");
+    assert!(
+        report.failed > 0,
+        "DRAINING alone, no preStop, loses requests: {line}"
     );
 }

@@ -261,6 +261,11 @@ impl AdsConfig {
                     for http_filter in http_filters.into_iter().flatten() {
                         let name = http_filter["name"].as_str().unwrap_or_default().to_string();
                         if !over_ecds.contains(&name.as_str()) {
+                            // Served inline over LDS: in the stand-in's
+                            // protos too (a config Envoy Gateway sends).
+                            if let Some(dir) = by_module_name(&mut http_filter["typed_config"]) {
+                                module_search_path = Some(dir);
+                            }
                             continue;
                         }
                         let mut typed_config = http_filter["typed_config"].take();

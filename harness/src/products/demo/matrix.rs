@@ -11,6 +11,8 @@
 //! | `killed` | short GETs | Istio's default | 2 s | SIGKILL of sidecar and app |
 //! | `keepalive_clients` | short GETs from callers without graceful_consumer, on keep-alive HTTP/1.1 or HTTP/2 connections through an L4 balancer (a kube-proxy stand-in, `envoy/l4-balancer.yaml`); and a gRPC client holding a health `Watch` on each provider that goes down (`watch_told_ms`: closing to the moment it learns) | none | 2 s | shutdown |
 //! | `scale_down` | short GETs | Istio's default | 2 s | three of four shut down at once and do not come back |
+//! | `behind_gateway` | short GETs, 5% taking 2–5 s, through two fronts to three backends with no sidecar | the front's (Istio's default with 503) | 2 s (Envoy Gateway's pushes: `DRAINING`, then removal) | shutdown, a new backend on a new address first (surge) |
+//! | `behind_gateway_scale_down` | the same | the same | 2 s | two of three shut down at once and do not come back |
 //!
 //! | approach | the provider's preStop |
 //! |---|---|
@@ -20,6 +22,12 @@
 //! | `sleep_3s`, `sleep_15s` | plain Envoy: `POST /healthcheck/fail`, a fixed sleep |
 //! | `registry_only` | plain Envoy: none; SIGTERM at once, the registry follows |
 //! | `plain` | plain Envoy (for `killed`, where no preStop runs) |
+//!
+//! Behind fronts (`super::fronts`): `graceful` is the filters on the fronts
+//! and `graceful-hook front` as the backend's preStop; `no_hook` the filters
+//! and no preStop; `sleep_5s`, `sleep_15s` plain fronts and a sleep;
+//! `draining_only` plain fronts and no preStop (Envoy Gateway's `DRAINING`
+//! push alone).
 
 use std::time::Duration;
 
@@ -44,9 +52,11 @@ pub struct Scenario {
     /// A scale-down: this many providers leave at once and do not come
     /// back; 0, a rolling restart.
     pub scale_down_by: usize,
+    /// Backends with no sidecar behind two fronts (`super::fronts`).
+    pub fronts: bool,
 }
 
-pub const SCENARIOS: [Scenario; 7] = [
+pub const SCENARIOS: [Scenario; 9] = [
     Scenario {
         name: "today",
         what: "short GETs, the shipped retry policy, registry lag 2 s",
@@ -62,6 +72,7 @@ pub const SCENARIOS: [Scenario; 7] = [
         balancer: false,
         providers: 3,
         scale_down_by: 0,
+        fronts: false,
     },
     Scenario {
         name: "istio_long",
@@ -78,6 +89,7 @@ pub const SCENARIOS: [Scenario; 7] = [
         balancer: false,
         providers: 3,
         scale_down_by: 0,
+        fronts: false,
     },
     Scenario {
         name: "no_retry_post",
@@ -94,6 +106,7 @@ pub const SCENARIOS: [Scenario; 7] = [
         balancer: false,
         providers: 3,
         scale_down_by: 0,
+        fronts: false,
     },
     Scenario {
         name: "slow_registry",
@@ -110,6 +123,7 @@ pub const SCENARIOS: [Scenario; 7] = [
         balancer: false,
         providers: 3,
         scale_down_by: 0,
+        fronts: false,
     },
     Scenario {
         name: "killed",
@@ -126,6 +140,7 @@ pub const SCENARIOS: [Scenario; 7] = [
         balancer: false,
         providers: 3,
         scale_down_by: 0,
+        fronts: false,
     },
     Scenario {
         name: "keepalive_clients",
@@ -142,6 +157,7 @@ pub const SCENARIOS: [Scenario; 7] = [
         balancer: true,
         providers: 3,
         scale_down_by: 0,
+        fronts: false,
     },
     Scenario {
         name: "scale_down",
@@ -160,8 +176,42 @@ pub const SCENARIOS: [Scenario; 7] = [
         balancer: false,
         providers: 4,
         scale_down_by: 3,
+        fronts: false,
+    },
+    Scenario {
+        name: "behind_gateway",
+        what: "three backends with no sidecar behind two fronts (as Envoy Gateway's), load through both, 5% of requests taking 2-5 s; a rolling restart with a surge, Envoy Gateway's DRAINING then removal",
+        retry: Retry::Istio,
+        shape: FRONT_SHAPE,
+        registry_lag: Duration::from_secs(2),
+        killed: false,
+        balancer: false,
+        providers: 3,
+        scale_down_by: 0,
+        fronts: true,
+    },
+    Scenario {
+        name: "behind_gateway_scale_down",
+        what: "the same fronts and backends; two of three leave at once and do not come back",
+        retry: Retry::Istio,
+        shape: FRONT_SHAPE,
+        registry_lag: Duration::from_secs(2),
+        killed: false,
+        balancer: false,
+        providers: 3,
+        scale_down_by: 2,
+        fronts: true,
     },
 ];
+
+/// Behind the fronts: short GETs, 5% taking 2-5 s (a request in flight at
+/// closing that a preStop must wait for, not cut).
+const FRONT_SHAPE: Shape = Shape {
+    method: "GET",
+    long_every: 20,
+    long_ms: (2000, 5000),
+    numbered: false,
+};
 
 /// What a team runs to shut a provider down.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -177,6 +227,12 @@ pub enum Approach {
     RegistryOnly,
     /// Plain Envoy where no shutdown runs (the `killed` scenario).
     Plain,
+    /// Behind fronts: the filters on the fronts, no preStop (they learn
+    /// from Envoy Gateway's `DRAINING` push only).
+    NoHook,
+    /// Behind fronts: plain fronts and no preStop, Envoy Gateway's
+    /// `DRAINING` push alone.
+    DrainingOnly,
 }
 
 impl Approach {
@@ -188,6 +244,8 @@ impl Approach {
             Approach::Sleep(d) => format!("sleep_{}s", d.as_secs()),
             Approach::RegistryOnly => "registry_only".into(),
             Approach::Plain => "plain".into(),
+            Approach::NoHook => "no_hook".into(),
+            Approach::DrainingOnly => "draining_only".into(),
         }
     }
 
@@ -198,6 +256,15 @@ impl Approach {
     pub fn all_for(scenario: &Scenario) -> Vec<Approach> {
         if scenario.killed {
             return vec![Approach::Graceful, Approach::Plain];
+        }
+        if scenario.fronts {
+            return vec![
+                Approach::Graceful,
+                Approach::Sleep(Duration::from_secs(5)),
+                Approach::Sleep(Duration::from_secs(15)),
+                Approach::DrainingOnly,
+                Approach::NoHook,
+            ];
         }
         let mut all = vec![Approach::Graceful];
         if scenario.name == "today" || scenario.scale_down_by > 0 {
@@ -243,10 +310,15 @@ pub fn cell(
     config.balancer = scenario.balancer;
     config.providers = scenario.providers;
     config.scale_down_by = scenario.scale_down_by;
+    config.fronts = scenario.fronts;
     if scenario.shape.long_every > 0 {
         // Long requests hold a connection each: enough of them for the
         // open-loop rate (5% of 500/s × 4 s ≈ 100 at once).
         config.connections = config.connections.max(160);
+    }
+    if scenario.fronts {
+        let mode = front_mode(&mut config, approach);
+        return (config, mode);
     }
     let mode = match (approach, scenario.killed) {
         (Approach::Graceful, false) => Mode::Graceful,
@@ -267,8 +339,26 @@ pub fn cell(
         }
         (Approach::RegistryOnly, _) => Mode::RegistryOnly,
         (Approach::Plain, _) => Mode::KilledBaseline,
+        (Approach::NoHook | Approach::DrainingOnly, _) => Mode::RegistryOnly,
     };
     (config, mode)
+}
+
+/// The mode of an approach behind fronts (`super::fronts`).
+fn front_mode(config: &mut DemoConfig, approach: Approach) -> Mode {
+    match approach {
+        Approach::Sleep(d) => {
+            config.baseline_sleep = d;
+            Mode::FrontSleep
+        }
+        Approach::DrainingOnly | Approach::RegistryOnly | Approach::Plain => {
+            Mode::FrontDrainingOnly
+        }
+        Approach::NoHook => Mode::FrontNoHook,
+        Approach::Graceful | Approach::GracefulNoAdmin | Approach::GracefulCloseOff => {
+            Mode::FrontHook
+        }
+    }
 }
 
 pub fn scenario(name: &str) -> Option<&'static Scenario> {

@@ -24,6 +24,7 @@
 //! | then | SIGTERM to Envoy and the app | same |
 //! | back (not in a scale-down) | new processes; readiness 200 → registry re-adds it after the lag | same |
 
+pub mod fronts;
 pub mod matrix;
 pub mod report;
 
@@ -64,6 +65,16 @@ pub enum Mode {
     Killed,
     /// Plain Envoy, and the provider dies by SIGKILL as in [`Mode::Killed`].
     KilledBaseline,
+    /// Backends with no sidecar behind fronts with the filters
+    /// ([`fronts`]): each backend's preStop is `graceful-hook front`.
+    FrontHook,
+    /// The fronts with the filters, no preStop: they learn from Envoy
+    /// Gateway's `DRAINING` push only.
+    FrontNoHook,
+    /// Plain fronts, the backend's preStop a fixed sleep (`baseline_sleep`).
+    FrontSleep,
+    /// Plain fronts, no preStop: Envoy Gateway's `DRAINING` push alone.
+    FrontDrainingOnly,
 }
 
 /// The consumer's retry policy.
@@ -116,7 +127,10 @@ impl Retry {
 impl Mode {
     /// Whether the sidecars run the filters.
     pub fn graceful(self) -> bool {
-        matches!(self, Mode::Graceful | Mode::Killed)
+        matches!(
+            self,
+            Mode::Graceful | Mode::Killed | Mode::FrontHook | Mode::FrontNoHook
+        )
     }
 
     pub fn name(self) -> &'static str {
@@ -126,6 +140,10 @@ impl Mode {
             Mode::RegistryOnly => "registry_only",
             Mode::Killed => "killed",
             Mode::KilledBaseline => "killed_baseline",
+            Mode::FrontHook => "front_hook",
+            Mode::FrontNoHook => "front_no_hook",
+            Mode::FrontSleep => "front_sleep",
+            Mode::FrontDrainingOnly => "front_draining_only",
         }
     }
 }
@@ -177,6 +195,9 @@ pub struct DemoConfig {
     /// plane translates a DestinationRule (`outlier_detection`,
     /// `common_lb_config`); null: none.
     pub providers_cluster: Value,
+    /// Backends with no sidecar behind two fronts ([`fronts`]) instead of
+    /// providers behind sidecars.
+    pub fronts: bool,
 }
 
 impl Default for DemoConfig {
@@ -202,6 +223,7 @@ impl Default for DemoConfig {
             work_dir: repo_root().join("target/demo"),
             balancer: false,
             providers_cluster: Value::Null,
+            fronts: false,
         }
     }
 }
@@ -475,6 +497,8 @@ impl Run<'_> {
                     let _ = app.wait();
                 }
             }
+            // Run by `fronts`, never here.
+            Mode::FrontHook | Mode::FrontNoHook | Mode::FrontSleep | Mode::FrontDrainingOnly => {}
         }
         ev.drained_ms = self.ms();
         // Kubernetes sends SIGTERM to every container of the pod at once.
@@ -796,9 +820,7 @@ impl Run<'_> {
                 Mode::Graceful => self
                     .seen_ms(consumer_log, p, ev.closing_ms)
                     .unwrap_or(ev.closing_ms),
-                Mode::Baseline | Mode::RegistryOnly | Mode::Killed | Mode::KilledBaseline => {
-                    ev.closing_ms
-                }
+                _ => ev.closing_ms,
             };
             let seen_unix_ms = self.epoch_unix_ms + ev.seen_ms;
             ev.after_closing = arrivals_since(&ev.access_log, seen_unix_ms);
@@ -840,6 +862,9 @@ fn stop_providers(providers: &mut [Provider]) {
 
 /// Runs the scenario once and reports it, with the samples for the chart.
 pub async fn run(config: &DemoConfig, mode: Mode) -> (RunReport, Vec<Sample>) {
+    if config.fronts {
+        return fronts::run(config, mode).await;
+    }
     let name = mode.name();
     let dir = config
         .work_dir
