@@ -11,11 +11,13 @@
 //! cannot be saved).
 //!
 //! Flags: `--scenarios a,b` (all: today, istio_long, no_retry_post,
-//! slow_registry, killed, keepalive_clients, scale_down), `--approaches a,b`
+//! slow_registry, killed, keepalive_clients, scale_down, behind_gateway,
+//! behind_gateway_scale_down), `--approaches a,b`
 //! (all that apply: graceful, graceful_no_admin (`today` and `scale_down`:
 //! the consumer on the contract's default config, no `admin_cluster`),
 //! graceful_close_off (`keepalive_clients`), sleep_3s, sleep_15s,
-//! registry_only, plain),
+//! registry_only, plain; behind fronts: graceful, sleep_5s, sleep_15s,
+//! draining_only, no_hook),
 //! `--protocols http1,http2,grpc`
 //! (scenario `today` runs each, the second and third with `graceful` and
 //! `sleep_3s` unless `--approaches` is given; the others the first),
