@@ -269,8 +269,8 @@ bench: build native envoy bench-tools bench-floors xds-tools ## what the filters
 .PHONY: demo
 demo: build native envoy xds-tools ## the main job: scenarios x approaches, each a rolling restart under load (about 10 min): target/demo/ (GRACEFUL_DELIVERY=native: the filters as the native module)
 	$(CARGO) build --profile tools -p demo-app
-	$(CARGO) build --profile tools -p graceful-harness --bin demo
-	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/demo $(if $(SCENARIOS),--scenarios $(SCENARIOS)) $(if $(APPROACHES),--approaches $(APPROACHES)) --protocols $(PROTOCOL) --rate $(RATE) --restarts $(RESTARTS) --duration $(DURATION) $(DEMO_FLAGS)
+	$(CARGO) build --profile tools -p graceful-harness --bin demo -p graceful-hook
+	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app GRACEFUL_HOOK=$(CURDIR)/target/tools/graceful-hook target/tools/demo $(if $(SCENARIOS),--scenarios $(SCENARIOS)) $(if $(APPROACHES),--approaches $(APPROACHES)) --protocols $(PROTOCOL) --rate $(RATE) --restarts $(RESTARTS) --duration $(DURATION) $(DEMO_FLAGS)
 
 .PHONY: try
 try: build envoy ## start Envoy with the filters, walk through one shutdown, print each answer
