@@ -114,7 +114,7 @@ impl RootContext for ConsumerRoot {
             }
             graceful_guest::set_tick_period(period);
         } else if let Some(front) = &filter.config().front {
-            // The fence's caches follow the listener's writes even where the
+            // The watch's caches follow the listener's writes even where the
             // change signal is per stats scope (upstream_tick).
             graceful_guest::set_tick_period(front.poll);
         }

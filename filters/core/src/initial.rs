@@ -140,7 +140,6 @@ mod tests {
                 "graceful.v1.front.hosts.gen",
                 "graceful.v1.front.poll_lease",
                 "graceful.v1.front.waiters",
-                "graceful.v1.front.fence",
             ]
         );
         assert!(values_with(Drain, Some("front")).is_empty());

@@ -93,7 +93,6 @@ fn the_registry_holds_exactly_the_documented_keys() {
         ("graceful.v1.front.hosts.gen", Consumer, U64, &[Consumer]),
         ("graceful.v1.front.poll_lease", Consumer, U64, &[Consumer]),
         ("graceful.v1.front.waiters", Consumer, U64, &[Consumer]),
-        ("graceful.v1.front.fence", Consumer, U64, &[Consumer]),
     ];
     let got: Vec<(&str, Owner, Encoding, &[Owner])> = ALL
         .iter()

@@ -15,15 +15,14 @@
 //! | tick, `front` | then [`ConsumerFilter::front_tick`]: the host table refreshed, long-polls answered, one copy per `front.poll` (by lease) reads the admin's view and `rq_active` | none |
 //! | call answered, `front` | first, [`ConsumerFilter::front_call_answered`]: the front's `/clusters` answer | none |
 //! | a held front long-poll woken, its stream ended | [`ConsumerFilter::front_answer_woken`], [`ConsumerFilter::front_release`] | none |
-//! | request headers, `front` | before steering: in the grace count's slot ([`crate::consumer::front::grace::enter`]: epoch read, slot +1) | the fence: the generation read, and while an announced tombstone may be live or a member is listed `DRAINING`, `upstream.address`; an attempt at such a host gets a local 503 with the closing mark and stops (at an acknowledged host: late) |
-//! | response headers or stream end, `front` | out of its slot, once | a fenced attempt's own 503 is not observed |
-//! | configure, `front` | creates the front's keys | writes `graceful.v1.front.fence` (the fence runs here) |
+//! | request headers, `front` | before steering: in the grace count's slot ([`crate::consumer::front::grace::enter`]: epoch read, slot +1) | the watch: the generation read, and while an announced tombstone may be live or a member is listed `DRAINING`, `upstream.address`; an attempt at such a host goes on (no local reply: Envoy would not retry it), counted late if the host is acknowledged |
+//! | response headers or stream end, `front` | out of its slot, once | as without `front` |
 //! | tick, `front` | (above) | wasm: every `front.poll`, [`ConsumerFilter::upstream_tick`]: its caches follow the listener's writes across stats scopes |
 //!
 //! The front rows are [`crate::consumer::front::serve`]'s (its own table
 //! says what each does); the configuration creates the front's shared keys
 //! for the listener instance only, which alone serves the endpoints and
-//! polls; the upstream instance with `front` runs the fence.
+//! polls; the upstream instance with `front` watches attempts at closing hosts.
 
 use std::cell::{Cell, RefCell, RefMut};
 use std::collections::HashMap;
@@ -35,7 +34,7 @@ use crate::consumer::decisions::{
 use crate::consumer::front::grace;
 use crate::shared::headers;
 use crate::shared::host::{
-    Action, Attribute, CallResponse, Host, HttpCall, LocalReply, Map, StateCell, Stream,
+    Action, Attribute, CallResponse, Host, HttpCall, Map, StateCell, Stream,
 };
 use crate::shared::keys::{self, Owner};
 use crate::shared::metrics::Metric;
@@ -79,9 +78,6 @@ pub struct ConsumerStream {
     counted: Cell<bool>,
     /// Response headers arrived.
     answered: Cell<bool>,
-    /// The upstream instance's fence answered this attempt (its host
-    /// closing): neither an answer of the host's nor a failure of it.
-    fenced: Cell<bool>,
     /// The grace count's slot this request is in (listener instance,
     /// `front`): leaves it once.
     awaiting: Cell<Option<Metric>>,
@@ -97,10 +93,8 @@ struct Lazy {
 }
 
 impl ConsumerStream {
-    /// Response headers arrived, or the fence answered (the attempt did
-    /// not fail: nothing to tombstone at its end).
     pub fn answered(&self) -> bool {
-        self.answered.get() || self.fenced.get()
+        self.answered.get()
     }
 
     /// The host's side of this stream for the core (the clock read once
@@ -209,18 +203,6 @@ impl ConsumerFilter {
         if config.front.is_some() && !upstream {
             crate::initial::create_keys_with(h, Owner::Consumer, Some(keys::FRONT_FIELD))?;
         }
-        if config.front.is_some() && upstream {
-            // The fence runs here: the listener's acknowledgement may rely on
-            // it. Written whole (a missing key takes any write); a failure
-            // leaves the grace count to decide, which only waits longer.
-            let at = h.now_us().max(1).to_le_bytes();
-            if let Err(e) = h.store().set(keys::FRONT_FENCE.name, &at, 0) {
-                h.log(
-                    crate::shared::host::Level::Warn,
-                    &format!("front: the fence's presence not recorded ({e:?}): acknowledgements wait for the grace count"),
-                );
-            }
-        }
         let rejected: Vec<&str> = [Metric::ConsumerInflight, Metric::ConsumerGeneration]
             .into_iter()
             .filter(|m| !h.metric_is_kept(*m))
@@ -292,9 +274,9 @@ impl ConsumerFilter {
         }
         if self.upstream {
             // One stream per attempt: counting and steering are the
-            // listener instance's; the fence is this one's.
+            // listener instance's; the watch is this one's.
             if self.config.front.is_some() {
-                return self.fence(copy, st, s);
+                return self.watch(copy, st, s);
             }
             return Action::Continue;
         }
@@ -330,10 +312,6 @@ impl ConsumerFilter {
         st: &ConsumerStream,
         s: &impl Stream,
     ) -> Action {
-        if st.fenced.get() {
-            // The fence's own 503: not the host's answer.
-            return Action::Continue;
-        }
         st.answered.set(true);
         self.grace_leave(st, s);
         self.observe(copy, st, s, Map::ResponseHeaders, Part::Headers);
@@ -399,12 +377,16 @@ impl ConsumerFilter {
         }
     }
 
-    /// The upstream instance's fence (design §3): an attempt at a host
-    /// closing (announced, or listed `DRAINING`) gets a local 503 with the
-    /// closing mark before it is sent, which the route's retry policy moves
-    /// (503 retriable, `previous_hosts`). One at an acknowledged host is
-    /// late.
-    fn fence(
+    /// The upstream instance's watch (design §3's fence, as far as Envoy
+    /// allows it): an attempt at a host closing (announced, or listed
+    /// `DRAINING`) goes on, and one at a host the front acknowledged counts
+    /// as late. It does not answer the attempt itself: a local reply from
+    /// an upstream filter goes to the client, never to the route's retry
+    /// policy (Envoy's upstream filter manager hands it to the router's
+    /// downstream callbacks; measured on 1.40: the 503 reached the client,
+    /// `upstream_rq_retry` 0), so a fence's 503 would turn a request the
+    /// closing host still serves into an error.
+    fn watch(
         &self,
         copy: &impl StateCell<ConsumerCopy>,
         st: &ConsumerStream,
@@ -412,25 +394,13 @@ impl ConsumerFilter {
     ) -> Action {
         let signal = s.metric_get(Metric::ConsumerGeneration);
         let mut view = st.view(s);
-        let Some(address) = copy.with(|c| c.core.fenced(s.store(), &mut view, signal)) else {
+        let Some(address) = copy.with(|c| c.core.watched(s.store(), &mut view, signal)) else {
             return Action::Continue;
         };
         let now = view.now();
         drop(view);
-        st.fenced.set(true);
-        let mark = self.config.closing_headers.first().map_or(
-            crate::consumer::config::DEFAULT_CLOSING_HEADERS[0],
-            String::as_str,
-        );
-        s.send_reply(&LocalReply {
-            status: 503,
-            headers: &[(mark, "true")],
-            body: b"graceful_consumer: host closing, attempt fenced",
-            grpc_status: None,
-            details: "graceful_consumer_fenced",
-        });
-        self.front_fenced(s, &address, now);
-        Action::Stop
+        self.front_attempt_seen(s, &address, now);
+        Action::Continue
     }
 
     /// As an upstream filter, an attempt ended: one that got no response
@@ -490,7 +460,7 @@ impl ConsumerFilter {
     }
 
     /// The upstream instance's tick, with `front` (wasm: every
-    /// `front.poll`): the fence's caches follow the listener's writes where
+    /// `front.poll`): the watch's caches follow the listener's writes where
     /// the two instances' change signals live in different stats scopes
     /// (Envoy 1.36 to 1.38: see [`Consumer::notice_unannounced`]). No
     /// refresh, no probe: those are the listener instance's.

@@ -236,12 +236,6 @@ pub const FRONT_POLL_LEASE: Key = front_key("graceful.v1.front.poll_lease", Enco
 /// `drained?wait=` long-polls of the front held across the process
 /// (bounded by `front.max_waiters`).
 pub const FRONT_WAITERS: Key = front_key("graceful.v1.front.waiters", Encoding::U64);
-/// When (µs, monotonic) an upstream instance with `front` was last
-/// configured in this process; 0: none. The fence (§3) runs there, so the
-/// acknowledgement may rely on it; without one the grace count decides.
-/// The listener instance creates it at 0; the upstream instance writes it
-/// whole.
-pub const FRONT_FENCE: Key = front_key("graceful.v1.front.fence", Encoding::U64);
 
 /// Every key, in the order filters create them.
 pub const ALL: &[Key] = &[
@@ -267,7 +261,6 @@ pub const ALL: &[Key] = &[
     FRONT_HOSTS_GEN,
     FRONT_POLL_LEASE,
     FRONT_WAITERS,
-    FRONT_FENCE,
 ];
 
 #[cfg(test)]
@@ -299,8 +292,7 @@ mod tests {
                 "graceful.v1.front.hosts",
                 "graceful.v1.front.hosts.gen",
                 "graceful.v1.front.poll_lease",
-                "graceful.v1.front.waiters",
-                "graceful.v1.front.fence"
+                "graceful.v1.front.waiters"
             ]
         );
         assert!(ALL

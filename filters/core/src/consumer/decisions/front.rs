@@ -207,13 +207,14 @@ impl Consumer {
         views
     }
 
-    /// The fence (the upstream instance with `front`, design §3): the
-    /// attempt's host when it has a live announced tombstone or is listed
-    /// `DRAINING`, else None. `upstream.address` and the clock are read only
+    /// The upstream instance's watch with `front` (design §3's fence, which
+    /// cannot answer: see `ConsumerFilter::request_headers`): the attempt's
+    /// host when it has a live announced tombstone or is listed `DRAINING`,
+    /// else None. `upstream.address` and the clock are read only
     /// while the cached tombstones may hold a live announced entry or the
     /// admin's membership lists a member `DRAINING`; shared data only when
     /// `signal` moved (the per-request protocol).
-    pub fn fenced(
+    pub fn watched(
         &mut self,
         store: &dyn SharedStore,
         x: &mut dyn Exchange,
@@ -244,7 +245,7 @@ impl Consumer {
         (announced || listed_draining).then_some(address)
     }
 
-    /// [`Consumer::notice_unannounced`] for the fence: the admin's
+    /// [`Consumer::notice_unannounced`] for the watch: the admin's
     /// membership too (its `DRAINING` members), whose writes are the
     /// listener instance's.
     pub fn notice_unannounced_front(

@@ -31,13 +31,13 @@
 //! The front role (`front` configured) adds, per request: in the listener
 //! instance, the grace count (`graceful_front_epoch` read and a slot +1 in
 //! request headers, the slot −1 at response headers or the end:
-//! `front/grace.rs`); in the upstream instance, the fence
-//! ([`Consumer::fenced`]): `graceful_consumer_generation` read, and
+//! `front/grace.rs`); in the upstream instance, the watch
+//! ([`Consumer::watched`]): `graceful_consumer_generation` read, and
 //! `upstream.address` and the clock only while the cached tombstones may
 //! hold a live announced entry (their latest expiry, as for the clock
-//! below) or the admin's membership lists a member `DRAINING`; a fenced
-//! attempt reads the front's table (is the host acknowledged? then it is
-//! late, one write). A sidecar consumer pays none of it.
+//! below) or the admin's membership lists a member `DRAINING`; an attempt
+//! at such a host reads the front's table (is the host acknowledged? then
+//! it is late, one write). A sidecar consumer pays none of it.
 //!
 //! What is read only when something is happening, and why skipping it
 //! otherwise is safe:
@@ -293,7 +293,7 @@ pub struct Consumer {
     /// has passed it (nothing in the list can be live until it changes).
     live_until: u64,
     /// The latest expiry of an announced tombstone in the cached list; 0
-    /// once passed (the fence reads no address until a write).
+    /// once passed (the watch reads no address until a write).
     announced_until: u64,
     members: Cached<Membership>,
     /// The cached admin membership lists a member `DRAINING` (worked out

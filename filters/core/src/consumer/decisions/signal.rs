@@ -247,7 +247,7 @@ impl Consumer {
         }
     }
 
-    /// [`Consumer::may_be_live`] for announced tombstones (the fence's).
+    /// [`Consumer::may_be_live`] for announced tombstones (the watch's).
     pub(super) fn may_be_announced(&mut self, x: &mut dyn Exchange) -> bool {
         if self.announced_until == 0 {
             return false;

@@ -1,6 +1,7 @@
-//! The grace count (docs/design/front-proxy-drain.md §3): the guard of an
-//! acknowledgement where no fence runs (Envoy Gateway). Envoy stats only,
-//! process-wide atomics: requests write no shared data.
+//! The grace count (docs/design/front-proxy-drain.md §3): the guard of
+//! every acknowledgement (the design's fence cannot hold an attempt: an
+//! upstream filter's local reply is not retried, `serve.rs`). Envoy stats
+//! only, process-wide atomics: requests write no shared data.
 //!
 //! | who | when | does |
 //! |---|---|---|

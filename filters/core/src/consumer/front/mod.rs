@@ -37,13 +37,13 @@
 //! | closing | a later read of 0, or the host not listed | unchanged (only reads after the bump count) | no |
 //! | steered | a read > 0 | `zero_reads` = 0, `last_active_us` = now; `inflight_at_closing` and `inflight_at_steering` set if unread | if one was unread or `zero_reads` was > 0; else once per second at most |
 //! | steered | a read of 0, `zero_reads` 0 | `zero_reads` = 1, `last_active_us` = now (the first zero read), unread figures = 0 | yes |
-//! | steered | a read of 0, `zero_reads` > 0, at least `poll` after the first zero read, guard clear (a fence runs: `graceful.v1.front.fence` set by an upstream instance with `front`; else [`grace::clear`] for its `epoch`) | acknowledged: `zero_reads` + 1, `acked_us` = now, figures frozen ([`Change::Acknowledged`]: waiters woken) | yes |
+//! | steered | a read of 0, `zero_reads` > 0, at least `poll` after the first zero read, guard clear ([`grace::clear`] for its `epoch`: the requests that started before its steering are answered) | acknowledged: `zero_reads` + 1, `acked_us` = now, figures frozen ([`Change::Acknowledged`]: waiters woken) | yes |
 //! | steered | a read of 0, `zero_reads` > 0, sooner than `poll` or guard not clear | unchanged | no |
-//! | steered | it left `/clusters` (read `None`), guard clear (the grace count's alone: the fence sees no attempt at a host Envoy no longer has, but not its streams) | acknowledged: `acked_us` = now, figures frozen | yes |
+//! | steered | it left `/clusters` (read `None`), guard clear | acknowledged: `acked_us` = now, figures frozen | yes |
 //! | steered | it left `/clusters`, guard not clear | unchanged | no |
-//! | acknowledged | an attempt at it ([`Event::Attempt`]: the fence answered one, [`crate::consumer::filter::ConsumerFilter::front_fenced`]) or a read > 0 | acknowledged, `late` + 1 ([`Change::Late`]: logged) | yes |
+//! | acknowledged | an attempt at it ([`Event::Attempt`]: the upstream instance saw one, [`crate::consumer::filter::ConsumerFilter::front_attempt_seen`]) or a read > 0 | acknowledged, `late` + 1 ([`Change::Late`]: logged) | yes |
 //! | acknowledged | a read of 0 or `None` | unchanged | no |
-//! | closing, steered | an attempt at it | unchanged (what was in flight, or the fence doing its work) | no |
+//! | closing, steered | an attempt at it | unchanged (a retry of a request that started before the steering: the grace count waits for it) | no |
 //! | closing, steered, acknowledged | `serving` from the host ([`Event::Serving`]) | serving: entry removed ([`Change::Serving`]: its announced tombstones removed) | yes |
 //! | closing, steered, acknowledged, sources with removed | listed again, any health (it left membership and came back) | serving ([`Change::Serving`]); listed `DRAINING`: then at once closing(draining) afresh | yes |
 //! | closing, steered, acknowledged | listed `HEALTHY` at or past `expires_us` (`closing_ttl` passed: a restart it was not told of) | serving ([`Change::Serving`]) | yes |
@@ -181,10 +181,10 @@ pub enum Event {
     Read {
         /// None: the host is not listed in `/clusters` (removed).
         active: Option<u32>,
-        /// The fence is up, or its grace slot reads 0.
+        /// Its grace slot reads 0 ([`grace::clear`]).
         guard_clear: bool,
     },
-    /// An attempt reached it (a fence hit, an answer).
+    /// An attempt reached it (the upstream instance saw one).
     Attempt,
 }
 

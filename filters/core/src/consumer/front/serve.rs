@@ -22,15 +22,14 @@
 //! table (it left membership while its requests still run) is still
 //! answered: its long-poll must end in an acknowledgement, not a 403.
 //!
-//! The guard of §3: a read's `guard_clear` is the fence's presence
-//! (`graceful.v1.front.fence`, written by an upstream instance with
-//! `front` at configure) while the host is listed in `/clusters`, else the
-//! grace count ([`super::grace`]): the slot of the requests that started
-//! before its steering reads 0. A steering records the epoch it advanced
-//! to (or the next, while the older slot is busy; a later poll advances).
-//! The fence itself is the upstream instance's
-//! ([`ConsumerFilter::request_headers`]); a fenced attempt at an
-//! acknowledged host is late ([`ConsumerFilter::front_fenced`]).
+//! The guard of §3: a read's `guard_clear` is the grace count's
+//! ([`super::grace`]): the slot of the requests that started before the
+//! host's steering reads 0. A steering records the epoch it advanced to (or
+//! the next, while the older slot is busy; a later poll advances). The
+//! design's fence is not the guard: an upstream filter's local reply goes
+//! to the client, not to the retry policy, so the upstream instance only
+//! watches, counting an attempt at an acknowledged host as late
+//! ([`ConsumerFilter::front_attempt_seen`]).
 
 use std::net::Ipv6Addr;
 
@@ -49,9 +48,7 @@ use crate::shared::host::HostMetrics;
 use crate::shared::host::{
     Action, Attribute, CallResponse, Host, HttpCall, Level, LocalReply, Map, StateCell, Stream,
 };
-use crate::shared::keys::{
-    FRONT_FENCE, FRONT_HOSTS, FRONT_HOSTS_GEN, FRONT_POLL_LEASE, FRONT_WAITERS,
-};
+use crate::shared::keys::{FRONT_HOSTS, FRONT_HOSTS_GEN, FRONT_POLL_LEASE, FRONT_WAITERS};
 use crate::shared::metrics::Metric;
 use crate::shared::net::trusted_peer_ip;
 use crate::shared::store::{add_bounded, read_u64, take_lease, update, SharedStore, UpdateError};
@@ -684,10 +681,8 @@ impl ConsumerFilter {
             return true;
         };
         refresh(front, h.store());
-        // The guard (§3): the fence where one runs, while the host is in
-        // `/clusters`; else the grace slot of the requests before its
-        // steering. Read only for hosts that may be acknowledged now.
-        let fence = fence_runs(h.store());
+        // The guard (§3): the grace slot of the requests that started
+        // before its steering; read only for hosts that may be acknowledged.
         let m = HostMetrics(h);
         let events: Vec<(Ipv6Addr, Event)> = front.with(|f| {
             f.hosts
@@ -695,8 +690,7 @@ impl ConsumerFilter {
                 .iter()
                 .map(|x| {
                     let active = active.get(&x.ip).copied();
-                    let guard_clear = x.state == State::Steered
-                        && ((fence && active.is_some()) || grace::clear(&m, x.epoch));
+                    let guard_clear = x.state == State::Steered && grace::clear(&m, x.epoch);
                     (
                         x.ip,
                         Event::Read {
@@ -718,10 +712,11 @@ impl ConsumerFilter {
 }
 
 impl ConsumerFilter {
-    /// The fence answered an attempt at `address`: one at a host the table
-    /// holds acknowledged is late (`Event::Attempt`). The table is read
-    /// only here, on a fenced attempt (rare once steering holds).
-    pub fn front_fenced(&self, h: &(impl Host + ?Sized), address: &str, now: u64) {
+    /// The upstream instance saw an attempt at `address`, a closing host:
+    /// one at a host the table holds acknowledged is late
+    /// (`Event::Attempt`). The table is read only here (attempts at a
+    /// closing host are rare once steering holds).
+    pub fn front_attempt_seen(&self, h: &(impl Host + ?Sized), address: &str, now: u64) {
         let Some(fc) = self.config().front.as_ref() else {
             return;
         };
@@ -746,7 +741,7 @@ impl ConsumerFilter {
                     h.log(
                         Level::Warn,
                         &format!(
-                            "front: host {} reached after its acknowledgement (an attempt fenced)",
+                            "front: host {} reached after its acknowledgement (an attempt at it)",
                             shown(ip)
                         ),
                     );
@@ -758,12 +753,6 @@ impl ConsumerFilter {
             ),
         }
     }
-}
-
-/// Whether a fence runs in this process (an upstream instance with
-/// `front` recorded its configuration).
-fn fence_runs(store: &dyn SharedStore) -> bool {
-    read_key_u64(store, FRONT_FENCE.name).is_some_and(|at| at > 0)
 }
 
 /// What the admin's membership says of a host in the table.
