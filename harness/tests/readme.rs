@@ -7,7 +7,9 @@
 //!   and one shutdown goes through it (closing mark, tombstone, drained, the
 //!   marked 503);
 //! - the output it prints for `make try` is what `make try` prints;
-//! - it stays at most 300 lines.
+//! - it stays at most 300 lines;
+//! - its front door names both shapes (sidecar, fronts) and the
+//!   `behind_gateway` table is the committed run's.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -258,6 +260,55 @@ fn make_try_prints_what_the_docs_show() {
             shown[0] == printed,
             "{doc} shows make try's output otherwise; first difference at {}\nprinted:\n{printed}",
             first_difference(&shown[0], &printed)
+        );
+    }
+}
+
+/// The README's front door says which shape a reader needs (sidecar, or
+/// fronts before backends with no sidecar) and links the front guide; the
+/// `behind_gateway` table in the benchmarks page is the committed run's
+/// (`docs/demo-report-behind-gateway.json`), row by row.
+#[test]
+fn the_front_door_names_both_shapes_and_the_behind_gateway_table_is_the_committed_run() {
+    let readme = read(README);
+    let chooser = readme
+        .split("\n\n")
+        .find(|p| p.starts_with("**Which shape you need.**"))
+        .unwrap_or_else(|| panic!("{README}: no \"Which shape you need\" paragraph"));
+    for needle in [
+        "sidecar",
+        "no sidecar",
+        "graceful-hook front",
+        "docs/deploy/front-proxy.md",
+    ] {
+        assert!(
+            chooser.contains(needle),
+            "the chooser lacks {needle:?}: {chooser}"
+        );
+    }
+    let report: serde_json::Value =
+        serde_json::from_str(&read("docs/demo-report-behind-gateway.json"))
+            .unwrap_or_else(|e| panic!("docs/demo-report-behind-gateway.json: {e}"));
+    let page = read("docs/benchmarks/demo.md");
+    let cells = report["matrix"].as_array().map_or(&[][..], Vec::as_slice);
+    assert_eq!(cells.len(), 10, "five approaches, two shapes");
+    for cell in cells {
+        let shape = match cell["scenario"].as_str() {
+            Some("behind_gateway") => "rolling",
+            Some("behind_gateway_scale_down") => "scale-down 3 → 1",
+            other => panic!("not a behind_gateway cell: {other:?}"),
+        };
+        let run = cell;
+        let row = format!(
+            "| {shape} | {} | {} | {} | {} |",
+            cell["approach"].as_str().unwrap_or(""),
+            run["requests"],
+            run["failed"],
+            run["after_closing"]
+        );
+        assert!(
+            page.contains(&row),
+            "docs/benchmarks/demo.md lacks the committed row {row}"
         );
     }
 }
