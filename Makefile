@@ -54,9 +54,18 @@ E2E_ENV = GRACEFUL_ENVOY=$(CURDIR)/$(ENVOY) GRACEFUL_DIST=$(CURDIR)/dist \
 APT_TOOLS := skopeo docker-registry curl iptables iproute2 prometheus
 BENCH_APT_TOOLS := wrk valgrind
 # make oci TAG=...; make push REGISTRY=host[:port]/path TAG=... PUSH_FLAGS=...
-# TAG defaults to the workspace version in Cargo.toml.
+# The workspace version in Cargo.toml: a release's number (0.3.0) on a release
+# commit, the next one with a pre-release mark (0.3.0-dev) on main between
+# releases. BUILD_VERSION is what the artifacts show (graceful-hook --version,
+# the filters' and the native module's first log line, the OCI annotations): a
+# development version gets the commit as build metadata (0.3.0-dev+<commit>,
+# +unknown without git). TAG defaults to it, `+` written `_` (an OCI tag has no
+# `+`): a release's images are <filter>:0.3.0, main's <filter>:0.3.0-dev_<commit>.
 WORKSPACE_VERSION := $(shell sed -n '/^\[workspace\.package\]/,/^\[/s/^version = "\(.*\)"$$/\1/p' Cargo.toml)
-TAG ?= $(WORKSPACE_VERSION)
+GRACEFUL_COMMIT := $(or $(shell git rev-parse --short=12 HEAD 2>/dev/null),unknown)
+BUILD_VERSION := $(WORKSPACE_VERSION)$(if $(findstring -dev,$(WORKSPACE_VERSION)),+$(GRACEFUL_COMMIT))
+export GRACEFUL_COMMIT
+TAG ?= $(subst +,_,$(BUILD_VERSION))
 REGISTRY ?=
 # A loopback REGISTRY (localhost, 127.*, [::1]) is taken to be plain HTTP, which skopeo
 # reaches only with --dest-tls-verify=false; any other keeps HTTPS with verified
@@ -112,17 +121,20 @@ native-panic-probe: ## the test build of the module with a filter that panics on
 oci: build ## pack each filter as an OCI image layout dist/oci/<filter>/ (one tar+gzip layer with plugin.wasm), tagged TAG
 	python3 tools/oci.py --dist dist --out dist/oci --tag $(TAG) $(FILTERS)
 
-# make release [TAG_RELEASE=1]: every artifact of the workspace version, its
-# checksums and SBOM in dist/release/<version>/ (docs/releasing.md).
+# make release: every artifact of the workspace version, its checksums and
+# SBOM in dist/release/<version>/, and the tag v<version> (docs/releasing.md).
 RELEASE_DIR = dist/release/$(WORKSPACE_VERSION)
-TAG_RELEASE ?=
+
+.PHONY: version
+version: ## print the version the artifacts of this tree show (0.3.0-dev+<commit> on main, 0.3.0 on a release commit) and the image TAG
+	@echo "graceful-wasm $(BUILD_VERSION) (TAG=$(TAG))"
 
 .PHONY: release
-release: ## build every artifact of the workspace version into dist/release/<version>/ with SHA256SUMS and a CycloneDX SBOM, from a clean tree whose tag v<version> is absent or HEAD; TAG_RELEASE=1 also creates that tag (docs/releasing.md)
+release: ## on a release commit (version with no -dev, a dated CHANGELOG section, a clean tree, a new tag): build every artifact into dist/release/<version>/ with SHA256SUMS and a CycloneDX SBOM, and create the tag v<version> (docs/releasing.md)
 	@python3 tools/release.py check --version $(WORKSPACE_VERSION) --tag $(TAG)
 	$(MAKE) --no-print-directory oci native TAG=$(WORKSPACE_VERSION)
 	@python3 tools/release.py assemble --version $(WORKSPACE_VERSION) --dist dist --out $(RELEASE_DIR) $(FILTERS)
-	@python3 tools/release.py $(if $(TAG_RELEASE),tag,print-tag) --version $(WORKSPACE_VERSION)
+	@python3 tools/release.py tag --version $(WORKSPACE_VERSION)
 
 ifneq ($(filter push,$(MAKECMDGOALS)),)
 ifeq ($(strip $(REGISTRY)),)
@@ -130,8 +142,12 @@ $(error make push needs REGISTRY=host[:port]/path (it pushes REGISTRY/<filter>:T
 endif
 endif
 
+.PHONY: push-check
+push-check:
+	@python3 tools/release.py push-check --version $(WORKSPACE_VERSION) --tag $(TAG)
+
 .PHONY: push
-push: oci ## push dist/oci/<filter> to REGISTRY/<filter>:TAG with skopeo (REGISTRY=host[:port]/path required; PUSH_FLAGS); refuses a TAG the registry holds with another digest (tags are never reused: bump the version)
+push: push-check oci ## push dist/oci/<filter> to REGISTRY/<filter>:TAG with skopeo (REGISTRY=host[:port]/path required; PUSH_FLAGS); refuses a release version's TAG from a commit its tag v<version> does not name, and a TAG the registry holds with another digest (tags are never reused: bump the version)
 	@command -v skopeo >/dev/null || { echo "make push: skopeo not found: run \`make test-tools\` (or apt-get install skopeo)" >&2; exit 1; }
 	@python3 tools/oci_push.py --registry $(REGISTRY) --tag $(TAG) --flags="$(PUSH_FLAGS)" $(FILTERS)
 

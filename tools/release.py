@@ -2,10 +2,12 @@
 """The steps of `make release` (docs/releasing.md), run from the repository root.
 
     release.py check --version V [--tag TAG]
-        Refuses (exit 1, saying why) unless: V is a semantic version; TAG, if
-        given, is V (a release's images are tagged with its version); the
-        work tree is clean (no change, no untracked file); the git tag vV
-        does not exist, or names HEAD; CHANGELOG.md has a `## [V]` section.
+        Refuses (exit 1, saying why) unless: V is a semantic version; V is
+        not a development version (no `dev` in its pre-release part, as
+        `0.3.0-dev` on main); TAG, if given, is V (a release's images are
+        tagged with its version); the work tree is clean (no change, no
+        untracked file); the git tag vV does not exist, or names HEAD;
+        CHANGELOG.md has a dated `## [V] - YYYY-MM-DD` section.
     release.py assemble --version V --dist DIR --out DIR FILTER...
         Fills OUT (emptied first) with the artifacts `make oci native` left
         in DIST: FILTER.wasm, libgraceful.so, FILTER.oci.tar (the OCI image
@@ -17,8 +19,10 @@
     release.py tag --version V
         Checks again, then creates the annotated tag vV on HEAD (if it is not
         there already) and prints how to push it.
-    release.py print-tag --version V
-        Prints the commands that tag and push the release.
+    release.py push-check --version V --tag TAG
+        `make push`'s guard: refuses (exit 1, one line) to push images tagged
+        with a release version V (TAG is V) from a commit the tag vV does not
+        name. A development version (`0.3.0-dev`) or another TAG passes.
 Python 3.11 standard library only.
 """
 import argparse
@@ -39,6 +43,17 @@ SEMVER = re.compile(r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z-]+(\.
 NATIVE = "libgraceful.so"
 NATIVE_PACKAGE = "graceful-native"
 SUMS = "SHA256SUMS"
+# A dated changelog heading: `## [0.3.0] - 2027-01-15`.
+DATED = r" - \d{4}-\d{2}-\d{2}\s*$"
+
+
+def development(version):
+    """Whether the version is a development one: `dev` among its
+    pre-release identifiers (`0.3.0-dev`, `0.3.0-dev.2`). Such a version is
+    what main carries between releases; it is never released."""
+    m = SEMVER.fullmatch(version)
+    pre = (m.group(4) or "")[1:] if m else ""
+    return any(part.startswith("dev") for part in pre.split(".") if part)
 
 
 class Refused(Exception):
@@ -59,6 +74,17 @@ def tag_name(version):
 def tagged_commit(tag):
     """The commit the tag names, or None if there is no such tag."""
     return git("rev-parse", "-q", "--verify", f"refs/tags/{tag}^{{commit}}", check=False)
+
+
+def changelog_heading(version, path="CHANGELOG.md"):
+    """The `## [version]...` heading line, or None."""
+    try:
+        with open(path) as f:
+            text = f.read()
+    except FileNotFoundError:
+        return None
+    m = re.search(rf"^## \[{re.escape(version)}\][^\n]*$", text, re.M)
+    return m.group(0) if m else None
 
 
 def changelog_section(version, path="CHANGELOG.md"):
@@ -84,6 +110,10 @@ def check(version, tag=None):
     if not SEMVER.fullmatch(version):
         raise Refused(f"{version!r} is not a semantic version (MAJOR.MINOR.PATCH[-PRE]): "
                       "fix [workspace.package] version in Cargo.toml")
+    if development(version):
+        raise Refused(f"{version} is a development version (pre-release `dev`), not a release: "
+                      "set [workspace.package] version in Cargo.toml to the release's number "
+                      "and date its CHANGELOG.md section first (docs/releasing.md)")
     if tag is not None and tag != version:
         raise Refused(f"TAG={tag}, but a release is tagged with its version, {version}: "
                       "run make release without TAG")
@@ -99,10 +129,28 @@ def check(version, tag=None):
         raise Refused(f"the tag {tag_name(version)} already names {tagged[:12]}, not HEAD "
                       f"({head[:12]}): version {version} is released; a version is never "
                       "reused, so bump [workspace.package] version in Cargo.toml (docs/releasing.md)")
-    if changelog_section(version) is None:
+    heading = changelog_heading(version)
+    if heading is None:
         raise Refused(f"CHANGELOG.md has no `## [{version}]` section: write what changed "
                       "for users first (docs/releasing.md)")
+    if not re.search(DATED, heading[len(f"## [{version}]"):]):
+        raise Refused(f"CHANGELOG.md's `{heading.strip()}` has no date: write it as "
+                      f"`## [{version}] - YYYY-MM-DD` (docs/releasing.md)")
     return head
+
+
+def push_check(version, tag):
+    """Refuses to push images under a release's version from any commit but
+    the one its tag names."""
+    if development(version) or tag != version:
+        return
+    head = git("rev-parse", "HEAD")
+    tagged = tagged_commit(tag_name(version))
+    if tagged != head:
+        where = f"names {tagged[:12]}" if tagged else "does not exist"
+        raise Refused(f"version {version} is a release, but HEAD ({head[:12]}) is not its tag "
+                      f"{tag_name(version)} (which {where}): push a release from its tag "
+                      f"(make release creates it), or give TAG=<another tag>")
 
 
 def oci_archive(layout, out):
@@ -204,8 +252,10 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--schema-dir", default="schema")
     p.add_argument("filters", nargs="+")
-    for step in ("tag", "print-tag"):
-        sub.add_parser(step).add_argument("--version", required=True)
+    sub.add_parser("tag").add_argument("--version", required=True)
+    p = sub.add_parser("push-check")
+    p.add_argument("--version", required=True)
+    p.add_argument("--tag", required=True)
     args = parser.parse_args()
 
     try:
@@ -232,14 +282,9 @@ def main():
                 print(f"tagged {tag} at {head[:12]}")
             print(f"publish it: {tag_commands(args.version)[1]}")
         else:
-            create, push = tag_commands(args.version)
-            tag = tag_name(args.version)
-            if tagged_commit(tag):
-                print(f"{tag} already names this commit; publish it: {push}")
-            else:
-                print(f"not tagged (make release TAG_RELEASE=1 tags it); to tag and publish: {create} && {push}")
+            push_check(args.version, args.tag)
     except Refused as e:
-        print(f"make release: {e}", file=sys.stderr)
+        print(f"make {'push' if args.step == 'push-check' else 'release'}: {e}", file=sys.stderr)
         return 1
     return 0
 

@@ -111,20 +111,64 @@ class Checks(unittest.TestCase):
             self.assertEqual(out.returncode, 1, bad)
             self.assertIn("not a semantic version", out.stderr)
 
-    def test_tag_creates_the_annotated_tag_once_and_print_tag_only_prints(self):
-        out = self.release("print-tag", "--version", "0.3.0")
-        self.assertEqual(out.returncode, 0, out.stderr)
-        self.assertIn('git tag -a v0.3.0 -m "graceful-wasm 0.3.0"', out.stdout)
+    def test_a_development_version_is_refused_in_one_line_naming_why(self):
+        # main carries 0.3.0-dev: refused first, whatever else holds.
+        with open(os.path.join(self.repo, "stray.txt"), "w") as f:
+            f.write("x\n")
+        for dev in ("0.3.0-dev", "0.3.0-dev.2"):
+            out = self.release("check", "--version", dev)
+            self.assertEqual(out.returncode, 1, dev)
+            self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+            self.assertIn(f"make release: {dev} is a development version", out.stderr)
+        self.assertTrue(release.development("0.3.0-dev"))
+        self.assertFalse(release.development("0.3.0-rc.1") or release.development("0.3.0"))
+
+    def test_a_changelog_section_without_a_date_is_refused(self):
+        with open(os.path.join(self.repo, "CHANGELOG.md"), "a") as f:
+            f.write("\n## [0.4.0]\n\n- soon.\n")
+        sh(self.repo, "git", "commit", "-q", "-am", "undated")
+        out = self.release("check", "--version", "0.4.0")
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("`## [0.4.0]` has no date", out.stderr)
+        self.assertIn("## [0.4.0] - YYYY-MM-DD", out.stderr)
+
+    def test_tag_creates_the_annotated_tag_once(self):
         self.assertIsNone(subprocess.run(["git", "rev-parse", "-q", "--verify", "refs/tags/v0.3.0"],
                                          cwd=self.repo, capture_output=True).stdout.strip() or None)
         out = self.release("tag", "--version", "0.3.0")
         self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertIn("tagged v0.3.0", out.stdout)
         self.assertEqual(sh(self.repo, "git", "cat-file", "-t", "v0.3.0").strip(), "tag")
         self.assertEqual(sh(self.repo, "git", "rev-parse", "v0.3.0^{commit}"),
                          sh(self.repo, "git", "rev-parse", "HEAD"))
         again = self.release("tag", "--version", "0.3.0")
         self.assertEqual(again.returncode, 0, again.stderr)
         self.assertIn("already names HEAD", again.stdout)
+        # A development version is never tagged.
+        dev = self.release("tag", "--version", "0.4.0-dev")
+        self.assertEqual(dev.returncode, 1)
+        self.assertIn("development version", dev.stderr)
+
+    def test_push_refuses_a_release_version_off_its_tag(self):
+        # No tag yet: a release version's images are not pushed.
+        out = self.release("push-check", "--version", "0.3.0", "--tag", "0.3.0")
+        self.assertEqual(out.returncode, 1)
+        self.assertEqual(len(out.stderr.strip().splitlines()), 1, out.stderr)
+        self.assertIn("make push: version 0.3.0 is a release, but HEAD", out.stderr)
+        self.assertIn("v0.3.0 (which does not exist)", out.stderr)
+        # On its tag: pushed.
+        sh(self.repo, "git", "tag", "-a", "v0.3.0", "-m", "x")
+        self.assertEqual(self.release("push-check", "--version", "0.3.0", "--tag", "0.3.0").returncode, 0)
+        # A later commit: refused again, naming where the tag is.
+        sh(self.repo, "git", "commit", "-q", "--allow-empty", "-m", "later")
+        out = self.release("push-check", "--version", "0.3.0", "--tag", "0.3.0")
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("(which names ", out.stderr)
+        # A development version, or images under another tag, go anywhere.
+        for version, tag in (("0.4.0-dev", "0.4.0-dev_abc"), ("0.4.0-dev", "0.4.0-dev"),
+                             ("0.3.0", "e2e")):
+            out = self.release("push-check", "--version", version, "--tag", tag)
+            self.assertEqual(out.returncode, 0, (version, tag, out.stderr))
 
     def test_the_changelog_section_is_the_versions_alone(self):
         os.chdir(self.repo)
