@@ -7,7 +7,8 @@
         `0.3.0-dev` on main); TAG, if given, is V (a release's images are
         tagged with its version); the work tree is clean (no change, no
         untracked file); the git tag vV does not exist, or names HEAD;
-        CHANGELOG.md has a dated `## [V] - YYYY-MM-DD` section.
+        CHANGELOG.md has a dated `## [V] - YYYY-MM-DD` section whose every
+        entry says **Breaking** or **Not breaking** (docs/releasing.md's rule).
     release.py assemble --version V --dist DIR --out DIR FILTER...
         Fills OUT (emptied first) with the artifacts `make oci native` left
         in DIST: FILTER.wasm, libgraceful.so, FILTER.oci.tar (the OCI image
@@ -105,6 +106,16 @@ def changelog_section(version, path="CHANGELOG.md"):
     return text[m.start():m.end()] + body.strip() + "\n"
 
 
+CLASSIFIED = re.compile(r"- \*\*(Breaking|Not breaking)\*\*")
+
+
+def unclassified(section):
+    """The entries (top-level `- ` items) of a changelog section that do not
+    start with **Breaking** or **Not breaking**: their first lines."""
+    return [line for line in section.splitlines()
+            if line.startswith("- ") and not CLASSIFIED.match(line)]
+
+
 def check(version, tag=None):
     """Every reason to refuse the release, or nothing."""
     if not SEMVER.fullmatch(version):
@@ -136,6 +147,11 @@ def check(version, tag=None):
     if not re.search(DATED, heading[len(f"## [{version}]"):]):
         raise Refused(f"CHANGELOG.md's `{heading.strip()}` has no date: write it as "
                       f"`## [{version}] - YYYY-MM-DD` (docs/releasing.md)")
+    loose = unclassified(changelog_section(version))
+    if loose:
+        raise Refused(f"{len(loose)} entr{'y' if len(loose) == 1 else 'ies'} of CHANGELOG.md's "
+                      f"`## [{version}]` say neither **Breaking** nor **Not breaking** "
+                      f"(docs/releasing.md), the first: {loose[0][:80]}")
     return head
 
 

@@ -6,6 +6,7 @@ tools/oci.py) with the workspace's own `cargo metadata` for the SBOM.
 """
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -26,7 +27,7 @@ CHANGELOG = """# Changelog
 ## [0.3.0] - 2027-01-01
 
 ### Added
-- a thing users see.
+- **Not breaking** (a new field): a thing users see.
 
 ## [0.2.0] - 2026-12-04
 
@@ -131,6 +132,33 @@ class Checks(unittest.TestCase):
         self.assertEqual(out.returncode, 1)
         self.assertIn("`## [0.4.0]` has no date", out.stderr)
         self.assertIn("## [0.4.0] - YYYY-MM-DD", out.stderr)
+
+    def test_a_section_with_an_unclassified_entry_is_refused(self):
+        with open(os.path.join(self.repo, "CHANGELOG.md"), "a") as f:
+            f.write("\n## [0.4.0] - 2027-02-01\n\n- **Breaking**: a.\n- b, unsaid.\n  more of b.\n")
+        sh(self.repo, "git", "commit", "-q", "-am", "loose")
+        out = self.release("check", "--version", "0.4.0")
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("1 entry of CHANGELOG.md's `## [0.4.0]` say neither", out.stderr)
+        self.assertIn("- b, unsaid.", out.stderr)
+
+    def test_every_unreleased_entry_of_the_real_changelog_is_classified(self):
+        cwd = os.getcwd()
+        os.chdir(ROOT)
+        try:
+            section = release.changelog_section("Unreleased")
+        finally:
+            os.chdir(cwd)
+        self.assertIsNotNone(section)
+        self.assertEqual(release.unclassified(section), [],
+                         "mark each CHANGELOG.md entry **Breaking** or **Not breaking** (docs/releasing.md)")
+        with open(os.path.join(ROOT, "CHANGELOG.md")) as f:
+            text = f.read()
+        # Comparison links: Unreleased against the newest release's tag, each release its tag.
+        versions = re.findall(r"^## \[(\d[^\]]*)\]", text, re.M)
+        self.assertRegex(text, rf"(?m)^\[Unreleased\]: https://\S+/compare/v{re.escape(versions[0])}\.\.\.HEAD$")
+        for v in versions:
+            self.assertRegex(text, rf"(?m)^\[{re.escape(v)}\]: https://\S+/(compare/v\S+\.\.\.|releases/tag/)v{re.escape(v)}$")
 
     def test_tag_creates_the_annotated_tag_once(self):
         self.assertIsNone(subprocess.run(["git", "rev-parse", "-q", "--verify", "refs/tags/v0.3.0"],
@@ -280,6 +308,24 @@ class Assemble(unittest.TestCase):
         os.remove(os.path.join(self.dist, "libgraceful.so"))
         with self.assertRaisesRegex(release.Refused, r"missing: .*libgraceful.so"):
             self.assemble(out)
+
+
+class Annotations(unittest.TestCase):
+    def test_an_image_names_the_version_and_commit_it_was_built_from(self):
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "graceful_drain.wasm"), "wb") as fh:
+                fh.write(b"\0asm\1\0\0\0")
+            subprocess.run([sys.executable, os.path.join(TOOLS, "oci.py"), "--dist", d, "--out",
+                            os.path.join(d, "oci"), "--tag", "0.3.0-dev_8ab842c0ffee",
+                            "--version", "0.3.0-dev+8ab842c0ffee", "--revision", "8ab842c0ffee",
+                            "graceful_drain"], check=True, capture_output=True)
+            layout = os.path.join(d, "oci", "graceful_drain")
+            with open(os.path.join(layout, "index.json")) as fh:
+                digest = json.load(fh)["manifests"][0]["digest"].split(":")[1]
+            with open(os.path.join(layout, "blobs", "sha256", digest)) as fh:
+                annotations = json.load(fh)["annotations"]
+        self.assertEqual(annotations["org.opencontainers.image.version"], "0.3.0-dev+8ab842c0ffee")
+        self.assertEqual(annotations["org.opencontainers.image.revision"], "8ab842c0ffee")
 
 
 class Sbom(unittest.TestCase):
