@@ -7,6 +7,7 @@ only."""
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -39,6 +40,25 @@ repository ships passes the schema and the parser, and that the schema refuses
 what the parser refuses, but for the rules listed under each filter as ones
 the schema cannot check.
 """
+
+
+# Words for the repository's own history, not for a reader of the reference:
+# a field's change of status ("(added)", "added to the contract") and issue
+# numbers. The doc comments are the page's source, so a description holding
+# one fails here, naming the field, instead of reaching the page
+# (tools/check_doc_facts.py checks the other pages for the same words).
+INTERNAL_VOCABULARY = re.compile(r"\((?:added|new|changed)\)|added to the contract|\bissue \d+", re.I)
+
+
+def described(where, description):
+    """`description`, refused if it holds internal vocabulary."""
+    found = INTERNAL_VOCABULARY.search(description)
+    if found:
+        sys.exit(
+            f"{where}: its doc comment says {found.group(0)!r}, the repository's history, "
+            "not the field's meaning: reword it on the configuration type"
+        )
+    return description
 
 
 def anchor(name):
@@ -84,13 +104,14 @@ def rows(properties, required=(), prefix=""):
     for name in sorted(properties):
         prop = properties[name]
         text = "required" if name in required else default(prop)
-        yield f"| `{prefix}{name}` | {form(prop)} | {cell(text)} | {cell(prop.get('description', ''))} |"
+        meaning = described(f"{prefix}{name}", prop.get("description", ""))
+        yield f"| `{prefix}{name}` | {form(prop)} | {cell(text)} | {cell(meaning)} |"
         if prop.get("type") == "object" and "properties" in prop:
             yield from rows(prop["properties"], prop.get("required", []), f"{prefix}{name}.")
 
 
 def section(name, schema):
-    out = [f"## {name}", "", schema["description"], ""]
+    out = [f"## {name}", "", described(name, schema["description"]), ""]
     out += ["| field | form | default | meaning |", "|---|---|---|---|"]
     out += list(rows(schema["properties"]))
     rules = schema.get("x-parser-only-rules", [])
@@ -114,7 +135,7 @@ def forms(schemas):
     out = ["## Forms", "", "The forms the fields above share.", ""]
     for key in sorted(merged):
         definition = merged[key]
-        out += [f"### {key}", "", definition["description"], ""]
+        out += [f"### {key}", "", described(key, definition["description"]), ""]
     return out
 
 

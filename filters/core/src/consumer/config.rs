@@ -229,13 +229,13 @@ struct ConsumerDto {
     /// `instance_header`.
     #[cfg_attr(feature = "schema", schemars(with = "OptionalHeaderName", extend("default" = DEFAULT_CONSUMER_HEADER)))]
     consumer_header: Option<String>,
-    /// (added) A host readmitted (a new instance answering at a tombstoned address) gets a share
-    /// that ramps up over `window`, as Envoy's `slow_start_config` ramps a new host: a restarted
+    /// A host readmitted (a new instance answering at a tombstoned address) gets a share that
+    /// ramps up over `window`, as Envoy's `slow_start_config` ramps a new host: a restarted
     /// instance on the same address is the same Envoy host, which Envoy does not ramp again. Left
     /// out (the default), it takes its full share at once. While a host ramps, every request to its
     /// cluster is steered.
     readmit_slow_start: Option<SlowStartDto>,
-    /// (added) The front-proxy role, for backends with no sidecar behind this Envoy: a host closes
+    /// The front-proxy role, for backends with no sidecar behind this Envoy: a host closes
     /// itself (`POST /graceful/front/closing` from its own address), is steered away from on every
     /// worker, and is told once nothing of this Envoy's is in flight to it (`GET
     /// /graceful/front/drained?wait=`). Needs `admin_cluster`. Only the listener instance acts on
