@@ -283,7 +283,7 @@ bench: build native envoy bench-tools bench-floors xds-tools ## what the filters
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app target/tools/bench $(BENCH_FLAGS)
 
 .PHONY: demo
-demo: build native envoy xds-tools ## the main job: scenarios x approaches, each a rolling restart under load (about 10 min): target/demo/ (GRACEFUL_DELIVERY=native: the filters as the native module)
+demo: build native envoy xds-tools ## the main job: scenarios x approaches, each a rolling restart under load (about 17 min on two cores, the committed run: docs/benchmarks/demo.md): target/demo/ (GRACEFUL_DELIVERY=native: the filters as the native module)
 	$(CARGO) build --profile tools -p demo-app
 	$(CARGO) build --profile tools -p graceful-harness --bin demo -p graceful-hook
 	$(E2E_ENV) DEMO_APP=$(CURDIR)/target/tools/demo-app GRACEFUL_HOOK=$(CURDIR)/target/tools/graceful-hook target/tools/demo $(if $(SCENARIOS),--scenarios $(SCENARIOS)) $(if $(APPROACHES),--approaches $(APPROACHES)) --protocols $(PROTOCOL) --rate $(RATE) --restarts $(RESTARTS) --duration $(DURATION) $(DEMO_FLAGS)
@@ -357,7 +357,7 @@ bench-tools: ## install what make bench drives the load with and counts under: w
 	$(call apt_install,$(BENCH_APT_TOOLS))
 
 .PHONY: lint
-lint: wasm-target ## rustfmt check, the core's room layout (docs/architecture.md), clippy (native, with the core's schema feature, and wasm) with warnings as errors, and the schemas and configuration reference up to date
+lint: wasm-target ## rustfmt check, the core's room layout (docs/architecture.md), function lengths, the docs' stated defaults, versions and counts against their sources (tools/check_doc_facts.py), clippy (native, with the core's schema feature, and wasm) with warnings as errors, and the schemas and configuration reference up to date
 	$(CARGO) fmt --all --check
 	python3 tools/check_core_layout.py --self-test
 	python3 tools/check_fn_length.py --self-test
@@ -366,6 +366,7 @@ lint: wasm-target ## rustfmt check, the core's room layout (docs/architecture.md
 	$(MAKE) --no-print-directory schema-fresh
 	$(CARGO) clippy --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS))) -p bench-wasm-header -- -D warnings
 
+	python3 tools/check_doc_facts.py
 .PHONY: unit
 unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core (also with its schema feature), the guest glue, the native glue (over a fake Envoy) and its abi layer's compile_fail examples, the emulator's own store, the harness, the Python tools' tests (tools/test_*.py, and the xDS stand-in's protocol with its own Python); the configuration schemas against the parser and the shipped configs
 	$(CARGO) test -p graceful-core --tests
