@@ -119,7 +119,7 @@ native-panic-probe: ## the test build of the module with a filter that panics on
 
 .PHONY: oci
 oci: build ## pack each filter as an OCI image layout dist/oci/<filter>/ (one tar+gzip layer with plugin.wasm), tagged TAG
-	python3 tools/oci.py --dist dist --out dist/oci --tag $(TAG) $(FILTERS)
+	python3 tools/oci.py --dist dist --out dist/oci --tag $(TAG) --version $(BUILD_VERSION) $(if $(filter-out unknown,$(GRACEFUL_COMMIT)),--revision $(GRACEFUL_COMMIT)) $(FILTERS)
 
 # make release: every artifact of the workspace version, its checksums and
 # SBOM in dist/release/<version>/, and the tag v<version> (docs/releasing.md).

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Packs wasm modules as OCI image layouts that Istio and Envoy Gateway load.
 
-    oci.py [--dist DIR] [--out DIR] [--tag TAG] FILTER [FILTER ...]
+    oci.py [--dist DIR] [--out DIR] [--tag TAG] [--version V] [--revision C] FILTER [FILTER ...]
 
 For each FILTER, reads DIR/FILTER.wasm (--dist, default dist) and writes the
 OCI image layout OUT/FILTER/ (--out, default dist/oci): `oci-layout`,
@@ -10,7 +10,11 @@ annotation set to TAG, default latest) and `blobs/sha256/`. The image is the
 "compat" variant of the Wasm image spec (solo-io/wasm spec/spec-compat.md)
 that Istio's and Envoy Gateway's image fetchers accept: an OCI image manifest
 whose only (so last) layer is `application/vnd.oci.image.layer.v1.tar+gzip`
-holding one regular file, `plugin.wasm`.
+holding one regular file, `plugin.wasm`. With --version and --revision the
+manifest is annotated `org.opencontainers.image.version` (the version the
+build shows, `0.3.0-dev+<commit>` on main, `0.3.0` on a release: the
+Makefile's BUILD_VERSION) and `org.opencontainers.image.revision` (the
+commit).
 
 Reproducible: the tar entry has mode 0644, uid/gid 0, mtime 0 and no user
 names; the gzip member has mtime 0 and no file name; JSON is written with
@@ -100,7 +104,7 @@ def descriptor(media_type, blob, annotations=None):
     return d
 
 
-def image(name, wasm):
+def image(name, wasm, version=None, revision=None):
     """The blobs of one image and its manifest's descriptor."""
     tar = tar_one_file(ENTRY, wasm)
     layer = gzip_member(tar)
@@ -122,6 +126,8 @@ def image(name, wasm):
             # solo-io/wasm spec-compat.md asks for it with an OCI layer type.
             "module.wasm.image/variant": "compat",
             "org.opencontainers.image.title": name,
+            **({"org.opencontainers.image.version": version} if version else {}),
+            **({"org.opencontainers.image.revision": revision} if revision else {}),
         },
     })
     return [config, layer, manifest], descriptor(MANIFEST, manifest)
@@ -152,6 +158,8 @@ def main(argv):
     parser.add_argument("--dist", default="dist", help="folder with FILTER.wasm (default dist)")
     parser.add_argument("--out", default=os.path.join("dist", "oci"), help="output folder (default dist/oci)")
     parser.add_argument("--tag", default="latest", help="the tag in index.json (default latest)")
+    parser.add_argument("--version", help="annotation org.opencontainers.image.version")
+    parser.add_argument("--revision", help="annotation org.opencontainers.image.revision (the commit)")
     parser.add_argument("filters", nargs="+", metavar="FILTER")
     args = parser.parse_args(argv)
     if not TAG_RE.fullmatch(args.tag):
@@ -167,7 +175,7 @@ def main(argv):
             raise SystemExit(f"oci.py: cannot read {path}: {e.strerror} (run `make build` first)")
         if wasm[:4] != b"\0asm":
             raise SystemExit(f"oci.py: {path} is not a wasm module")
-        blobs, manifest = image(name, wasm)
+        blobs, manifest = image(name, wasm, args.version, args.revision)
         directory = os.path.join(args.out, name)
         write_layout(directory, blobs, manifest, args.tag)
         print(f"{directory} {name}:{args.tag} {manifest['digest']}")

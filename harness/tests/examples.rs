@@ -444,6 +444,7 @@ fn it_validates_every_kubernetes_document_strictly() {
         "not validated here (custom resources): {}",
         custom.iter().map(Doc::label).collect::<Vec<_>>().join("; ")
     );
+    graceful_harness::support::tested_with::record("examples/kubernetes/README.md");
 }
 
 /// The Envoy config the README's commands produce: the template rendered

@@ -646,6 +646,7 @@ async fn it_steers_away_from_a_closing_backend_with_the_backend_traffic_policy()
     })
     .await;
     gw.assert_steers_away_from_a_closing_upstream().await;
+    graceful_harness::support::tested_with::record("examples/envoy-gateway/README.md");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

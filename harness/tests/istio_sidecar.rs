@@ -836,6 +836,7 @@ fn it_drains_a_provider_through_the_istio_examples_hooks_with_istios_retry_polic
     }
     .print_and_assert();
     let _ = (consumer_envoy, restarted);
+    graceful_harness::support::tested_with::record("examples/istio/README.md");
 }
 
 /// The numbers of the example that must agree, read from where they are.

@@ -119,6 +119,10 @@ impl RootContext for ConsumerRoot {
             graceful_guest::set_tick_period(front.poll);
         }
         let copy = RefCell::new(filter.new_copy());
+        log::info!(
+            "graceful_consumer {}: configured",
+            graceful_core::build_version!()
+        );
         self.shared = Some(Rc::new(Shared {
             filter,
             host,

@@ -27,3 +27,4 @@ pub mod drain;
 pub mod initial;
 pub mod provider;
 pub mod shared;
+pub mod version;

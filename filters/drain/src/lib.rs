@@ -57,6 +57,10 @@ impl RootContext for DrainRoot {
                     copy: RefCell::new(DrainCopy::default()),
                 }));
                 graceful_guest::set_tick_period(TICK);
+                log::info!(
+                    "graceful_drain {}: configured",
+                    graceful_core::build_version!()
+                );
                 true
             }
             Err(e) => {

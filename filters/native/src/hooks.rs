@@ -456,12 +456,21 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
             let made =
                 unsafe { abi::Config::in_hook(envoy, |envoy| configure(&envoy, &name, &json)) };
             match made {
-                Ok(kind) => Box::into_raw(Box::new(Configured {
-                    kind,
-                    life: Life::default(),
-                }))
-                .cast::<std::ffi::c_void>()
-                .cast_const(),
+                Ok(kind) => {
+                    abi::log(
+                        abi::LOG_INFO,
+                        &format!(
+                            "{name} {} (native): configured",
+                            graceful_core::build_version!()
+                        ),
+                    );
+                    Box::into_raw(Box::new(Configured {
+                        kind,
+                        life: Life::default(),
+                    }))
+                    .cast::<std::ffi::c_void>()
+                    .cast_const()
+                }
                 Err(e) => {
                     abi::log(abi::LOG_ERROR, &format!("{name}: {e}"));
                     std::ptr::null()

@@ -56,6 +56,10 @@ impl RootContext for ProviderRoot {
                     copy: RefCell::new(ProviderCopy::default()),
                 }));
                 graceful_guest::set_tick_period(TICK);
+                log::info!(
+                    "graceful_provider {}: configured",
+                    graceful_core::build_version!()
+                );
                 true
             }
             Err(e) => {

@@ -22,6 +22,7 @@ pub mod prometheus;
 pub mod render;
 pub mod run_report;
 pub mod share_chart;
+pub mod tested_with;
 pub mod upstream;
 pub mod wall_step;
 pub mod xds;
