@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fails when a user page states a default, a version or a count that
 disagrees with where that fact comes from: the Makefile, the schemas, the
-shipped Envoy configs, the committed demo reports, the pinned hostcall counts
+shipped Envoy configs, the committed demo reports and bench results, the pinned hostcall counts
 of emulator/tests/abi_cost.rs, the Prometheus rules, the folders themselves.
 `make lint` runs it.
 
@@ -260,6 +260,14 @@ FACTS = [
         "native-minors",
         "docs/development/make-targets.md",
         r"one Envoy dynamic module \(ABI v[\d.]+, Envoy ([\d., and]+?)\)",
+        lambda r: (",".join(sorted(make_var(r, "NATIVE_MINORS"))),),
+        "the Makefile's NATIVE_MINORS",
+        names=True,
+    ),
+    Fact(
+        "native-minors",
+        "docs/deploy/native.md",
+        r"It loads only on an Envoy of that ABI, ([\d., and]+?),",
         lambda r: (",".join(sorted(make_var(r, "NATIVE_MINORS"))),),
         "the Makefile's NATIVE_MINORS",
         names=True,
@@ -563,7 +571,61 @@ def check_demo(root):
     return problems
 
 
-CHECKS = [check_vocabulary, check_max_retries, check_tests_listed, check_examples_index, check_alerting, check_demo]
+def table_after(text, header):
+    """The body rows of the Markdown table whose header line starts with
+    `header`, as lists of stripped cells."""
+    start = text.index(header)
+    lines = re.match(r"(?:\|[^\n]*\n)+", text[start:]).group(0).splitlines()[2:]
+    return [[c.strip() for c in line.strip("|").split("|")] for line in lines]
+
+
+def number(cell):
+    return int(re.sub(r"[*,+]", "", cell))
+
+
+def check_counts(root):
+    """docs/benchmarks/count.md: the table against the floors is
+    bench/results/count.json's (each set's instructions per request, its
+    difference to `none` and to its floor), and the call prices are
+    bench/results/prices.json's."""
+    page = "docs/benchmarks/count.md"
+    text = (root / page).read_text()
+    sets = {s["set"]: s["worker_per_request"] for s in json.loads((root / "bench/results/count.json").read_text())["sets"]}
+    problems = []
+    for row in table_after(text, "| set | worker instructions per request | over `none` | over its floor |"):
+        name = re.search(r"`(\w+)`", row[0]).group(1)
+        if name not in sets:
+            problems.append(f"{page}: bench-count: the set {name} is not in bench/results/count.json")
+            continue
+        floor = sets["native_floor"] if name.endswith("_native") else sets["wasm_header"]
+        want = [sets[name], sets[name] - sets["none"], sets[name] - floor]
+        for cell, value, what in zip(row[1:4], want, ["per request", "over none", "over its floor"]):
+            if cell and number(cell) != value:
+                problems.append(f"{page}: bench-count: {name} {what} says {cell}; bench/results/count.json gives {value:,}")
+    prices = json.loads((root / "bench/results/prices.json").read_text())
+    found = re.search(r"Against the floor's ([\d,]+) per request", text)
+    if not found or number(found.group(1)) != prices["floor_per_request"]:
+        problems.append(f"{page}: bench-prices: the floor's count is not bench/results/prices.json's {prices['floor_per_request']:,}")
+    per_call = {p["call"]: p["per_call"] for p in prices["prices"]}
+    rows = table_after(text, "| call | instructions per call | what it is |")
+    for row in rows:
+        name = row[0].strip("`")
+        if per_call.get(name) != number(row[1]):
+            problems.append(f"{page}: bench-prices: {name} says {row[1]}; bench/results/prices.json gives {per_call.get(name)}")
+    if len(rows) != len(per_call):
+        problems.append(f"{page}: bench-prices: {len(rows)} calls in the table; bench/results/prices.json prices {len(per_call)}")
+    return problems
+
+
+CHECKS = [
+    check_vocabulary,
+    check_max_retries,
+    check_tests_listed,
+    check_examples_index,
+    check_alerting,
+    check_demo,
+    check_counts,
+]
 
 
 def check_fact(root, fact):
