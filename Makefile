@@ -292,6 +292,11 @@ demo: build native envoy xds-tools ## the main job: scenarios x approaches, each
 try: build envoy ## start Envoy with the filters, walk through one shutdown, print each answer
 	$(CARGO) run --quiet --profile test -p graceful-harness --bin walkthrough
 
+.PHONY: minimal
+minimal: build envoy ## run the README's minimal config (examples/minimal/envoy.yaml) from here with the demo app on 127.0.0.1:8080, print where to send requests; Ctrl-C stops both
+	$(CARGO) build --quiet --profile test -p demo-app
+	examples/minimal/run.sh $(ENVOY) target/debug/demo-app examples/minimal/envoy.yaml
+
 .PHONY: test-tools
 test-tools: envoy schema-tools xds-tools ## install what the tests use beyond Rust and Python: $(APT_TOOLS) (Debian), kubernetes-validate, jsonschema and PyYAML (PyPI, into .venv), and the xDS stand-in's Python (xds-tools)
 	$(call apt_install,$(APT_TOOLS))
