@@ -366,6 +366,7 @@ lint: wasm-target ## rustfmt check, the core's room layout (docs/architecture.md
 	$(CARGO) fmt --all --check
 	python3 tools/check_core_layout.py --self-test
 	python3 tools/check_fn_length.py --self-test
+	python3 tools/check_tested_with.py --self-test
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p graceful-core --all-targets --features schema -- -D warnings
 	$(MAKE) --no-print-directory schema-fresh
