@@ -427,6 +427,50 @@ def check_max_retries(root):
     return problems
 
 
+DEFAULT_STATED = re.compile(r"`(\w+)` \(default,? ([^)]{1,20})\)|`(\w+)`,? \(?(on|off|[\d.]+ ?m?s) by default")
+
+
+def schema_defaults(root):
+    """Each filter field's default, by name; None where two filters give
+    one name different defaults (no page can state one then)."""
+    defaults = {}
+    for path in sorted((root / "schema").glob("*.schema.json")):
+        for name, prop in json.loads(path.read_text())["properties"].items():
+            value = prop.get("default", False if prop.get("type") == "object" else None)
+            defaults[name] = value if defaults.get(name, value) == value else None
+    return defaults
+
+
+def as_stated(value):
+    """A schema default as a page says it: `true` on, absent off, `3s` 3 s."""
+    if value is True:
+        return "on"
+    if value in (False, None):
+        return "off"
+    return str(value)
+
+
+def check_defaults(root):
+    """A page that says a field's default (`field` (default X), `field`, X
+    by default) says the schema's."""
+    defaults = schema_defaults(root)
+    problems = []
+    for page in user_pages(root):
+        if page.name == "configuration.md":
+            continue
+        text = re.sub(r"\s+", " ", page.read_text())
+        for found in DEFAULT_STATED.finditer(text):
+            name, value = found.group(1) or found.group(3), found.group(2) or found.group(4)
+            if name not in defaults or defaults[name] is None and value != "off":
+                continue
+            if value.replace(" ", "") != as_stated(defaults[name]):
+                problems.append(
+                    f"{page.relative_to(root)}: field-default: says `{name}` defaults to {value}; "
+                    f"the schema's default is {as_stated(defaults[name])}"
+                )
+    return problems
+
+
 def check_tests_listed(root):
     """Every real-Envoy suite (harness/tests/*.rs) is named in
     docs/development/tests.md; a row that says a suite runs on both
@@ -620,6 +664,7 @@ def check_counts(root):
 CHECKS = [
     check_vocabulary,
     check_max_retries,
+    check_defaults,
     check_tests_listed,
     check_examples_index,
     check_alerting,

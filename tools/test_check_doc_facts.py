@@ -244,6 +244,20 @@ PUT_BACK = [
         "native-minors",
     ),
     (
+        "a field's default against the schema (docker.md)",
+        "docs/deploy/docker.md",
+        "`consumer_update_wait` (default 3 s)",
+        "`consumer_update_wait` (default 5 s)",
+        "field-default",
+    ),
+    (
+        "a field said off by default that is on",
+        "docs/benchmarks/count.md",
+        "(`evict_on_connect_failure`, on by default)",
+        "(`evict_on_connect_failure`, off by default)",
+        "field-default",
+    ),
+    (
         "the tombstone alert's default against the schema",
         "docs/operations/alerting.md",
         "(900 of the default 1024)",
