@@ -19,7 +19,6 @@ library only.
 import argparse
 import json
 import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -176,8 +175,9 @@ def s(*values):
 class Fact:
     """`pattern` (a regex, DOTALL) must match `doc` (its whitespace runs read
     as one space), and its groups must equal
-    `source(root)`, a tuple of strings; `joined` turns each group into a
-    sorted comma-joined list of the backticked (or listed) names in it."""
+    `source(root)`, a tuple of strings (`what` says where that is); with
+    `names`, each group is read as a list (its backticked names, or its
+    comma- and and-separated words), sorted and comma-joined."""
 
     name: str
     doc: str
