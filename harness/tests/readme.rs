@@ -365,6 +365,7 @@ fn the_pasted_minimal_config_starts_with_make_minimals_command_and_serves_throug
         "make minimal's command after Ctrl-C: {status}; stderr:\n{}",
         run.stderr()
     );
+    graceful_harness::support::tested_with::record("examples/minimal/README.md");
 }
 
 /// One answer as `curl -si` prints it.
