@@ -367,12 +367,12 @@ lint: wasm-target ## rustfmt check, the core's room layout (docs/architecture.md
 	python3 tools/check_core_layout.py --self-test
 	python3 tools/check_fn_length.py --self-test
 	python3 tools/check_tested_with.py --self-test
+	python3 tools/check_doc_facts.py
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p graceful-core --all-targets --features schema -- -D warnings
 	$(MAKE) --no-print-directory schema-fresh
 	$(CARGO) clippy --target $(WASM_TARGET) $(addprefix -p ,$(subst _,-,$(FILTERS))) -p bench-wasm-header -- -D warnings
 
-	python3 tools/check_doc_facts.py
 .PHONY: unit
 unit: ## unit and property tests, native, no Envoy and no .wasm: graceful-core (also with its schema feature), the guest glue, the native glue (over a fake Envoy) and its abi layer's compile_fail examples, the emulator's own store, the harness, the Python tools' tests (tools/test_*.py, and the xDS stand-in's protocol with its own Python); the configuration schemas against the parser and the shipped configs
 	$(CARGO) test -p graceful-core --tests
