@@ -34,6 +34,10 @@ HTML_ATTR = re.compile(r"<(?:a|img)\b[^>]*?\b(?:href|src)\s*=\s*\"([^\"]*)\"", r
 HTML_ID = re.compile(r"<[a-z][^>]*?\b(?:id|name)\s*=\s*\"([^\"]+)\"", re.I)
 HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
 SCHEME = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)
+# A changelog's comparison links, relative to the forge's page of the file
+# (`../../compare/v1...v2`, `../../releases/tag/v1` from the root): the
+# repository's public URL is recorded nowhere, and the forge resolves these.
+FORGE_LINK = re.compile(r"^\.\./\.\./(compare/v\S+\.\.\.\S+|releases/tag/v\S+)$")
 
 
 def slug(text):
@@ -123,6 +127,8 @@ def check_file(root, rel):
         text = f.read()
     for n, target in links(text):
         if not target or SCHEME.match(target) or target.startswith("//"):
+            continue
+        if rel == "CHANGELOG.md" and FORGE_LINK.match(target):
             continue
         checked += 1
         where, _, anchor = target.partition("#")
