@@ -156,16 +156,18 @@ def check(version, tag=None):
 
 
 def push_check(version, tag):
-    """Refuses to push images under a release's version from any commit but
-    the one its tag names."""
-    if development(version) or tag != version:
+    """Refuses to push images under a release number (`X.Y.Z`) from any
+    commit but the one its tag names, whatever the workspace version: TAG=0.2.0
+    on a development tree would publish unreleased code as 0.2.0."""
+    if not re.fullmatch(r"\d+\.\d+\.\d+", tag):
         return
     head = git("rev-parse", "HEAD")
-    tagged = tagged_commit(tag_name(version))
+    tagged = tagged_commit(tag_name(tag))
     if tagged != head:
         where = f"names {tagged[:12]}" if tagged else "does not exist"
-        raise Refused(f"version {version} is a release, but HEAD ({head[:12]}) is not its tag "
-                      f"{tag_name(version)} (which {where}): push a release from its tag "
+        kind = "a release" if tag == version else f"a release number (this tree is {version})"
+        raise Refused(f"version {tag} is {kind}, but HEAD ({head[:12]}) is not its tag "
+                      f"{tag_name(tag)} (which {where}): push a release from its tag "
                       f"(make release creates it), or give TAG=<another tag>")
 
 

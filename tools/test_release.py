@@ -197,6 +197,10 @@ class Checks(unittest.TestCase):
                              ("0.3.0", "e2e")):
             out = self.release("push-check", "--version", version, "--tag", tag)
             self.assertEqual(out.returncode, 0, (version, tag, out.stderr))
+        # A release number given by hand on a development tree: refused.
+        out = self.release("push-check", "--version", "0.4.0-dev", "--tag", "0.2.0")
+        self.assertEqual(out.returncode, 1)
+        self.assertIn("version 0.2.0 is a release number (this tree is 0.4.0-dev)", out.stderr)
 
     def test_the_changelog_section_is_the_versions_alone(self):
         os.chdir(self.repo)
