@@ -9,7 +9,7 @@
 //! graceful-hook prestop [--admin URL]... [WAIT]      preStop through Envoy's admin
 //! graceful-hook prestop http://SIDECAR:PORT [WAIT]   preStop through graceful_drain's listener
 //! graceful-hook install DIR                          copy this binary to DIR/graceful-hook
-//! graceful-hook front [--resolve NAME:PORT]... [--front http://IP:PORT]... [--wait 25s] [--settle 0s]
+//! graceful-hook front [--resolve NAME:PORT]... [--front http://IP:PORT]... [--wait 25s] [--settle 0s] [--source IP]
 //!                                                    preStop of a backend with no sidecar
 //! ```
 //!
@@ -95,7 +95,7 @@ pub enum Hook {
     Front(Front),
 }
 
-pub const USAGE: &str = "usage: graceful-hook ready [--admin URL]... [--require-admin]\n       graceful-hook prestop [--admin URL]... [WAIT]\n       graceful-hook prestop http://SIDECAR:PORT [WAIT]\n       graceful-hook install DIR\n       graceful-hook front [--resolve NAME:PORT]... [--front http://IP:PORT]... [--wait 25s] [--settle 0s]";
+pub const USAGE: &str = "usage: graceful-hook ready [--admin URL]... [--require-admin]\n       graceful-hook prestop [--admin URL]... [WAIT]\n       graceful-hook prestop http://SIDECAR:PORT [WAIT]\n       graceful-hook install DIR\n       graceful-hook front [--resolve NAME:PORT]... [--front http://IP:PORT]... [--wait 25s] [--settle 0s] [--source IP]";
 
 /// Parses the arguments after the program name.
 pub fn parse(args: &[String]) -> Result<Hook, String> {
