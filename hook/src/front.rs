@@ -48,7 +48,6 @@
 //! run at once, exit 1, naming it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::process::ExitCode;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -57,7 +56,7 @@ use std::time::{Duration, Instant};
 use graceful_core::shared::duration::{format_duration, parse_duration};
 use serde_json::Value;
 
-use crate::{answer_complete, authority, http, Failure, REQUEST_TIMEOUT};
+use crate::{authority, http, request_on, Failure, REQUEST_TIMEOUT};
 
 const DEFAULT_WAIT: Duration = Duration::from_secs(25);
 /// The longest `drained?wait=` asked: a front holds a poll at most 60 s.
@@ -582,40 +581,11 @@ fn http_from(
         socket.connect_timeout(&(*addr).into(), REQUEST_TIMEOUT)?;
         Ok(socket.into())
     };
-    let mut stream = addrs
+    let stream = addrs
         .iter()
         .find_map(|a| connect(a).ok())
         .ok_or_else(|| Failure::Unreachable(format!("{authority}: no connection from {source}")))?;
-    let answer = (|| -> std::io::Result<Vec<u8>> {
-        stream.set_read_timeout(Some(read_budget))?;
-        stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
-        let request = format!(
-            "{method} {path} HTTP/1.1\r\nhost: {authority}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
-        );
-        stream.write_all(request.as_bytes())?;
-        let mut answer = Vec::new();
-        let mut buf = [0u8; 4096];
-        while !answer_complete(&answer) {
-            let n = stream.read(&mut buf)?;
-            if n == 0 {
-                break;
-            }
-            answer.extend_from_slice(&buf[..n]);
-        }
-        Ok(answer)
-    })()
-    .map_err(|e| Failure::Answer(format!("{authority}: {e}")))?;
-    let answer = String::from_utf8_lossy(&answer);
-    let status = answer
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| Failure::Answer(format!("{authority}: no HTTP status in the answer")))?;
-    let body = answer
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, body)| body)
-        .to_string();
-    Ok((status, body))
+    request_on(stream, method, authority, path, read_budget)
 }
 
 /// Resolves every name each `resolve_every` (the `--front`s once), adding

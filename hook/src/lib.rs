@@ -214,10 +214,22 @@ fn http(
         .to_socket_addrs()
         .map_err(|e| Failure::Unreachable(format!("{authority}: {e}")))?
         .collect();
-    let mut stream = addrs
+    let stream = addrs
         .iter()
         .find_map(|a| TcpStream::connect_timeout(a, REQUEST_TIMEOUT).ok())
         .ok_or_else(|| Failure::Unreachable(format!("{authority}: no connection")))?;
+    request_on(stream, method, authority, path, read_budget)
+}
+
+/// One request on a connected `stream` (`connection: close`), its answer
+/// read to its end within `read_budget`: (status, body).
+pub(crate) fn request_on(
+    mut stream: TcpStream,
+    method: &str,
+    authority: &str,
+    path: &str,
+    read_budget: Duration,
+) -> Result<(u16, String), Failure> {
     let answer = (|| -> std::io::Result<Vec<u8>> {
         stream.set_read_timeout(Some(read_budget))?;
         stream.set_write_timeout(Some(REQUEST_TIMEOUT))?;
