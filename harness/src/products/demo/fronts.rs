@@ -29,18 +29,18 @@
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use serde_json::{json, Value};
 
-use super::{port_free_on, unix_ms, DemoConfig, Mode};
+use super::{port_free_on, spawn_demo_app, unix_ms, DemoConfig, Mode};
 use crate::support::envoy::{eventually, load_assignment, terminate, Envoy, EnvoySpec};
 use crate::support::load::{Load, Sample};
 use crate::support::run_report::{ProviderEvents, RunReport};
-use crate::support::upstream::{demo_app_binary, hook_binary};
+use crate::support::upstream::hook_binary;
 use crate::support::xds::{self, AdsConfig, XdsServer};
 
 /// The fronts' template (`envoy/`).
@@ -151,32 +151,14 @@ impl Run<'_> {
         u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(0)
     }
 
-    fn filters(&self) -> bool {
-        matches!(self.mode, Mode::FrontHook | Mode::FrontNoHook)
-    }
-
     fn start_backend(&self, index: usize) -> Backend {
         let addr = SocketAddr::from((Ipv4Addr::new(127, 0, 0, 20 + index as u8), self.port));
-        let log = std::fs::File::create(self.dir.join(format!("app-p{index}.log")))
-            .unwrap_or_else(|e| panic!("app log: {e}"));
-        let err = log.try_clone().unwrap_or_else(|e| panic!("{e}"));
-        let bin = demo_app_binary();
-        let app = Command::new(&bin)
-            .args([
-                "--listen",
-                &addr.to_string(),
-                "--name",
-                &format!("p{index}"),
-            ])
-            .args([
-                "--latency-ms",
-                &self.config.app_latency.as_millis().to_string(),
-            ])
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(err)
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot run {} ({e})", bin.display()));
+        let app = spawn_demo_app(
+            &self.dir.join(format!("app-p{index}.log")),
+            addr,
+            &format!("p{index}"),
+            self.config.app_latency,
+        );
         Backend {
             index,
             addr,
@@ -189,7 +171,7 @@ impl Run<'_> {
     fn front_ads(&self, spec: &EnvoySpec, node: &str, xds_port: u16) -> AdsConfig {
         let mut bootstrap: Value = serde_yaml::from_str(&spec.rendered())
             .unwrap_or_else(|e| panic!("rendered {TEMPLATE}: {e}"));
-        if !self.filters() {
+        if !self.mode.graceful() {
             strip_graceful_filters(&mut bootstrap);
         }
         // No filter over ECDS: both listeners name their graceful_consumer

@@ -244,6 +244,27 @@ fn port_free_on(ips: &[Ipv4Addr]) -> u16 {
     panic!("no port free on {ips:?}");
 }
 
+/// A demo app on `addr` answering as `name` after `latency`, its output
+/// in `log`.
+fn spawn_demo_app(log: &Path, addr: SocketAddr, name: &str, latency: Duration) -> Child {
+    let out = std::fs::File::create(log).unwrap_or_else(|e| panic!("{}: {e}", log.display()));
+    let err = out.try_clone().unwrap_or_else(|e| panic!("{e}"));
+    let bin = demo_app_binary();
+    Command::new(&bin)
+        .args(["--listen", &addr.to_string(), "--name", name])
+        .args(["--latency-ms", &latency.as_millis().to_string()])
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {} ({e}): build it with `cargo build -p demo-app`",
+                bin.display()
+            )
+        })
+}
+
 fn unix_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -331,34 +352,14 @@ impl Run<'_> {
     }
 
     fn start_app(&self, p: &Provider) -> Child {
-        let log = std::fs::File::create(
-            self.dir
+        spawn_demo_app(
+            &self
+                .dir
                 .join(format!("app-p{}-{}.log", p.index, p.generation)),
+            p.app_addr,
+            &format!("p{}", p.index),
+            self.config.app_latency,
         )
-        .unwrap_or_else(|e| panic!("app log: {e}"));
-        let err = log.try_clone().unwrap_or_else(|e| panic!("{e}"));
-        let bin = demo_app_binary();
-        Command::new(&bin)
-            .args([
-                "--listen",
-                &p.app_addr.to_string(),
-                "--name",
-                &format!("p{}", p.index),
-            ])
-            .args([
-                "--latency-ms",
-                &self.config.app_latency.as_millis().to_string(),
-            ])
-            .stdin(Stdio::null())
-            .stdout(log)
-            .stderr(err)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "cannot run {} ({e}): build it with `cargo build -p demo-app`",
-                    bin.display()
-                )
-            })
     }
 
     async fn start_provider_envoy(&self, p: &mut Provider) -> Envoy {
