@@ -388,15 +388,21 @@ impl AdsConfig {
     }
 
     /// Moves each served listener's inline `route_config` to RDS, fetched
-    /// from `source` by name.
+    /// from `source` by name: in its `filter_chains` and in its
+    /// `default_filter_chain` (where Envoy Gateway puts a plain HTTP
+    /// listener's HCM: `makeConfigSource`, `routeConfigName`).
     pub fn routes_over_rds(&mut self, source: &Value) {
         let mut routes = Vec::new();
-        for listener in &mut self.listeners {
-            for chain in listener["filter_chains"]
-                .as_array_mut()
-                .into_iter()
-                .flatten()
-            {
+        for listener in self.listeners.iter_mut().filter_map(Value::as_object_mut) {
+            let mut chains: Vec<&mut Value> = Vec::new();
+            for (key, value) in listener.iter_mut() {
+                match key.as_str() {
+                    "filter_chains" => chains.extend(value.as_array_mut().into_iter().flatten()),
+                    "default_filter_chain" => chains.push(value),
+                    _ => {}
+                }
+            }
+            for chain in chains {
                 for filter in chain["filters"].as_array_mut().into_iter().flatten() {
                     let Some(hcm) = filter
                         .get_mut("typed_config")

@@ -578,7 +578,6 @@ pub fn over_xds(config: &Value, xds: std::net::SocketAddr) -> crate::support::xd
     ads.clusters_over_cds(&[ADMIN_CLUSTER]);
     let source = crate::support::xds::ads_source();
     ads.routes_over_rds(&source);
-    default_chain_routes_over_rds(&mut ads, &source);
     ads.delta_through("xds_cluster");
     // The split's look for `filter_chains` leaves a `null` where the
     // listener has none; Envoy Gateway's listener (protojson) has no
@@ -589,37 +588,6 @@ pub fn over_xds(config: &Value, xds: std::net::SocketAddr) -> crate::support::xd
         }
     }
     ads
-}
-
-/// What `AdsConfig::routes_over_rds` does for `filter_chains`, for the
-/// `default_filter_chain` Envoy Gateway puts a plain HTTP listener's HCM
-/// in: its inline `route_config` goes to RDS under its name
-/// (`makeConfigSource`, `routeConfigName`).
-fn default_chain_routes_over_rds(ads: &mut crate::support::xds::AdsConfig, source: &Value) {
-    for listener in &mut ads.listeners {
-        let filters = listener
-            .get_mut("default_filter_chain")
-            .and_then(|c| c.get_mut("filters"))
-            .and_then(Value::as_array_mut);
-        for filter in filters.into_iter().flatten() {
-            let Some(hcm) = filter
-                .get_mut("typed_config")
-                .and_then(Value::as_object_mut)
-            else {
-                continue;
-            };
-            let Some(mut route) = hcm.remove("route_config") else {
-                continue;
-            };
-            let name = route["name"].clone();
-            route["@type"] = json!(crate::support::xds::ROUTE);
-            ads.routes.push(route);
-            hcm.insert(
-                "rds".into(),
-                json!({"config_source": source, "route_config_name": name}),
-            );
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------
