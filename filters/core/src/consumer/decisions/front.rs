@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::net::Ipv6Addr;
 
-use super::{Consumer, Effect, Exchange, Level};
+use super::{tombstone_gauges, Consumer, Effect, Exchange, Level};
 use crate::consumer::steering::{member_ip, plan, rq_active_by_ip, Membership, Plan};
 use crate::consumer::tombstone::{Cause, Change, Tombstones};
 use crate::shared::keys;
@@ -314,15 +314,7 @@ impl Consumer {
         let mut effects = self.bump(store, keys::TOMBSTONES_GEN.name);
         self.tombstones.stale();
         self.refresh_tombstones(store);
-        let list = &self.tombstones.value;
-        effects.push(Effect::Set(
-            Metric::ConsumerTombstones,
-            list.live_count(now_us) as u64,
-        ));
-        effects.push(Effect::Set(
-            Metric::ConsumerTombstoneBytes,
-            list.encode().len() as u64,
-        ));
+        effects.extend(tombstone_gauges(&self.tombstones.value, now_us));
         effects
     }
 }

@@ -339,6 +339,15 @@ pub struct Consumer {
     signalled_gen: Option<u64>,
 }
 
+/// The tombstone gauges for the list as a copy now holds it: live entries
+/// and the encoded size.
+fn tombstone_gauges(list: &Tombstones, now_us: u64) -> [Effect; 2] {
+    [
+        Effect::Set(Metric::ConsumerTombstones, list.live_count(now_us) as u64),
+        Effect::Set(Metric::ConsumerTombstoneBytes, list.encode().len() as u64),
+    ]
+}
+
 /// Where the filter sits, from `vm_config.configuration`: empty for the
 /// listener's filter chain (false), `upstream` for the cluster's upstream
 /// filters (true). Anything else is refused with the log line to write.

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use super::{Consumer, Effect, Level};
+use super::{tombstone_gauges, Consumer, Effect, Level};
 use crate::consumer::steering::{
     probe_observation, probe_targets, AdminSource, ClusterSet, Membership,
     CLUSTERS_UNANSWERED_TURN, MAX_ADMIN_BODY,
@@ -15,7 +15,6 @@ use crate::consumer::tombstone::Tombstones;
 use crate::shared::duration::micros;
 use crate::shared::headers;
 use crate::shared::keys;
-use crate::shared::metrics::Metric;
 use crate::shared::store::{take_lease, SharedStore};
 
 /// Timeout of every call the consumer makes (admin and probes).
@@ -95,14 +94,7 @@ impl Consumer {
         // Both gauges from every refresh, whichever instance wrote the list
         // (on Envoy 1.36 the upstream instance's own gauges are in the
         // cluster's stats scope).
-        effects.push(Effect::Set(
-            Metric::ConsumerTombstones,
-            tombstones.live_count(now) as u64,
-        ));
-        effects.push(Effect::Set(
-            Metric::ConsumerTombstoneBytes,
-            tombstones.encode().len() as u64,
-        ));
+        effects.extend(tombstone_gauges(&tombstones, now));
         let Some(admin) = &self.config.admin_cluster else {
             return self.probes(&tombstones, &Membership::default(), now);
         };
