@@ -181,7 +181,6 @@ validate-envoy: build native envoy render ## envoy --mode validate on every ship
 .PHONY: native-configs
 native-configs: ## regenerate envoy/native/*.yaml (the sidecar and front-proxy templates with the native module) from the templates
 	$(CARGO) run --quiet --profile test -p graceful-harness --bin native_configs
-	$(CARGO) run --quiet --profile test -p graceful-harness --bin front_native_config
 
 .PHONY: compose
 compose: ## regenerate the docker harness (envoy/docker-compose.yaml, its front shape envoy/docker-compose-front.yaml, envoy/compose/) from the templates

@@ -1,11 +1,16 @@
 //! `make native-configs`: writes `envoy/native/*.yaml`, the shipped
-//! sidecar configs in native form (see `graceful_harness::support::native`).
+//! sidecar configs and the front proxy in native form (see
+//! `graceful_harness::support::native` and `support::front::native_file`).
 
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let root = graceful_harness::support::envoy::repo_root();
-    let files = match graceful_harness::support::native::shipped_files() {
+    let files = graceful_harness::support::native::shipped_files().and_then(|mut files| {
+        files.push(graceful_harness::support::front::native_file()?);
+        Ok(files)
+    });
+    let files = match files {
         Ok(f) => f,
         Err(e) => {
             eprintln!("native-configs: {e}");
